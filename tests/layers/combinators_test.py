@@ -1,0 +1,168 @@
+"""Tests for layers/combinators.py."""
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import shapes
+from cadence.layers import combinators
+
+NestedMap = base_layer.NestedMap
+SequentialLayer = combinators.SequentialLayer
+
+
+class _DenseLayer(base_layer.BaseLayer):
+  """y = x @ w; 2*in*out FLOPs per row."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 0, 'Input depth.')
+    p.Define('output_dim', 0, 'Output depth.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self.CreateVariable('w', base_layer.WeightParams([p.input_dim,
+                                                      p.output_dim]))
+
+  def FProp(self, theta, inputs):
+    theta = self.CastToFPropDtype(theta)
+    return tf.matmul(self.CastToFPropDtype(inputs), theta.w)
+
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    s = shapes.AsShape(inputs)
+    return NestedMap(flops=shapes.Mul(2 * p.input_dim * p.output_dim, s[0]),
+                     out_shapes=(s.WithDim(-1, p.output_dim),))
+
+
+class _SplitHalves(base_layer.BaseLayer):
+  """[b, 2k] -> ([b, k], [b, k]); no FLOPs."""
+
+  def FProp(self, theta, inputs):
+    return tuple(tf.split(inputs, 2, axis=-1))
+
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    s = shapes.AsShape(inputs)
+    half = s.WithDim(-1, None if s[-1] is None else s[-1] // 2)
+    return NestedMap(flops=0, out_shapes=(half, half))
+
+
+class _Mul(base_layer.BaseLayer):
+  """(a, b) -> a * b; one FLOP per element."""
+
+  def FProp(self, theta, a, b):
+    return a * b
+
+  @classmethod
+  def FPropMeta(cls, p, a, b):
+    a = shapes.AsShape(a)
+    return NestedMap(flops=a.num_elements(), out_shapes=(a,))
+
+
+def _D(name, i, o):
+  return _DenseLayer.Params().Set(name=name, input_dim=i, output_dim=o)
+
+
+class SequentialLayerTest(tf.test.TestCase):
+
+  def _Gated(self):
+    """dense 4->8, split, multiply, dense 4->3."""
+    return SequentialLayer.Params().Set(name='seq', sub=[
+        _D('up', 4, 8), _SplitHalves.Params().Set(name='split'),
+        _Mul.Params().Set(name='mul'), _D('down', 4, 3)])
+
+  def testFPropThreadsTuplesAndMatchesNumpy(self):
+    layer = self._Gated().Instantiate()
+    self.assertLen(layer.children.sub, 4)
+    self.assertEqual('seq.sub[3]', layer.children.sub[3].path)
+    x = np.random.default_rng(0).normal(size=[5, 4]).astype(np.float32)
+    w_up, w_down = layer.vars.sub[0].w.numpy(), layer.vars.sub[3].w.numpy()
+    h = x @ w_up
+    ref = (h[:, :4] * h[:, 4:]) @ w_down
+    self.assertAllClose(ref, layer(tf.constant(x)), atol=1e-5)
+    fn_out = tf.function(layer.FPropDefaultTheta)(tf.constant(x))
+    self.assertAllClose(ref, fn_out, atol=1e-5)
+
+  def testRepeatHasSeparateWeights(self):
+    p = SequentialLayer.Params().Set(name='seq', repeat=3,
+                                     sub=[_D('proj', 4, 4)])
+    layer = p.Instantiate()
+    ws = [v.w.numpy() for v in layer.vars.sub]
+    self.assertLen(ws, 3)
+    self.assertGreater(np.abs(ws[0] - ws[1]).max(), 1e-3)
+    x = np.ones([2, 4], np.float32)
+    self.assertAllClose(x @ ws[0] @ ws[1] @ ws[2], layer(tf.constant(x)),
+                        atol=1e-5)
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(layer(tf.constant(x))**2)
+    grads = tape.gradient(loss, layer.vars.Flatten())
+    self.assertLen(grads, 3)
+    for g in grads:
+      self.assertAllEqual(True, np.isfinite(g.numpy()).all())
+
+  def testTupleOutputReturnedAsTuple(self):
+    p = SequentialLayer.Params().Set(
+        name='seq', sub=[_SplitHalves.Params().Set(name='split')])
+    out = p.Instantiate()(tf.ones([2, 6]))
+    self.assertIsInstance(out, tuple)
+    self.assertLen(out, 2)
+
+  def testFPropMeta(self):
+    p = self._Gated()
+    layer = p.Instantiate()
+    for b in (1, 3, 7):
+      meta = SequentialLayer.FPropMeta(p, [b, 4])
+      self.assertEqual(2 * 4 * 8 * b + 4 * b + 2 * 4 * 3 * b, meta.flops)
+      self.assertEqual(meta.out_shapes,
+                       (shapes.AsShape(layer(tf.ones([b, 4]))),))
+    meta = SequentialLayer.FPropMeta(p, [None, 4])
+    self.assertIsNone(meta.flops)
+    self.assertEqual((shapes.Shape([None, 3]),), meta.out_shapes)
+    rep = SequentialLayer.Params().Set(name='r', repeat=2,
+                                       sub=[_D('a', 4, 4)])
+    self.assertEqual(2 * (2 * 16 * 5), SequentialLayer.FPropMeta(rep,
+                                                                 [5, 4]).flops)
+
+  def testFlatSubParams(self):
+    inner = SequentialLayer.Params().Set(
+        name='inner', repeat=2, sub=[_D('a', 4, 4), _D('b', 4, 4)])
+    outer = SequentialLayer.Params().Set(
+        name='outer', fprop_dtype=tf.bfloat16,
+        sub=[_D('first', 4, 4), inner, _D('last', 4, 2)])
+    flat = SequentialLayer.FlatSubParams(outer)
+    self.assertEqual(['first', 'inner_a_0', 'inner_b_0', 'inner_a_1',
+                      'inner_b_1', 'last'], [f.name for f in flat])
+    for f in flat:
+      self.assertIs(f.cls, _DenseLayer)
+      self.assertEqual(tf.bfloat16, f.fprop_dtype)
+    # The originals are untouched.
+    self.assertEqual('a', inner.sub[0].name)
+    self.assertIsNone(inner.sub[0].fprop_dtype)
+    # Same FLOPs as the nested layer; same number of weights once built.
+    flat_flops = sum(f.cls.FPropMeta(f, [3, 4]).flops for f in flat)
+    self.assertEqual(SequentialLayer.FPropMeta(outer, [3, 4]).flops,
+                     flat_flops)
+    nested = outer.Instantiate()
+    self.assertLen(nested.vars.Flatten(), len(flat))
+    self.assertEqual(tf.bfloat16, nested(tf.ones([3, 4])).dtype)
+
+  def testBadParams(self):
+    with self.assertRaisesRegex(
+        ValueError, r"SequentialLayer 'seq': repeat=0 must be an int >= 1"):
+      SequentialLayer.Params().Set(name='seq', repeat=0,
+                                   sub=[_D('a', 1, 1)]).Instantiate()
+    with self.assertRaisesRegex(
+        ValueError, r"SequentialLayer 'seq': sub=\[\] must be a non-empty"):
+      SequentialLayer.Params().Set(name='seq').Instantiate()
+    with self.assertRaisesRegex(
+        ValueError, r"SequentialLayer 'seq': sub\[1\] is a int; expected a "
+        'layer Params'):
+      SequentialLayer.Params().Set(name='seq',
+                                   sub=[_D('a', 1, 1), 3]).Instantiate()
+
+
+if __name__ == '__main__':
+  tf.test.main()
