@@ -1,0 +1,1 @@
+"""The engine: Params, NestedMap, BaseLayer, recurrence, registry, loops."""

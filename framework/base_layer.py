@@ -1,0 +1,317 @@
+"""BaseLayer: the contract every Cadence layer keeps.
+
+A layer is built from frozen `Params`, creates its variables and children
+eagerly in `__init__`, and computes with `FProp(theta, *inputs)`, a pure
+function of theta (a NestedMap mirroring `vars`) and its inputs. Purity is
+what lets `Recurrent` and the pipeline run a layer on micro-batches and
+re-run it for the backward pass. `FPropMeta` gives the output shapes and the
+FLOPs from shapes alone, which the partitioner uses to balance stages.
+
+Randomness in FProp is stateless and seeded from `theta.step_seed` (see
+`step_seed.py` and `WithStepSeed`).
+
+Example:
+  class Scale(BaseLayer):
+
+    @classmethod
+    def Params(cls):
+      p = super().Params()
+      p.Define('dim', 0, 'Depth of the input, an int.')
+      return p
+
+    def __init__(self, params):
+      super().__init__(params)
+      self.CreateVariable('w', WeightParams([self.params.dim]))
+
+    def FProp(self, theta, inputs):
+      return inputs * theta.w                     # [..., dim]
+
+    @classmethod
+    def FPropMeta(cls, p, inputs):
+      shape = shapes.AsShape(inputs)
+      return NestedMap(flops=shape.num_elements(), out_shapes=(shape,))
+
+  layer = Scale.Params().Set(name='scale', dim=4).Instantiate()
+  y = layer(tf.ones([2, 4]))
+"""
+import sys
+
+import tensorflow as tf
+
+from cadence.framework import hyperparams
+from cadence.framework import step_seed as step_seed_lib
+from cadence.framework import weight_init
+from cadence.framework.nested_map import NestedMap
+
+WeightInit = weight_init.WeightInit
+WeightParams = weight_init.WeightParams
+
+# The theta key under which a step seed travels (see WithStepSeed).
+STEP_SEED_KEY = 'step_seed'
+# Params a child copies from its parent when it left them at their default.
+_INHERITED_PARAMS = ('dtype', 'fprop_dtype', 'params_init', 'random_seed',
+                     'is_inference')
+
+
+def WithStepSeed(theta, seed):
+  """Returns a copy of `theta` carrying `seed` at every layer level.
+
+  Args:
+    theta: a layer's theta NestedMap (nested by child name).
+    seed: an int64 [2] step seed (`step_seed.MakeStepSeed`, or a
+      `MicroBatchSeed` inside a pipeline).
+
+  Returns:
+    A NestedMap of theta's structure plus `step_seed` in it and in each
+    nested child theta. Variables are shared, not copied.
+  """
+
+  def _Attach(node):
+    if isinstance(node, NestedMap):
+      out = NestedMap({k: _Attach(v) for k, v in node.items()
+                       if k != STEP_SEED_KEY})
+      out[STEP_SEED_KEY] = seed
+      return out
+    if isinstance(node, (list, tuple)):
+      return type(node)(_Attach(v) for v in node)
+    return node
+
+  return _Attach(theta)
+
+
+class BaseLayer(tf.Module):
+  """Base class of all layers; see the module docstring."""
+
+  @classmethod
+  def Params(cls):
+    """The layer's hyper-parameters; subclasses extend this."""
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', '', 'Name of the layer, a Python identifier; the last '
+             'component of its path.')
+    p.Define('dtype', tf.float32, 'Dtype of the variables.')
+    p.Define('fprop_dtype', None, 'Dtype of the activations in FProp; None '
+             'means `dtype`. E.g. tf.bfloat16 with float32 variables.')
+    p.Define('random_seed', None, 'Int seed of the weight initialisers and of '
+             'FProp randomness; None means 0.')
+    p.Define('params_init', WeightInit.Xavier(1.0),
+             'Default initialiser of variables that name none.')
+    p.Define('is_inference', False, 'True in inference: no dropout or other '
+             'training-only randomness.')
+    return p
+
+  def __init__(self, params):
+    """Keeps a frozen copy of `params`; subclasses then build children/vars.
+
+    Args:
+      params: this class's `Params()`, with `name` set.
+    """
+    name = params.name
+    if not isinstance(name, str) or not name.isidentifier():
+      raise ValueError(
+          f'{type(self).__name__}: params.name={name!r} must be a Python '
+          'identifier (letters, digits, underscores), e.g. "encoder".')
+    super().__init__(name=name)
+    # A parent's CreateChild sets `_assigned_path` before __init__ runs.
+    self._path = getattr(self, '_assigned_path', None) or name
+    self._params = params.Copy()
+    self._params.Freeze()
+    self._children_by_name = {}
+    self._variables_by_name = {}
+
+  # --- construction ------------------------------------------------------
+
+  def _InConstruction(self):
+    """True while an `__init__` of this very object is on the call stack."""
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None:
+      if (frame.f_code.co_name == '__init__' and
+          frame.f_locals.get('self') is self):
+        return True
+      frame = frame.f_back
+    return False
+
+  def _CheckConstructing(self, what, name):
+    if not self._InConstruction():
+      raise RuntimeError(
+          f"{type(self).__name__} '{self.path}': {what}({name!r}) is only "
+          'allowed inside __init__; layers are built eagerly and are '
+          'immutable afterwards.')
+    if name == STEP_SEED_KEY:
+      raise ValueError(
+          f"{type(self).__name__} '{self.path}': the name {name!r} is "
+          'reserved for the step seed carried in theta.')
+    if name in self._children_by_name or name in self._variables_by_name:
+      raise ValueError(
+          f"{type(self).__name__} '{self.path}': a child or variable named "
+          f'{name!r} already exists.')
+
+  def _ChildParams(self, name, p):
+    if not isinstance(p, hyperparams.InstantiableParams):
+      raise TypeError(
+          f"{type(self).__name__} '{self.path}': child {name!r} needs "
+          f'InstantiableParams (a Layer.Params()), got {type(p).__name__}.')
+    p = p.Copy()
+    defaults = p.cls.Params()
+    for key in _INHERITED_PARAMS:
+      if key in p and p.Get(key) == defaults.Get(key):
+        p.Set(**{key: self._params.Get(key)})
+    p.name = name
+    return p
+
+  def _Build(self, p, path):
+    child = p.cls.__new__(p.cls)
+    # The child learns its full path before its __init__ runs, so its own
+    # variables are seeded by their full paths.
+    object.__setattr__(child, '_assigned_path', path)
+    child.__init__(p)
+    return child
+
+  def CreateChild(self, name, p):
+    """Builds child layer `name` from params `p`; only inside __init__.
+
+    The child inherits dtype, fprop_dtype, params_init, random_seed and
+    is_inference from this layer when it left them at their defaults.
+
+    Returns:
+      The child layer, also reachable as `self.children[name]`.
+    """
+    self._CheckConstructing('CreateChild', name)
+    child = self._Build(self._ChildParams(name, p), f'{self.path}.{name}')
+    self._children_by_name[name] = child
+    return child
+
+  def CreateChildren(self, name, params_list):
+    """Builds a list of children `name[0]`, `name[1]`, ...; inside __init__.
+
+    Returns:
+      The list of child layers, also `self.children[name]`.
+    """
+    self._CheckConstructing('CreateChildren', name)
+    children = []
+    for i, p in enumerate(params_list):
+      cp = self._ChildParams(name, p)
+      children.append(self._Build(cp, f'{self.path}.{name}[{i}]'))
+    self._children_by_name[name] = children
+    return children
+
+  def CreateVariable(self, name, var_params):
+    """Creates variable `name` now, on the device in scope; inside __init__.
+
+    Args:
+      name: the variable's name inside this layer.
+      var_params: `WeightParams(shape, init, dtype, trainable)`.
+
+    Returns:
+      The tf.Variable, also `self.vars[name]`.
+    """
+    self._CheckConstructing('CreateVariable', name)
+    p = self._params
+    dtype = var_params.dtype or p.dtype
+    init = var_params.init or p.params_init
+    var_path = f'{self.path}.{name}'
+    seed = ((p.random_seed or 0) & 0x7FFFFFFF,
+            step_seed_lib.PathHash(var_path))
+    try:
+      value = weight_init.InitialValue(init, var_params.shape, dtype, seed)
+    except ValueError as e:
+      raise ValueError(f"{type(self).__name__} '{var_path}': {e}") from None
+    var = tf.Variable(value, name=name, trainable=var_params.trainable)
+    self._variables_by_name[name] = var
+    return var
+
+  # --- accessors ---------------------------------------------------------
+
+  @property
+  def params(self):
+    """The frozen params this layer was built from."""
+    return self._params
+
+  @property
+  def path(self):
+    """Unique dotted name, e.g. 'lm.stack.cells[1].ffn'."""
+    return self._path
+
+  @property
+  def fprop_dtype(self):
+    return self._params.fprop_dtype or self._params.dtype
+
+  @property
+  def children(self):
+    """NestedMap: child name -> layer (or list of layers)."""
+    return NestedMap({k: (list(v) if isinstance(v, (list, tuple)) else v)
+                      for k, v in self._children_by_name.items()})
+
+  def _Tree(self, leaf_fn):
+    out = NestedMap({k: leaf_fn(v) for k, v in
+                     self._variables_by_name.items()})
+    for name, child in self._children_by_name.items():
+      if isinstance(child, (list, tuple)):
+        out[name] = [c._Tree(leaf_fn) for c in child]  # pylint: disable=protected-access
+      else:
+        out[name] = child._Tree(leaf_fn)  # pylint: disable=protected-access
+    return out
+
+  @property
+  def vars(self):
+    """NestedMap of this layer's and its children's tf.Variables."""
+    return self._Tree(lambda v: v)
+
+  @property
+  def theta(self):
+    """The default theta: `vars`' structure; leaves are the variables.
+
+    FProp reads theta leaves as tensors, so a caller may substitute any
+    tensors of the same shapes (e.g. per-micro-batch copies in a pipeline).
+    """
+    return self.vars
+
+  # --- computation -------------------------------------------------------
+
+  def FProp(self, theta, *inputs):
+    """Forward pass; a pure function of `theta` and `inputs`."""
+    raise NotImplementedError(
+        f'{type(self).__name__} does not implement FProp.')
+
+  def FPropDefaultTheta(self, *inputs, **kwargs):
+    """FProp with this layer's own variables as theta."""
+    return self.FProp(self.theta, *inputs, **kwargs)
+
+  def __call__(self, *inputs, **kwargs):
+    return self.FPropDefaultTheta(*inputs, **kwargs)
+
+  @classmethod
+  def FPropMeta(cls, params, *input_shapes):
+    """Static cost: NestedMap(flops=int, out_shapes=tuple of Shape).
+
+    Args:
+      params: this class's params.
+      *input_shapes: one `shapes.Shape` (or tuple/TensorShape) per input.
+    """
+    raise NotImplementedError(
+        f'{cls.__name__} does not implement FPropMeta(params, *shapes); the '
+        'pipeline partitioner and FLOP accounting need it.')
+
+  def OpSeed(self, theta, op_index=0):
+    """The stateless seed, int64 [2], for random op `op_index` in FProp.
+
+    Derived from theta's step seed, this layer's path and `random_seed`.
+    Raises ValueError naming the layer if theta carries no step seed.
+    """
+    seed = step_seed_lib.CheckStepSeed(
+        theta.get(STEP_SEED_KEY) if isinstance(theta, dict) else None,
+        f"{type(self).__name__} '{self.path}'")
+    if self._params.random_seed:
+      seed = step_seed_lib.MicroBatchSeed(seed, self._params.random_seed)
+    return step_seed_lib.LayerSeed(seed, self.path, op_index)
+
+  def CastToFPropDtype(self, x):
+    """Casts a floating tensor (or NestedMap of them) to `fprop_dtype`."""
+    dtype = self.fprop_dtype
+
+    def _Cast(v):
+      v = tf.convert_to_tensor(v)
+      return tf.cast(v, dtype) if v.dtype.is_floating else v
+
+    if isinstance(x, NestedMap):
+      return x.Transform(_Cast)
+    return _Cast(x)

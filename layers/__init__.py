@@ -1,0 +1,1 @@
+"""Task-agnostic layers, one family per file."""

@@ -1,0 +1,1 @@
+"""Registered experiments, one folder per domain (`params/lm/...`)."""

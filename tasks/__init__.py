@@ -1,0 +1,1 @@
+"""Models and input generators, one folder per domain."""
