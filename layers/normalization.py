@@ -1,0 +1,150 @@
+"""Normalisation over the last dim: LayerNorm (Ba et al., 2016) and RMSNorm
+(Zhang & Sennrich, 2019).
+
+Statistics are computed in float32 (float64 if fprop_dtype is float64), so a
+bfloat16 model does not lose the mean/variance to rounding; the output is
+cast back to fprop_dtype. N below is the product of the leading dims.
+"""
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import shapes
+from cadence.framework.nested_map import NestedMap
+
+WeightInit = base_layer.WeightInit
+WeightParams = base_layer.WeightParams
+
+
+def _Validate(layer):
+  p = layer.params
+  name = f"{type(layer).__name__} '{layer.path}'"
+  d = p.input_dim
+  if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+    raise ValueError(f'{name}: input_dim={d!r} must be a positive int.')
+  eps = p.epsilon
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+    raise ValueError(f'{name}: epsilon={eps!r} must be a positive number.')
+
+
+def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
+  shape = shapes.AsShape(inputs)
+  if shape.rank == 0 or (shape[-1] is not None and shape[-1] != p.input_dim):
+    raise ValueError(
+        f"{cls.__name__} '{p.name}': inputs shape {list(shape)} must end in "
+        f'input_dim={p.input_dim}.')
+  n = shapes.Mul(*shape[:-1])
+  flops = shapes.Mul(
+      n, flops_per_element * p.input_dim + flops_per_row)
+  return NestedMap(flops=flops, out_shapes=(shape,))
+
+
+def _ComputeDtype(layer):
+  return tf.float64 if layer.fprop_dtype == tf.float64 else tf.float32
+
+
+def _NormParams(p):
+  p.Define('input_dim', 0, 'Depth of the normalised (last) dim, an int > 0.')
+  p.Define('epsilon', 1e-6, 'Added to the variance (mean square for RMSNorm) '
+           'before the inverse square root, a number > 0.')
+  return p
+
+
+class LayerNorm(base_layer.BaseLayer):
+  """y = (x - mean) / sqrt(var + epsilon) * scale + bias, over the last dim.
+
+  Variables: `scale` [input_dim] (init 1), `bias` [input_dim] (init 0).
+
+  Example:
+    layer = LayerNorm.Params().Set(name='ln', input_dim=8).Instantiate()
+    y = layer(tf.random.normal([2, 5, 8]))   # [2, 5, 8]
+  """
+
+  @classmethod
+  def Params(cls):
+    return _NormParams(super().Params())
+
+  def __init__(self, params):
+    super().__init__(params)
+    _Validate(self)
+    d = self.params.input_dim
+    self.CreateVariable('scale', WeightParams([d], WeightInit.Constant(1.0)))
+    self.CreateVariable('bias', WeightParams([d], WeightInit.Constant(0.0)))
+
+  def FProp(self, theta, inputs):
+    """Normalises.
+
+    Args:
+      theta: NestedMap with `scale` and `bias`, each [input_dim].
+      inputs: [..., input_dim].
+
+    Returns:
+      [..., input_dim] in fprop_dtype.
+    """
+    dtype = _ComputeDtype(self)
+    x = tf.cast(inputs, dtype)
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)            # [..., 1]
+    centred = x - mean
+    var = tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True)
+    normed = centred * tf.math.rsqrt(var + self.params.epsilon)
+    out = (normed * tf.cast(theta.scale, dtype) +
+           tf.cast(theta.bias, dtype))
+    return tf.cast(out, self.fprop_dtype)
+
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    """Shapes and FLOPs.
+
+    FLOPs = N * (7 * input_dim + 3): per element the mean's sum, centring,
+    square, the variance's sum, normalising multiply, scale and bias; per
+    row the two divisions by input_dim and rsqrt(var + eps) (counted 1).
+    None if N is unknown. out_shapes: (inputs shape,).
+    """
+    return _Meta(cls, p, inputs, 7, 3)
+
+
+class RMSNorm(base_layer.BaseLayer):
+  """y = x / sqrt(mean(x^2) + epsilon) * scale, over the last dim.
+
+  Variable: `scale` [input_dim] (init 1). No centring, no bias.
+
+  Example:
+    layer = RMSNorm.Params().Set(name='rms', input_dim=8).Instantiate()
+    y = layer(tf.random.normal([2, 5, 8]))   # [2, 5, 8]
+  """
+
+  @classmethod
+  def Params(cls):
+    return _NormParams(super().Params())
+
+  def __init__(self, params):
+    super().__init__(params)
+    _Validate(self)
+    d = self.params.input_dim
+    self.CreateVariable('scale', WeightParams([d], WeightInit.Constant(1.0)))
+
+  def FProp(self, theta, inputs):
+    """Normalises.
+
+    Args:
+      theta: NestedMap with `scale` [input_dim].
+      inputs: [..., input_dim].
+
+    Returns:
+      [..., input_dim] in fprop_dtype.
+    """
+    dtype = _ComputeDtype(self)
+    x = tf.cast(inputs, dtype)
+    mean_sq = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)  # [..., 1]
+    out = (x * tf.math.rsqrt(mean_sq + self.params.epsilon) *
+           tf.cast(theta.scale, dtype))
+    return tf.cast(out, self.fprop_dtype)
+
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    """Shapes and FLOPs.
+
+    FLOPs = N * (4 * input_dim + 2): per element square, sum, normalising
+    multiply and scale; per row the division by input_dim and rsqrt(ms +
+    eps) (counted 1). None if N is unknown. out_shapes: (inputs shape,).
+    """
+    return _Meta(cls, p, inputs, 4, 2)
