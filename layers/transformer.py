@@ -1,0 +1,276 @@
+"""Pre-LayerNorm Transformer layers (Vaswani et al., 2017, arXiv:1706.03762;
+pre-LN placement as in Xiong et al., 2020, arXiv:2002.04745).
+
+  x = x + Dropout(SelfAttention(LayerNorm(x)))
+  x = x + Dropout(FFN(LayerNorm(x)))      FFN: d -> hidden (act, dropout) -> d
+
+Batch-major: inputs [batch, time, dim], paddings [batch, time] (1.0 = pad).
+Padded positions are computed like any other (their outputs are garbage the
+caller masks); they are never attended to.
+"""
+from cadence.framework import base_layer
+from cadence.framework import hyperparams
+from cadence.framework import shapes
+from cadence.layers import activations
+from cadence.layers import attention
+from cadence.layers import dropout
+from cadence.layers import linear
+from cadence.layers import normalization
+
+NestedMap = base_layer.NestedMap
+
+
+def _Fail(cls_name, path, field, value, rule):
+  raise ValueError(f"{cls_name} '{path}': {field}={value!r} {rule}")
+
+
+def _CheckPositiveInt(layer, field, value):
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    _Fail(type(layer).__name__, layer.path, field, value,
+          'must be a positive int.')
+
+
+def _CheckProb(layer, field, value):
+  if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+      not 0.0 <= value < 1.0):
+    _Fail(type(layer).__name__, layer.path, field, value,
+          'must be a probability in [0, 1).')
+
+
+def _WithInherited(parent, child):
+  """Copy of `child` with is_inference taken from `parent` if left default.
+
+  FPropMeta uses it to cost the children as CreateChild would build them
+  (dropout costs nothing in inference).
+  """
+  child = child.Copy()
+  if child.is_inference == child.cls.Params().is_inference:
+    child.is_inference = parent.is_inference
+  return child
+
+
+class TransformerLayer(base_layer.BaseLayer):
+  """One pre-LN Transformer layer: self-attention, then a feed-forward net.
+
+  Children: `ln_atten`, `atten` (MultiHeadedAttention), `atten_dropout`,
+  `ln_ffn`, `ffn` (FeedForwardNet [hidden_dim, input_dim] with activation
+  then none, relu dropout in between), `ffn_dropout`.
+
+  Example:
+    p = TransformerLayer.Params().Set(name='xformer', input_dim=8,
+                                      hidden_dim=32, num_heads=2,
+                                      mask_self_atten=True)
+    layer = p.Instantiate()
+    y = layer(tf.ones([2, 5, 8]), tf.zeros([2, 5]))   # [2, 5, 8]
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 0, 'Model depth d of inputs and outputs.')
+    p.Define('hidden_dim', 0, 'Hidden depth of the feed-forward net.')
+    p.Define('num_heads', 1, 'Attention heads; must divide input_dim.')
+    p.Define('atten_dropout_prob', 0.0, 'Dropout on attention probabilities.')
+    p.Define('residual_dropout_prob', 0.0, 'Dropout on each sub-block output '
+             'before it is added to the residual.')
+    p.Define('relu_dropout_prob', 0.0, 'Dropout on the feed-forward hidden '
+             'activations.')
+    p.Define('activation', 'RELU', 'Feed-forward hidden activation name '
+             '(layers/activations.py).')
+    p.Define('mask_self_atten', False, 'If True, causal self-attention: '
+             'position i attends only to positions <= i.')
+    p.Define('ln_tpl', normalization.LayerNorm.Params(), 'Normalisation '
+             'params (LayerNorm or RMSNorm); input_dim is set by the layer.')
+    return p
+
+  @classmethod
+  def _SubParams(cls, p):
+    """The children's params (names set), shared by __init__ and FPropMeta."""
+    d = p.input_dim
+    ln = p.ln_tpl.Copy().Set(input_dim=d)
+    residual = dropout.DropoutLayer.Params().Set(
+        keep_prob=1.0 - p.residual_dropout_prob)
+    return NestedMap(
+        ln_atten=ln.Copy().Set(name='ln_atten'),
+        atten=attention.MultiHeadedAttention.Params().Set(
+            name='atten', input_dim=d, num_heads=p.num_heads,
+            atten_dropout_prob=p.atten_dropout_prob),
+        atten_dropout=residual.Copy().Set(name='atten_dropout'),
+        ln_ffn=ln.Copy().Set(name='ln_ffn'),
+        ffn=linear.FeedForwardNet.Params().Set(
+            name='ffn', input_dim=d, hidden_layer_dims=[p.hidden_dim, d],
+            activation=[p.activation, 'NONE'],
+            dropout_prob=p.relu_dropout_prob),
+        ffn_dropout=residual.Copy().Set(name='ffn_dropout'))
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    _CheckPositiveInt(self, 'input_dim', p.input_dim)
+    _CheckPositiveInt(self, 'hidden_dim', p.hidden_dim)
+    _CheckPositiveInt(self, 'num_heads', p.num_heads)
+    if p.input_dim % p.num_heads:
+      _Fail(type(self).__name__, self.path, 'num_heads', p.num_heads,
+            f'must divide input_dim={p.input_dim}; {p.input_dim} % '
+            f'{p.num_heads} = {p.input_dim % p.num_heads}.')
+    for field in ('atten_dropout_prob', 'residual_dropout_prob',
+                  'relu_dropout_prob'):
+      _CheckProb(self, field, p.Get(field))
+    try:
+      activations.GetFn(p.activation)
+    except ValueError as e:
+      _Fail(type(self).__name__, self.path, 'activation', p.activation,
+            f'is invalid: {e}')
+    if not isinstance(p.mask_self_atten, bool):
+      _Fail(type(self).__name__, self.path, 'mask_self_atten',
+            p.mask_self_atten, 'must be a bool.')
+    for name, sub in self._SubParams(p).items():
+      self.CreateChild(name, sub)
+
+  def FProp(self, theta, inputs, paddings=None):
+    """Applies the layer.
+
+    Args:
+      theta: NestedMap of the children's thetas (plus `step_seed` when any
+        dropout is active in training).
+      inputs: [batch, time, input_dim].
+      paddings: None or [batch, time], 1.0 marks padded positions.
+
+    Returns:
+      [batch, time, input_dim] in fprop_dtype.
+    """
+    c = self.children
+    x = self.CastToFPropDtype(inputs)
+    h = c.ln_atten.FProp(theta.ln_atten, x)
+    h, _ = c.atten.FProp(theta.atten, h, paddings=paddings,
+                         causal=self.params.mask_self_atten)
+    x += c.atten_dropout.FProp(theta.atten_dropout, h)
+    h = c.ln_ffn.FProp(theta.ln_ffn, x)
+    h = c.ffn.FProp(theta.ffn, h)
+    x += c.ffn_dropout.FProp(theta.ffn_dropout, h)
+    return x
+
+  @classmethod
+  def FPropMeta(cls, p, inputs, paddings=None):
+    """Shapes and FLOPs.
+
+    flops = sum of the children's FPropMeta flops (two norms, attention, the
+    feed-forward net, two residual dropouts) + 2 * b*t*d for the two
+    residual additions. None if b or t is unknown. out_shapes: (inputs,).
+    """
+    del paddings
+    shape = shapes.AsShape(inputs)
+    if shape.rank != 3 or shape[-1] not in (None, p.input_dim):
+      raise ValueError(
+          f"{cls.__name__} '{p.name}': inputs shape {list(shape)} must be "
+          f'[batch, time, input_dim={p.input_dim}].')
+    flops = shapes.Mul(2, shape.num_elements())
+    for sub in cls._SubParams(p).values():
+      sub = _WithInherited(p, sub)
+      flops = shapes.Add(flops, sub.cls.FPropMeta(sub, shape).flops)
+    return NestedMap(flops=flops, out_shapes=(shape,))
+
+
+class GPipeTransformerLayer(TransformerLayer):
+  """A TransformerLayer as a pipeline cell: (inputs, paddings) in and out.
+
+  The pipeline threads one tuple of tensors from cell to cell, so this
+  variant returns its paddings unchanged next to its outputs.
+
+  Example:
+    p = GPipeTransformerLayer.Params().Set(name='cell', input_dim=8,
+                                           hidden_dim=32, num_heads=2)
+    out, pads = p.Instantiate()(tf.ones([2, 5, 8]), tf.zeros([2, 5]))
+  """
+
+  def FProp(self, theta, inputs, paddings):
+    """Returns (outputs [batch, time, input_dim], paddings [batch, time])."""
+    return super().FProp(theta, inputs, paddings), paddings
+
+  @classmethod
+  def FPropMeta(cls, p, inputs, paddings):
+    """TransformerLayer's flops; out_shapes (inputs, paddings)."""
+    meta = super().FPropMeta(p, inputs)
+    return NestedMap(flops=meta.flops,
+                     out_shapes=(shapes.AsShape(inputs),
+                                 shapes.AsShape(paddings)))
+
+
+class TransformerStack(base_layer.BaseLayer):
+  """num_layers Transformer layers, then an optional final norm.
+
+  A pre-LN stack needs the final norm: the residual stream is never
+  normalised otherwise.
+
+  Children: `x_layers` (list), `final_ln` (if final_layer_norm).
+
+  Example:
+    tpl = TransformerLayer.Params().Set(input_dim=8, hidden_dim=32,
+                                        num_heads=2)
+    p = TransformerStack.Params().Set(name='enc', num_layers=2,
+                                      transformer_tpl=tpl)
+    y = p.Instantiate()(tf.ones([2, 5, 8]), tf.zeros([2, 5]))  # [2, 5, 8]
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('num_layers', 1, 'Number of Transformer layers, an int >= 1.')
+    p.Define('transformer_tpl', TransformerLayer.Params(), 'Params of each '
+             'layer (a TransformerLayer or GPipeTransformerLayer).')
+    p.Define('final_layer_norm', True, 'Whether to normalise the output '
+             "with a copy of transformer_tpl.ln_tpl.")
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    _CheckPositiveInt(self, 'num_layers', p.num_layers)
+    tpl = p.transformer_tpl
+    if not (isinstance(tpl, hyperparams.InstantiableParams) and
+            issubclass(tpl.cls, TransformerLayer)):
+      _Fail(type(self).__name__, self.path, 'transformer_tpl',
+            getattr(tpl, 'cls', tpl), 'must be a TransformerLayer.Params() '
+            '(or a subclass).')
+    self.CreateChildren('x_layers', [tpl] * p.num_layers)
+    if p.final_layer_norm:
+      self.CreateChild('final_ln', self._FinalLnParams(p))
+
+  @staticmethod
+  def _FinalLnParams(p):
+    tpl = p.transformer_tpl
+    return tpl.ln_tpl.Copy().Set(name='final_ln', input_dim=tpl.input_dim)
+
+  def FProp(self, theta, inputs, paddings=None):
+    """Applies the stack.
+
+    Args:
+      theta: NestedMap with `x_layers` (list) and `final_ln`.
+      inputs: [batch, time, input_dim].
+      paddings: None or [batch, time], 1.0 marks padded positions.
+
+    Returns:
+      [batch, time, input_dim] in fprop_dtype.
+    """
+    x = inputs
+    for layer, layer_theta in zip(self.children.x_layers, theta.x_layers):
+      x = layer.FProp(layer_theta, x, paddings)
+      if isinstance(x, tuple):  # A GPipeTransformerLayer.
+        x = x[0]
+    if self.params.final_layer_norm:
+      x = self.children.final_ln.FProp(theta.final_ln, x)
+    return x
+
+  @classmethod
+  def FPropMeta(cls, p, inputs, paddings=None):
+    """num_layers * TransformerLayer flops + the final norm's; out (inputs,).
+    """
+    del paddings
+    shape = shapes.AsShape(inputs)
+    tpl = _WithInherited(p, p.transformer_tpl)
+    flops = shapes.Mul(p.num_layers,
+                       TransformerLayer.FPropMeta(tpl, shape).flops)
+    if p.final_layer_norm:
+      ln = cls._FinalLnParams(p)
+      flops = shapes.Add(flops, ln.cls.FPropMeta(ln, shape).flops)
+    return NestedMap(flops=flops, out_shapes=(shape,))
