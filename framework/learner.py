@@ -1,0 +1,235 @@
+"""Learner: gradients, clipping, skipping bad steps, L2, and the update.
+
+A `Learner` owns which variables train (trainable, matched by the path
+filters), the optimizer and the learning-rate schedule. One train step is
+
+  with tf.GradientTape() as tape:
+    loss = ...
+  grads = learner.ComputeGradients(tape, loss)     # NestedMap like vars
+  stats = learner.ApplyGradients(step, grads, loss=loss)
+
+(or `stats = learner.Apply(step, tape, loss)`). `ApplyGradients` computes the
+global gradient norm, skips the update (leaving every variable and optimizer
+slot bit-identical) when the norm or the loss is not finite or the norm is
+above `grad_norm_to_clip_to_zero`, else clips to
+`clip_gradient_norm_to_value` and applies the optimizer with learning rate
+`learning_rate * lr_schedule.Value(step)`.
+
+Distribution: call `Build()` under `strategy.scope()`, and the step inside
+`strategy.run`. `ComputeGradients` averages the gradients over the replicas
+(all-reduce MEAN, so each replica's loss is the mean over its own examples),
+so the norm, the skip decision and the update agree on every replica.
+"""
+import numbers
+import re
+
+import tensorflow as tf
+
+from cadence.framework import hyperparams
+from cadence.framework import optimizer as optimizer_lib
+from cadence.framework import schedule as schedule_lib
+from cadence.framework.nested_map import NestedMap
+
+_NOT_TRAINED = object()  # Marks leaves of var_map that do not train.
+
+
+class Learner:
+  """Turns a loss into variable updates.
+
+  Example:
+    p = Learner.Params().Set(learning_rate=0.1,
+                             clip_gradient_norm_to_value=1.0)
+    p.optimizer = optimizer.SGD.Params()
+    learner = p.Instantiate(var_map=layer.vars)
+    learner.Build()
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(layer(x))
+    stats = learner.Apply(step, tape, loss)  # grad_norm, skipped, ...
+  """
+
+  @classmethod
+  def Params(cls):
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', 'learner', 'Name of the learner, used in messages.')
+    p.Define('optimizer', optimizer_lib.Adam.Params(), 'Optimizer params.')
+    p.Define('learning_rate', 1e-3, 'Base learning rate, a float >= 0; '
+             'multiplied by lr_schedule.Value(step).')
+    p.Define('lr_schedule', schedule_lib.ConstantSchedule.Params(),
+             'Learning-rate schedule params (a multiplier of learning_rate).')
+    p.Define('clip_gradient_norm_to_value', 0.0, 'Scale the gradients so '
+             'their global L2 norm is at most this, a float (0: off).')
+    p.Define('grad_norm_to_clip_to_zero', 0.0, 'Skip the update when the '
+             'global gradient norm exceeds this, a float (0: off).')
+    p.Define('l2_regularizer_weight', 0.0, 'Adds weight * sum(v^2) / 2 over '
+             'the trained variables to the loss, a float (0: off).')
+    p.Define('bprop_variable_filter', None, 'Regex (re.search on the '
+             'variable path) that a variable must match to train; None: '
+             'all.')
+    p.Define('bprop_variable_exclusion', None, 'Regex (re.search on the '
+             'variable path); matching variables do not train. None: none.')
+    return p
+
+  def __init__(self, params, var_map):
+    """Builds the learner.
+
+    Args:
+      params: `Learner.Params()`.
+      var_map: NestedMap of tf.Variables (e.g. a layer's `vars`); dotted
+        `FlattenItems` keys are the paths the filters match.
+    """
+    self._params = params.Copy().Freeze()
+    self._Validate()
+    p = self._params
+    self._optimizer = p.optimizer.Instantiate()
+    self._schedule = p.lr_schedule.Instantiate()
+    keep_re = self._Compile('bprop_variable_filter')
+    drop_re = self._Compile('bprop_variable_exclusion')
+    seen = set()
+    keep_paths = set()
+    for path, var in var_map.FlattenItems():
+      if not isinstance(var, tf.Variable) or not var.trainable:
+        continue
+      if keep_re and not keep_re.search(path):
+        continue
+      if drop_re and drop_re.search(path):
+        continue
+      if var.ref() in seen:  # A shared variable trains once.
+        continue
+      seen.add(var.ref())
+      keep_paths.add(path)
+    marked = var_map.Pack([v if path in keep_paths else _NOT_TRAINED
+                           for path, v in var_map.FlattenItems()])
+    self._var_map = marked.Filter(lambda v: v is not _NOT_TRAINED)
+    self._trainable = self._var_map.FlattenItems()
+
+  def _Error(self, field, value, rule):
+    return ValueError(f'Learner {self._params.name!r}: {field}={value!r} '
+                      f'{rule}')
+
+  def _Validate(self):
+    p = self._params
+    for field in ('learning_rate', 'clip_gradient_norm_to_value',
+                  'grad_norm_to_clip_to_zero', 'l2_regularizer_weight'):
+      value = p.Get(field)
+      if not isinstance(value, numbers.Real) or not value >= 0:
+        raise self._Error(field, value, 'must be a number >= 0')
+
+  def _Compile(self, field):
+    pattern = self._params.Get(field)
+    if pattern is None:
+      return None
+    try:
+      return re.compile(pattern)
+    except (re.error, TypeError) as e:
+      raise self._Error(field, pattern, f'is not a valid regex: {e}') from None
+
+  @property
+  def params(self):
+    return self._params
+
+  @property
+  def optimizer(self):
+    return self._optimizer
+
+  @property
+  def lr_schedule(self):
+    return self._schedule
+
+  @property
+  def checkpointables(self):
+    """The optimizer state to checkpoint (slots and update counter)."""
+    return self._optimizer.checkpointables
+
+  @property
+  def trainable(self):
+    """[(path, tf.Variable)] of the variables that train, in path order."""
+    return list(self._trainable)
+
+  @property
+  def trainable_vars(self):
+    """NestedMap of the trained variables (`vars` restricted to them)."""
+    return self._var_map
+
+  def Build(self):
+    """Creates the optimizer slots; eagerly, before any tf.function traces,
+    under `strategy.scope()` when distributed."""
+    self._optimizer.Build(self._trainable)
+
+  def LearningRate(self, step):
+    """`learning_rate * lr_schedule.Value(step)`, a float32 scalar."""
+    return self._params.learning_rate * self._schedule.Value(step)
+
+  def L2Loss(self):
+    """`l2_regularizer_weight * sum(v^2) / 2` over trained vars (float32)."""
+    w = self._params.l2_regularizer_weight
+    if not w or not self._trainable:
+      return tf.constant(0.0, tf.float32)
+    return w * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32))
+                         for _, v in self._trainable])
+
+  def ComputeGradients(self, tape, loss):
+    """Gradients of `loss` + L2Loss() w.r.t. the trained variables.
+
+    Args:
+      tape: the tf.GradientTape that recorded `loss` (exited).
+      loss: scalar loss tensor (this replica's mean loss when distributed).
+
+    Returns:
+      NestedMap like `trainable_vars`; variables unconnected to the loss get
+      zeros. Averaged over replicas when called in a replica context of a
+      strategy with more than one replica.
+    """
+    variables = [v for _, v in self._trainable]
+    grads = tape.gradient(
+        loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and ctx.num_replicas_in_sync > 1 and grads:
+      grads = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, grads)
+    w = self._params.l2_regularizer_weight
+    if w:
+      grads = [g + tf.cast(w, g.dtype) * v for g, v in zip(grads, variables)]
+    return self._var_map.Pack(grads)
+
+  def ApplyGradients(self, step, grads, loss=None):
+    """Clips and applies `grads`, or skips the step; returns stats.
+
+    Args:
+      step: the global step, int or scalar tensor (for the schedule).
+      grads: NestedMap from `ComputeGradients` (same keys as
+        `trainable_vars`).
+      loss: optional scalar loss; a non-finite loss also skips the step.
+
+    Returns:
+      NestedMap(grad_norm=float32 global norm before clipping,
+      skipped=bool, learning_rate=float32).
+    """
+    got = [k for k, _ in grads.FlattenItems()]
+    want = [k for k, _ in self._trainable]
+    if got != want:
+      raise ValueError(f'Learner {self._params.name!r}: gradient keys '
+                       f'{got} do not match the trained variables {want}')
+    grad_list = grads.Flatten()
+    if grad_list:
+      grad_norm = tf.linalg.global_norm(
+          [tf.cast(g, tf.float32) for g in grad_list])
+    else:
+      grad_norm = tf.constant(0.0, tf.float32)
+    skip = tf.logical_not(tf.math.is_finite(grad_norm))
+    if loss is not None:
+      skip = tf.logical_or(skip, tf.logical_not(
+          tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32)))))
+    p = self._params
+    if p.grad_norm_to_clip_to_zero:
+      skip = tf.logical_or(skip, grad_norm > p.grad_norm_to_clip_to_zero)
+    if p.clip_gradient_norm_to_value and grad_list:
+      grad_list, _ = tf.clip_by_global_norm(
+          grad_list, p.clip_gradient_norm_to_value, use_norm=grad_norm)
+    lr = self.LearningRate(step)
+    self._optimizer.Apply(
+        lr, zip(grad_list, [v for _, v in self._trainable]), skip=skip)
+    return NestedMap(grad_norm=grad_norm, skipped=skip, learning_rate=lr)
+
+  def Apply(self, step, tape, loss):
+    """`ApplyGradients(step, ComputeGradients(tape, loss), loss)`."""
+    return self.ApplyGradients(step, self.ComputeGradients(tape, loss),
+                               loss=loss)

@@ -1,0 +1,381 @@
+"""Optimizers: SGD, Momentum, Adam and Adafactor over plain tf.Variables.
+
+Each optimizer is a pure per-variable rule, `_Update(var, grad, slots, lr, t)
+-> (new_var, new_slots)`, plus the machinery that applies it:
+
+  * `Build(variables)` creates the slot variables eagerly (call it before any
+    `tf.function` traces, and under `strategy.scope()` when distributed, so
+    the slots are mirrored like the variables they belong to).
+  * `Apply(lr, grads_and_vars, skip=None)` updates every variable and its
+    slots. `lr` may be a tensor that changes every step (no retracing).
+    When the boolean tensor `skip` is true nothing changes, bit for bit: not
+    the variables, not the slots, not the update counter.
+  * `checkpointables` is a trackable holding the slots and the update counter,
+    keyed by variable path: `tf.train.Checkpoint(opt=o.checkpointables)`.
+
+Why not the Keras optimizers: Keras 3 does update raw tf.Variables, but its
+`apply_gradients` does a `merge_call` under tf.distribute, which cannot sit
+inside the `tf.cond` that skips a non-finite step; and its checkpoint keys are
+slot indices (`_variables/3`) plus a second copy of every model variable. Here
+the skip is a `tf.cond` inside each variable's own update (valid in replica
+and cross-replica context alike), the checkpoint keys are variable paths, and
+each rule is a few lines that the tests check against numpy.
+
+Example:
+  v = tf.Variable([1.0, 2.0])
+  opt = Adam.Params().Set(beta1=0.9).Instantiate()
+  opt.Build([('w', v)])
+  opt.Apply(0.1, [(tf.constant([1.0, -1.0]), v)])
+"""
+import re
+
+import tensorflow as tf
+
+from cadence.framework import hyperparams
+
+
+def _VarName(name):
+  """`name` with the characters TF rejects in variable names replaced."""
+  return re.sub(r'[^A-Za-z0-9_./-]', '_', name)
+
+
+class _OptimizerState(tf.Module):
+  """The trackable part of an optimizer: slots by variable path, a counter."""
+
+  def __init__(self, name):
+    super().__init__(name=name)
+    self.slots = {}  # path -> {slot name: tf.Variable}
+    self.num_updates = None  # int64 tf.Variable, created by Build().
+
+
+class BaseOptimizer:
+  """Applies a per-variable update rule; subclasses define the rule."""
+
+  @classmethod
+  def Params(cls):
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', cls.__name__.lower(), 'Name of the optimizer; prefixes '
+             'its slot variables.')
+    return p
+
+  def __init__(self, params):
+    self._params = params.Copy().Freeze()
+    self._Validate()
+    self.checkpointables = _OptimizerState(self._params.name)
+    self._path_by_ref = {}
+
+  @property
+  def params(self):
+    return self._params
+
+  def _Error(self, field, value, rule):
+    return ValueError(f'{type(self).__name__} {self._params.name!r}: '
+                      f'{field}={value!r} {rule}')
+
+  def _CheckRange(self, field, low, high, low_open=False, high_open=False):
+    value = self._params.Get(field)
+    ok = (value > low if low_open else value >= low) and (
+        value < high if high_open else value <= high)
+    if not ok:
+      left, right = '(' if low_open else '[', ')' if high_open else ']'
+      raise self._Error(field, value, f'must be in {left}{low}, {high}{right}')
+
+  def _Validate(self):
+    """Raises ValueError for bad params; subclasses extend."""
+
+  # -- rule (subclasses) --
+  def _SlotShapes(self, shape):
+    """{slot name: shape} for a variable of static `shape`."""
+    del shape  # Unused.
+    return {}
+
+  def _Update(self, var, grad, slots, lr, t):
+    """The pure update rule.
+
+    Args:
+      var: the variable's current value, a tensor.
+      grad: its gradient, same shape and dtype.
+      slots: {slot name: current slot value}.
+      lr: the learning rate, a scalar of var's dtype.
+      t: this update's 1-based index (updates applied so far + 1), a float
+        scalar of var's dtype.
+
+    Returns:
+      (new var value, {slot name: new slot value}).
+    """
+    raise NotImplementedError(f'{type(self).__name__}._Update')
+
+  # -- machinery --
+  @property
+  def num_updates(self):
+    """int64 variable: the updates applied (skipped steps not counted)."""
+    return self.checkpointables.num_updates
+
+  def Slots(self, var):
+    """{slot name: tf.Variable} of a built variable."""
+    return self.checkpointables.slots[self._Path(var)]
+
+  def _Path(self, var):
+    path = self._path_by_ref.get(var.ref())
+    if path is None:
+      raise ValueError(
+          f'{type(self).__name__} {self._params.name!r}: variable '
+          f'{var.name!r} was not built; call Build() with every variable '
+          'before the first Apply (and before any tf.function traces)')
+    return path
+
+  def Build(self, variables):
+    """Creates the slots of `variables` eagerly; built ones are kept.
+
+    Args:
+      variables: tf.Variables, or (path, tf.Variable) pairs; the path names
+        the slots in checkpoints (default: the variable's name).
+    """
+    state = self.checkpointables
+    strategy = tf.distribute.get_strategy()
+    with tf.init_scope():
+      if state.num_updates is None:
+        state.num_updates = tf.Variable(
+            tf.constant(0, tf.int64), trainable=False,
+            name=f'{self._params.name}/num_updates')
+      for item in variables:
+        path, var = item if isinstance(item, tuple) else (item.name, item)
+        if var.ref() in self._path_by_ref:
+          continue
+        base, n = path, 1
+        while path in state.slots:
+          path, n = f'{base}_{n}', n + 1
+        slots = {}
+        with strategy.extended.colocate_vars_with(var):
+          for slot_name, shape in self._SlotShapes(var.shape).items():
+            slots[slot_name] = tf.Variable(
+                tf.zeros(shape, var.dtype), trainable=False,
+                name=_VarName(f'{self._params.name}/{path}/{slot_name}'))
+        state.slots[path] = slots
+        self._path_by_ref[var.ref()] = path
+
+  def Apply(self, lr, grads_and_vars, skip=None):
+    """Updates each variable from its gradient, unless `skip` is true.
+
+    Callable eagerly, in a tf.function, and in replica or cross-replica
+    context of a tf.distribute strategy (the gradients must already be the
+    same on every replica, e.g. all-reduced).
+
+    Args:
+      lr: the learning rate, a float or a float scalar tensor.
+      grads_and_vars: (gradient, variable) pairs; None gradients are ignored.
+      skip: optional bool scalar tensor; true leaves everything unchanged.
+    """
+    pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+    for _, v in pairs:
+      self._Path(v)  # Fails early for unbuilt variables.
+    if self.num_updates is None:
+      self.Build([])
+    lr = tf.cast(lr, tf.float32)
+    skip = tf.constant(False) if skip is None else tf.cast(skip, tf.bool)
+    grads = [g for g, _ in pairs]
+    variables = [v for _, v in pairs]
+
+    def _CrossReplica(strategy, lr, skip, grads):
+      for g, v in zip(grads, variables):
+        strategy.extended.update(
+            v, self._ApplyOne, args=(g, self.Slots(v), lr, skip,
+                                     self.num_updates), group=False)
+      strategy.extended.update(
+          self.num_updates,
+          lambda n, skip: n.assign_add(tf.cast(~skip, tf.int64)),
+          args=(skip,),
+          group=False)
+
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:  # Cross-replica context.
+      _CrossReplica(tf.distribute.get_strategy(), lr, skip, grads)
+    else:
+      ctx.merge_call(_CrossReplica, args=(lr, skip, grads))
+
+  def _ApplyOne(self, var, grad, slots, lr, skip, num_updates):
+    """Updates one variable (one device's copy) and its slots."""
+
+    def _Do():
+      dtype = var.dtype
+      t = tf.cast(num_updates + 1, dtype)
+      new_var, new_slots = self._Update(
+          var.read_value(), tf.cast(grad, dtype),
+          {k: s.read_value() for k, s in slots.items()},
+          tf.cast(lr, dtype), t)
+      ops = [var.assign(new_var)]
+      ops += [slots[k].assign(new_slots[k]) for k in slots]
+      with tf.control_dependencies(ops):
+        return tf.constant(True)
+
+    return tf.cond(skip, lambda: tf.constant(False), _Do)
+
+
+class SGD(BaseOptimizer):
+  """Plain gradient descent: `var -= lr * grad`.
+
+  Example:
+    opt = SGD.Params().Instantiate()
+  """
+
+  def _Update(self, var, grad, slots, lr, t):
+    return var - lr * grad, {}
+
+
+class Momentum(BaseOptimizer):
+  """Heavy-ball momentum: `m = alpha * m + grad; var -= lr * m`.
+
+  With `use_nesterov`: `var -= lr * (grad + alpha * m)` (new m).
+
+  Example:
+    opt = Momentum.Params().Set(alpha=0.9, use_nesterov=True).Instantiate()
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('alpha', 0.9, 'Momentum decay, a float in [0, 1).')
+    p.Define('use_nesterov', False, 'Whether to use Nesterov momentum.')
+    return p
+
+  def _Validate(self):
+    self._CheckRange('alpha', 0.0, 1.0, high_open=True)
+
+  def _SlotShapes(self, shape):
+    return {'momentum': shape}
+
+  def _Update(self, var, grad, slots, lr, t):
+    alpha = tf.cast(self._params.alpha, var.dtype)
+    m = alpha * slots['momentum'] + grad
+    step = grad + alpha * m if self._params.use_nesterov else m
+    return var - lr * step, {'momentum': m}
+
+
+class Adam(BaseOptimizer):
+  """Adam (Kingma & Ba 2015), in the bias-corrected step-size form.
+
+  `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
+  `var -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + epsilon)`.
+
+  Example:
+    opt = Adam.Params().Set(beta1=0.9, beta2=0.98, epsilon=1e-9).Instantiate()
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('beta1', 0.9, 'Decay of the first moment, a float in [0, 1).')
+    p.Define('beta2', 0.999, 'Decay of the second moment, a float in '
+             '[0, 1).')
+    p.Define('epsilon', 1e-6, 'Added to sqrt(v) in the denominator, a float '
+             '> 0.')
+    return p
+
+  def _Validate(self):
+    self._CheckRange('beta1', 0.0, 1.0, high_open=True)
+    self._CheckRange('beta2', 0.0, 1.0, high_open=True)
+    if not self._params.epsilon > 0:
+      raise self._Error('epsilon', self._params.epsilon, 'must be > 0')
+
+  def _SlotShapes(self, shape):
+    return {'m': shape, 'v': shape}
+
+  def _Update(self, var, grad, slots, lr, t):
+    p = self._params
+    b1, b2 = tf.cast(p.beta1, var.dtype), tf.cast(p.beta2, var.dtype)
+    m = b1 * slots['m'] + (1.0 - b1) * grad
+    v = b2 * slots['v'] + (1.0 - b2) * tf.square(grad)
+    lr_t = lr * tf.sqrt(1.0 - tf.pow(b2, t)) / (1.0 - tf.pow(b1, t))
+    return var - lr_t * m / (tf.sqrt(v) + p.epsilon), {'m': m, 'v': v}
+
+
+class Adafactor(BaseOptimizer):
+  """Adafactor (Shazeer & Stern 2018): factored second moments.
+
+  For a variable whose last two dims are both >= `min_dim_size_to_factor`
+  the second moment is kept as row and column means (`vr`: shape[:-1],
+  `vc`: shape[:-2] + shape[-1:]), else in full (`v`). At update t:
+  `d = 1 - t**-decay_exponent`, `g2 = g^2 + epsilon1`, moments decay by d,
+  `u = g / sqrt(v_hat)` with `v_hat = vr vc / mean(vr)` when factored;
+  `u /= max(1, rms(u) / clipping_threshold)`; optional momentum
+  `m = beta1 m + (1 - beta1) u; u = m`; the step size is `lr`, times
+  `max(epsilon2, rms(var))` with `multiply_by_parameter_scale`.
+
+  Example:
+    opt = Adafactor.Params().Set(min_dim_size_to_factor=32).Instantiate()
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('beta1', 0.0, 'Momentum of the update, a float in [0, 1); 0 '
+             'keeps no first moment.')
+    p.Define('decay_exponent', 0.8, 'Second-moment decay is 1 - t**-this, a '
+             'float in (0, 1].')
+    p.Define('epsilon1', 1e-30, 'Added to squared gradients, a float > 0.')
+    p.Define('epsilon2', 1e-3, 'Lower bound of the parameter scale, a float '
+             '>= 0.')
+    p.Define('clipping_threshold', 1.0, 'Caps the update RMS, a float (0: '
+             'no clipping).')
+    p.Define('multiply_by_parameter_scale', True, 'Scale the step by the '
+             'RMS of the variable (relative step size).')
+    p.Define('factored', True, 'Factor the second moment of matrices.')
+    p.Define('min_dim_size_to_factor', 128, 'Factor only when the last two '
+             'dims are both at least this, an int.')
+    return p
+
+  def _Validate(self):
+    self._CheckRange('beta1', 0.0, 1.0, high_open=True)
+    self._CheckRange('decay_exponent', 0.0, 1.0, low_open=True)
+    if not self._params.epsilon1 > 0:
+      raise self._Error('epsilon1', self._params.epsilon1, 'must be > 0')
+    if self._params.clipping_threshold < 0:
+      raise self._Error('clipping_threshold',
+                        self._params.clipping_threshold, 'must be >= 0')
+
+  def _Factored(self, shape):
+    p = self._params
+    return (p.factored and len(shape) >= 2 and
+            shape[-1] >= p.min_dim_size_to_factor and
+            shape[-2] >= p.min_dim_size_to_factor)
+
+  def _SlotShapes(self, shape):
+    shape = shape.as_list()
+    slots = {}
+    if self._Factored(shape):
+      slots['vr'] = shape[:-1]
+      slots['vc'] = shape[:-2] + shape[-1:]
+    else:
+      slots['v'] = shape
+    if self._params.beta1 > 0:
+      slots['m'] = shape
+    return slots
+
+  def _Update(self, var, grad, slots, lr, t):
+    p = self._params
+    dtype = var.dtype
+    decay = 1.0 - tf.pow(t, -tf.cast(p.decay_exponent, dtype))
+    g2 = tf.square(grad) + tf.cast(p.epsilon1, dtype)
+    new = {}
+    if 'vr' in slots:
+      vr = decay * slots['vr'] + (1.0 - decay) * tf.reduce_mean(g2, -1)
+      vc = decay * slots['vc'] + (1.0 - decay) * tf.reduce_mean(g2, -2)
+      row_scale = tf.math.rsqrt(
+          vr / tf.reduce_mean(vr, -1, keepdims=True))  # shape[:-1]
+      update = grad * row_scale[..., None] * tf.math.rsqrt(vc)[..., None, :]
+      new.update(vr=vr, vc=vc)
+    else:
+      v = decay * slots['v'] + (1.0 - decay) * g2
+      update = grad * tf.math.rsqrt(v)
+      new['v'] = v
+    if p.clipping_threshold > 0:
+      rms = tf.sqrt(tf.reduce_mean(tf.square(update)))
+      update /= tf.maximum(1.0, rms / p.clipping_threshold)
+    if p.beta1 > 0:
+      update = p.beta1 * slots['m'] + (1.0 - p.beta1) * update
+      new['m'] = update
+    step = lr
+    if p.multiply_by_parameter_scale:
+      step *= tf.maximum(tf.cast(p.epsilon2, dtype),
+                         tf.sqrt(tf.reduce_mean(tf.square(var))))
+    return var - step * update, new

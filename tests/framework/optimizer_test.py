@@ -1,0 +1,247 @@
+"""Tests for cadence.framework.optimizer: each rule against numpy."""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import optimizer
+
+_LRS = [0.1, 0.05, 0.2]  # A different learning rate at each step.
+
+
+def _Grads(rng, shapes, steps=3):
+  return [[rng.randn(*s).astype(np.float32) for s in shapes]
+          for _ in range(steps)]
+
+
+def _NpSGD(x, grads, lrs):
+  for g, lr in zip(grads, lrs):
+    x = x - lr * g
+  return x
+
+
+def _NpMomentum(x, grads, lrs, alpha, nesterov):
+  m = np.zeros_like(x)
+  for g, lr in zip(grads, lrs):
+    m = alpha * m + g
+    x = x - lr * (g + alpha * m if nesterov else m)
+  return x
+
+
+def _NpAdam(x, grads, lrs, b1, b2, eps):
+  m, v = np.zeros_like(x), np.zeros_like(x)
+  for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    x = x - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps)
+  return x
+
+
+def _NpAdafactor(x, grads, lrs, factored, beta1, clip, eps1=1e-30,
+                 eps2=1e-3, decay_exponent=0.8):
+  x = x.astype(np.float64)
+  vr = np.zeros(x.shape[:-1])
+  vc = np.zeros(x.shape[:-2] + x.shape[-1:])
+  v = np.zeros_like(x)
+  m = np.zeros_like(x)
+  for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+    g = g.astype(np.float64)
+    d = 1 - t**-decay_exponent
+    g2 = g * g + eps1
+    if factored:
+      vr = d * vr + (1 - d) * g2.mean(-1)
+      vc = d * vc + (1 - d) * g2.mean(-2)
+      v_hat = vr[..., :, None] * vc[..., None, :] / vr.mean(-1)[..., None,
+                                                              None]
+    else:
+      v = d * v + (1 - d) * g2
+      v_hat = v
+    u = g / np.sqrt(v_hat)
+    if clip:
+      u /= max(1.0, np.sqrt(np.mean(u * u)) / clip)
+    if beta1:
+      m = beta1 * m + (1 - beta1) * u
+      u = m
+    x = x - lr * max(eps2, np.sqrt(np.mean(x * x))) * u
+  return x
+
+
+class OptimizerTest(tf.test.TestCase):
+
+  def _Run(self, p, inits, grads, lrs=_LRS, traced=True):
+    """Applies `grads` (per step, per var) with `lrs`; returns var values."""
+    variables = [tf.Variable(x) for x in inits]
+    opt = p.Instantiate()
+    opt.Build([(f'v{i}', v) for i, v in enumerate(variables)])
+
+    def Step(lr, gs):
+      opt.Apply(lr, zip(gs, variables))
+
+    fn = tf.function(Step) if traced else Step
+    for gs, lr in zip(grads, lrs):
+      fn(tf.constant(lr), [tf.constant(g) for g in gs])
+    if traced:  # The changing learning rate did not retrace.
+      self.assertEqual(fn.experimental_get_tracing_count(), 1)
+    self.assertEqual(int(opt.num_updates.numpy()), len(grads))
+    return [v.numpy() for v in variables]
+
+  def testSGDExact(self):
+    rng = np.random.RandomState(0)
+    inits = [rng.randn(3, 2).astype(np.float32)]
+    grads = _Grads(rng, [(3, 2)])
+    got = self._Run(optimizer.SGD.Params(), inits, grads)
+    want = _NpSGD(inits[0], [g[0] for g in grads], np.float32(_LRS))
+    self.assertAllClose(got[0], want, atol=1e-7, rtol=0)
+
+  def testSGDEagerEqualsTraced(self):
+    rng = np.random.RandomState(1)
+    inits = [rng.randn(4).astype(np.float32)]
+    grads = _Grads(rng, [(4,)])
+    eager = self._Run(optimizer.SGD.Params(), inits, grads, traced=False)
+    traced = self._Run(optimizer.SGD.Params(), inits, grads)
+    self.assertAllClose(eager[0], traced[0], atol=1e-7)
+
+  def testMomentum(self):
+    for nesterov in (False, True):
+      rng = np.random.RandomState(2)
+      inits = [rng.randn(3, 2).astype(np.float32),
+               rng.randn(5).astype(np.float32)]
+      grads = _Grads(rng, [(3, 2), (5,)])
+      p = optimizer.Momentum.Params().Set(alpha=0.9, use_nesterov=nesterov)
+      got = self._Run(p, inits, grads)
+      for i in range(2):
+        want = _NpMomentum(inits[i], [g[i] for g in grads], _LRS, 0.9,
+                           nesterov)
+        self.assertAllClose(got[i], want, atol=1e-6, rtol=1e-6)
+
+  def testAdam(self):
+    rng = np.random.RandomState(3)
+    inits = [rng.randn(3, 4).astype(np.float32)]
+    grads = _Grads(rng, [(3, 4)])
+    p = optimizer.Adam.Params().Set(beta1=0.8, beta2=0.99, epsilon=1e-7)
+    got = self._Run(p, inits, grads)
+    want = _NpAdam(inits[0].astype(np.float64),
+                   [g[0].astype(np.float64) for g in grads], _LRS, 0.8, 0.99,
+                   1e-7)
+    self.assertAllClose(got[0], want, atol=1e-5, rtol=1e-5)
+
+  def testAdafactorMatchesNumpy(self):
+    rng = np.random.RandomState(4)
+    shapes = [(4, 6), (2, 4, 6), (5,), (4, 6)]
+    inits = [rng.randn(*s).astype(np.float32) for s in shapes]
+    grads = _Grads(rng, shapes)
+    # Factored for the first two (last dims >= 4); the 1-D and the last
+    # (scaled-down gradient so that clipping does not bind) in full.
+    for step in grads:
+      step[3] *= 1e-3
+    for beta1, clip in ((0.0, 1.0), (0.9, 0.0)):
+      p = optimizer.Adafactor.Params().Set(
+          min_dim_size_to_factor=4, beta1=beta1, clipping_threshold=clip)
+      opt_vars = self._Run(p, inits[:3], [g[:3] for g in grads])
+      for i in range(3):
+        want = _NpAdafactor(inits[i], [g[i] for g in grads], _LRS,
+                            factored=len(shapes[i]) >= 2, beta1=beta1,
+                            clip=clip)
+        self.assertAllClose(opt_vars[i], want, atol=1e-5, rtol=1e-5)
+    p = optimizer.Adafactor.Params().Set(factored=False)
+    got = self._Run(p, inits[3:], [g[3:] for g in grads])
+    want = _NpAdafactor(inits[3], [g[3] for g in grads], _LRS,
+                        factored=False, beta1=0.0, clip=1.0)
+    self.assertAllClose(got[0], want, atol=1e-5, rtol=1e-5)
+
+  def testAdafactorSlotShapes(self):
+    opt = optimizer.Adafactor.Params().Set(
+        min_dim_size_to_factor=4, beta1=0.5).Instantiate()
+    big, small = tf.Variable(tf.zeros([3, 4, 5])), tf.Variable(tf.zeros([3, 2]))
+    opt.Build([('big', big), ('small', small)])
+    shapes = {k: v.shape.as_list() for k, v in opt.Slots(big).items()}
+    self.assertEqual(shapes, {'vr': [3, 4], 'vc': [3, 5], 'm': [3, 4, 5]})
+    shapes = {k: v.shape.as_list() for k, v in opt.Slots(small).items()}
+    self.assertEqual(shapes, {'v': [3, 2], 'm': [3, 2]})
+
+  def testAdafactorReducesQuadratic(self):
+    rng = np.random.RandomState(5)
+    target = tf.constant(rng.randn(8, 8).astype(np.float32))
+    w = tf.Variable(tf.zeros([8, 8]) + 0.5)
+    w0 = w.numpy()
+    opt = optimizer.Adafactor.Params().Set(
+        min_dim_size_to_factor=8).Instantiate()
+    opt.Build([('w', w)])
+
+    @tf.function
+    def Step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(w - target))
+      opt.Apply(0.1, [(tape.gradient(loss, w), w)])
+      return loss
+
+    losses = [float(Step()) for _ in range(30)]
+    self.assertLess(losses[-1], 0.5 * losses[0])
+    self.assertGreater(np.abs(w.numpy() - w0).max(), 0.1)
+
+  def testSkipLeavesEverythingBitIdentical(self):
+    for p in (optimizer.Momentum.Params(), optimizer.Adam.Params(),
+              optimizer.Adafactor.Params().Set(min_dim_size_to_factor=2,
+                                               beta1=0.9)):
+      v = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))
+      opt = p.Instantiate()
+      opt.Build([('v', v)])
+
+      @tf.function
+      def Step(g, skip, opt=opt, v=v):
+        opt.Apply(0.1, [(g, v)], skip=skip)
+
+      Step(tf.ones([2, 3]), tf.constant(False))
+      before = [v.numpy()] + [s.numpy() for s in opt.Slots(v).values()]
+      Step(tf.fill([2, 3], np.nan), tf.constant(True))
+      after = [v.numpy()] + [s.numpy() for s in opt.Slots(v).values()]
+      for b, a in zip(before, after):
+        self.assertEqual(b.tobytes(), a.tobytes())
+      self.assertEqual(int(opt.num_updates.numpy()), 1)
+
+  def testCheckpointRoundTrip(self):
+    v = tf.Variable([1.0, 2.0])
+    opt = optimizer.Adam.Params().Instantiate()
+    opt.Build([('layer.w[0]', v)])
+    opt.Apply(0.1, [(tf.constant([1.0, -1.0]), v)])
+    saved = {k: s.numpy() for k, s in opt.Slots(v).items()}
+    path = tf.train.Checkpoint(opt=opt.checkpointables).save(
+        os.path.join(self.get_temp_dir(), 'ckpt'))
+    names = [n for n, _ in tf.train.list_variables(path)]
+    self.assertIn('opt/slots/layer..w[0]/m/.ATTRIBUTES/VARIABLE_VALUE', names)
+    self.assertIn('opt/num_updates/.ATTRIBUTES/VARIABLE_VALUE', names)
+
+    v2 = tf.Variable([0.0, 0.0])
+    opt2 = optimizer.Adam.Params().Instantiate()
+    opt2.Build([('layer.w[0]', v2)])
+    tf.train.Checkpoint(opt=opt2.checkpointables).restore(
+        path).assert_consumed()
+    for k, s in opt2.Slots(v2).items():
+      self.assertAllEqual(s.numpy(), saved[k])
+    self.assertEqual(int(opt2.num_updates.numpy()), 1)
+
+  def testApplyUnbuiltVariable(self):
+    opt = optimizer.SGD.Params().Instantiate()
+    v = tf.Variable([1.0], name='stray')
+    with self.assertRaisesRegex(
+        ValueError, r"SGD 'sgd': variable 'stray:0' was not built; call "
+        r'Build\(\)'):
+      opt.Apply(0.1, [(tf.constant([1.0]), v)])
+
+  def testBadParams(self):
+    with self.assertRaisesRegex(
+        ValueError, r"Adam 'adam': beta2=1.0 must be in \[0.0, 1.0\)"):
+      optimizer.Adam.Params().Set(beta2=1.0).Instantiate()
+    with self.assertRaisesRegex(
+        ValueError, r"Adam 'adam': epsilon=0.0 must be > 0"):
+      optimizer.Adam.Params().Set(epsilon=0.0).Instantiate()
+    with self.assertRaisesRegex(
+        ValueError, r"Momentum 'momentum': alpha=-0.5 must be in "
+        r'\[0.0, 1.0\)'):
+      optimizer.Momentum.Params().Set(alpha=-0.5).Instantiate()
+    with self.assertRaisesRegex(AttributeError, r"did you mean 'beta1'"):
+      optimizer.Adam.Params().Set(betta1=0.5)
+
+
+if __name__ == '__main__':
+  tf.test.main()
