@@ -1,0 +1,289 @@
+"""Tokenizers for language modelling: SentencePiece and raw UTF-8 bytes.
+
+Both reserve the same special ids, so models and input generators never
+special-case a tokenizer:
+
+  pad = 0, bos = 1, eos = 2, unk = 3
+
+`Encode(text)` returns the ids of the text alone (no BOS/EOS; the input
+generator adds them) and `Decode(ids)` drops the special ids. Both are
+deterministic, and `Decode(Encode(s)) == s` for text without control
+characters, runs of spaces or leading/trailing spaces (SentencePiece
+collapses those), which is what makes a per-sentence log-loss comparable
+across tokenizers.
+
+Example:
+  tok = ByteTokenizer.Params().Instantiate()
+  tok.Encode('hi')              # [108, 109]
+  tok.Decode([1, 108, 109, 2])  # 'hi'
+  spm = SentencePieceTokenizer.Params().Set(
+      train_file_pattern='/tmp/lm_data/train-*', vocab_size=256).Instantiate()
+  spm.vocab_size                # pieces of the model (<= 256 on tiny data)
+"""
+import glob
+import os
+import uuid
+
+from absl import logging
+import numpy as np
+import sentencepiece as spm
+
+from cadence.framework import hyperparams
+
+PAD_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+UNK_ID = 3
+NUM_RESERVED_IDS = 4
+
+
+class BaseTokenizer:
+  """Text <-> ids. Subclasses implement `Encode`, `Decode`, `vocab_size`."""
+
+  @classmethod
+  def Params(cls):
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', 'tokenizer', 'Name used in messages and logs.')
+    return p
+
+  def __init__(self, params):
+    self._params = params.Copy().Freeze()
+
+  @property
+  def params(self):
+    return self._params
+
+  @property
+  def pad_id(self):
+    return PAD_ID
+
+  @property
+  def bos_id(self):
+    return BOS_ID
+
+  @property
+  def eos_id(self):
+    return EOS_ID
+
+  @property
+  def unk_id(self):
+    return UNK_ID
+
+  @property
+  def vocab_size(self):
+    """Number of ids; every id is in [0, vocab_size)."""
+    raise NotImplementedError
+
+  def Encode(self, text):
+    """str -> list of int ids, without BOS/EOS."""
+    raise NotImplementedError
+
+  def EncodeBatch(self, texts):
+    """list of str -> list of lists of ids (subclasses may batch faster)."""
+    return [self.Encode(t) for t in texts]
+
+  def Decode(self, ids):
+    """ids (ints or a 1-D array) -> str; pad/bos/eos ids are dropped."""
+    raise NotImplementedError
+
+
+class ByteTokenizer(BaseTokenizer):
+  """The UTF-8 bytes of the text, shifted past the reserved ids.
+
+  Byte b has id b + 4, so the vocabulary has 260 ids. Meant for tests and
+  for text whose alphabet is unknown; sequences are 3-4x longer than with
+  SentencePiece.
+
+  Example:
+    tok = ByteTokenizer.Params().Instantiate()
+    tok.Encode('é')          # [199, 173]  (0xc3 + 4, 0xa9 + 4)
+    tok.Decode([199, 173])   # 'é'
+  """
+
+  @property
+  def vocab_size(self):
+    return 256 + NUM_RESERVED_IDS
+
+  def Encode(self, text):
+    data = np.frombuffer(text.encode('utf-8'), np.uint8)
+    return (data.astype(np.int64) + NUM_RESERVED_IDS).tolist()
+
+  def Decode(self, ids):
+    ids = np.asarray(ids, np.int64).reshape([-1])
+    bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+    if bad.size:
+      raise ValueError(f'ByteTokenizer {self._params.name!r}: ids '
+                       f'{bad[:5].tolist()} are outside [0, {self.vocab_size})')
+    data = ids[ids >= NUM_RESERVED_IDS] - NUM_RESERVED_IDS
+    return data.astype(np.uint8).tobytes().decode('utf-8', errors='replace')
+
+
+def _TrainingSentences(files, limit):
+  """Non-empty stripped lines of `files` in order, at most `limit`."""
+  count = 0
+  for path in files:
+    with open(path, 'rb') as f:
+      for line in f:
+        text = line.decode('utf-8', errors='replace').strip()
+        if text:
+          yield text
+          count += 1
+          if count >= limit:
+            return
+
+
+class SentencePieceTokenizer(BaseTokenizer):
+  """A SentencePiece model, given or trained on the training text.
+
+  With `model_file` set the model is loaded from it. Otherwise the model is
+  trained at first use on the first `max_train_sentences` non-empty lines of
+  the files of `train_file_pattern` (sorted) and cached as
+  `<cache_dir>/spm_<model_type>_<vocab_size>.model`, `cache_dir` defaulting
+  to the directory of the first training file; later instances load the
+  cached file. Training writes to a unique temporary name and renames it into
+  place, so concurrent trainers (a trainer and an evaler) never see a partial
+  file. The cache is keyed by name only: delete it after changing the text.
+
+  Trained models reserve pad=0, bos=1, eos=2, unk=3 and use the identity
+  normalisation (no NFKC), so decoding returns the text as written. With
+  `hard_vocab_limit=False` a tiny corpus yields fewer pieces than asked;
+  `vocab_size` is the model's actual size (size the softmax with the asked
+  size, which bounds it).
+
+  Example:
+    p = SentencePieceTokenizer.Params().Set(
+        train_file_pattern='/tmp/lm_data/train-*-of-00010', vocab_size=512)
+    tok = p.Instantiate()       # trains once, then loads the cached model
+    tok.Decode(tok.Encode('the cat sees alice'))  # 'the cat sees alice'
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('model_file', None, 'Path of a trained SentencePiece model; None '
+             'trains one (see train_file_pattern).')
+    p.Define('train_file_pattern', None, 'Glob of the training text (one '
+             'sentence per line), used when model_file is None.')
+    p.Define('cache_dir', None, 'Directory of the trained model; None: the '
+             'directory of the first training file.')
+    p.Define('vocab_size', 512, 'Number of pieces to train, an int > 4 '
+             '(special ids included).')
+    p.Define('model_type', 'bpe', "'bpe' (fast to train) or 'unigram'.")
+    p.Define('max_train_sentences', 1000000, 'Train on at most this many '
+             'sentences (the first ones of the sorted files).')
+    p.Define('character_coverage', 1.0, 'Fraction of characters covered by '
+             'pieces; the rest map to unk (or bytes with byte_fallback).')
+    p.Define('byte_fallback', False, 'Encode unknown characters as UTF-8 '
+             'byte pieces instead of unk (needs vocab_size > 260).')
+    p.Define('hard_vocab_limit', False, 'If False, vocab_size is an upper '
+             'bound (tiny corpora have fewer pieces).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self._params
+    if p.model_file is None:
+      self._model_file = self._TrainedModelFile()
+    elif not os.path.exists(p.model_file):
+      raise ValueError(f'SentencePieceTokenizer {p.name!r}: model_file='
+                       f'{p.model_file!r} does not exist')
+    else:
+      self._model_file = p.model_file
+    self._sp = spm.SentencePieceProcessor(model_file=self._model_file)
+    special = {'bos_id': self._sp.bos_id(), 'eos_id': self._sp.eos_id()}
+    missing = [k for k, v in special.items() if v < 0]
+    if missing:
+      raise ValueError(f'SentencePieceTokenizer {p.name!r}: model '
+                       f'{self._model_file!r} has no {missing}; train it with '
+                       'pad_id=0, bos_id=1, eos_id=2, unk_id=3')
+    # A model without a pad piece pads with eos; paddings mask it anyway.
+    self._pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else (
+        self._sp.eos_id())
+    self._special = np.array(
+        sorted({self._pad_id, self._sp.bos_id(), self._sp.eos_id()}))
+    logging.info('SentencePieceTokenizer %r: %s has %d pieces', p.name,
+                 self._model_file, self.vocab_size)
+
+  def _TrainedModelFile(self):
+    p = self._params
+    if p.vocab_size <= NUM_RESERVED_IDS:
+      raise ValueError(f'SentencePieceTokenizer {p.name!r}: vocab_size='
+                       f'{p.vocab_size} must be > {NUM_RESERVED_IDS}')
+    if p.model_type not in ('bpe', 'unigram'):
+      raise ValueError(f'SentencePieceTokenizer {p.name!r}: model_type='
+                       f"{p.model_type!r} must be 'bpe' or 'unigram'")
+    if not p.train_file_pattern:
+      raise ValueError(f'SentencePieceTokenizer {p.name!r}: set model_file or '
+                       'train_file_pattern (the training text); both are '
+                       'None')
+    files = sorted(glob.glob(p.train_file_pattern))
+    if not files:
+      raise ValueError(f'SentencePieceTokenizer {p.name!r}: '
+                       f'train_file_pattern={p.train_file_pattern!r} matches '
+                       'no files')
+    cache_dir = p.cache_dir or os.path.dirname(os.path.abspath(files[0]))
+    path = os.path.join(cache_dir, f'spm_{p.model_type}_{p.vocab_size}.model')
+    if os.path.exists(path):
+      return path
+    sentences = list(_TrainingSentences(files, p.max_train_sentences))
+    if not sentences:
+      raise ValueError(f'SentencePieceTokenizer {p.name!r}: '
+                       f'train_file_pattern={p.train_file_pattern!r} has no '
+                       'non-empty lines to train on')
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f'{path}.tmp-{uuid.uuid4().hex}'
+    with open(tmp, 'wb') as model:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sentences), model_writer=model,
+          vocab_size=p.vocab_size, model_type=p.model_type,
+          character_coverage=p.character_coverage,
+          byte_fallback=p.byte_fallback,
+          hard_vocab_limit=p.hard_vocab_limit,
+          normalization_rule_name='identity',
+          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+          input_sentence_size=0, num_threads=1,
+          minloglevel=2)
+    os.replace(tmp, path)
+    logging.info('SentencePieceTokenizer %r: trained %s on %d sentences of %s',
+                 p.name, path, len(sentences), p.train_file_pattern)
+    return path
+
+  @property
+  def model_file(self):
+    """Path of the model in use (given, cached or freshly trained)."""
+    return self._model_file
+
+  @property
+  def pad_id(self):
+    return self._pad_id
+
+  @property
+  def bos_id(self):
+    return self._sp.bos_id()
+
+  @property
+  def eos_id(self):
+    return self._sp.eos_id()
+
+  @property
+  def unk_id(self):
+    return self._sp.unk_id()
+
+  @property
+  def vocab_size(self):
+    return self._sp.get_piece_size()
+
+  def Encode(self, text):
+    return self._sp.encode(text, out_type=int)
+
+  def EncodeBatch(self, texts):
+    return self._sp.encode(list(texts), out_type=int)
+
+  def Decode(self, ids):
+    ids = np.asarray(ids, np.int64).reshape([-1])
+    bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+    if bad.size:
+      raise ValueError(f'SentencePieceTokenizer {self._params.name!r}: ids '
+                       f'{bad[:5].tolist()} are outside [0, {self.vocab_size})')
+    ids = ids[~np.isin(ids, self._special)]
+    return self._sp.decode(ids.tolist())
