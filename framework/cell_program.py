@@ -1,0 +1,311 @@
+"""CellProgram: one recurrent cell traced once, run forward and backward.
+
+`Recurrent` and `StackedRecurrent` call a user's `cell_fn(theta, state_prev,
+inputs) -> state` many times (once per step or micro-batch). Tracing it once
+into a graph function and calling that function is cheaper than re-building
+its ops per step (in eager mode it also runs as one graph instead of op by
+op), and the traced graph is where the cell is checked:
+
+  * no stateful random op (tf.random.uniform, tf.nn.dropout, ...): the
+    backward pass re-runs the cell and must replay the forward's random
+    numbers, which only stateless ops seeded from the step seed can do;
+  * no trainable tf.Variable read around theta: gradients reach a cell's
+    weights through theta only, so a captured trainable variable would
+    silently get no gradient; it is rejected (non-trainable variables, e.g.
+    counters, are allowed and get no gradient).
+
+The backward function re-runs the cell under an inner GradientTape that
+watches fresh `tf.identity` copies of its inputs (rematerialisation) and
+returns the gradients with respect to theta, the previous state and the
+inputs; on `device`, both functions place every op of the cell there.
+
+Example:
+  prog = CellProgram(cell_fn, theta, state0, inputs_t, device='/device:CPU:1',
+                     has_seed=True, owner='StackedRecurrent cell 1')
+  state1 = prog.Forward(theta, state0, inputs_t, seed)
+  d_theta, d_state0, d_inputs = prog.Backward(theta, state0, inputs_t, seed,
+                                              d_state1)
+"""
+import contextlib
+
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
+
+# Op types that draw random numbers from hidden state (kernel or resource).
+STATEFUL_RANDOM_OPS = frozenset([
+    'Multinomial', 'ParameterizedTruncatedNormal', 'RandomCrop',
+    'RandomGamma', 'RandomPoisson', 'RandomPoissonV2', 'RandomShuffle',
+    'RandomStandardNormal', 'RandomUniform', 'RandomUniformInt',
+    'TruncatedNormal', 'RandomIndexShuffle', 'StatefulRandomBinomial',
+    'StatefulStandardNormal', 'StatefulStandardNormalV2',
+    'StatefulTruncatedNormal', 'StatefulUniform', 'StatefulUniformFullInt',
+    'StatefulUniformInt', 'RngSkip', 'RngReadAndSkip',
+    'RandomShuffleQueue', 'RandomShuffleQueueV2', 'ExperimentalRandomDataset',
+    'RandomDataset', 'RandomDatasetV2',
+])
+
+
+def IsDifferentiable(x):
+  """True for floating (and complex) tensors, the ones gradients flow to."""
+  return x.dtype.is_floating or x.dtype.is_complex
+
+
+def ToTensors(structure):
+  """Flattens a nested structure into a list of tensors (reads variables)."""
+  return [tf.convert_to_tensor(x) for x in tf.nest.flatten(structure)]
+
+
+def Device(device):
+  """`tf.device(device)`, or a no-op context for None."""
+  return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _Spec(x):
+  return tf.TensorSpec(x.shape, x.dtype)
+
+
+def _LeafPaths(structure):
+  """Dotted names of the leaves of a structure, in tf.nest order."""
+  if isinstance(structure, NestedMap):
+    return [k for k, _ in structure.FlattenItems()]
+  return [f'leaf {i}' for i in range(len(tf.nest.flatten(structure)))]
+
+
+def FindStatefulRandomOps(graph):
+  """Returns 'name (Type)' for each stateful random op of a graph.
+
+  Looks into every function of the graph's library too, so random ops in
+  nested tf.functions are found.
+  """
+  graph_def = graph.as_graph_def()
+  found = [f'{n.name} ({n.op})' for n in graph_def.node
+           if n.op in STATEFUL_RANDOM_OPS]
+  for fn in graph_def.library.function:
+    found += [f'{n.name} ({n.op})' for n in fn.node_def
+              if n.op in STATEFUL_RANDOM_OPS]
+  return found
+
+
+class CellProgram:
+  """A cell function traced once for given structures, shapes and device.
+
+  Args to the constructor:
+    cell_fn: `cell_fn(theta, state_prev, inputs) -> state`; `state` has the
+      structure, dtypes and shapes of `state`. Pure: no stateful random ops,
+      randomness seeded from `theta.step_seed`.
+    theta, state, inputs: nested structures of tensors (or anything with
+      `.shape` and `.dtype`) used as templates of one step's arguments.
+    device: device string for every op of the cell, or None to inherit.
+    has_seed: whether calls pass a step seed ([2] int64), attached to theta
+      with `base_layer.WithStepSeed` before `cell_fn` sees it.
+    owner: a name for error messages, e.g. "Recurrent 'rnn'".
+  """
+
+  def __init__(self, cell_fn, theta, state, inputs, device, has_seed, owner):
+    self._cell_fn = cell_fn
+    self._theta = theta
+    self._state = state
+    self._inputs = inputs
+    self._device = device
+    self._has_seed = has_seed
+    self._owner = owner
+    self._theta_flat = tf.nest.flatten(theta)
+    self._state_flat = tf.nest.flatten(state)
+    self._inputs_flat = tf.nest.flatten(inputs)
+    self._n = (len(self._theta_flat), len(self._state_flat),
+               len(self._inputs_flat))
+    specs = [_Spec(x) for x in
+             self._theta_flat + self._state_flat + self._inputs_flat]
+    if has_seed:
+      specs.append(tf.TensorSpec([2], tf.int64))
+    self._specs = specs
+    self._fwd = tf.function(self._FwdFlat, autograph=False).get_concrete_function(
+        *specs)
+    self._CheckGraph(self._fwd.graph)
+    self._bwd = None
+    self._bwd_mask = None   # [bool] per (theta, state, inputs) float leaf.
+
+  # --- structure helpers ---------------------------------------------------
+
+  @property
+  def state_template(self):
+    return self._state
+
+  def FloatMask(self, which):
+    """[bool] per leaf of 'theta', 'state' or 'inputs': differentiable?"""
+    flat = {'theta': self._theta_flat, 'state': self._state_flat,
+            'inputs': self._inputs_flat}[which]
+    return [IsDifferentiable(x) for x in flat]
+
+  def _Split(self, flat):
+    nt, ns, nx = self._n
+    theta = flat[:nt]
+    state = flat[nt:nt + ns]
+    inputs = flat[nt + ns:nt + ns + nx]
+    seed = flat[nt + ns + nx] if self._has_seed else None
+    return theta, state, inputs, seed
+
+  def _CallCell(self, theta, state, inputs, seed):
+    """Runs the python cell_fn on flat lists; returns the flat new state."""
+    theta = tf.nest.pack_sequence_as(self._theta, theta)
+    if seed is not None:
+      theta = base_layer.WithStepSeed(theta, seed)
+    state = tf.nest.pack_sequence_as(self._state, state)
+    inputs = tf.nest.pack_sequence_as(self._inputs, inputs)
+    out = self._cell_fn(theta, state, inputs)
+    try:
+      tf.nest.assert_same_structure(self._state, out, check_types=False)
+    except (ValueError, TypeError) as e:
+      raise ValueError(
+          f'{self._owner}: cell_fn must return a state with the structure of '
+          f'its state0/init_state; {e}') from None
+    out_flat = [tf.convert_to_tensor(x) for x in tf.nest.flatten(out)]
+    for i, (got, want) in enumerate(zip(out_flat, self._state_flat)):
+      if (got.dtype != want.dtype or
+          not tf.TensorShape(want.shape).is_compatible_with(got.shape)):
+        path = _LeafPaths(self._state)[i]
+        raise ValueError(
+            f'{self._owner}: cell_fn returned state leaf {path!r} as '
+            f'{got.dtype.name}{got.shape.as_list()}, but the state is '
+            f'{want.dtype.name}{tf.TensorShape(want.shape).as_list()}; the '
+            'state must keep its dtype and shape at every step.')
+    return out_flat
+
+  def _CheckGraph(self, graph):
+    random_ops = FindStatefulRandomOps(graph)
+    if random_ops:
+      raise ValueError(
+          f'{self._owner}: cell_fn contains stateful random ops '
+          f'{random_ops[:5]}; the backward pass re-runs the cell and could '
+          'not replay them. Use tf.random.stateless_* ops seeded from '
+          'theta.step_seed (BaseLayer.OpSeed) instead.')
+    captured = [v for v in graph.variables if v.trainable]
+    if captured:
+      names = sorted({v.name for v in captured})
+      raise ValueError(
+          f'{self._owner}: cell_fn reads trainable variables {names} that are '
+          'not passed through theta; they would get no gradient. Pass them in '
+          'theta (e.g. the layer theta) and read theta.<name> in cell_fn.')
+
+  # --- traced functions ----------------------------------------------------
+
+  def _FwdFlat(self, *flat):
+    theta, state, inputs, seed = self._Split(list(flat))
+    with Device(self._device):
+      return self._CallCell(theta, state, inputs, seed)
+
+  def _BwdFlat(self, *flat):
+    flat = list(flat)
+    nt, ns, nx = self._n
+    n_in = nt + ns + nx + (1 if self._has_seed else 0)
+    theta, state, inputs, seed = self._Split(flat[:n_in])
+    d_out = flat[n_in:]
+    with Device(self._device):
+      grads, _ = self.TapeForward(theta, state, inputs, seed, d_out=d_out)
+    self._bwd_mask = [g is not None for g in grads]
+    return [g for g in grads if g is not None]
+
+  def TapeForward(self, theta, state, inputs, seed, d_out=None):
+    """Runs the cell under a tape; returns (grads or tape closure, state).
+
+    With `d_out` (gradients of the float state leaves), returns the list of
+    gradients w.r.t. the float leaves of theta, state, inputs (None where
+    unconnected) and the new state. Without, returns a function
+    `d_out -> grads` (call it once) and the new state: the forward's
+    activations stay alive until then (no rematerialisation).
+    """
+    sources = []
+
+    def _Watch(flat):
+      out = []
+      for x in flat:
+        if IsDifferentiable(x):
+          x = tf.identity(x)
+          sources.append(x)
+        out.append(x)
+      return out
+
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+      theta, state, inputs = _Watch(theta), _Watch(state), _Watch(inputs)
+      tape.watch(sources)
+      out = self._CallCell(theta, state, inputs, seed)
+    targets = [o for o in out if IsDifferentiable(o)]
+
+    def _Grads(d_targets):
+      return tape.gradient(
+          targets, sources, output_gradients=list(d_targets),
+          unconnected_gradients=tf.UnconnectedGradients.NONE)
+
+    if d_out is not None:
+      return _Grads(d_out), out
+    return _Grads, out
+
+  def _EnsureBackward(self):
+    if self._bwd is None:
+      d_specs = [_Spec(x) for x in self._state_flat if IsDifferentiable(x)]
+      self._bwd = tf.function(self._BwdFlat, autograph=False).get_concrete_function(
+          *(self._specs + d_specs))
+
+  # --- calls ---------------------------------------------------------------
+
+  def Forward(self, theta, state, inputs, seed=None):
+    """One step: flat lists in, the flat new state out (no activations)."""
+    args = list(theta) + list(state) + list(inputs)
+    if self._has_seed:
+      args.append(seed)
+    with Device(self._device):
+      return list(self._fwd(*args))
+
+  def ForwardKeep(self, theta, state, inputs, seed=None):
+    """One step under a tape on `device`; returns (grad_fn, new state).
+
+    `grad_fn(d_out)` (once) gives what `Backward` gives, computed from the
+    kept activations on `device` instead of by re-running the cell.
+    """
+    with Device(self._device):
+      grads_fn, out = self.TapeForward(theta, state, inputs, seed)
+
+    def _GradFn(d_out):
+      with Device(self._device):
+        return self._Unpack(grads_fn(d_out))
+
+    return _GradFn, out
+
+  def _Unpack(self, grads):
+    """Float-leaf grads -> (d_theta, d_state, d_inputs) per flat leaf."""
+    it = iter(grads)
+    out = []
+    for flat in (self._theta_flat, self._state_flat, self._inputs_flat):
+      out.append([next(it) if IsDifferentiable(x) else None for x in flat])
+    return tuple(out)
+
+  def BackwardMask(self):
+    """(theta, state, inputs) lists of bools: which gradients `Backward`
+    returns (float leaves the new state depends on); traces if needed."""
+    self._EnsureBackward()
+    parts = self._Unpack([True if m else None for m in self._bwd_mask])
+    return tuple([m is True for m in part] for part in parts)
+
+  def Backward(self, theta, state, inputs, seed, d_out):
+    """Re-runs the step and returns its gradients (rematerialisation).
+
+    Args:
+      theta, state, inputs: flat lists, as given to `Forward`.
+      seed: the step's seed (or None without seeds).
+      d_out: gradients of the float leaves of the new state, in order.
+
+    Returns:
+      (d_theta, d_state, d_inputs): flat lists matching theta, state and
+      inputs; None for integer leaves and for leaves the output does not
+      depend on.
+    """
+    self._EnsureBackward()
+    args = list(theta) + list(state) + list(inputs)
+    if self._has_seed:
+      args.append(seed)
+    with Device(self._device):
+      got = iter(self._bwd(*(args + list(d_out))))
+    grads = [next(got) if m else None for m in self._bwd_mask]
+    return self._Unpack(grads)

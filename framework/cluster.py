@@ -1,0 +1,153 @@
+"""Cluster: which devices the model uses, grouped into model splits.
+
+A *model split* is the group of devices that together hold one copy of the
+model: a pipelined model puts its K cells on the K devices of a split. With
+D devices and `worker_split_size` S, there are D / S splits; data
+parallelism (the distribution issue) replicates across splits.
+
+The current cluster is scoped, never a hidden global that FProp mutates:
+`with cluster:` makes it `Cluster.Current()` for the code inside, and the
+previous one comes back on exit. The scopes form a stack kept on the class
+(`Cluster._stack`), shared by all threads of the process; enter and exit
+them from the thread that builds the model. Outside every scope,
+`Cluster.Current()` is a one-device cluster on '/device:CPU:0'.
+
+Example:
+  p = Cluster.Params().Set(device_type='CPU', num_devices=4,
+                           worker_split_size=2)
+  cluster = p.Instantiate()
+  cluster.num_splits                      # 2
+  cluster.WorkerDeviceInModelSplit(1)     # '/device:CPU:1'
+  cluster.DevicesInModelSplit(1)          # ['/device:CPU:2', '/device:CPU:3']
+  with cluster:
+    assert Cluster.Current() is cluster
+    layer = PipeliningLayer.Params().Set(...).Instantiate()
+"""
+import tensorflow as tf
+
+from cadence.framework import hyperparams
+
+
+def _Canonical(device):
+  """'/cpu:0' -> '/device:CPU:0' (job/replica/task kept as given)."""
+  return tf.DeviceSpec.from_string(device).to_string()
+
+
+class Cluster:
+  """Devices grouped into model splits; see the module docstring."""
+
+  _stack = []   # The scoped "current cluster" stack (`with cluster:`).
+
+  @classmethod
+  def Params(cls):
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('devices', None, 'Explicit list of device strings, e.g. '
+             "['/device:CPU:0', '/device:CPU:1']; None builds the list from "
+             'job, device_type and num_devices.')
+    p.Define('job', '', "Job name, e.g. 'worker'; '' for the local process.")
+    p.Define('task', 0, 'Task index within the job (with job set).')
+    p.Define('device_type', 'CPU', "Device type: 'CPU', 'GPU' or 'TPU'.")
+    p.Define('num_devices', None, 'Number of devices of device_type; None '
+             'means every logical device of that type visible here.')
+    p.Define('worker_split_size', 1, 'Devices per model split, i.e. the '
+             'number of pipeline stages one model copy spans.')
+    return p
+
+  @classmethod
+  def Current(cls):
+    """The innermost `with cluster:` cluster, else the default CPU one."""
+    if cls._stack:
+      return cls._stack[-1]
+    return cls.Params().Set(devices=['/device:CPU:0']).Instantiate()
+
+  def __init__(self, params):
+    p = params.Copy()
+    p.Freeze()
+    self._params = p
+    devices = p.devices
+    if devices is None:
+      devices = self._DevicesFromType(p)
+    if not devices:
+      raise ValueError('Cluster: the device list is empty; set devices or '
+                       'a num_devices >= 1 of an available device_type.')
+    self._devices = [_Canonical(d) for d in devices]
+    if len(set(self._devices)) != len(self._devices):
+      raise ValueError(f'Cluster: devices={self._devices} lists a device '
+                       'twice.')
+    size = p.worker_split_size
+    if not isinstance(size, int) or size < 1 or len(self._devices) % size:
+      raise ValueError(
+          f'Cluster: worker_split_size={size!r} must be an int >= 1 that '
+          f'divides the number of devices {len(self._devices)}.')
+
+  @staticmethod
+  def _DevicesFromType(p):
+    dtype = p.device_type.upper()
+    n = p.num_devices
+    if n is None:
+      if p.job:
+        raise ValueError(f"Cluster: job={p.job!r} needs num_devices (the "
+                         'devices of a remote job cannot be listed here).')
+      n = len(tf.config.list_logical_devices(dtype))
+    if not isinstance(n, int) or n < 1:
+      raise ValueError(f'Cluster: num_devices={n!r} must be an int >= 1 '
+                       f'(device_type={dtype!r}).')
+    prefix = f'/job:{p.job}/replica:0/task:{p.task}' if p.job else ''
+    return [f'{prefix}/device:{dtype}:{i}' for i in range(n)]
+
+  # --- scoping ---------------------------------------------------------------
+
+  def __enter__(self):
+    Cluster._stack.append(self)
+    return self
+
+  def __exit__(self, *unused_exc):
+    if not Cluster._stack or Cluster._stack[-1] is not self:
+      raise RuntimeError('Cluster: scopes must be exited in the reverse '
+                         'order they were entered.')
+    Cluster._stack.pop()
+
+  # --- accessors -------------------------------------------------------------
+
+  @property
+  def params(self):
+    return self._params
+
+  @property
+  def devices(self):
+    """Every device, in order; split s holds devices[s*S:(s+1)*S]."""
+    return list(self._devices)
+
+  @property
+  def num_devices_per_split(self):
+    return self._params.worker_split_size
+
+  @property
+  def num_splits(self):
+    return len(self._devices) // self.num_devices_per_split
+
+  @property
+  def split_devices(self):
+    """List (per split) of the split's device lists."""
+    return [self.DevicesInModelSplit(s) for s in range(self.num_splits)]
+
+  def DevicesInModelSplit(self, split=0):
+    """The devices of model split `split`."""
+    if not 0 <= split < self.num_splits:
+      raise ValueError(f'Cluster: split={split} is out of range; there are '
+                       f'{self.num_splits} model splits.')
+    size = self.num_devices_per_split
+    return self._devices[split * size:(split + 1) * size]
+
+  def WorkerDeviceInModelSplit(self, device_index, split=0):
+    """Device `device_index` (0 .. num_devices_per_split-1) of a split."""
+    size = self.num_devices_per_split
+    if not 0 <= device_index < size:
+      raise ValueError(
+          f'Cluster: device_index={device_index} is out of range; a model '
+          f'split has num_devices_per_split={size} devices.')
+    return self.DevicesInModelSplit(split)[device_index]
+
+  def __repr__(self):
+    return (f'Cluster(devices={self._devices}, '
+            f'num_devices_per_split={self.num_devices_per_split})')

@@ -1,0 +1,267 @@
+"""Tests for cadence.framework.stacked_recurrent."""
+import itertools
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import recurrent
+from cadence.framework import stacked_recurrent
+from cadence.framework import step_seed
+from cadence.framework.nested_map import NestedMap
+
+_B, _D = 2, 3
+_DEVICES = [f'/device:CPU:{i}' for i in range(4)]
+
+
+def _Cell(theta, state, inputs):
+  """A cell with weights, its own recurrence, dropout and an int leaf."""
+  keep = tf.random.stateless_uniform(tf.shape(inputs.h),
+                                     seed=theta.step_seed) > 0.3
+  x = tf.where(keep, inputs.h, tf.zeros_like(inputs.h))
+  h = tf.tanh(tf.matmul(x, theta.w) + theta.b) + 0.5 * state.h
+  return NestedMap(h=h, n=state.n + inputs.n)
+
+
+def _Sequential(thetas, init_states, mb_inputs, seed):
+  """The reference: every cell on every step, one after the other."""
+  states, outs = list(init_states), []
+  for j, x in enumerate(mb_inputs):
+    for i, theta in enumerate(thetas):
+      th = base_layer.WithStepSeed(theta, step_seed.MicroBatchSeed(seed, j))
+      states[i] = _Cell(th, states[i], x)
+      x = states[i]
+    outs.append(x)
+  return outs, states
+
+
+class WavefrontScheduleTest(tf.test.TestCase):
+
+  def testExhaustiveSmall(self):
+    for k, m in itertools.product(range(1, 6), range(1, 7)):
+      ticks = stacked_recurrent.WavefrontSchedule(k, m)
+      self.assertLen(ticks, m + k - 1)
+      seen = {}
+      for t, tick in enumerate(ticks):
+        self.assertEqual(sorted(tick), tick)
+        self.assertLessEqual(len(tick), min(k, m))
+        for i, j in tick:
+          self.assertEqual(t, i + j)             # cell i works on step t-i.
+          seen[(i, j)] = t
+      self.assertCountEqual(itertools.product(range(k), range(m)), seen)
+      for (i, j), t in seen.items():       # Dependencies ran earlier.
+        if i > 0:
+          self.assertLess(seen[(i - 1, j)], t)
+        if j > 0:
+          self.assertLess(seen[(i, j - 1)], t)
+
+  def testExplicitTable(self):
+    self.assertEqual([[(0, 0)], [(0, 1), (1, 0)], [(0, 2), (1, 1)], [(1, 2)]],
+                     stacked_recurrent.WavefrontSchedule(2, 3))
+
+  def testBadSizes(self):
+    with self.assertRaisesRegex(ValueError, 'num_cells=0 and num_steps=3'):
+      stacked_recurrent.WavefrontSchedule(0, 3)
+
+
+class StackedRecurrentTest(tf.test.TestCase):
+
+  def _Setup(self, k, m):
+    rng = np.random.RandomState(k * 10 + m)
+    self.thetas = [
+        NestedMap(w=tf.Variable(rng.normal(size=[_D, _D]).astype(np.float32)),
+                  b=tf.Variable(rng.normal(size=[_D]).astype(np.float32)))
+        for _ in range(k)]
+    self.inits = [NestedMap(h=tf.constant(rng.normal(size=[_B, _D]),
+                                          tf.float32),
+                            n=tf.constant(i)) for i in range(k)]
+    self.xs = NestedMap(h=tf.constant(rng.normal(size=[m, _B, _D]),
+                                      tf.float32),
+                        n=tf.range(m))
+    self.seed = step_seed.MakeStepSeed(11)
+
+  def _Run(self, fn, k):
+    """Loss over all outputs; returns [loss, outputs..., gradients...]."""
+    variables = [v for th in self.thetas for v in th.Flatten()]
+    watched = [self.xs.h] + [s.h for s in self.inits]
+    with tf.GradientTape() as tape:
+      tape.watch(watched)
+      acc, finals = fn()
+      weights = tf.reshape(tf.range(1, acc.h.shape[0] + 1, dtype=tf.float32),
+                           [-1, 1, 1])
+      loss = tf.reduce_sum(acc.h ** 2 * weights)
+      loss += sum(tf.reduce_sum(f.h) * (i + 2) for i, f in enumerate(finals))
+    grads = tape.gradient(loss, variables + watched)
+    return [loss, acc.h, acc.n] + [f.h for f in finals] + grads
+
+  def _Reference(self, k):
+    def _Fn():
+      mb = [NestedMap(h=self.xs.h[j], n=self.xs.n[j])
+            for j in range(self.xs.h.shape[0])]
+      outs, finals = _Sequential(self.thetas, self.inits, mb, self.seed)
+      return tf.nest.map_structure(lambda *x: tf.stack(x), *outs), finals
+    return self._Run(_Fn, k)
+
+  def _Stacked(self, k, remat, devices=None, list_inputs=False):
+    def _Fn():
+      inputs = self.xs
+      if list_inputs:
+        inputs = [NestedMap(h=self.xs.h[j], n=self.xs.n[j])
+                  for j in range(self.xs.h.shape[0])]
+      acc, finals = recurrent.StackedRecurrent(
+          devices or _DEVICES[:k], [_Cell] * k, self.thetas, self.inits,
+          inputs, step_seed=self.seed, remat=remat)
+      if list_inputs:
+        acc = tf.nest.map_structure(lambda *x: tf.stack(x), *acc)
+      return acc, finals
+    return _Fn
+
+  def _AssertClose(self, want, got):
+    self.assertEqual(len(want), len(got))
+    for w, g in zip(want, got):
+      self.assertAllClose(w, g, atol=1e-5, rtol=1e-5)
+
+  def testMatchesSequentialGrid(self):
+    for k, m in itertools.product((1, 2, 4), (1, 2, 4)):
+      self._Setup(k, m)
+      want = self._Reference(k)
+      for remat in stacked_recurrent.REMAT_MODES:
+        with self.subTest(k=k, m=m, remat=remat):
+          self._AssertClose(want, self._Run(self._Stacked(k, remat), k))
+
+  def testMatchesSequentialInFunction(self):
+    for k, m, remat in [(2, 3, 'except_last'), (4, 4, 'always'),
+                        (3, 2, 'never')]:
+      self._Setup(k, m)
+      want = self._Reference(k)
+      got = tf.function(lambda: self._Run(self._Stacked(k, remat), k))()  # pylint: disable=cell-var-from-loop
+      with self.subTest(k=k, m=m, remat=remat):
+        self._AssertClose(want, got)
+
+  def testListInputsAndSharedDevice(self):
+    self._Setup(3, 3)
+    want = self._Reference(3)
+    got = self._Run(self._Stacked(3, 'except_last', devices=_DEVICES[:1] * 3,
+                                  list_inputs=True), 3)
+    self._AssertClose(want, got)
+
+  def testEachCellRunsOncePerStepAndRecomputesOnce(self):
+    k, m = 3, 4
+    for remat, recomputed in (('always', m), ('except_last', m - 1),
+                              ('never', 0)):
+      counters = [tf.Variable(0, trainable=False) for _ in range(k)]
+      weights = [tf.Variable(tf.ones([_D, _D])) for _ in range(k)]
+
+      def _Counting(i):
+        def _Fn(theta, state, inputs):
+          counters[i].assign_add(1)
+          return NestedMap(h=tf.tanh(tf.matmul(inputs.h, theta.w)) + state.h)
+        return _Fn
+
+      @tf.function
+      def _Step(train):
+        with tf.GradientTape() as tape:
+          acc, _ = recurrent.StackedRecurrent(
+              _DEVICES[:k], [_Counting(i) for i in range(k)],  # pylint: disable=cell-var-from-loop
+              [NestedMap(w=w) for w in weights],  # pylint: disable=cell-var-from-loop
+              [NestedMap(h=tf.zeros([_B, _D]))] * k,
+              NestedMap(h=tf.ones([m, _B, _D])), remat=remat)  # pylint: disable=cell-var-from-loop
+          loss = tf.reduce_sum(acc.h)
+        if train:
+          return tape.gradient(loss, weights)  # pylint: disable=cell-var-from-loop
+        return loss
+
+      with self.subTest(remat=remat):
+        _Step(False)
+        self.assertEqual([m] * k, [int(c.numpy()) for c in counters])
+        _Step(True)
+        self.assertEqual([2 * m + recomputed] * k,
+                         [int(c.numpy()) for c in counters])
+
+  def testBadArguments(self):
+    self._Setup(2, 2)
+    with self.assertRaisesRegex(ValueError, '2 devices, 1 cell_fns'):
+      recurrent.StackedRecurrent(_DEVICES[:2], [_Cell], self.thetas,
+                                 self.inits, self.xs)
+    with self.assertRaisesRegex(ValueError, r"remat='sometimes'"):
+      recurrent.StackedRecurrent(_DEVICES[:2], [_Cell] * 2, self.thetas,
+                                 self.inits, self.xs, remat='sometimes')
+    with self.assertRaisesRegex(ValueError, r'same static leading dim'):
+      recurrent.StackedRecurrent(
+          _DEVICES[:2], [_Cell] * 2, self.thetas, self.inits,
+          NestedMap(h=self.xs.h, n=tf.range(3)))
+
+  def testStatefulRandomCellIsRejected(self):
+    self._Setup(2, 2)
+
+    def _Noisy(theta, state, inputs):
+      del theta
+      return NestedMap(h=inputs.h + tf.random.normal(tf.shape(inputs.h)),
+                       n=state.n)
+
+    with self.assertRaisesRegex(
+        ValueError, r"StackedRecurrent 'StackedRecurrent' cell 1: cell_fn "
+        r'contains stateful random ops.*RandomStandardNormal'):
+      recurrent.StackedRecurrent(_DEVICES[:2], [_Cell, _Noisy], self.thetas,
+                                 self.inits, self.xs, step_seed=self.seed)
+
+
+_PLACEMENT_SCRIPT = textwrap.dedent("""
+    import tensorflow as tf
+    tf.debugging.set_log_device_placement(True)
+    cpu = tf.config.list_physical_devices('CPU')[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+    from cadence.framework import recurrent
+    from cadence.framework.nested_map import NestedMap
+    ACTS = [tf.tanh, tf.sigmoid, tf.nn.relu6, tf.nn.elu]
+    K, M = 4, 3
+    ws = [tf.Variable(tf.fill([3, 3], 0.1)) for _ in range(K)]
+
+    def Cell(i):
+      return lambda th, s, x: NestedMap(h=ACTS[i](tf.matmul(x.h, th.w)))
+
+    @tf.function
+    def Step():
+      with tf.GradientTape() as tape:
+        acc, _ = recurrent.StackedRecurrent(
+            ['/device:CPU:%d' % i for i in range(K)],
+            [Cell(i) for i in range(K)], [NestedMap(w=w) for w in ws],
+            [NestedMap(h=tf.zeros([2, 3]))] * K,
+            NestedMap(h=tf.ones([M, 2, 3])), remat='except_last')
+        loss = tf.reduce_sum(acc.h)
+      return tape.gradient(loss, ws)
+
+    Step()
+""")
+
+
+class PlacementTest(tf.test.TestCase):
+
+  def testForwardAndBackwardOfCellIRunOnDeviceI(self):
+    # Cell i applies its own activation, so its forward ops (also re-run in
+    # the backward) and its gradient ops have op types unique to cell i.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0')
+    proc = subprocess.run([sys.executable, '-c', _PLACEMENT_SCRIPT],
+                          capture_output=True, text=True, env=env,
+                          timeout=300, check=True)
+    placed = re.findall(r'^(?:\S+ )*?(\S+): \((\w+)\): (\S+)$',
+                        proc.stdout + proc.stderr, re.M)
+    cell_ops = {'Tanh': 0, 'TanhGrad': 0, 'Sigmoid': 1, 'SigmoidGrad': 1,
+                'Relu6': 2, 'Relu6Grad': 2, 'Elu': 3, 'EluGrad': 3}
+    devices = {}
+    for _, op_type, device in placed:
+      if op_type in cell_ops:
+        devices.setdefault(op_type, set()).add(device.split('device:')[-1])
+    self.assertCountEqual(cell_ops, devices)   # every op type was placed.
+    for op_type, cell in cell_ops.items():
+      self.assertEqual({f'CPU:{cell}'}, devices[op_type], op_type)
+
+
+if __name__ == '__main__':
+  tf.test.main()
