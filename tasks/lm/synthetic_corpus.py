@@ -36,9 +36,11 @@ input generator's `file_pattern` at the training shards and the Dev/Test
 generators at held-out shards, e.g.
 
   root = '/data/1-billion-word-language-modeling-benchmark-r13output'
-  train.file_pattern = root + '/training-monolingual.tokenized.shuffled/news.en-*-of-00100'
-  dev.file_pattern = root + '/heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050'
-  test.file_pattern = root + '/heldout-monolingual.tokenized.shuffled/news.en.heldout-00001-of-00050'
+  train_dir = root + '/training-monolingual.tokenized.shuffled'
+  held_dir = root + '/heldout-monolingual.tokenized.shuffled'
+  train.file_pattern = train_dir + '/news.en-*-of-00100'
+  dev.file_pattern = held_dir + '/news.en.heldout-00000-of-00050'
+  test.file_pattern = held_dir + '/news.en.heldout-00001-of-00050'
 
 and set the SentencePiece tokenizer's `train_file_pattern` to the training
 pattern with `vocab_size=32000`; the model is trained at first use and cached
@@ -77,10 +79,10 @@ _WORDS = {
              'village forest door letter song stone market doctor student '
              'painter baker soldier sailor island bridge lamp field cloud '
              'storm apple clock mirror wall boat train flower castle tower '
-             'lake valley wolf fox owl bear rabbit mouse tiger whale pencil ocean kitchen '
-             'school church station bottle basket candle hammer ladder '
-             'blanket pocket ribbon shadow engine wagon pillow meadow '
-             'harbor cottage'),
+             'lake valley wolf fox owl bear rabbit mouse tiger whale pencil '
+             'ocean kitchen school church station bottle basket candle '
+             'hammer ladder blanket pocket ribbon shadow engine wagon pillow '
+             'meadow harbor cottage'),
     'verb': ('sees finds likes follows watches helps visits paints builds '
              'carries remembers loves hates calls meets brings opens closes '
              'pushes pulls chases feeds leaves holds reads writes sells buys '
