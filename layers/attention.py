@@ -142,16 +142,20 @@ class MultiHeadedAttention(base_layer.BaseLayer):
 
   def _Project(self, theta, name, x):
     """[b, t, in] -> [b, t, out] with theta.<name>_w (and _b)."""
-    y = tf.einsum('btd,dk->btk', x, theta[f'{name}_w'])
+    w = theta[f'{name}_w']
+    # A 2-D matmul: its gradients are plain matmuls too (cheaper on CPU than
+    # Einsum's, which transposes operands into place).
+    y = tf.matmul(tf.reshape(x, [-1, w.shape[0]]), w)
     if self.params.use_bias:
       y += theta[f'{name}_b']
-    return y
+    return tf.reshape(y, _Dims(x, 2) + [w.shape[1]])
 
   def _SplitHeads(self, x):
-    """[b, t, hidden] -> [b, t, heads, dh]."""
+    """[b, t, hidden] -> [b, heads, t, dh]."""
     p = self.params
     dh = self._HiddenDim(p) // p.num_heads
-    return tf.reshape(x, _Dims(x, 2) + [p.num_heads, dh])
+    x = tf.reshape(x, _Dims(x, 2) + [p.num_heads, dh])
+    return tf.transpose(x, [0, 2, 1, 3])
 
   def FProp(self, theta, query_vec, key_vec=None, value_vec=None,
             paddings=None, causal=False):
@@ -179,13 +183,13 @@ class MultiHeadedAttention(base_layer.BaseLayer):
                  self.CastToFPropDtype(value_vec))
     dh = self._HiddenDim(p) // p.num_heads
 
-    q = self._SplitHeads(self._Project(w, 'query', query_vec))  # [b,tq,h,dh]
+    q = self._SplitHeads(self._Project(w, 'query', query_vec))  # [b,h,tq,dh]
     q *= tf.constant(dh**-0.5, dtype)
-    k = self._SplitHeads(self._Project(w, 'key', key_vec))      # [b,tk,h,dh]
-    v = self._SplitHeads(self._Project(w, 'value', value_vec))  # [b,tk,h,dh]
+    k = self._SplitHeads(self._Project(w, 'key', key_vec))      # [b,h,tk,dh]
+    v = self._SplitHeads(self._Project(w, 'value', value_vec))  # [b,h,tk,dh]
 
-    logits = tf.einsum('bqhd,bkhd->bhqk', q, k)                 # [b,h,tq,tk]
-    mask = AttentionMask(paddings, causal, tf.shape(q)[1], tf.shape(k)[1])
+    logits = tf.matmul(q, k, transpose_b=True)                  # [b,h,tq,tk]
+    mask = AttentionMask(paddings, causal, tf.shape(q)[2], tf.shape(k)[2])
     if mask is not None:
       logits = tf.where(mask, logits, _MaskedLogitValue(dtype))
     probs = tf.nn.softmax(logits, axis=-1)
@@ -198,7 +202,7 @@ class MultiHeadedAttention(base_layer.BaseLayer):
       keep = tf.cast(rand < keep_prob, dtype)
       dropped = probs * keep * tf.constant(1.0 / keep_prob, dtype)
 
-    ctx = tf.einsum('bhqk,bkhd->bqhd', dropped, v)              # [b,tq,h,dh]
+    ctx = tf.transpose(tf.matmul(dropped, v), [0, 2, 1, 3])    # [b,tq,h,dh]
     ctx = tf.reshape(ctx, _Dims(ctx, 2) + [self._HiddenDim(p)])
     encoded = self._Project(w, 'post', ctx)                     # [b,tq,d]
     return encoded, probs

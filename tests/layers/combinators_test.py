@@ -5,6 +5,8 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import shapes
 from cadence.layers import combinators
+from cadence.layers import conv
+from cadence.layers import transformer
 
 NestedMap = base_layer.NestedMap
 SequentialLayer = combinators.SequentialLayer
@@ -148,6 +150,41 @@ class SequentialLayerTest(tf.test.TestCase):
     nested = outer.Instantiate()
     self.assertLen(nested.vars.Flatten(), len(flat))
     self.assertEqual(tf.bfloat16, nested(tf.ones([3, 4])).dtype)
+
+  def testWithConvLayers(self):
+    p = SequentialLayer.Params().Set(name='net', sub=[
+        conv.Conv2DLayer.Params().Set(name='conv', filter_shape=[3, 3, 2, 4],
+                                      filter_stride=[2, 2], activation='RELU'),
+        conv.PoolingLayer.Params().Set(name='pool', pooling_type='AVG'),
+        conv.FlattenLayer.Params().Set(name='flat')])
+    layer = p.Instantiate()
+    x = tf.ones([3, 9, 9, 2])
+    out = layer(x)
+    meta = SequentialLayer.FPropMeta(p, x.shape)
+    self.assertEqual((shapes.AsShape(out),), meta.out_shapes)
+    self.assertEqual((shapes.Shape([3, 16]),), meta.out_shapes)
+    # conv -> [3, 5, 5, 4]; avg pool 2x2 VALID -> [3, 2, 2, 4]; flatten: 0.
+    self.assertEqual(3 * 5 * 5 * 4 * (2 * 9 * 2 + 2) + 3 * 2 * 2 * 4 * 5,
+                     meta.flops)
+
+  def testThreadsPipelineTuples(self):
+    cell = transformer.GPipeTransformerLayer.Params().Set(
+        name='cell', input_dim=4, hidden_dim=8, num_heads=2)
+    p = SequentialLayer.Params().Set(name='cells', sub=[cell], repeat=2)
+    layer = p.Instantiate()
+    x, pads = tf.ones([2, 3, 4]), tf.zeros([2, 3])
+    out, out_pads = layer(x, pads)
+    c0, c1 = layer.children.sub
+    th0, th1 = layer.theta.sub
+    self.assertAllClose(c1.FProp(th1, *c0.FProp(th0, x, pads))[0], out,
+                        atol=1e-6)
+    self.assertIs(pads, out_pads)
+    meta = SequentialLayer.FPropMeta(p, x.shape, pads.shape)
+    self.assertEqual((shapes.AsShape(x), shapes.AsShape(pads)),
+                     meta.out_shapes)
+    one = transformer.GPipeTransformerLayer.FPropMeta(cell, x.shape,
+                                                      pads.shape)
+    self.assertEqual(2 * one.flops, meta.flops)
 
   def testBadParams(self):
     with self.assertRaisesRegex(

@@ -1,0 +1,178 @@
+"""Overhead of Cadence layers against the same math in plain TF ops.
+
+Times one forward + backward step (loss = sum(out^2), gradients for every
+variable) of
+  * a TransformerLayer: d 512, 8 heads, ffn 2048, batch 16, seq 128, causal,
+    paddings on, dropout off;
+  * a conv block: two 3x3 SAME convs (64 -> 64, ReLU) and a 2x2 max pool on
+    [32, 32, 32, 64], as a SequentialLayer;
+each against a hand-written tf.function on the very same variables. Both run
+in one process, warmed up, timed in interleaved repeats; the table gives
+medians and the ratio Cadence / plain (target <= 1.05).
+
+Run:
+  cd /work/main && /work/venv/bin/python bench/layers_bench.py [--repeats 15]
+"""
+import argparse
+import statistics
+import time
+
+import tensorflow as tf
+
+from cadence.layers import combinators
+from cadence.layers import conv
+from cadence.layers import transformer
+
+
+# --- plain-TF references ---------------------------------------------------
+
+def _PlainLayerNorm(x, scale, bias, eps=1e-6):
+  mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+  centred = x - mean
+  var = tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True)
+  return centred * tf.math.rsqrt(var + eps) * scale + bias
+
+
+def _PlainTransformer(v, x, paddings, num_heads):
+  """Pre-LN transformer layer on the Cadence layer's variables `v`."""
+  b, t, d = x.shape
+  dh = d // num_heads
+  a = v['atten']
+
+  def Heads(y):  # [b*t, d] -> [b, h, t, dh]
+    return tf.transpose(tf.reshape(y, [b, t, num_heads, dh]), [0, 2, 1, 3])
+
+  h = tf.reshape(_PlainLayerNorm(x, v['ln_atten']['scale'],
+                                 v['ln_atten']['bias']), [b * t, d])
+  q = Heads(tf.matmul(h, a['query_w']) + a['query_b']) * dh**-0.5
+  k = Heads(tf.matmul(h, a['key_w']) + a['key_b'])
+  val = Heads(tf.matmul(h, a['value_w']) + a['value_b'])
+  logits = tf.matmul(q, k, transpose_b=True)              # [b, h, t, t]
+  visible = tf.logical_and((paddings < 0.5)[:, None, None, :],
+                           tf.linalg.band_part(tf.ones([t, t], tf.bool), -1,
+                                               0))
+  logits = tf.where(visible, logits, -0.7 * tf.float32.max)
+  probs = tf.nn.softmax(logits)
+  ctx = tf.reshape(tf.transpose(tf.matmul(probs, val), [0, 2, 1, 3]),
+                   [b * t, d])
+  x = x + tf.reshape(tf.matmul(ctx, a['post_w']) + a['post_b'], [b, t, d])
+  fc0, fc1 = v['ffn']['fc']
+  h = tf.reshape(_PlainLayerNorm(x, v['ln_ffn']['scale'], v['ln_ffn']['bias']),
+                 [b * t, d])
+  h = tf.nn.relu(tf.matmul(h, fc0['w']) + fc0['b'])
+  return x + tf.reshape(tf.matmul(h, fc1['w']) + fc1['b'], [b, t, d])
+
+
+def _PlainConvBlock(v, x):
+  for layer in v['sub'][:2]:
+    x = tf.nn.relu(tf.nn.bias_add(
+        tf.nn.conv2d(x, layer['w'], strides=1, padding='SAME'), layer['b']))
+  return tf.nn.max_pool2d(x, ksize=2, strides=2, padding='VALID')
+
+
+# --- timing ----------------------------------------------------------------
+
+def _TrainStep(forward, variables):
+  """A tf.function: loss = sum(forward()^2) and its variable gradients."""
+
+  @tf.function
+  def Step(*inputs):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.square(forward(*inputs)))
+    return loss, tape.gradient(loss, variables)
+
+  return Step
+
+
+def _Time(fn, inputs):
+  start = time.perf_counter()
+  loss, grads = fn(*inputs)
+  loss.numpy()
+  for g in grads:
+    g.numpy()
+  return time.perf_counter() - start
+
+
+def _Compare(name, cadence_fn, plain_fn, inputs, repeats, warmup):
+  """Warm up both, then alternate them; returns a table row."""
+  a, b = cadence_fn(*inputs), plain_fn(*inputs)
+  # Difference of the loss and all gradients together, relative to their
+  # norm (per-tensor ratios mislead: some gradients are ~0 by symmetry).
+  diff_sq = sum(float(tf.reduce_sum(tf.square(x - y)))
+                for x, y in zip([a[0]] + list(a[1]), [b[0]] + list(b[1])))
+  norm_sq = sum(float(tf.reduce_sum(tf.square(y))) for y in [b[0]] + b[1])
+  rel = (diff_sq / max(norm_sq, 1e-30))**0.5
+  for _ in range(warmup):
+    _Time(cadence_fn, inputs)
+    _Time(plain_fn, inputs)
+  times_c, times_p = [], []
+  for i in range(repeats):
+    # Alternate which goes first, so neither always runs on a warmer cache.
+    if i % 2 == 0:
+      times_c.append(_Time(cadence_fn, inputs))
+      times_p.append(_Time(plain_fn, inputs))
+    else:
+      times_p.append(_Time(plain_fn, inputs))
+      times_c.append(_Time(cadence_fn, inputs))
+  med_c, med_p = statistics.median(times_c), statistics.median(times_p)
+  # Ratio of adjacent pairs: robust to load that drifts during the run.
+  pair_ratio = statistics.median(c / p for c, p in zip(times_c, times_p))
+  return (name, med_c * 1e3, med_p * 1e3, med_c / med_p, pair_ratio, rel)
+
+
+def _TransformerCase(repeats, warmup):
+  p = transformer.TransformerLayer.Params().Set(
+      name='xformer', input_dim=512, hidden_dim=2048, num_heads=8,
+      mask_self_atten=True)
+  layer = p.Instantiate()
+  variables = layer.vars.Flatten()
+  x = tf.random.stateless_normal([16, 128, 512], seed=[1, 2])
+  lengths = tf.random.stateless_uniform([16], [3, 4], 64, 129, tf.int32)
+  paddings = 1.0 - tf.sequence_mask(lengths, 128, tf.float32)
+  cadence_fn = _TrainStep(lambda x, pads: layer(x, pads), variables)
+  plain_fn = _TrainStep(
+      lambda x, pads: _PlainTransformer(layer.vars, x, pads, 8), variables)
+  return _Compare('TransformerLayer d512 h8 ff2048 [16,128]', cadence_fn,
+                  plain_fn, (x, paddings), repeats, warmup)
+
+
+def _ConvCase(repeats, warmup):
+  conv_p = conv.Conv2DLayer.Params().Set(filter_shape=[3, 3, 64, 64],
+                                         activation='RELU')
+  p = combinators.SequentialLayer.Params().Set(name='block', sub=[
+      conv_p.Copy().Set(name='conv0'), conv_p.Copy().Set(name='conv1'),
+      conv.PoolingLayer.Params().Set(name='pool')])
+  layer = p.Instantiate()
+  variables = layer.vars.Flatten()
+  x = tf.random.stateless_normal([32, 32, 32, 64], seed=[5, 6])
+  cadence_fn = _TrainStep(layer.FPropDefaultTheta, variables)
+  plain_fn = _TrainStep(lambda x: _PlainConvBlock(layer.vars, x), variables)
+  return _Compare('2x Conv3x3 64 + MaxPool [32,32,32,64]', cadence_fn,
+                  plain_fn, (x,), repeats, warmup)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--repeats', type=int, default=15,
+                      help='Timed repeats of each function (median taken).')
+  parser.add_argument('--warmup', type=int, default=3,
+                      help='Untimed runs of each function first.')
+  args = parser.parse_args(argv)
+  device = 'GPU' if tf.config.list_physical_devices('GPU') else 'CPU'
+  rows = [_TransformerCase(args.repeats, args.warmup),
+          _ConvCase(args.repeats, args.warmup)]
+  print(f'\nFProp + backprop, median of {args.repeats} interleaved repeats '
+        f'on {device} (TF {tf.__version__})')
+  print('ratio = median cadence / median plain; pair ratio = median of the '
+        'per-repeat ratios; rel diff = |loss, grads difference| / |plain|.')
+  header = ('case', 'cadence ms', 'plain tf ms', 'ratio', 'pair ratio',
+            'rel diff')
+  print(f'{header[0]:<42} {header[1]:>11} {header[2]:>12} {header[3]:>7} '
+        f'{header[4]:>11} {header[5]:>9}')
+  for name, c, pl, ratio, pair, diff in rows:
+    print(f'{name:<42} {c:>11.2f} {pl:>12.2f} {ratio:>7.3f} {pair:>11.3f} '
+          f'{diff:>9.1e}')
+
+
+if __name__ == '__main__':
+  main()
