@@ -87,7 +87,8 @@ class ProjectionLayer(base_layer.BaseLayer):
     p = self.params
     inputs = self.CastToFPropDtype(inputs)
     w = self.CastToFPropDtype(theta.w)
-    out = tf.einsum('...i,io->...o', inputs, w)      # [..., output_dim]
+    # tensordot, not einsum: einsum's gradient materialises [in, out, ...].
+    out = tf.tensordot(inputs, w, axes=1)            # [..., output_dim]
     if p.has_bias:
       out += self.CastToFPropDtype(theta.b)
     return self._act_fn(out)

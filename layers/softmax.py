@@ -180,7 +180,8 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     """
     inputs = self.CastToFPropDtype(inputs)
     w = self.CastToFPropDtype(theta.w)
-    return tf.einsum('...i,ic->...c', inputs, w) + self.CastToFPropDtype(
+    # tensordot, not einsum: einsum's gradient materialises [in, C, ...].
+    return tf.tensordot(inputs, w, axes=1) + self.CastToFPropDtype(
         theta.b)
 
   def FProp(self, theta, inputs, class_ids, class_weights=None):
