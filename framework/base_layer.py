@@ -49,8 +49,24 @@ WeightParams = weight_init.WeightParams
 # The theta key under which a step seed travels (see WithStepSeed).
 STEP_SEED_KEY = 'step_seed'
 # Params a child copies from its parent when it left them at their default.
-_INHERITED_PARAMS = ('dtype', 'fprop_dtype', 'params_init', 'random_seed',
-                     'is_inference')
+INHERITED_PARAMS = ('dtype', 'fprop_dtype', 'params_init', 'random_seed',
+                    'is_inference')
+
+
+def InheritParams(parent_params, child_params):
+  """Copy of `child_params` taking the parent's INHERITED_PARAMS.
+
+  A child inherits each of INHERITED_PARAMS that it left at its class's
+  default. CreateChild applies this; the pipeline partitioner and
+  SequentialLayer apply it when they flatten nested layer params.
+  """
+  child = child_params.Copy()
+  defaults = child.cls.Params()
+  for key in INHERITED_PARAMS:
+    if (key in child and key in parent_params and
+        child.Get(key) == defaults.Get(key)):
+      child.Set(**{key: parent_params.Get(key)})
+  return child
 
 
 def WithStepSeed(theta, seed):
@@ -150,11 +166,7 @@ class BaseLayer(tf.Module):
       raise TypeError(
           f"{type(self).__name__} '{self.path}': child {name!r} needs "
           f'InstantiableParams (a Layer.Params()), got {type(p).__name__}.')
-    p = p.Copy()
-    defaults = p.cls.Params()
-    for key in _INHERITED_PARAMS:
-      if key in p and p.Get(key) == defaults.Get(key):
-        p.Set(**{key: self._params.Get(key)})
+    p = InheritParams(self._params, p)
     p.name = name
     return p
 

@@ -8,24 +8,10 @@ from cadence.framework import base_layer
 from cadence.framework import hyperparams
 from cadence.framework import shapes
 
-# Params a flattened sub-layer takes from the SequentialLayer when it left
-# them at their defaults (the same rule as BaseLayer.CreateChild).
-_INHERITED_PARAMS = base_layer._INHERITED_PARAMS  # pylint: disable=protected-access
-
 
 def _AsTuple(outputs):
   """A layer's outputs as a tuple of next-layer inputs."""
   return outputs if isinstance(outputs, tuple) else (outputs,)
-
-
-def _Inherit(parent, child):
-  """Copy of `child` taking `parent`'s inheritable params left at default."""
-  child = child.Copy()
-  defaults = child.cls.Params()
-  for key in _INHERITED_PARAMS:
-    if key in child and key in parent and child.Get(key) == defaults.Get(key):
-      child.Set(**{key: parent.Get(key)})
-  return child
 
 
 class SequentialLayer(base_layer.BaseLayer):
@@ -131,7 +117,7 @@ class SequentialLayer(base_layer.BaseLayer):
     flat = []
     for r in range(p.repeat):
       for i, sub in enumerate(p.sub):
-        sub = _Inherit(p, sub)
+        sub = base_layer.InheritParams(p, sub)
         sub.name = sub.name or f'layer{i}'
         suffix = f'_{r}' if p.repeat > 1 else ''
         if issubclass(sub.cls, SequentialLayer):
