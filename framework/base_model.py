@@ -1,0 +1,302 @@
+"""Tasks and models: what the trainer trains, evaluates and decodes.
+
+A *task* is a layer with a loss. Its params carry, beside the network's own
+templates, the dataset it reads (`input`), how it trains (`train`: learner,
+steps, checkpoint and summary intervals, EMA, the skip limit) and how it is
+evaluated (`eval`). The trainer calls
+
+  metrics, per_example = task.FPropTower(theta, batch)
+
+inside its train/eval steps, where `metrics` is a NestedMap of
+`name=(value, weight)` scalar pairs (it must hold `loss`, the training
+objective) and `per_example` a NestedMap of [batch, ...] tensors. A task
+implements `ComputePredictions` and `ComputeLoss` (or overrides
+`FPropTower`), and optionally `Decode` / `PostProcessDecodeOut` for the
+decoder job and `FPropMeta` for FLOP accounting.
+
+A *model* holds the tasks of an experiment; `SingleTaskModel` holds one.
+"""
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import hyperparams
+from cadence.framework import learner as learner_lib
+from cadence.framework.nested_map import NestedMap
+
+
+def _TrainParams():
+  p = hyperparams.Params()
+  p.Define('learner', learner_lib.Learner.Params(), 'Learner params: '
+           'optimizer, learning rate and schedule, gradient clipping '
+           '(clip_gradient_norm_to_value, grad_norm_to_clip_to_zero), L2, '
+           'which variables train.')
+  p.Define('max_steps', 1000, 'Train until the global step reaches this.')
+  p.Define('save_interval_steps', 100, 'Write a checkpoint every this many '
+           'steps (and at max_steps).')
+  p.Define('save_max_to_keep', 5, 'Checkpoints kept; older ones are '
+           'deleted.')
+  p.Define('summary_interval_steps', 20, 'Write train summaries (averages '
+           'over the steps since the last ones) every this many steps.')
+  p.Define('log_interval_steps', 100, 'Log a progress line every this many '
+           'steps.')
+  p.Define('ema_decay', 0.0, 'Decay of an exponential moving average of the '
+           'trained variables, in [0, 1); 0 disables it. With it, eval and '
+           'decode use the averaged weights.')
+  p.Define('max_consecutive_skips', 10, 'Stop training (exit code 3) after '
+           'this many consecutive steps whose loss or gradient norm was '
+           'non-finite (or above grad_norm_to_clip_to_zero).')
+  p.Define('debug_nan_steps', [], 'Testing aid: global steps whose loss is '
+           'multiplied by NaN, exercising the skip path.')
+  return p
+
+
+def _EvalParams():
+  p = hyperparams.Params()
+  p.Define('samples_per_summary', 1000, 'Examples the evaler averages '
+           'over per checkpoint; 0: the whole (non-repeating) dataset.')
+  p.Define('decoder_samples', 100, 'Examples the decoder decodes per '
+           'checkpoint; 0: the whole (non-repeating) dataset.')
+  return p
+
+
+def CheckMetrics(metrics, owner):
+  """Validates a metrics NestedMap of (value, weight) pairs; returns it.
+
+  Raises:
+    ValueError: naming `owner` when a metric is not a (value, weight) pair
+      of scalars or `loss` is missing.
+  """
+  if not isinstance(metrics, dict) or 'loss' not in metrics:
+    raise ValueError(f'{owner}: FPropTower must return metrics with a '
+                     f"'loss' entry; got {type(metrics).__name__} with keys "
+                     f'{sorted(metrics) if isinstance(metrics, dict) else []}.')
+  for name, pair in metrics.items():
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+      raise ValueError(f'{owner}: metric {name!r} must be a (value, weight) '
+                       f'pair; got {pair!r}.')
+    for part, x in zip(('value', 'weight'), pair):
+      rank = getattr(x, 'shape', ())
+      if rank is not None and len(rank) != 0:
+        raise ValueError(f'{owner}: metric {name!r} {part} must be a scalar; '
+                         f'got shape {list(rank)}.')
+  return metrics
+
+
+class AverageMetric:
+  """A weighted running mean, for decoder metrics.
+
+  Example:
+    m = AverageMetric()
+    m.Update(2.0, weight=3.0)
+    m.Update(6.0)
+    m.value  # (2 * 3 + 6) / 4 = 3.0
+  """
+
+  def __init__(self):
+    self._total = 0.0
+    self._weight = 0.0
+
+  def Update(self, value, weight=1.0):
+    self._total += float(value) * float(weight)
+    self._weight += float(weight)
+
+  @property
+  def total_weight(self):
+    return self._weight
+
+  @property
+  def value(self):
+    return self._total / self._weight if self._weight else float('nan')
+
+
+class BaseTask(base_layer.BaseLayer):
+  """A layer with a loss; see the module docstring.
+
+  Example (a regression task):
+    class Regression(BaseTask):
+      def __init__(self, params):
+        super().__init__(params)
+        self.CreateChild('proj', linear.ProjectionLayer.Params().Set(
+            input_dim=4, output_dim=1))
+
+      def ComputePredictions(self, theta, batch):
+        return NestedMap(y=self.children.proj.FProp(theta.proj, batch.x))
+
+      def ComputeLoss(self, theta, predictions, batch):
+        err = tf.squeeze(predictions.y, -1) - batch.y
+        n = tf.cast(tf.size(err), tf.float32)
+        return NestedMap(loss=(tf.reduce_mean(err**2), n)), NestedMap()
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input', None, 'Input generator params of the dataset in use; '
+             'SingleTaskModel fills it from the experiment.')
+    p.Define('train', _TrainParams(), 'Training params.')
+    p.Define('eval', _EvalParams(), 'Evaluation and decoding params.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self._ValidateTrainParams()
+
+  def _Error(self, field, value, rule):
+    return ValueError(f"{type(self).__name__} '{self.path}': {field}="
+                      f'{value!r} {rule}')
+
+  def _ValidateTrainParams(self):
+    t = self.params.train
+    for field in ('max_steps', 'save_interval_steps', 'save_max_to_keep',
+                  'summary_interval_steps', 'log_interval_steps',
+                  'max_consecutive_skips'):
+      value = t.Get(field)
+      low = 0 if field == 'max_steps' else 1
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise self._Error(f'train.{field}', value, f'must be an int >= {low}.')
+    if not (isinstance(t.ema_decay, (int, float)) and 0 <= t.ema_decay < 1):
+      raise self._Error('train.ema_decay', t.ema_decay, 'must be in [0, 1).')
+    e = self.params.eval
+    for field in ('samples_per_summary', 'decoder_samples'):
+      value = e.Get(field)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise self._Error(f'eval.{field}', value, 'must be an int >= 0.')
+
+  # --- the forward pass ----------------------------------------------------
+
+  def ComputePredictions(self, theta, input_batch):
+    """The network's outputs for a batch; returns a NestedMap."""
+    raise NotImplementedError(
+        f'{type(self).__name__} must implement ComputePredictions.')
+
+  def ComputeLoss(self, theta, predictions, input_batch):
+    """Returns (metrics, per_example) from the predictions; see FPropTower."""
+    raise NotImplementedError(
+        f'{type(self).__name__} must implement ComputeLoss.')
+
+  def FPropTower(self, theta, input_batch):
+    """Forward pass and loss on one replica's batch.
+
+    Args:
+      theta: the task's theta (a step seed attached in training).
+      input_batch: NestedMap of [batch, ...] tensors from the input
+        generator.
+
+    Returns:
+      (metrics, per_example): metrics a NestedMap of name -> (scalar value,
+      scalar weight), holding at least `loss`; per_example a NestedMap of
+      [batch, ...] tensors.
+    """
+    predictions = self.ComputePredictions(theta, input_batch)
+    metrics, per_example = self.ComputeLoss(theta, predictions, input_batch)
+    return CheckMetrics(metrics, f"{type(self).__name__} '{self.path}'"), (
+        per_example if per_example is not None else NestedMap())
+
+  def FProp(self, theta, input_batch):
+    """Same as `FPropTower`."""
+    return self.FPropTower(theta, input_batch)
+
+  # --- decoding ------------------------------------------------------------
+
+  def Decode(self, theta, input_batch):
+    """Decoder outputs for a batch: a NestedMap of tensors."""
+    raise NotImplementedError(
+        f'{type(self).__name__} implements no Decode(theta, input_batch); '
+        'the decoder job needs it.')
+
+  def CreateDecoderMetrics(self):
+    """A dict of name -> AverageMetric, filled by PostProcessDecodeOut."""
+    return {}
+
+  def PostProcessDecodeOut(self, decode_out, decoder_metrics):
+    """Updates `decoder_metrics` from one decoded batch.
+
+    Args:
+      decode_out: NestedMap of numpy arrays (the `Decode` output).
+      decoder_metrics: the dict from `CreateDecoderMetrics`.
+
+    Returns:
+      A list of strings, one per decoded example, for the decoder's output
+      file (may be empty).
+    """
+    del decode_out, decoder_metrics
+    return []
+
+  # --- training set-up -----------------------------------------------------
+
+  def InstantiateLearner(self):
+    """The learner of this task's variables, from `train.learner`.
+
+    Call under the strategy's scope; then `Build()` it before tracing.
+    """
+    p = self.params.train.learner.Copy()
+    return p.Instantiate(var_map=self.vars)
+
+  @classmethod
+  def FPropMeta(cls, params, input_shapes):
+    """Static cost of `FPropTower` on a batch of the given shapes.
+
+    Args:
+      params: the task's params.
+      input_shapes: NestedMap of `shapes.Shape`, the batch's fields.
+
+    Returns:
+      NestedMap(flops=int or None, out_shapes=(), and optionally
+      breakdown=[(name, flops)] for `inspect_model`, and
+      partitions=[flops of each pipeline stage]).
+    """
+    raise NotImplementedError(
+        f'{cls.__name__} implements no FPropMeta(params, input_shapes); '
+        'model FLOPs utilisation is not reported without it.')
+
+
+class SingleTaskModel(tf.Module):
+  """The model of a single-task experiment: one task.
+
+  Example:
+    p = SingleTaskModel.Params(MyTask.Params().Set(name='reg'))
+    p.input = MyInput.Params().Set(file_pattern='/tmp/data-*')
+    model = p.Instantiate()   # model.task is a MyTask, its input set.
+  """
+
+  @classmethod
+  def Params(cls, task_params=None):
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', task_params.name if task_params else 'model',
+             'Name of the model.')
+    p.Define('task', None, 'Params of the task (a BaseTask subclass); its '
+             '`input` is left None and filled from `input`.')
+    p.Define('input', None, 'Input generator params of the dataset in use '
+             '(set by model_registry.GetParams).')
+    if task_params is not None:
+      task_params = task_params.Copy()
+      task_params.input = None
+      p.task = task_params
+    return p
+
+  def __init__(self, params):
+    super().__init__(name=params.name)
+    self._params = params.Copy().Freeze()
+    if params.task is None:
+      raise ValueError(f'SingleTaskModel {params.name!r}: params.task is '
+                       'None; build the params with '
+                       'SingleTaskModel.Params(task_params).')
+    task_p = params.task.Copy()
+    task_p.input = params.input.Copy() if params.input is not None else None
+    self.task = task_p.Instantiate()
+
+  @property
+  def params(self):
+    return self._params
+
+  @property
+  def tasks(self):
+    """All tasks of the model, a list."""
+    return [self.task]
+
+
+def MetricsToNumpy(metrics):
+  """{name: (value, weight)} of tensors -> {name: (float, float)}."""
+  return {k: (float(np.asarray(v)), float(np.asarray(w)))
+          for k, (v, w) in metrics.items()}

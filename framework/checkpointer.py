@@ -1,0 +1,176 @@
+"""Checkpoints of the training state, crash-safe and never non-finite.
+
+A checkpoint holds the model variables (keyed by variable path, e.g.
+`model/vars/regression.net.fc[0].w`), the optimizer state, the global step,
+the input position and, when enabled, the EMA variables. Writing goes
+through `tf.train.CheckpointManager`, which is atomic against SIGKILL: the
+previous checkpoint stays loadable, at worst a `ckpt-N_temp` folder is left
+behind, which `Checkpointer` removes when it starts.
+
+A checkpoint is never written while any saved floating variable holds a NaN
+or Inf: `Save` checks first and refuses (returns None), so the latest
+checkpoint is always a good one to resume from.
+
+Example:
+  ckpt = Checkpointer('/tmp/run/train', dict(model=VarsByPath(vars_by_path),
+                      global_step=step_var), max_to_keep=3)
+  ckpt.Restore()            # None on a fresh run, else the restored step.
+  ckpt.Save(step=100)       # '/tmp/run/train/ckpt-100'
+"""
+import glob
+import os
+import re
+import shutil
+
+from absl import logging
+import tensorflow as tf
+
+_CKPT_NAME = 'ckpt'
+_STEP_RE = re.compile(r'-(\d+)$')
+
+
+class VarsByPath(tf.Module):
+  """A trackable dict of variables keyed by path, for stable checkpoint keys.
+
+  Example:
+    VarsByPath({'reg.w': w_var, 'reg.b': b_var})
+  """
+
+  def __init__(self, vars_by_path, name=None):
+    super().__init__(name=name)
+    self.vars = dict(vars_by_path)
+
+
+def StepOf(checkpoint_path):
+  """The step number in a checkpoint path ('.../ckpt-120' -> 120)."""
+  m = _STEP_RE.search(checkpoint_path)
+  if not m:
+    raise ValueError(f'Checkpoint path {checkpoint_path!r} does not end in '
+                     '-<step>.')
+  return int(m.group(1))
+
+
+def RemoveTempFiles(directory):
+  """Deletes leftovers of interrupted saves (`*_temp*`); returns them."""
+  removed = sorted(glob.glob(os.path.join(directory, '*_temp*')))
+  for path in removed:
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      try:
+        os.remove(path)
+      except FileNotFoundError:
+        pass
+  return removed
+
+
+def ListCheckpoints(directory):
+  """Paths of the checkpoints in `directory`, oldest first."""
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return []
+  paths = [p if os.path.isabs(p) else os.path.join(directory, p)
+           for p in state.all_model_checkpoint_paths]
+  return sorted((p for p in paths if tf.io.gfile.exists(p + '.index')),
+                key=StepOf)
+
+
+def ReadValues(checkpoint_path, prefix='model/'):
+  """{checkpoint key: numpy value} of the keys starting with `prefix`."""
+  reader = tf.train.load_checkpoint(checkpoint_path)
+  return {name: reader.get_tensor(name)
+          for name, _ in tf.train.list_variables(checkpoint_path)
+          if name.startswith(prefix)}
+
+
+@tf.function
+def _AllFinite(variables):
+  ok = tf.constant(True)
+  for v in variables:
+    ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(v)))
+  return ok
+
+
+class Checkpointer:
+  """Saves and restores a set of trackables in `directory`.
+
+  Args:
+    directory: the folder of the checkpoints (created if missing).
+    objects: dict name -> trackable (tf.Module, tf.Variable, ...).
+    max_to_keep: checkpoints kept; older ones are deleted.
+    remove_temp: delete `*_temp*` leftovers now. Only the writer of the
+      directory (the trainer) may: for a reader (an evaler) they can be a
+      save in progress.
+  """
+
+  def __init__(self, directory, objects, max_to_keep=5, remove_temp=True):
+    tf.io.gfile.makedirs(directory)
+    for path in RemoveTempFiles(directory) if remove_temp else []:
+      logging.warning('Removed %s, left by an interrupted checkpoint save.',
+                      path)
+    self._directory = directory
+    self._checkpoint = tf.train.Checkpoint(**objects)
+    self._manager = tf.train.CheckpointManager(
+        self._checkpoint, directory, max_to_keep=max_to_keep,
+        checkpoint_name=_CKPT_NAME)
+    self._float_vars = [
+        v for v in self._checkpoint_variables(objects)
+        if v.dtype.is_floating]
+
+  @staticmethod
+  def _checkpoint_variables(objects):
+    seen, out = set(), []
+    for obj in objects.values():
+      variables = [obj] if isinstance(obj, tf.Variable) else list(
+          getattr(obj, 'variables', ()))
+      for v in variables:
+        if v.ref() not in seen:
+          seen.add(v.ref())
+          out.append(v)
+    return out
+
+  @property
+  def directory(self):
+    return self._directory
+
+  @property
+  def latest_checkpoint(self):
+    return self._manager.latest_checkpoint
+
+  def Restore(self, checkpoint_path=None, expect_partial=False):
+    """Restores `checkpoint_path` (default: the latest), if there is one.
+
+    Args:
+      checkpoint_path: a path from `ListCheckpoints`, or None for the latest.
+      expect_partial: allow the checkpoint to hold more than `objects` (an
+        evaler restores the model but not the optimizer).
+
+    Returns:
+      The restored checkpoint's step, or None when there is none.
+    """
+    path = checkpoint_path or self._manager.latest_checkpoint
+    if not path:
+      return None
+    status = self._checkpoint.read(path)
+    if expect_partial:
+      status.expect_partial()
+    else:
+      status.assert_existing_objects_matched()
+    return StepOf(path)
+
+  def AllFinite(self):
+    """True if every saved floating variable is finite."""
+    return bool(_AllFinite(self._float_vars)) if self._float_vars else True
+
+  def Save(self, step):
+    """Writes checkpoint `ckpt-<step>` unless a variable is non-finite.
+
+    Returns:
+      The checkpoint path, or None when the save was refused.
+    """
+    if not self.AllFinite():
+      logging.error('Not saving a checkpoint at step %d: some variables are '
+                    'NaN or Inf. The latest good checkpoint stays %s.', step,
+                    self._manager.latest_checkpoint)
+      return None
+    return self._manager.save(checkpoint_number=int(step))

@@ -1,0 +1,1 @@
+"""Registered experiments on synthetic data (tests, benchmarks, examples)."""

@@ -1,0 +1,1 @@
+"""Synthetic tasks: tiny models on generated data, for tests and benchmarks."""

@@ -1,0 +1,195 @@
+"""Regression on synthetic or CSV data: the smallest complete task.
+
+The data is y = x . w* + b* + noise for a fixed random teacher (w*, b*)
+drawn from `teacher_seed`, x ~ N(0, I). With `file_pattern` empty the
+generator draws `num_examples` examples once (example i from a stateless
+seed of i, so it is deterministic) and serves them from memory; with a
+pattern, each line of the files is `x_0,...,x_{d-1},y`. `WriteCsv` writes
+such files from the same teacher.
+"""
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_input_generator
+from cadence.framework import base_model
+from cadence.framework import shapes
+from cadence.framework.nested_map import NestedMap
+from cadence.layers import linear
+
+
+@tf.function(autograph=False)
+def _Draws(seeds, width):
+  """One stateless draw per seed: row i is N(0, 1)^width from seeds[i]."""
+  return tf.map_fn(lambda s: tf.random.stateless_normal([width], seed=s),
+                   seeds, fn_output_signature=tf.float32,
+                   parallel_iterations=64)
+
+
+def SyntheticData(num_examples, input_dim, teacher_seed=0, noise_stddev=0.1,
+                  first_example=0):
+  """The synthetic examples [first_example, first_example + num_examples).
+
+  Example i depends on (teacher_seed, i) only, whatever range it is drawn
+  in, so datasets with disjoint ranges never share an example.
+
+  Returns:
+    (x [num_examples, input_dim], y [num_examples]) float32 numpy arrays.
+  """
+  wb = tf.random.stateless_normal([input_dim + 1], seed=[teacher_seed, -1])
+  index = tf.range(first_example, first_example + num_examples,
+                   dtype=tf.int64)
+  seeds = tf.stack([index, tf.fill(tf.shape(index), tf.cast(teacher_seed,
+                                                              tf.int64))], 1)
+  draws = _Draws(seeds, input_dim + 1)                # [n, input_dim + 1]
+  x = draws[:, :-1]
+  y = tf.linalg.matvec(x, wb[:-1]) + wb[-1] + noise_stddev * draws[:, -1]
+  return x.numpy(), y.numpy()
+
+
+def WriteCsv(path, num_examples, input_dim, teacher_seed=0,
+             noise_stddev=0.1, first_example=0):
+  """Writes synthetic examples as CSV lines `x_0,...,x_{d-1},y` to `path`."""
+  x, y = SyntheticData(num_examples, input_dim, teacher_seed, noise_stddev,
+                       first_example)
+  with tf.io.gfile.GFile(path, 'w') as f:
+    for xi, yi in zip(x, y):
+      f.write(','.join(repr(float(v)) for v in list(xi) + [yi]) + '\n')
+
+
+class RegressionInput(base_input_generator.BaseInputGenerator):
+  """Batches of NestedMap(x=[batch, input_dim], y=[batch]).
+
+  Example:
+    p = RegressionInput.Params().Set(input_dim=4, batch_size=8)
+    batch = next(iter(p.Instantiate().Dataset()))  # synthetic data
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 8, 'Features per example, an int > 0.')
+    p.Define('teacher_seed', 0, 'Seed of the teacher (w*, b*) and of the '
+             'synthetic examples.')
+    p.Define('noise_stddev', 0.1, 'Stddev of the label noise (synthetic).')
+    p.Define('first_example', 0, 'Index of the first synthetic example; '
+             'datasets use disjoint ranges.')
+    p.Define('num_examples', 4096, 'Size of the synthetic dataset (cycled '
+             'when repeat is True).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self._data = None
+    if not self.files:  # Generated once, then read by index.
+      self._data = SyntheticData(p.num_examples, p.input_dim, p.teacher_seed,
+                                 p.noise_stddev, p.first_example)
+
+  def _NeedsFiles(self):
+    return False
+
+  def _RecordDataset(self):
+    if self.files:
+      return super()._RecordDataset()
+    records = tf.data.Dataset.range(self.params.num_examples)
+    return records.repeat() if self.params.repeat else records
+
+  def _ProcessRecord(self, record):
+    p = self.params
+    if record.dtype == tf.string:  # A CSV line.
+      values = tf.strings.to_number(tf.strings.split(record, ','), tf.float32)
+      values = tf.ensure_shape(values, [p.input_dim + 1])
+      return NestedMap(x=values[:-1], y=values[-1])
+    x, y = self._data
+    return NestedMap(x=tf.gather(x, record), y=tf.gather(y, record))
+
+  def _ProcessRecordBatch(self, records):
+    p = self.params
+    if records.dtype == tf.string:  # [n] CSV lines.
+      values = tf.strings.to_number(tf.strings.split(records, ','),
+                                    tf.float32).to_tensor()
+      values = tf.ensure_shape(values, [None, p.input_dim + 1])
+      return NestedMap(x=values[:, :-1], y=values[:, -1])
+    return self._ProcessRecord(records)
+
+
+class RegressionModel(base_model.BaseTask):
+  """A feed-forward regressor trained with mean squared error.
+
+  Metrics: loss (MSE), mae. Decode: per-example predictions and targets.
+
+  Example:
+    p = RegressionModel.Params().Set(name='reg', input_dim=4,
+                                     hidden_dims=[8])
+    task = p.Instantiate()
+    metrics, _ = task.FPropTower(task.theta, NestedMap(
+        x=tf.ones([2, 4]), y=tf.zeros([2])))
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 8, 'Features per example, an int > 0.')
+    p.Define('hidden_dims', [16], 'Widths of the hidden layers (may be '
+             'empty: a linear model).')
+    p.Define('activation', 'RELU', 'Activation of the hidden layers.')
+    return p
+
+  @classmethod
+  def _NetParams(cls, p):
+    dims = list(p.hidden_dims) + [1]
+    acts = [p.activation] * len(p.hidden_dims) + ['NONE']
+    return linear.FeedForwardNet.Params().Set(
+        name='net', input_dim=p.input_dim, hidden_layer_dims=dims,
+        activation=acts)
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateChild('net', self._NetParams(self.params))
+
+  def ComputePredictions(self, theta, input_batch):
+    out = self.children.net.FProp(theta.net, input_batch.x)  # [batch, 1]
+    return NestedMap(y=tf.squeeze(out, -1))                   # [batch]
+
+  def ComputeLoss(self, theta, predictions, input_batch):
+    err = predictions.y - tf.cast(input_batch.y, predictions.y.dtype)
+    n = tf.cast(tf.size(err), tf.float32)
+    metrics = NestedMap(loss=(tf.reduce_mean(tf.square(err)), n),
+                        mae=(tf.reduce_mean(tf.abs(err)), n))
+    return metrics, NestedMap(squared_error=tf.square(err))
+
+  def Decode(self, theta, input_batch):
+    pred = self.ComputePredictions(theta, input_batch)
+    return NestedMap(prediction=pred.y, target=input_batch.y)
+
+  def CreateDecoderMetrics(self):
+    return {'mae': base_model.AverageMetric(),
+            'mse': base_model.AverageMetric()}
+
+  def PostProcessDecodeOut(self, decode_out, decoder_metrics):
+    err = np.asarray(decode_out.prediction) - np.asarray(decode_out.target)
+    decoder_metrics['mae'].Update(np.mean(np.abs(err)), err.size)
+    decoder_metrics['mse'].Update(np.mean(np.square(err)), err.size)
+    return [f'target={t:.4f} prediction={y:.4f}' for t, y in
+            zip(decode_out.target, decode_out.prediction)]
+
+  @classmethod
+  def FPropMeta(cls, params, input_shapes):
+    x = shapes.AsShape(input_shapes.x)
+    net_p = cls._NetParams(params)
+    breakdown, shape = [], x
+    for i, (d_in, d_out) in enumerate(
+        zip([params.input_dim] + net_p.hidden_layer_dims[:-1],
+            net_p.hidden_layer_dims)):
+      fc_p = linear.ProjectionLayer.Params().Set(
+          name=f'fc{i}', input_dim=d_in, output_dim=d_out,
+          activation=net_p.activation[i])
+      meta = linear.ProjectionLayer.FPropMeta(fc_p, shape)
+      breakdown.append((f'net.fc[{i}]', meta.flops))
+      shape = meta.out_shapes[0]
+    # Loss: a subtract, square and sum per example, and |err| for mae.
+    breakdown.append(('loss', shapes.Mul(x[0], 4)))
+    flops = 0
+    for _, f in breakdown:
+      flops = shapes.Add(flops, f)
+    return NestedMap(flops=flops, out_shapes=(), breakdown=breakdown)
