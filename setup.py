@@ -5,9 +5,22 @@ GPU wheel: `pip install -e ".[cpu]"` pulls `tensorflow-cpu`,
 `pip install -e ".[gpu]"` pulls `tensorflow[and-cuda]`.
 """
 import setuptools
+from setuptools.command import build_py
 
-_SUBPACKAGES = ['framework', 'layers', 'tasks', 'tasks.lm', 'params',
-                'params.lm']
+# Folders of the repository root that are packages of `cadence`; tests/ and
+# bench/ run from a checkout and are not installed.
+_SUBPACKAGES = setuptools.find_packages(
+    where='.', exclude=['tests', 'tests.*', 'bench', 'bench.*', 'build',
+                        'build.*'])
+
+
+class _BuildPy(build_py.build_py):
+  """Leaves this script out: the root folder is the package itself."""
+
+  def find_package_modules(self, package, package_dir):
+    modules = super().find_package_modules(package, package_dir)
+    return [m for m in modules if (m[0], m[1]) != ('cadence', 'setup')]
+
 
 setuptools.setup(
     name='cadence',
@@ -16,6 +29,7 @@ setuptools.setup(
     python_requires='>=3.10',
     package_dir={'cadence': '.'},
     packages=['cadence'] + ['cadence.' + p for p in _SUBPACKAGES],
+    cmdclass={'build_py': _BuildPy},
     install_requires=['numpy', 'absl-py', 'sentencepiece'],
     extras_require={
         'cpu': ['tensorflow-cpu>=2.16'],
