@@ -1,0 +1,461 @@
+"""The train, eval and decode programs: each a tf.function step and its loop.
+
+`TrainProgram` owns the training state (learner, global step, input
+position, skip counters, EMA) and its checkpoints. Its compiled unit is a
+*loop* of train steps: one `tf.function` runs up to `n` steps in a
+`tf.while_loop` (n = the steps to the next summary, log line or checkpoint),
+so Python runs once per interval instead of once per step. Each step:
+
+  batch = next(iterator)
+  seed  = step_seed.MakeStepSeed(global_step, random_seed)
+  strategy.run: metrics = task.FPropTower(WithStepSeed(theta, seed), batch)
+                learner.ApplyGradients(...)  (skipped if non-finite)
+  global_step += 1; input_position += 1; EMA update unless skipped
+
+The loop stops early once `max_consecutive_skips` steps in a row were
+skipped; `Run` then raises `TrainingStopped` without saving, so the latest
+checkpoint stays the last good one. Everything runs under the given
+`tf.distribute` strategy: variables are created in its scope, the replica
+step goes through `strategy.run` and the metrics are reduced across
+replicas, so a MirroredStrategy plugs in unchanged.
+
+`EvalProgram` and `DecodeProgram` run a task (built with
+`is_inference=True`) over a fresh pass of a dataset with a given theta and
+write summaries (and decoded text) for one global step.
+"""
+import math
+import os
+import time
+
+from absl import logging
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import checkpointer as checkpointer_lib
+from cadence.framework import shapes
+from cadence.framework import step_seed
+from cadence.framework import summary_utils
+from cadence.framework.nested_map import NestedMap
+
+
+class TrainingStopped(RuntimeError):
+  """Training cannot go on (too many skipped steps, non-finite weights)."""
+
+
+def VarsByPath(task, var_map=None):
+  """{'<task path>.<key>': variable} of `var_map` (default: task.vars)."""
+  var_map = task.vars if var_map is None else var_map
+  return {f'{task.path}.{k}': v for k, v in var_map.FlattenItems()}
+
+
+def InputShapes(dataset, batch_size=None):
+  """NestedMap of `shapes.Shape` of a dataset's batch (None: unknown dims).
+
+  Args:
+    dataset: a dataset of NestedMap batches.
+    batch_size: if set, replaces dim 0 of every field.
+  """
+
+  def _Shape(spec):
+    shape = shapes.Shape(spec.shape)
+    return shape.WithDim(0, batch_size) if batch_size and shape.rank else shape
+
+  return NestedMap(dataset.element_spec).Transform(_Shape)
+
+
+def TrainFlopsPerExample(task, dataset):
+  """Train FLOPs per example: 3x (forward + backward) FPropMeta's forward.
+
+  The forward is costed on one example (batch dim 1), so batches of any
+  size, bucketed or not, get their FLOPs as examples x this. Returns None
+  when the task has no FPropMeta or another dim is unknown.
+  """
+  try:
+    meta = type(task).FPropMeta(task.params, InputShapes(dataset, 1))
+  except NotImplementedError:
+    return None
+  return None if meta.flops is None else 3 * meta.flops
+
+
+def MeasurePeakFlops(device=None, n=1024, repeats=5):
+  """FLOP/s of an n x n float32 matmul chain on `device`: a peak estimate."""
+  with tf.device(device):
+    a = tf.random.stateless_normal([n, n], seed=[1, 2])
+    b = tf.random.stateless_normal([n, n], seed=[3, 4])
+
+    @tf.function
+    def _Chain(a, b):
+      for _ in range(4):
+        a = tf.matmul(a, b) * 1e-3
+      return tf.reduce_sum(a)
+
+    _Chain(a, b).numpy()  # Compile.
+    best = float('inf')
+    for _ in range(repeats):
+      start = time.perf_counter()
+      _Chain(a, b).numpy()
+      best = min(best, time.perf_counter() - start)
+  return 4 * 2 * n ** 3 / best
+
+
+def _Reduce(strategy, op, value):
+  return strategy.reduce(op, value, axis=None)
+
+
+def _FirstLeaf(batch):
+  return NestedMap(batch).Flatten()[0]
+
+
+class _Window:
+  """Sums of the train loop's outputs since the last report."""
+
+  def __init__(self):
+    self.Reset(time.perf_counter())
+
+  def Reset(self, now):
+    self.start, self.steps, self.examples, self.sums = now, 0, 0.0, {}
+
+  def Add(self, out):
+    self.steps += int(out.steps)
+    self.examples += float(out.examples)
+    for key, value in out.FlattenItems():
+      if key not in ('steps', 'examples', 'learning_rate', 'consecutive'):
+        self.sums[key] = self.sums.get(key, 0.0) + float(value)
+
+  def Rates(self, now):
+    secs = max(now - self.start, 1e-9)
+    return self.steps / secs, self.examples / secs
+
+
+class TrainProgram:
+  """Trains one task; see the module docstring.
+
+  Args:
+    task: the BaseTask, built under `strategy.scope()`.
+    logdir: the experiment's logdir; checkpoints and summaries go to
+      `logdir/train`.
+    strategy: a tf.distribute strategy (default: the default strategy).
+    peak_flops: the devices' peak FLOP/s for the utilisation summary; None
+      measures it once with a matmul probe.
+    on_checkpoint: callables `fn(step)` run after each checkpoint save.
+    start_time: `time.time()` at process start, for the first-step log.
+
+  Example:
+    with strategy.scope():
+      task = task_params.Instantiate()
+    TrainProgram(task, '/tmp/run', strategy).Run()
+  """
+
+  def __init__(self, task, logdir, strategy=None, peak_flops=None,
+               on_checkpoint=(), start_time=None):
+    self._task = task
+    self._p = task.params.train
+    self._strategy = strategy or tf.distribute.get_strategy()
+    self._peak_flops = peak_flops
+    self._on_checkpoint = list(on_checkpoint)
+    self._start_time = start_time
+    self._train_dir = os.path.join(logdir, 'train')
+    self._input = task.params.input.Instantiate()
+    with self._strategy.scope():
+      self._learner = task.InstantiateLearner()
+      self._learner.Build()
+      self._global_step = self._Counter('global_step')
+      self._input_position = self._Counter('input_position')
+      self._skipped_total = self._Counter('skipped_steps')
+      self._consecutive = self._Counter('consecutive_skips')
+      self._ema = None
+      if self._p.ema_decay:
+        self._ema = {path: tf.Variable(v.read_value(), trainable=False,
+                                       name='ema')
+                     for path, v in self._learner.trainable}
+    objects = dict(model=checkpointer_lib.VarsByPath(VarsByPath(task)),
+                   optimizer=self._learner.checkpointables,
+                   global_step=self._global_step,
+                   input_position=self._input_position,
+                   skipped_steps=self._skipped_total)
+    if self._ema is not None:
+      objects['ema'] = checkpointer_lib.VarsByPath(
+          {f'{task.path}.{k}': v for k, v in self._ema.items()})
+    self._checkpointer = checkpointer_lib.Checkpointer(
+        self._train_dir, objects, max_to_keep=self._p.save_max_to_keep)
+    self._writer = summary_utils.SummaryWriter(self._train_dir)
+    self._train_loop = tf.function(self._TrainLoop, autograph=False)
+
+  def _Counter(self, name):
+    return tf.Variable(tf.constant(0, tf.int64), trainable=False, name=name,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  # --- properties ------------------------------------------------------------
+
+  @property
+  def task(self):
+    return self._task
+
+  @property
+  def learner(self):
+    return self._learner
+
+  @property
+  def global_step(self):
+    return int(self._global_step.numpy())
+
+  @property
+  def checkpointer(self):
+    return self._checkpointer
+
+  def EmaTheta(self):
+    """The task's theta with the EMA variables in place of the trained ones
+    (the plain theta when EMA is off)."""
+    theta = self._task.theta
+    if self._ema is None:
+      return theta
+    ema = self._ema
+    return theta.Pack([ema.get(k, v) for k, v in theta.FlattenItems()])
+
+  # --- the compiled loop -----------------------------------------------------
+
+  def _ReplicaStep(self, batch, step):
+    """One step on one replica: forward, backward, update."""
+    seed = step_seed.MakeStepSeed(step, self._task.params.random_seed or 0)
+    ctx = tf.distribute.get_replica_context()
+    if ctx.num_replicas_in_sync > 1:
+      seed = step_seed.MicroBatchSeed(seed, ctx.replica_id_in_sync_group)
+    theta = base_layer.WithStepSeed(self._task.theta, seed)
+    with tf.GradientTape() as tape:
+      metrics, _ = self._task.FPropTower(theta, batch)
+      loss = metrics.loss[0]
+      if self._p.debug_nan_steps:
+        poison = tf.reduce_any(tf.equal(
+            step, tf.constant(self._p.debug_nan_steps, tf.int64)))
+        loss *= tf.where(poison, tf.constant(float('nan'), loss.dtype),
+                         tf.constant(1.0, loss.dtype))
+    grads = self._learner.ComputeGradients(tape, loss)
+    stats = self._learner.ApplyGradients(step, grads, loss=loss)
+    out = NestedMap(
+        grad_norm=tf.cast(stats.grad_norm, tf.float32),
+        skipped=tf.cast(stats.skipped, tf.float32),
+        learning_rate=tf.cast(stats.learning_rate, tf.float32),
+        examples=tf.cast(tf.shape(_FirstLeaf(batch))[0], tf.float32),
+        metrics=NestedMap({k: NestedMap(
+            vw=tf.cast(v, tf.float32) * tf.cast(w, tf.float32),
+            w=tf.cast(w, tf.float32)) for k, (v, w) in metrics.items()}))
+    return out
+
+  def _Step(self, iterator):
+    """One step in cross-replica context; returns summable float stats."""
+    step = self._global_step.read_value()
+    per_replica = self._strategy.run(self._ReplicaStep,
+                                     args=(next(iterator), step))
+    s = self._strategy
+    Sum, Mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+    skipped = _Reduce(s, Sum, per_replica.skipped) > 0
+    ok = 1.0 - tf.cast(skipped, tf.float32)
+
+    def _Kept(x):  # Skipped steps do not count in the averages.
+      return tf.where(skipped, tf.zeros_like(x), x)
+
+    out = NestedMap(
+        steps=tf.constant(1.0),
+        ok_steps=ok,
+        skipped_steps=1.0 - ok,
+        grad_norm=_Kept(_Reduce(s, Mean, per_replica.grad_norm)),
+        learning_rate=_Reduce(s, Mean, per_replica.learning_rate),
+        examples=_Reduce(s, Sum, per_replica.examples),
+        metrics=per_replica.metrics.Transform(
+            lambda x: _Kept(_Reduce(s, Sum, x))))
+    self._global_step.assign_add(1)
+    self._input_position.assign_add(1)
+    skipped_i = tf.cast(skipped, tf.int64)
+    self._skipped_total.assign_add(skipped_i)
+    self._consecutive.assign((self._consecutive + 1) * skipped_i)
+    if self._ema is not None:
+      self._UpdateEma(skipped)
+    return out
+
+  def _UpdateEma(self, skipped):
+    # The decay warms up as (1 + n) / (10 + n) over the first updates.
+    n = tf.cast(self._global_step - self._skipped_total, tf.float32)
+    decay = tf.minimum(float(self._p.ema_decay), (1.0 + n) / (10.0 + n))
+    keep = tf.where(skipped, 1.0, decay)
+    for path, v in self._learner.trainable:
+      ema = self._ema[path]
+      ema.assign(keep * ema + (1.0 - keep) * tf.cast(v, ema.dtype))
+
+  def _TrainLoop(self, iterator, num_steps):
+    """Runs up to `num_steps` steps (fewer if too many are skipped)."""
+    limit = tf.constant(self._p.max_consecutive_skips, tf.int64)
+    acc = self._Step(iterator)
+
+    def _Cond(i, acc):
+      del acc
+      return tf.logical_and(i < num_steps, self._consecutive < limit)
+
+    def _Body(i, acc):
+      out = self._Step(iterator)
+      total = tf.nest.map_structure(tf.add, acc, out)
+      total.learning_rate = out.learning_rate
+      return i + 1, total
+
+    _, acc = tf.while_loop(_Cond, _Body, (tf.constant(1), acc))
+    acc.consecutive = self._consecutive.read_value()
+    return acc
+
+  # --- the Python loop -------------------------------------------------------
+
+  def _NextBoundary(self, step):
+    p = self._p
+    nxt = p.max_steps
+    for interval in (p.summary_interval_steps, p.log_interval_steps,
+                     p.save_interval_steps):
+      nxt = min(nxt, (step // interval + 1) * interval)
+    return nxt
+
+  def _Save(self, step):
+    path = self._checkpointer.Save(step)
+    if path is None:
+      raise TrainingStopped(
+          f'Training stopped at step {step}: the weights are NaN or Inf, so '
+          'no checkpoint was written. The latest good checkpoint is '
+          f'{self._checkpointer.latest_checkpoint}. Lower the learning rate '
+          'or enable clipping (train.learner.clip_gradient_norm_to_value).')
+    logging.info('Saved checkpoint %s', path)
+    for fn in self._on_checkpoint:
+      fn(step)
+    return path
+
+  def _Restore(self):
+    step = self._checkpointer.Restore()
+    if step is None:
+      logging.info('No checkpoint in %s; training from step 0.',
+                   self._train_dir)
+    else:
+      logging.info('Restored %s: global step %d, input position %d.',
+                   self._checkpointer.latest_checkpoint, self.global_step,
+                   int(self._input_position.numpy()))
+    self._consecutive.assign(0)
+
+  def _StopForSkips(self, step):
+    n = self._p.max_consecutive_skips
+    latest = self._checkpointer.latest_checkpoint
+    where = (f'{latest} (step {checkpointer_lib.StepOf(latest)})' if latest
+             else 'none (no checkpoint was written before)')
+    return TrainingStopped(
+        f'Training stopped at step {step}: {n} consecutive steps were '
+        'skipped because their loss or gradient norm was NaN/Inf (or above '
+        f'grad_norm_to_clip_to_zero); train.max_consecutive_skips={n}. The '
+        f'last good checkpoint is {where}; nothing was saved after it. '
+        'Lower the learning rate, clip gradients or check the input data, '
+        'then rerun the same command to resume from it.')
+
+  def _Summaries(self, window, now, example_flops, learning_rate=None):
+    steps_per_sec, examples_per_sec = window.Rates(now)
+    sums = window.sums
+    ok = sums.get('ok_steps', 0.0)
+    scalars = {}
+    for key, value in sums.items():
+      if key.startswith('metrics.') and key.endswith('.vw'):
+        name = key[len('metrics.'):-len('.vw')]
+        weight = sums[f'metrics.{name}.w']
+        scalars[name] = value / weight if weight else float('nan')
+    scalars.update(
+        grad_norm=sums.get('grad_norm', 0.0) / ok if ok else float('nan'),
+        skipped_steps=sums.get('skipped_steps', 0.0),
+        skipped_steps_total=int(self._skipped_total.numpy()),
+        steps_per_sec=steps_per_sec, examples_per_sec=examples_per_sec,
+        learning_rate=learning_rate)
+    if example_flops and self._peak_flops:
+      achieved = example_flops * examples_per_sec
+      scalars['model_tflops_per_sec'] = achieved / 1e12
+      scalars['mfu'] = achieved / self._peak_flops
+    return scalars
+
+  def Run(self):
+    """Trains to `train.max_steps`, resuming from the latest checkpoint.
+
+    Returns:
+      The final global step.
+
+    Raises:
+      TrainingStopped: too many consecutive skipped steps, or non-finite
+        weights at a checkpoint.
+    """
+    p = self._p
+    self._Restore()
+    step = self.global_step
+    if step >= p.max_steps:
+      logging.info('Global step %d >= max_steps %d: nothing to train.', step,
+                   p.max_steps)
+      return step
+    dataset = self._input.Dataset(
+        start_batch=int(self._input_position.numpy()),
+        num_replicas=self._strategy.num_replicas_in_sync)
+    flops = TrainFlopsPerExample(self._task, dataset)
+    iterator = iter(self._strategy.experimental_distribute_dataset(dataset))
+    summary_window, log_window = _Window(), _Window()
+    first = True
+    while step < p.max_steps:
+      n = 1 if first else self._NextBoundary(step) - step
+      out = self._train_loop(iterator, tf.constant(n, tf.int32))
+      out = tf.nest.map_structure(lambda x: x.numpy(), out)
+      step = self.global_step
+      now = time.perf_counter()
+      if first:
+        self._LogFirstStep(step, out)
+        if flops and self._peak_flops is None:  # Measured outside windows.
+          self._peak_flops = MeasurePeakFlops() * (
+              self._strategy.num_replicas_in_sync)
+          logging.info('Peak %.3g FLOP/s (measured by a float32 matmul '
+                       'probe) for the model FLOPs utilisation.',
+                       self._peak_flops)
+        now = time.perf_counter()
+        summary_window.Reset(now)
+        log_window.Reset(now)
+        first = False
+      else:
+        summary_window.Add(out)
+        log_window.Add(out)
+      if int(out.consecutive) >= p.max_consecutive_skips:
+        self._writer.WriteScalars(step, self._Summaries(
+            summary_window, now, None, out.learning_rate))
+        self._writer.Flush()
+        raise self._StopForSkips(step)
+      if step % p.summary_interval_steps == 0 or step == p.max_steps:
+        if summary_window.steps:
+          self._writer.WriteScalars(step, self._Summaries(
+              summary_window, now, flops, out.learning_rate))
+        summary_window.Reset(time.perf_counter())
+      if step % p.log_interval_steps == 0 or step == p.max_steps:
+        self._LogProgress(step, out, log_window, now)
+        log_window.Reset(time.perf_counter())
+      if step % p.save_interval_steps == 0 or step == p.max_steps:
+        self._writer.Flush()
+        self._Save(step)
+        summary_window.start += time.perf_counter() - now
+        log_window.start += time.perf_counter() - now
+    self._writer.Flush()
+    logging.info('Training finished at step %d.', step)
+    return step
+
+  def _LogFirstStep(self, step, out):
+    since = ''
+    if self._start_time is not None:
+      since = f', {time.time() - self._start_time:.2f} s after start'
+    loss = out.metrics.loss.vw / out.metrics.loss.w if out.metrics.loss.w else (
+        float('nan'))
+    logging.info('First step done (global step %d, loss %.6g%s).', step, loss,
+                 since)
+
+  def _LogProgress(self, step, out, window, now):
+    del out
+    steps_per_sec, examples_per_sec = window.Rates(now)
+    sums = window.sums
+    weight = sums.get('metrics.loss.w', 0.0)
+    loss = sums.get('metrics.loss.vw', 0.0) / weight if weight else math.nan
+    eta = ((self._p.max_steps - step) / steps_per_sec
+           if steps_per_sec else None)
+    skipped = int(sums.get('skipped_steps', 0))
+    logging.info(
+        'step %d/%d  loss %.6g  %.1f steps/s  %.0f examples/s  ETA %s%s',
+        step, self._p.max_steps, loss, steps_per_sec, examples_per_sec,
+        summary_utils.FormatDuration(eta),
+        f'  ({skipped} skipped)' if skipped else '')

@@ -1,0 +1,359 @@
+"""What `trainer.py` runs: devices, params, the job, and exit codes.
+
+`Main(options)` takes the parsed command line as a `TrainerOptions` and
+returns the process exit code:
+
+  0  done;
+  2  a user error: unknown --model, a bad override key or value, bad params,
+     missing or empty input files, an unknown --job. One readable message on
+     stderr, no traceback;
+  3  training stopped: too many consecutive skipped steps or non-finite
+     weights (the message names the last good checkpoint).
+
+The set-up runs in a fixed order: logical devices first (TensorFlow allows
+that only before any op runs), then the params (registry, file override,
+text override, --max_steps), then `params.txt`, the cluster, the strategy
+and the job's programs; any user error up to there exits with 2. Then the
+job runs: `trainer`, `trainer_and_evaler` (eval on Dev after each
+checkpoint, in process), `evaler_<dataset>` or `decoder_<dataset>` (each new
+checkpoint of `logdir/train`, until the one at max_steps).
+"""
+import dataclasses
+import difflib
+import os
+import sys
+
+from absl import logging
+import tensorflow as tf
+
+from cadence.framework import base_input_generator
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import eval_programs
+from cadence.framework import inspect_lib
+from cadence.framework import model_registry
+from cadence.framework import programs
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 2
+EXIT_TRAINING_STOPPED = 3
+
+MODES = ('sync', 'inspect_params', 'inspect_model')
+_JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
+              'decoder_<dataset>')
+
+
+class UserError(Exception):
+  """A mistake in the command line or the params; exits with code 2."""
+
+
+@dataclasses.dataclass
+class TrainerOptions:
+  """The trainer's command line, as plain values (see trainer.py's flags)."""
+  model: str = ''
+  logdir: str = ''
+  mode: str = 'sync'
+  job: str = 'trainer_and_evaler'
+  run_locally: str = 'cpu'
+  model_params_override: str = ''
+  model_params_file_override: str = ''
+  max_steps: int = None
+  worker_split_size: int = 1
+  worker_gpus: int = 0
+  peak_tflops: float = 0.0
+  start_time: float = None
+
+
+# --- params ------------------------------------------------------------------
+
+
+def _Message(e):
+  return e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+
+
+_PARAMS_ERRORS = (AttributeError, KeyError, ValueError, TypeError, IndexError)
+
+
+def ParseOverride(text):
+  """`--model_params_override` as a list of (key, value text) pairs, or None.
+
+  Returns None for Params text ('key : value' lines, as in params.txt), and
+  the pairs of ';'-separated 'key=value' items otherwise.
+  """
+  if ' : ' in text or '\n' in text:
+    return None
+  pairs = []
+  for item in [s.strip() for s in text.split(';') if s.strip()]:
+    key, sep, value = item.partition('=')
+    if not sep or not key.strip():
+      raise UserError(f"--model_params_override: {item!r} is not "
+                      "'key=value' (items are separated by ';').")
+    pairs.append((key.strip(), value.strip()))
+  return pairs
+
+
+def _SetPairs(params, pairs, source):
+  """Sets 'key=value' pairs; a value that is not a Python literal (e.g. a
+  bare path) is taken as a string when the param holds a string or None."""
+  for key, value in pairs:
+    try:
+      params.FromText(f'{key} : {value}')
+      continue
+    except _PARAMS_ERRORS as e:
+      error = e
+    if 'cannot parse the value' in str(error):
+      try:
+        current = params.Get(key)
+      except _PARAMS_ERRORS as e:
+        error = e
+      else:
+        if isinstance(current, str) or current is None:
+          params.Set(**{key: value})
+          continue
+    message = _Message(error)
+    message = message[len('line 1: '):] if message.startswith(
+        'line 1: ') else message
+    raise UserError(f'{source}: {message}') from None
+
+
+def _SetText(params, text, source):
+  try:
+    params.FromText(text)
+  except _PARAMS_ERRORS as e:
+    raise UserError(f'{source}: {_Message(e)}') from None
+
+
+def LoadParams(options, dataset):
+  """The model params of `options.model` for `dataset`, overrides applied."""
+  if not options.model:
+    raise UserError('--model is required: a registered experiment key, e.g. '
+                    'synthetic.linear_regression.RegressionTiny.')
+  try:
+    params = model_registry.GetParams(options.model, dataset)
+  except KeyError as e:
+    raise UserError(_Message(e)) from None
+  if options.model_params_file_override:
+    path = options.model_params_file_override
+    if not tf.io.gfile.exists(path):
+      raise UserError(f'--model_params_file_override: no file {path!r}.')
+    with tf.io.gfile.GFile(path) as f:
+      _SetText(params, f.read(), f'--model_params_file_override {path}')
+  if options.model_params_override:
+    pairs = ParseOverride(options.model_params_override)
+    if pairs is None:
+      _SetText(params, options.model_params_override,
+               '--model_params_override')
+    else:
+      _SetPairs(params, pairs, '--model_params_override')
+  if options.max_steps is not None:
+    params.task.train.max_steps = options.max_steps
+  return params
+
+
+def WriteParams(params, path):
+  """Writes the params text to `path` (lenient for values without text)."""
+  try:
+    text = params.ToText()
+  except ValueError:
+    text = str(params)
+  tf.io.gfile.makedirs(os.path.dirname(path))
+  with tf.io.gfile.GFile(path, 'w') as f:
+    f.write(text)
+  return text
+
+
+def InferenceParams(params):
+  """A copy of the model params whose task runs with is_inference=True."""
+  params = params.Copy()
+  params.task.is_inference = True
+  return params
+
+
+# --- devices -------------------------------------------------------------------
+
+
+def ConfigureDevices(options):
+  """Sets up logical devices (before any TF op) and returns the Cluster."""
+  split = options.worker_split_size
+  if not isinstance(split, int) or split < 1:
+    raise UserError(f'--worker_split_size={split!r} must be an int >= 1.')
+  if options.run_locally == 'cpu':
+    if split > 1:
+      cpus = tf.config.list_physical_devices('CPU')
+      try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * split)
+      except RuntimeError:  # Already initialised (e.g. inside a test).
+        have = len(tf.config.list_logical_devices('CPU'))
+        if have < split:
+          raise UserError(f'--worker_split_size={split}: TensorFlow already '
+                          f'runs with {have} logical CPU(s).') from None
+    device_type, num_devices = 'CPU', split
+  elif options.run_locally == 'gpu':
+    gpus = len(tf.config.list_physical_devices('GPU'))
+    num_devices = options.worker_gpus or gpus
+    if not gpus or num_devices > gpus:
+      raise UserError(f'--run_locally=gpu with --worker_gpus='
+                      f'{options.worker_gpus}: {gpus} GPU(s) visible.')
+    device_type = 'GPU'
+  else:
+    raise UserError(f'--run_locally={options.run_locally!r}: only local runs '
+                    "are supported; use 'cpu' or 'gpu'.")
+  try:
+    return cluster_lib.Cluster.Params().Set(
+        device_type=device_type, num_devices=num_devices,
+        worker_split_size=split).Instantiate()
+  except ValueError as e:
+    raise UserError(str(e)) from None
+
+
+def CreateStrategy(cluster):
+  """The tf.distribute strategy over the cluster's model splits.
+
+  One split: the default strategy (no overhead; the split's devices are
+  used by the model's own placement, e.g. a pipeline). Several: a
+  MirroredStrategy with one replica per split, on each split's first device.
+  """
+  if cluster.num_splits == 1:
+    return tf.distribute.get_strategy()
+  return tf.distribute.MirroredStrategy(
+      devices=[devices[0] for devices in cluster.split_devices])
+
+
+# --- jobs ----------------------------------------------------------------------
+
+
+def _ParseJob(job):
+  """'evaler_dev' -> ('evaler', 'Dev'); 'trainer' -> ('trainer', None)."""
+  if job in ('trainer', 'trainer_and_evaler'):
+    return job, None
+  kind, _, dataset = job.partition('_')
+  names = {d.lower(): d for d in model_registry.DATASETS}
+  if kind in ('evaler', 'decoder') and dataset.lower() in names:
+    return kind, names[dataset.lower()]
+  known = ['trainer', 'trainer_and_evaler'] + [
+      f'{k}_{d.lower()}' for k in ('evaler', 'decoder') for d in names]
+  close = difflib.get_close_matches(job, known, n=2, cutoff=0.6)
+  hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
+  raise UserError(f'--job={job!r} is not one of {", ".join(_JOB_FORMS)} '
+                  f'(datasets: {", ".join(model_registry.DATASETS)}).{hint}')
+
+
+def _HasDataset(options, dataset):
+  return hasattr(model_registry.GetClass(options.model), dataset)
+
+
+class _TrainerJob:
+  """trainer / trainer_and_evaler: the train program (+ in-process eval)."""
+
+  def __init__(self, options, params, strategy, with_eval):
+    with strategy.scope():
+      self._model = params.Instantiate()
+    task = self._model.task
+    on_checkpoint = []
+    if with_eval and _HasDataset(options, 'Dev'):
+      dev = InferenceParams(LoadParams(options, 'Dev'))
+      with strategy.scope():
+        eval_task = dev.Instantiate().task
+      self._eval = eval_programs.EvalProgram(eval_task, 'Dev', options.logdir,
+                                             strategy)
+      on_checkpoint.append(
+          lambda step: self._eval.Run(step, self._program.EmaTheta()))
+    elif with_eval:
+      logging.warning('%s defines no Dev() dataset: training without eval.',
+                      options.model)
+    peak = options.peak_tflops * 1e12 if options.peak_tflops else None
+    self._program = programs.TrainProgram(
+        task, options.logdir, strategy, peak_flops=peak,
+        on_checkpoint=on_checkpoint, start_time=options.start_time)
+
+  def Run(self):
+    self._program.Run()
+
+
+class _CheckpointJob:
+  """evaler_<dataset> / decoder_<dataset>: a program per new checkpoint."""
+
+  def __init__(self, options, params, strategy, kind, dataset):
+    with strategy.scope():
+      task = InferenceParams(params).Instantiate().task
+      self._state = eval_programs.CheckpointState(
+          task, os.path.join(options.logdir, 'train'))
+    program_cls = (eval_programs.EvalProgram if kind == 'evaler' else
+                   eval_programs.DecodeProgram)
+    self._program = program_cls(task, dataset, options.logdir, strategy)
+    self._train_dir = os.path.join(options.logdir, 'train')
+    self._max_steps = params.task.train.max_steps
+
+  def _Handle(self, path):
+    step = self._state.Restore(path)
+    self._program.Run(step, self._state.Theta())
+
+  def Run(self):
+    logging.info('Waiting for checkpoints in %s (until step %d).',
+                 self._train_dir, self._max_steps)
+    eval_programs.RunOnCheckpoints(
+        self._train_dir, self._Handle, self._max_steps,
+        os.path.join(self._program.logdir, 'last_step.txt'))
+
+
+def _BuildJob(options, cluster):
+  kind, dataset = _ParseJob(options.job)
+  params = LoadParams(options, dataset or 'Train')
+  if not options.logdir:
+    raise UserError('--logdir is required for --mode=sync.')
+  sub = '' if dataset is None else (
+      f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
+  path = os.path.join(options.logdir, sub, 'params.txt')
+  WriteParams(params, path)
+  logging.info('Model %s, job %s; params written to %s.', options.model,
+               options.job, path)
+  strategy = CreateStrategy(cluster)
+  if kind in ('trainer', 'trainer_and_evaler'):
+    return _TrainerJob(options, params, strategy,
+                       with_eval=kind == 'trainer_and_evaler')
+  return _CheckpointJob(options, params, strategy, kind, dataset)
+
+
+def _Inspect(options):
+  params = LoadParams(options, 'Train')
+  if options.mode == 'inspect_params':
+    text = params.ToText() if options.logdir == '' else WriteParams(
+        params, os.path.join(options.logdir, 'params.txt'))
+    sys.stdout.write(text)
+  else:
+    sys.stdout.write(inspect_lib.ModelReport(params))
+  sys.stdout.flush()
+
+
+def _Fail(code, message):
+  sys.stderr.write(f'Error: {message}\n')
+  sys.stderr.flush()
+  return code
+
+
+def Main(options):
+  """Runs the trainer for `options`; returns the exit code."""
+  try:
+    cluster = ConfigureDevices(options)
+    logging.info('%r', cluster)
+    if options.mode not in MODES:
+      raise UserError(f'--mode={options.mode!r} is not one of '
+                      f'{", ".join(MODES)}.')
+    with cluster:
+      if options.mode != 'sync':
+        _Inspect(options)
+        return EXIT_OK
+      job = _BuildJob(options, cluster)
+  except UserError as e:
+    return _Fail(EXIT_USER_ERROR, str(e))
+  except ValueError as e:  # Params validation, input files (InputError).
+    kind = ('Input' if isinstance(e, base_input_generator.InputError) else
+            'Bad params')
+    return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
+  try:
+    with cluster:
+      job.Run()
+  except programs.TrainingStopped as e:
+    logging.error('%s', e)
+    return _Fail(EXIT_TRAINING_STOPPED, str(e))
+  return EXIT_OK

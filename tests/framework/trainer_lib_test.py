@@ -1,0 +1,124 @@
+"""Tests for cadence.framework.trainer_lib and inspect_lib (in process).
+
+The command line itself (exit codes, stderr, SIGKILL) is tested through
+real subprocesses in tests/trainer_test.py.
+"""
+import io
+import os
+import sys
+from unittest import mock
+
+import tensorflow as tf
+
+from cadence.framework import inspect_lib
+from cadence.framework import trainer_lib
+
+_KEY = 'synthetic.linear_regression.RegressionTiny'
+
+
+def _Options(**kw):
+  return trainer_lib.TrainerOptions(model=_KEY, **kw)
+
+
+class LoadParamsTest(tf.test.TestCase):
+
+  def testUnknownModelNamesTheClosestKeys(self):
+    with self.assertRaisesRegex(
+        trainer_lib.UserError,
+        r"^Unknown model 'synthetic.linear_regression.RegresionTiny'. Did you "
+        r"mean 'synthetic.linear_regression.RegressionTiny'\?$"):
+      trainer_lib.LoadParams(trainer_lib.TrainerOptions(
+          model='synthetic.linear_regression.RegresionTiny'), 'Train')
+
+  def testKeyValueOverrides(self):
+    p = trainer_lib.LoadParams(_Options(
+        model_params_override='input.file_pattern=/data/x-*.csv; '
+        'task.train.learner.learning_rate=0.5;task.hidden_dims=[3, 4]',
+        max_steps=7), 'Train')
+    self.assertEqual(p.input.file_pattern, '/data/x-*.csv')  # Bare string.
+    self.assertEqual(p.task.train.learner.learning_rate, 0.5)
+    self.assertEqual(p.task.hidden_dims, [3, 4])
+    self.assertEqual(p.task.train.max_steps, 7)
+
+  def testTextAndFileOverrides(self):
+    path = os.path.join(self.get_temp_dir(), 'override.txt')
+    with open(path, 'w') as f:
+      f.write('# A comment.\ninput.batch_size : 4\ntask.train.max_steps : 9\n')
+    p = trainer_lib.LoadParams(_Options(
+        model_params_file_override=path,
+        model_params_override='input.batch_size : 5'), 'Train')
+    self.assertEqual(p.input.batch_size, 5)  # The flag comes last.
+    self.assertEqual(p.task.train.max_steps, 9)
+    with open(path, 'w') as f:
+      f.write('input.batch_size : 4\ninput.bach_size : 4\n')
+    with self.assertRaisesRegex(
+        trainer_lib.UserError, r"--model_params_file_override .*: line 2: "
+        r"Params 'input' has no param 'bach_size'; did you mean 'batch_size'"):
+      trainer_lib.LoadParams(_Options(model_params_file_override=path),
+                             'Train')
+
+  def testBadOverrides(self):
+    with self.assertRaisesRegex(
+        trainer_lib.UserError,
+        r"^--model_params_override: Params 'task.train' has no param "
+        r"'max_stesp'; did you mean 'max_steps'\?$"):
+      trainer_lib.LoadParams(_Options(
+          model_params_override='task.train.max_stesp=3'), 'Train')
+    with self.assertRaisesRegex(
+        trainer_lib.UserError, r"--model_params_override: cannot parse the "
+        r"value of 'task.train.max_steps': 'ten'"):
+      trainer_lib.LoadParams(_Options(
+          model_params_override='task.train.max_steps=ten'), 'Train')
+    with self.assertRaisesRegex(trainer_lib.UserError,
+                                r"'max_steps' is not 'key=value'"):
+      trainer_lib.LoadParams(_Options(model_params_override='max_steps'),
+                             'Train')
+
+  def testParseJob(self):
+    self.assertEqual(trainer_lib._ParseJob('evaler_dev'), ('evaler', 'Dev'))  # pylint: disable=protected-access
+    self.assertEqual(trainer_lib._ParseJob('decoder_Test'),  # pylint: disable=protected-access
+                     ('decoder', 'Test'))
+    with self.assertRaisesRegex(trainer_lib.UserError,
+                                r"--job='evaler_devv' is not one of .*Did you "
+                                r"mean 'evaler_dev'"):
+      trainer_lib._ParseJob('evaler_devv')  # pylint: disable=protected-access
+
+
+class InspectTest(tf.test.TestCase):
+
+  def testModelReport(self):
+    params = trainer_lib.LoadParams(_Options(), 'Train')
+    report = inspect_lib.ModelReport(params)
+    lines = report.splitlines()
+    self.assertIn('Model regression (task RegressionModel '
+                  "'regression')", lines[0])
+    row = [line for line in lines if 'regression.net.fc[0].w' in line][0]
+    self.assertEqual(row.split()[1:4], ['[8,', '16]', 'float32'])
+    self.assertIn('4 variables, 161 parameters', report)  # 8*16+16+16*1+1
+    # Per example: fc0 2*8*16 + 16 + 16, fc1 2*16 + 1, loss 4; batch 32.
+    total = 32 * (256 + 16 + 16 + 33 + 4)
+    self.assertIn(f'Forward FLOPs per batch of 32: {total:,}', report)
+    row = [line for line in lines if line.startswith('net.fc[0]')][0]
+    self.assertEqual(row.split()[1:], [f'{32 * 288:,}',
+                                       f'{100 * 288 / 325:.1f}%'])
+
+  def testInspectParamsWritesAndPrints(self):
+    logdir = self.get_temp_dir()
+    with mock.patch.object(sys, 'stdout', io.StringIO()) as out:
+      code = trainer_lib.Main(_Options(mode='inspect_params', logdir=logdir))
+    self.assertEqual(code, trainer_lib.EXIT_OK)
+    with open(os.path.join(logdir, 'params.txt')) as f:
+      text = f.read()
+    self.assertEqual(out.getvalue(), text)
+    self.assertIn('task.train.max_steps : 500\n', text)
+
+  def testMainReturnsTwoForUserErrors(self):
+    with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
+      code = trainer_lib.Main(_Options(mode='sync', job='bogus',
+                                       logdir=self.get_temp_dir()))
+    self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
+    self.assertRegex(err.getvalue(), r"^Error: --job='bogus' is not one of")
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,170 @@
+"""End-to-end tests of the trainer command line, in real subprocesses.
+
+Each subprocess pays TensorFlow's import (seconds), so independent runs are
+started together and the assertions are grouped per run.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import checkpointer
+from cadence.framework import summary_utils
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_KEY = 'synthetic.linear_regression.RegressionTiny'
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+_TIMEOUT = 300
+
+
+def _Start(*args, script=False):
+  """Starts the trainer (`-m cadence.trainer`, or `trainer.py` from the root)."""
+  cmd = [sys.executable] + (['trainer.py'] if script else
+                            ['-m', 'cadence.trainer'])
+  return subprocess.Popen(cmd + list(args), cwd=_ROOT, env=_ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def _Finish(proc):
+  out, err = proc.communicate(timeout=_TIMEOUT)
+  return proc.returncode, out, err
+
+
+def _Steps(logdir, sub, tag='loss'):
+  return [s for s, _ in summary_utils.ReadScalars(
+      os.path.join(logdir, sub)).get(tag, [])]
+
+
+class TrainerTest(tf.test.TestCase):
+
+  def testTrainEvalThenEvalerAndDecoderJobs(self):
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+    code, _, err = _Finish(_Start(f'--model={_KEY}', f'--logdir={logdir}',
+                                  '--max_steps=200'))
+    self.assertEqual(code, 0, err[-3000:])
+    self.assertRegex(err, r'First step done \(global step 1, loss [\d.]+, '
+                     r'[\d.]+ s after start\)')
+    self.assertRegex(err, r'step 100/200  loss [\d.e-]+  [\d.]+ steps/s  '
+                     r'\d+ examples/s  ETA \d+:\d\d:\d\d')
+    with open(os.path.join(logdir, 'params.txt')) as f:
+      self.assertIn('task.train.max_steps : 200\n', f.read())
+    losses = summary_utils.ReadScalars(os.path.join(logdir, 'train'))['loss']
+    self.assertLess(losses[-1][1], losses[0][1] / 5)
+    # trainer_and_evaler evaluated Dev after each checkpoint.
+    self.assertEqual(_Steps(logdir, 'eval_dev'), [100, 200])
+
+    evaler = _Start(f'--model={_KEY}', f'--logdir={logdir}',
+                    '--max_steps=200', '--job=evaler_test')
+    decoder = _Start(f'--model={_KEY}', f'--logdir={logdir}',
+                     '--max_steps=200', '--job=decoder_dev')
+    for proc in (evaler, decoder):
+      code, _, err = _Finish(proc)
+      self.assertEqual(code, 0, err[-3000:])
+    self.assertEqual(_Steps(logdir, 'eval_test'), [100, 200])
+    self.assertTrue(os.path.exists(os.path.join(logdir, 'eval_test',
+                                                'params.txt')))
+    self.assertEqual(_Steps(logdir, 'decoder_dev', 'mae'), [100, 200])
+    with open(os.path.join(logdir, 'decoder_dev',
+                           'decoder_out-00000200.txt')) as f:
+      lines = f.read().splitlines()
+    self.assertLen(lines, 64)
+    self.assertRegex(lines[0], r'^target=-?[\d.]+ prediction=-?[\d.]+$')
+
+  def testKillAndResumeEqualsUninterrupted(self):
+    whole = os.path.join(self.get_temp_dir(), 'whole')
+    killed = os.path.join(self.get_temp_dir(), 'killed')
+    args = [f'--model={_KEY}', '--max_steps=1500', '--job=trainer']
+    reference = _Start(*args, f'--logdir={whole}')
+    victim = _Start(*args, f'--logdir={killed}')
+    # The `checkpoint` state file is written once the first save completed.
+    first = os.path.join(killed, 'train', 'checkpoint')
+    deadline = time.monotonic() + _TIMEOUT
+    while not os.path.exists(first) and victim.poll() is None:
+      self.assertLess(time.monotonic(), deadline, 'no checkpoint appeared')
+      time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=_TIMEOUT)
+    self.assertEqual(victim.returncode, -signal.SIGKILL)
+    self.assertFalse(os.path.exists(os.path.join(killed, 'train',
+                                                 'ckpt-1500.index')))
+    code, _, err = _Finish(_Start(*args, f'--logdir={killed}'))
+    self.assertEqual(code, 0, err[-3000:])
+    restored = re.search(r'Restored \S+ckpt-\d+: global step (\d+)', err)
+    self.assertIsNotNone(restored, err[-3000:])
+    restored = int(restored.group(1))
+    self.assertBetween(restored, 100, 1499)
+    code, _, err = _Finish(reference)
+    self.assertEqual(code, 0, err[-3000:])
+    a = checkpointer.ReadValues(os.path.join(whole, 'train', 'ckpt-1500'), '')
+    b = checkpointer.ReadValues(os.path.join(killed, 'train', 'ckpt-1500'),
+                                '')
+    keys = [k for k in a if k.startswith(('model/', 'optimizer/'))]
+    self.assertLen(keys, 13)
+    for key in keys:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+  def testNanStepsAreSkippedThenTooManyStopTheRun(self):
+    logdir = os.path.join(self.get_temp_dir(), 'nan')
+    code, _, err = _Finish(_Start(
+        f'--model={_KEY}', f'--logdir={logdir}', '--job=trainer',
+        '--max_steps=100', '--model_params_override='
+        'task.train.debug_nan_steps=[5, 30, 31, 32];'
+        'task.train.max_consecutive_skips=3;'
+        'task.train.save_interval_steps=10'))
+    self.assertEqual(code, 3, err[-3000:])
+    self.assertNotIn('Traceback', err)
+    last = err.strip().splitlines()[-1]
+    train_dir = os.path.join(logdir, 'train')
+    self.assertRegex(last, r'^Error: Training stopped at step 33: 3 '
+                     'consecutive steps were skipped .* The last good '
+                     rf'checkpoint is {train_dir}/ckpt-30 \(step 30\); '
+                     'nothing was saved after it.')
+    self.assertEqual([checkpointer.StepOf(p) for p in
+                      checkpointer.ListCheckpoints(train_dir)],
+                     [10, 20, 30])
+    total = summary_utils.ReadScalars(train_dir)['skipped_steps_total']
+    self.assertEqual(total[-1], (33, 4.0))  # Step 5 and steps 30, 31, 32.
+
+  def testUserErrorsExitTwoWithOneMessage(self):
+    logdir = self.get_temp_dir()
+    missing = os.path.join(logdir, 'no-such-data-*.csv')
+    cases = [
+        (['--model=synthetic.linear_regression.RegresionTiny'],
+         r"^Error: Unknown model 'synthetic.linear_regression.RegresionTiny'. "
+         r"Did you mean 'synthetic.linear_regression.RegressionTiny'\?$"),
+        ([f'--model={_KEY}', '--model_params_override=task.train.max_stesp=3'],
+         r"^Error: --model_params_override: Params 'task.train' has no param "
+         r"'max_stesp'; did you mean 'max_steps'\?$"),
+        ([f'--model={_KEY}', f'--model_params_override=input.file_pattern='
+          f'{missing}'],
+         rf"^Error: Input: RegressionInput 'input': file_pattern "
+         rf"'{re.escape(missing)}' matches no files for: "
+         rf'{re.escape(missing)}\.$'),
+    ]
+    procs = [_Start(*args, f'--logdir={logdir}') for args, _ in cases]
+    for proc, (_, message) in zip(procs, cases):
+      code, _, err = _Finish(proc)
+      self.assertEqual(code, 2, err[-3000:])
+      self.assertNotIn('Traceback', err)
+      self.assertRegex(err.strip().splitlines()[-1], message)
+
+  def testInspectModelFromTrainerPy(self):
+    code, out, err = _Finish(_Start(
+        f'--model={_KEY}', '--mode=inspect_model', '--worker_split_size=2',
+        script=True))
+    self.assertEqual(code, 0, err[-3000:])
+    self.assertRegex(out, r'regression\.net\.fc\[0\]\.w +\[8, 16\] +float32 '
+                     r'+\S+CPU:0')
+    self.assertIn('Forward FLOPs per batch of 32: 10,400', out)
+    self.assertIn("Cluster(devices=['/device:CPU:0', '/device:CPU:1'], "
+                  'num_devices_per_split=2)', err)
+
+
+if __name__ == '__main__':
+  tf.test.main()

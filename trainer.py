@@ -1,0 +1,68 @@
+"""Cadence trainer: train, evaluate or decode a registered experiment.
+
+  python -m cadence.trainer --model=synthetic.linear_regression.RegressionTiny \
+      --logdir=/tmp/reg
+  python trainer.py --model=... --logdir=... --job=evaler_dev
+
+The flags are defined here and nowhere else; everything else lives in
+`framework/trainer_lib.py` (set-up and jobs) and `framework/programs.py`
+(the loops). Exit codes: 0 done, 2 a user error (one message on stderr),
+3 training stopped (too many skipped steps or non-finite weights).
+"""
+import os
+import sys
+import time
+
+_START_TIME = time.time()
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # Hide TF's INFO lines.
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags  # pylint: disable=g-import-not-at-top
+
+from cadence.framework import trainer_lib  # pylint: disable=g-import-not-at-top
+
+flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
+                    'synthetic.linear_regression.RegressionTiny.')
+flags.DEFINE_string('logdir', '', 'Folder of checkpoints, summaries and '
+                    'params.txt.')
+flags.DEFINE_enum('mode', 'sync', list(trainer_lib.MODES), 'sync: run --job; '
+                  'inspect_params: print (and write) the params text; '
+                  'inspect_model: print variables and FLOPs.')
+flags.DEFINE_string('job', 'trainer_and_evaler', 'trainer, '
+                    'trainer_and_evaler (train, and eval Dev after each '
+                    'checkpoint), evaler_<dataset> or decoder_<dataset> '
+                    '(dataset: train, dev, test).')
+flags.DEFINE_string('run_locally', 'cpu', 'cpu or gpu.')
+flags.DEFINE_string('model_params_override', '', "Params text ('key : "
+                    "value' lines) or ';'-separated key=value items.")
+flags.DEFINE_string('model_params_file_override', '', 'A file of Params '
+                    'text applied before --model_params_override.')
+flags.DEFINE_integer('max_steps', None, 'Overrides task.train.max_steps.')
+flags.DEFINE_integer('worker_split_size', 1, 'Devices per model split (the '
+                     'pipeline stages of one model copy); on cpu, the number '
+                     'of logical CPUs created.')
+flags.DEFINE_integer('worker_gpus', 0, 'GPUs to use with --run_locally=gpu '
+                     '(0: all visible).')
+flags.DEFINE_float('peak_tflops', 0.0, 'Peak TFLOP/s of the devices for the '
+                   'FLOPs utilisation summary; 0 measures it once.')
+
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    sys.stderr.write(f'Error: unexpected arguments {argv[1:]}\n')
+    return trainer_lib.EXIT_USER_ERROR
+  options = trainer_lib.TrainerOptions(
+      model=FLAGS.model, logdir=FLAGS.logdir, mode=FLAGS.mode, job=FLAGS.job,
+      run_locally=FLAGS.run_locally,
+      model_params_override=FLAGS.model_params_override,
+      model_params_file_override=FLAGS.model_params_file_override,
+      max_steps=FLAGS.max_steps, worker_split_size=FLAGS.worker_split_size,
+      worker_gpus=FLAGS.worker_gpus, peak_tflops=FLAGS.peak_tflops,
+      start_time=_START_TIME)
+  return trainer_lib.Main(options)
+
+
+if __name__ == '__main__':
+  app.run(main)
