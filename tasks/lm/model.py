@@ -1,0 +1,414 @@
+"""The Transformer language model task, pipelined with GPipe or not.
+
+  ids [b, t] -> EmbeddingLayer (x sqrt(d)) + sinusoidal positions  [b, t, d]
+             -> L causal pre-LN Transformer layers + final LayerNorm [b, t, d]
+             -> SimpleFullSoftmax over the vocabulary               [b, t, V]
+             -> cross-entropy against `labels`, weighted by `weights`
+
+The stack is a `gpipe_transformer.GPipeTransformerStack` (cells on the
+devices of the model split, micro-batches through a pipeline) when
+`splits > 1` or `num_micro_batches > 1`, and the plain
+`transformer.TransformerStack` otherwise. Both keep their layers at
+`<task>.stack.x_layers[i]` and `<task>.stack.final_ln`, so every `splits`
+starts from the same weights (seeded by path), computes the same function,
+and reads the same checkpoints. The embedding lives on the split's first
+device, the softmax on the last cell's device.
+
+Metrics (each a (value, weight) pair, averaged by weight by the trainer):
+  loss                   mean cross-entropy per label token (label
+                         smoothing included), weight = tokens;
+  log_pplx               mean negative log-likelihood per token, nats;
+  num_tokens             label tokens in the batch, weight 1;
+  nats_per_sentence      summed negative log-likelihood / number of EOS
+                         labels, weight = sentences. Exact per-sentence
+                         log-loss on padded (one sentence a row) data; on
+                         packed data a sentence cut by a window loses
+                         context, so it is an upper estimate;
+  excess_nats_per_sentence  nats_per_sentence - entropy_per_sentence, when
+                         the data's entropy is known (the embedded grammar:
+                         `synthetic_corpus.EntropyPerSentence()`); 0 is the
+                         best any model can do.
+
+Decoding: for each row of a batch, the first `decoder.prompt_len` tokens of
+its ids (BOS included) are a prompt; the task continues it greedily and by
+temperature sampling (stateless, seeded by the step seed: same checkpoint,
+same samples) until EOS or the batch's length, and
+`PostProcessDecodeOut` turns the ids into text lines with the tokenizer of
+`params.input`.
+"""
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_model
+from cadence.framework import cell_program
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import hyperparams
+from cadence.framework import shapes
+from cadence.framework.nested_map import NestedMap
+from cadence.layers import embedding
+from cadence.layers import gpipe_transformer
+from cadence.layers import softmax as softmax_lib
+from cadence.layers import transformer
+from cadence.tasks.lm import synthetic_corpus
+from cadence.tasks.lm import tokenizers
+
+WeightInit = base_model.base_layer.WeightInit
+
+
+def _DecoderParams():
+  p = hyperparams.Params()
+  p.Define('prompt_len', 3, 'Tokens of each row (BOS included) given as the '
+           'prompt, an int >= 1; shorter sentences are prompted whole.')
+  p.Define('temperature', 1.0, 'Temperature of the sampled continuation, a '
+           'float > 0 (1.0: the model distribution).')
+  p.Define('grammar_metrics', False, 'Whether the decoder reports the share '
+           'of continuations the embedded grammar can produce (only '
+           'meaningful on the synthetic corpus).')
+  return p
+
+
+def _IsInt(x, low):
+  return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+class LanguageModel(base_model.BaseTask):
+  """Causal Transformer LM; see the module docstring.
+
+  Example:
+    p = LanguageModel.Params().Set(name='lm', vocab_size=64, model_dim=16,
+                                   num_layers=2, num_heads=2, hidden_dim=32)
+    task = p.Instantiate()
+    batch = NestedMap(ids=tf.ones([2, 8], tf.int32),
+                      labels=tf.ones([2, 8], tf.int32),
+                      paddings=tf.zeros([2, 8]), weights=tf.ones([2, 8]))
+    metrics, _ = task.FPropTower(task.theta, batch)
+    metrics.log_pplx   # (scalar, 16.0)
+
+  With splits=2 (build it inside `with cluster:` of 2 devices a split) the
+  layers run as a 2-stage GPipe pipeline over `num_micro_batches`.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('vocab_size', 512, 'Rows of the embedding and classes of the '
+             'softmax, an int >= the tokenizer\'s vocabulary size.')
+    p.Define('model_dim', 64, 'Model depth d, an int > 0.')
+    p.Define('num_layers', 2, 'Transformer layers L, an int > 0.')
+    p.Define('num_heads', 2, 'Attention heads; must divide model_dim.')
+    p.Define('hidden_dim', 256, 'Hidden depth of each feed-forward net.')
+    p.Define('transformer_tpl', transformer.GPipeTransformerLayer.Params().Set(
+        mask_self_atten=True), 'Params of every layer (a '
+             'GPipeTransformerLayer; dropout and activation are set here); '
+             'input_dim, hidden_dim and num_heads are set from the task.')
+    p.Define('splits', 1, 'Pipeline partition of the stack: an int K (K '
+             'cells of near-equal layer counts) or a list of K-1 layer '
+             'indices where cells 1.. start.')
+    p.Define('num_micro_batches', 1, 'Micro-batches M of the pipeline; must '
+             'divide the batch.')
+    p.Define('remat', 'except_last', 'Pipeline rematerialisation: '
+             "'except_last', 'always' or 'never'.")
+    p.Define('softmax_max_alloc', 0, 'If > 0, the most logits (rows x '
+             'vocab) the softmax computes at once; 0: all.')
+    p.Define('label_smoothing', 0.0, 'Label smoothing of the training loss, '
+             'in [0, 1); needs softmax_max_alloc=0.')
+    p.Define('eos_id', tokenizers.EOS_ID, 'Id of the end-of-sentence token '
+             '(counts sentences).')
+    p.Define('entropy_per_sentence', None, 'Known entropy of the data in '
+             'nats per sentence (EOS included), or None; when set, metrics '
+             'include excess_nats_per_sentence.')
+    p.Define('decoder', _DecoderParams(), 'Decoding params.')
+    return p
+
+  @classmethod
+  def Pipelined(cls, p):
+    """Whether params `p` build the GPipe stack (else the plain one)."""
+    return not (p.splits == 1 and p.num_micro_batches in (1, None))
+
+  @classmethod
+  def _SubParams(cls, p):
+    """Params of the children, named; shared by __init__ and FPropMeta."""
+    layer = p.transformer_tpl.Copy().Set(
+        input_dim=p.model_dim, hidden_dim=p.hidden_dim, num_heads=p.num_heads)
+    if cls.Pipelined(p):
+      stack = gpipe_transformer.GPipeTransformerStack.Params().Set(
+          num_layers=p.num_layers, transformer_tpl=layer, splits=p.splits,
+          num_micro_batches=p.num_micro_batches, remat=p.remat)
+    else:
+      stack = transformer.TransformerStack.Params().Set(
+          num_layers=p.num_layers, transformer_tpl=layer)
+    return NestedMap(
+        emb=embedding.EmbeddingLayer.Params().Set(
+            name='emb', vocab_size=p.vocab_size, embedding_dim=p.model_dim,
+            scale_sqrt_depth=True,
+            params_init=WeightInit.Gaussian(p.model_dim**-0.5)),
+        pos_emb=embedding.PositionalEmbedding.Params().Set(
+            name='pos_emb', embedding_dim=p.model_dim),
+        stack=stack.Set(name='stack'),
+        softmax=softmax_lib.SimpleFullSoftmax.Params().Set(
+            name='softmax', input_dim=p.model_dim, num_classes=p.vocab_size,
+            label_smoothing=p.label_smoothing,
+            softmax_max_alloc=p.softmax_max_alloc))
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    for field in ('vocab_size', 'model_dim', 'num_layers', 'num_heads',
+                  'hidden_dim'):
+      if not _IsInt(p.Get(field), 1):
+        raise self._Error(field, p.Get(field), 'must be an int > 0.')
+    if p.label_smoothing and p.softmax_max_alloc:
+      raise self._Error('label_smoothing', p.label_smoothing,
+                        'needs softmax_max_alloc=0: log_pplx is computed from '
+                        'the full log-probabilities.')
+    h = p.entropy_per_sentence
+    if h is not None and (isinstance(h, bool) or
+                          not isinstance(h, (int, float)) or h < 0):
+      raise self._Error('entropy_per_sentence', h, 'must be None or a '
+                        'number >= 0.')
+    d = p.decoder
+    if not _IsInt(d.prompt_len, 1):
+      raise self._Error('decoder.prompt_len', d.prompt_len,
+                        'must be an int >= 1.')
+    if not (isinstance(d.temperature, (int, float)) and d.temperature > 0):
+      raise self._Error('decoder.temperature', d.temperature,
+                        'must be a number > 0.')
+    children = self._SubParams(p)
+    # Pipelined: the embedding on the split's first device, the softmax on
+    # the last cell's. Otherwise the devices in scope (or the strategy's).
+    self._first_device = self._last_device = None
+    if self.Pipelined(p):
+      self._first_device = cluster_lib.Cluster.Current().DevicesInModelSplit(
+          0)[0]
+    with cell_program.Device(self._first_device):
+      self.CreateChild('emb', children.emb)
+      self.CreateChild('pos_emb', children.pos_emb)
+    self.CreateChild('stack', children.stack)
+    if self.Pipelined(p):
+      stack = self.children.stack
+      self._last_device = stack.CellDevice(stack.NumCells() - 1)
+    with cell_program.Device(self._last_device):
+      self.CreateChild('softmax', children.softmax)
+    self._tokenizer = None
+
+  # --- forward -------------------------------------------------------------
+
+  def _Encode(self, theta, ids, paddings):
+    """ids [b, t] int, paddings [b, t] -> final-norm outputs [b, t, d]."""
+    c = self.children
+    with cell_program.Device(self._first_device):
+      x = c.emb.FProp(theta.emb, ids)                         # [b, t, d]
+      x += c.pos_emb.FProp(theta.pos_emb, seq_length=tf.shape(ids)[1])[None]
+      paddings = tf.cast(paddings, x.dtype)
+    out = c.stack.FProp(theta.stack, x, paddings)
+    return out[0] if isinstance(out, tuple) else out
+
+  def ComputePredictions(self, theta, input_batch):
+    """NestedMap(encoded=[b, t, d]) of a batch of ids and paddings."""
+    return NestedMap(encoded=self._Encode(theta, input_batch.ids,
+                                          input_batch.paddings))
+
+  def ComputeLoss(self, theta, predictions, input_batch):
+    """Metrics of the module docstring; per_example xent and tokens [b]."""
+    p = self.params
+    labels = input_batch.labels
+    with cell_program.Device(self._last_device):
+      out = self.children.softmax.FProp(theta.softmax, predictions.encoded,
+                                        labels, input_batch.weights)
+    weights = out.per_example_weight                           # [b, t]
+    if p.label_smoothing:
+      nll = -tf.gather(out.log_probs, labels, batch_dims=2)    # [b, t]
+    else:
+      nll = out.per_example_xent
+    total_nll = tf.reduce_sum(nll * weights)
+    num_tokens = out.total_weight
+    num_eos = tf.reduce_sum(
+        weights * tf.cast(tf.equal(labels, p.eos_id), weights.dtype))
+    nats_per_sentence = tf.math.divide_no_nan(total_nll, num_eos)
+    metrics = NestedMap(
+        loss=(out.avg_xent, num_tokens),
+        log_pplx=(tf.math.divide_no_nan(total_nll, num_tokens), num_tokens),
+        num_tokens=(num_tokens, tf.constant(1.0, num_tokens.dtype)),
+        nats_per_sentence=(nats_per_sentence, num_eos))
+    if p.entropy_per_sentence is not None:
+      metrics.excess_nats_per_sentence = (
+          nats_per_sentence - p.entropy_per_sentence, num_eos)
+    per_example = NestedMap(xent=tf.reduce_sum(nll * weights, axis=1),
+                            num_tokens=tf.reduce_sum(weights, axis=1))
+    return metrics, per_example
+
+  # --- decoding --------------------------------------------------------------
+
+  def _LastLogits(self, theta, ids, position):
+    """Logits [b, V] of the token after `position` (a scalar) of ids [b, t]."""
+    encoded = self._Encode(theta, ids, tf.zeros(tf.shape(ids), tf.float32))
+    with cell_program.Device(self._last_device):
+      return self.children.softmax.Logits(theta.softmax,
+                                          encoded[:, position])
+
+  def Decode(self, theta, input_batch):
+    """Greedy and sampled continuations of each row's prompt.
+
+    Args:
+      theta: the task's theta with a step seed (it seeds the sampling).
+      input_batch: NestedMap with ids, labels, paddings, weights [b, t].
+
+    Returns:
+      NestedMap of
+        prompt_lengths [b] int32: prompt tokens of each row (BOS included);
+        greedy_ids [b, t] int32: prompt, greedy continuation, EOS, pads;
+        sampled_ids [b, t] int32: the same with temperature sampling;
+        reference_ids [b, t] int32: the row's true labels (pads elsewhere).
+    """
+    p = self.params
+    ids = tf.convert_to_tensor(input_batch.ids)
+    b, t = tf.shape(ids)[0], tf.shape(ids)[1]
+    real = tf.reduce_sum(tf.cast(input_batch.paddings < 0.5, tf.int32), 1)
+    prompt_len = tf.maximum(tf.minimum(real, p.decoder.prompt_len), 1)  # [b]
+    pos = tf.range(t)[None, :]
+    pad = tf.constant(tokenizers.PAD_ID, ids.dtype)
+    prompt = tf.where(pos < prompt_len[:, None], ids, pad)
+    # Rows [0, b) decode greedily, rows [b, 2b) sample.
+    buf = tf.concat([prompt, prompt], 0)                     # [2b, t]
+    lens = tf.concat([prompt_len, prompt_len], 0)            # [2b]
+    greedy = tf.range(2 * b) < b
+    temperature = tf.cast(p.decoder.temperature, tf.float32)
+
+    def _Cond(step, unused_buf, done):
+      return tf.logical_and(step < t, tf.logical_not(tf.reduce_all(done)))
+
+    def _Body(step, buf, done):
+      logits = tf.cast(self._LastLogits(theta, buf, step - 1), tf.float32)
+      best = tf.argmax(logits, -1, output_type=ids.dtype)
+      drawn = tf.random.stateless_categorical(
+          logits / temperature, 1, seed=self.OpSeed(theta, step),
+          dtype=ids.dtype)[:, 0]
+      new = tf.where(greedy, best, drawn)                     # [2b]
+      write = tf.logical_and(step >= lens, tf.logical_not(done))
+      at_step = tf.logical_and(tf.equal(pos, step), write[:, None])
+      buf = tf.where(at_step, new[:, None], buf)
+      done = tf.logical_or(done, tf.logical_and(write,
+                                                tf.equal(new, p.eos_id)))
+      return step + 1, buf, done
+
+    _, buf, _ = tf.while_loop(
+        _Cond, _Body, (tf.reduce_min(prompt_len),
+                       buf, tf.zeros([2 * b], tf.bool)))
+    reference = tf.where(input_batch.weights > 0,
+                         tf.convert_to_tensor(input_batch.labels), pad)
+    return NestedMap(prompt_lengths=prompt_len, greedy_ids=buf[:b],
+                     sampled_ids=buf[b:], reference_ids=reference)
+
+  def _Tokenizer(self):
+    if self._tokenizer is None:
+      if self.params.input is None:
+        raise ValueError(f"{type(self).__name__} '{self.path}': "
+                         'PostProcessDecodeOut needs params.input (its '
+                         'tokenizer turns ids into text).')
+      input_p = self.params.input
+      # An input class that derives its files (and so the tokenizer's
+      # training text) from other params exposes ResolveParams.
+      resolve = getattr(input_p.cls, 'ResolveParams', None)
+      if resolve is not None:
+        input_p = resolve(input_p)
+      self._tokenizer = input_p.tokenizer.Instantiate()
+    return self._tokenizer
+
+  def CreateDecoderMetrics(self):
+    metrics = {'greedy_finished': base_model.AverageMetric(),
+               'sampled_finished': base_model.AverageMetric(),
+               'sampled_tokens': base_model.AverageMetric()}
+    if self.params.decoder.grammar_metrics:
+      metrics['greedy_grammatical'] = base_model.AverageMetric()
+      metrics['sampled_grammatical'] = base_model.AverageMetric()
+    return metrics
+
+  def _Continuation(self, ids, prompt_len):
+    """(continuation ids up to EOS, whether EOS was produced) of one row."""
+    cont = np.asarray(ids[prompt_len:])
+    eos = np.flatnonzero(cont == self.params.eos_id)
+    if eos.size:
+      return cont[:eos[0]], True
+    return cont[cont != tokenizers.PAD_ID], False
+
+  def PostProcessDecodeOut(self, decode_out, decoder_metrics):
+    """One text line per row; updates finished/grammatical shares."""
+    tok = self._Tokenizer()
+    temperature = self.params.decoder.temperature
+    grammar = self.params.decoder.grammar_metrics
+    lines = []
+    for i, n in enumerate(np.asarray(decode_out.prompt_lengths)):
+      prompt = tok.Decode(decode_out.greedy_ids[i][:n])
+      texts = {}
+      for kind in ('greedy', 'sampled'):
+        row = decode_out[f'{kind}_ids'][i]
+        cont, finished = self._Continuation(row, n)
+        texts[kind] = tok.Decode(cont)
+        decoder_metrics[f'{kind}_finished'].Update(float(finished))
+        if kind == 'sampled':
+          decoder_metrics['sampled_tokens'].Update(cont.size)
+        if grammar:  # The whole sentence: a piece may continue a word.
+          sentence = tok.Decode(row[:n + cont.size])
+          decoder_metrics[f'{kind}_grammatical'].Update(
+              float(finished and _InGrammar(sentence)))
+      reference = tok.Decode(decode_out.reference_ids[i])
+      lines.append(f'prompt: {prompt!r}  greedy: {texts["greedy"]!r}  '
+                   f'sampled(T={temperature:g}): {texts["sampled"]!r}  '
+                   f'reference: {reference!r}')
+    return lines
+
+  # --- cost --------------------------------------------------------------------
+
+  @classmethod
+  def FPropMeta(cls, params, input_shapes):
+    """Forward FLOPs of FPropTower on a batch of `input_shapes.ids` [b, t].
+
+    Returns:
+      NestedMap(flops, out_shapes=(), breakdown=[(part, flops)],
+      partitions=[flops per pipeline cell, the embedding counted in the
+      first and the softmax in the last]); built from params alone.
+    """
+    p = params
+    ids = shapes.AsShape(input_shapes.ids)
+    if ids.rank != 2:
+      raise ValueError(f"{cls.__name__} '{p.name}': ids shape {list(ids)} "
+                       'must be [batch, time].')
+    c = cls._SubParams(p)
+    for name in c:
+      c[name] = base_model.base_layer.InheritParams(p, c[name])
+    b, t = ids
+    x = ids + (p.model_dim,)
+    emb = c.emb.cls.FPropMeta(c.emb, ids).flops
+    pos = shapes.Add(c.pos_emb.cls.FPropMeta(c.pos_emb, t).flops,
+                     x.num_elements())                    # + the add
+    layer = c.stack.transformer_tpl
+    layer = base_model.base_layer.InheritParams(c.stack, layer)
+    layer_flops = layer.cls.FPropMeta(layer, x, shapes.Shape([b, t])).flops
+    ln = layer.ln_tpl.Copy().Set(input_dim=p.model_dim)
+    ln_flops = ln.cls.FPropMeta(ln, x).flops
+    sm = c.softmax.cls.FPropMeta(c.softmax, x).flops
+    breakdown = [('emb', emb), ('pos_emb', pos),
+                 (f'stack.x_layers ({p.num_layers} layers)',
+                  shapes.Mul(p.num_layers, layer_flops)),
+                 ('stack.final_ln', ln_flops), ('softmax', sm)]
+    total = 0
+    for _, f in breakdown:
+      total = shapes.Add(total, f)
+    out = NestedMap(flops=total, out_shapes=(), breakdown=breakdown)
+    if cls.Pipelined(p):
+      bounds = gpipe_transformer.GPipeTransformerStack.Boundaries(c.stack)
+      parts = [shapes.Mul(bounds[i + 1] - bounds[i], layer_flops)
+               for i in range(len(bounds) - 1)]
+      parts[0] = shapes.Add(parts[0], shapes.Add(emb, pos))
+      parts[-1] = shapes.Add(parts[-1], shapes.Add(ln_flops, sm))
+      out.partitions = parts
+    return out
+
+
+def _InGrammar(sentence):
+  """Whether the embedded grammar can produce `sentence` (a str)."""
+  try:
+    synthetic_corpus.SentenceLogProb(sentence)
+  except ValueError:
+    return False
+  return True

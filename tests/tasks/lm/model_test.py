@@ -1,0 +1,301 @@
+"""Tests for cadence.tasks.lm.model: the LanguageModel task."""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import eval_programs
+from cadence.framework import model_registry
+from cadence.framework import programs
+from cadence.framework import shapes
+from cadence.framework import step_seed
+from cadence.framework import summary_utils
+from cadence.framework.nested_map import NestedMap
+from cadence.tasks.lm import corpus_input
+from cadence.tasks.lm import model
+from cadence.tasks.lm import tokenizers
+
+VOCAB, DIM, T, B = 40, 16, 6, 8
+
+
+def _Params(**kwargs):
+  p = model.LanguageModel.Params().Set(
+      name='lm', vocab_size=VOCAB, model_dim=DIM, num_layers=3, num_heads=2,
+      hidden_dim=32, random_seed=3)
+  return p.Set(**kwargs)
+
+
+def _Cluster(num_devices):
+  return cluster_lib.Cluster.Params().Set(
+      num_devices=num_devices, worker_split_size=num_devices).Instantiate()
+
+
+def _Build(p, num_devices=1):
+  with _Cluster(num_devices):
+    return p.Instantiate()
+
+
+def _Batch(seed=0, b=B, t=T):
+  """Sentences of random length: BOS w.. / w.. EOS, padded."""
+  rng = np.random.default_rng(seed)
+  ids = np.zeros([b, t], np.int32)
+  labels = np.zeros([b, t], np.int32)
+  weights = np.zeros([b, t], np.float32)
+  for i in range(b):
+    n = int(rng.integers(1, t))                  # words; n + 1 <= t labels
+    words = rng.integers(4, VOCAB, size=n)
+    ids[i, :n + 1] = [tokenizers.BOS_ID] + list(words)
+    labels[i, :n + 1] = list(words) + [tokenizers.EOS_ID]
+    weights[i, :n + 1] = 1.0
+  return NestedMap(ids=tf.constant(ids), labels=tf.constant(labels),
+                   paddings=tf.constant(1.0 - weights),
+                   weights=tf.constant(weights))
+
+
+def _Seeded(task, step=0):
+  return base_layer.WithStepSeed(task.theta, step_seed.MakeStepSeed(step))
+
+
+def _LossAndGrads(task, batch):
+  with tf.GradientTape() as tape:
+    metrics, _ = task.FPropTower(_Seeded(task), batch)
+  flat = task.vars.Flatten()
+  grads = [tf.convert_to_tensor(g)  # The embedding's are IndexedSlices.
+           for g in tape.gradient(metrics.loss[0], flat)]
+  return metrics, dict(zip([k for k, _ in task.vars.FlattenItems()], grads))
+
+
+class LanguageModelTest(tf.test.TestCase):
+
+  def testMetricsAgainstNumpy(self):
+    task = _Build(_Params(entropy_per_sentence=2.5))
+    batch = _Batch()
+    metrics, per_example = task.FPropTower(task.theta, batch)
+    encoded = task.ComputePredictions(task.theta, batch).encoded
+    self.assertEqual(encoded.shape, [B, T, DIM])
+    logits = task.children.softmax.Logits(task.theta.softmax, encoded)
+    logits = np.asarray(logits, np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    labels, w = np.asarray(batch.labels), np.asarray(batch.weights)
+    nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    tokens, sentences = w.sum(), (w * (labels == tokenizers.EOS_ID)).sum()
+    self.assertEqual(sentences, B)
+    self.assertAllClose(metrics.loss[0], (nll * w).sum() / tokens, atol=1e-5)
+    self.assertAllClose(metrics.loss[1], tokens, atol=0)
+    self.assertAllClose(metrics.log_pplx[0], metrics.loss[0], atol=1e-6)
+    self.assertAllClose(metrics.num_tokens, (tokens, 1.0), atol=0)
+    self.assertAllClose(metrics.nats_per_sentence,
+                        ((nll * w).sum() / B, B), atol=1e-4)
+    self.assertAllClose(metrics.excess_nats_per_sentence,
+                        ((nll * w).sum() / B - 2.5, B), atol=1e-4)
+    self.assertAllClose(per_example.xent, (nll * w).sum(1), atol=1e-4)
+    # Untrained on VOCAB classes: about log(VOCAB) nats a token.
+    self.assertAllClose(metrics.log_pplx[0], np.log(VOCAB), atol=0.5)
+
+  def testLabelSmoothingKeepsLogPplxUnsmoothed(self):
+    plain = _Build(_Params())
+    smooth = _Build(_Params(label_smoothing=0.2))
+    batch = _Batch()
+    m0, _ = plain.FPropTower(plain.theta, batch)
+    m1, _ = smooth.FPropTower(smooth.theta, batch)
+    self.assertAllClose(m1.log_pplx[0], m0.log_pplx[0], atol=1e-6)
+    self.assertNotAllClose(m1.loss[0], m0.loss[0], atol=1e-3)
+
+  def testSoftmaxMaxAllocGivesTheSameLoss(self):
+    batch = _Batch()
+    full = _Build(_Params())
+    chunked = _Build(_Params(softmax_max_alloc=3 * VOCAB))
+    m0, g0 = _LossAndGrads(full, batch)
+    m1, g1 = _LossAndGrads(chunked, batch)
+    self.assertAllClose(m0.loss[0], m1.loss[0], atol=1e-6)
+    for key in g0:
+      self.assertAllClose(g0[key], g1[key], atol=1e-6, msg=key)
+
+  def testSplitsGiveTheSameLossAndGradients(self):
+    batch = _Batch(b=8)
+    plain = _Build(_Params())
+    self.assertIsInstance(plain.children.stack,
+                          model.transformer.TransformerStack)
+    results = {}
+    for splits, m in ((1, 1), (2, 4), ([1], 2)):
+      task = _Build(_Params(splits=splits, num_micro_batches=m), 2)
+      if splits != 1:
+        self.assertEqual(task.children.stack.NumCells(), 2)
+        self.assertIn('CPU:1', task.children.softmax.vars.w.device)
+      # Same paths, same initial weights.
+      self.assertEqual([k for k, _ in task.vars.FlattenItems()],
+                       [k for k, _ in plain.vars.FlattenItems()])
+      for a, b in zip(task.vars.Flatten(), plain.vars.Flatten()):
+        self.assertAllEqual(a, b)
+      results[str(splits), m] = _LossAndGrads(task, batch)
+    m_ref, g_ref = _LossAndGrads(plain, batch)
+    for key, (m, g) in results.items():
+      self.assertAllClose(m.loss[0], m_ref.loss[0], atol=1e-6, msg=key)
+      self.assertEqual(sorted(g), sorted(g_ref))
+      for name in g_ref:
+        self.assertAllClose(g[name], g_ref[name], atol=1e-5,
+                            msg=f'{key} {name}')
+
+  def testFPropMetaIsTheSumOfItsParts(self):
+    p = _Params(splits=[1], num_micro_batches=2)
+    meta = model.LanguageModel.FPropMeta(
+        p, NestedMap(ids=shapes.Shape([B, T]), labels=shapes.Shape([B, T])))
+    self.assertEqual(meta.flops, sum(f for _, f in meta.breakdown))
+    self.assertEqual(sum(meta.partitions), meta.flops)
+    self.assertLen(meta.partitions, 2)
+    parts = dict(meta.breakdown)
+    layer_p = model.transformer.TransformerLayer.Params().Set(
+        name='x', input_dim=DIM, hidden_dim=32, num_heads=2)
+    layer = layer_p.cls.FPropMeta(layer_p, shapes.Shape([B, T, DIM])).flops
+    self.assertEqual(parts['stack.x_layers (3 layers)'], 3 * layer)
+    # Cell 0 has layer 0 (+ embeddings), cell 1 layers 1-2 (+ norm, softmax).
+    self.assertEqual(meta.partitions[0],
+                     layer + parts['emb'] + parts['pos_emb'])
+    self.assertEqual(parts['softmax'], B * T * (
+        2 * DIM * VOCAB + VOCAB + 6 * VOCAB + 3))
+    # Unknown batch: uncountable.
+    unknown = model.LanguageModel.FPropMeta(
+        p, NestedMap(ids=shapes.Shape([None, T])))
+    self.assertIsNone(unknown.flops)
+
+  def testBadParams(self):
+    with self.assertRaisesRegex(ValueError, r"LanguageModel 'lm': "
+                                r'model_dim=0 must be an int > 0'):
+      _Build(_Params(model_dim=0))
+    with self.assertRaisesRegex(ValueError, r'label_smoothing=0.1 needs '
+                                r'softmax_max_alloc=0'):
+      _Build(_Params(label_smoothing=0.1, softmax_max_alloc=100))
+    with self.assertRaisesRegex(ValueError, r'decoder.temperature=0 must be '
+                                r'a number > 0'):
+      p = _Params()
+      p.decoder.temperature = 0
+      _Build(p)
+    with self.assertRaisesRegex(ValueError, r'splits=5 must be in \[1, '
+                                r'num_layers=3\]'):
+      _Build(_Params(splits=5), 2)
+
+
+class DecodeTest(tf.test.TestCase):
+
+  def _Task(self, **kwargs):
+    return _Build(_Params(is_inference=True, **kwargs), 2)
+
+  def testShapesPromptsAndDeterminism(self):
+    task = self._Task(splits=2, num_micro_batches=2)
+    batch = _Batch(seed=1)
+    decode = tf.function(task.Decode, autograph=False)
+    out = decode(_Seeded(task, 7), batch)
+    again = decode(_Seeded(task, 7), batch)
+    other = decode(_Seeded(task, 8), batch)
+    for key in ('greedy_ids', 'sampled_ids', 'reference_ids'):
+      self.assertEqual(out[key].shape, [B, T])
+    self.assertAllEqual(out.sampled_ids, again.sampled_ids)
+    self.assertAllEqual(out.greedy_ids, other.greedy_ids)
+    self.assertNotAllEqual(out.sampled_ids, other.sampled_ids)
+    ids = np.asarray(batch.ids)
+    real = (np.asarray(batch.paddings) < 0.5).sum(1)
+    self.assertAllEqual(out.prompt_lengths, np.minimum(real, 3))
+    for i, n in enumerate(np.asarray(out.prompt_lengths)):
+      self.assertAllEqual(out.greedy_ids[i, :n], ids[i, :n])
+      self.assertAllEqual(out.sampled_ids[i, :n], ids[i, :n])
+    self.assertAllEqual(out.reference_ids,
+                        np.where(np.asarray(batch.weights) > 0,
+                                 np.asarray(batch.labels), 0))
+    # Greedy: each token is the argmax given the tokens before it (until
+    # EOS); checked on row 0 with the plain, unpipelined forward.
+    plain = _Build(_Params(is_inference=True))   # Same weights (by path).
+    row = np.asarray(out.greedy_ids[0])
+    n = int(out.prompt_lengths[0])
+    for t in range(n, T):
+      logits = plain._LastLogits(plain.theta, row[None], t - 1)  # pylint: disable=protected-access
+      self.assertEqual(row[t], int(np.argmax(logits[0])))
+      if row[t] == tokenizers.EOS_ID:
+        self.assertTrue((row[t + 1:] == 0).all())
+        break
+
+  def testPostProcessDecodeOut(self):
+    p = _Params(vocab_size=260)
+    p.input = corpus_input.LmCorpusInput.Params()  # ByteTokenizer
+    p.decoder.grammar_metrics = True
+    task = _Build(p)
+    tok = tokenizers.ByteTokenizer.Params().Instantiate()
+
+    def _Row(text, eos=True):
+      ids = [1] + tok.Encode(text) + ([2] if eos else [])
+      return ids + [0] * (12 - len(ids))
+
+    out = NestedMap(
+        prompt_lengths=np.array([3, 2]),
+        greedy_ids=np.array([_Row('alice sees'),
+                             _Row('she sees', eos=False)]),
+        sampled_ids=np.array([_Row('alice s'), _Row('she ')]),
+        reference_ids=np.array([_Row('a dog')[1:] + [0],
+                                _Row('he')[1:] + [0]]))
+    metrics = task.CreateDecoderMetrics()
+    lines = task.PostProcessDecodeOut(out, metrics)
+    self.assertEqual(lines, [
+        "prompt: 'al'  greedy: 'ice sees'  sampled(T=1): 'ice s'  "
+        "reference: 'a dog'",
+        "prompt: 's'  greedy: 'he sees'  sampled(T=1): 'he '  "
+        "reference: 'he'"])
+    self.assertEqual(metrics['greedy_finished'].value, 0.5)
+    self.assertEqual(metrics['sampled_finished'].value, 1.0)
+    self.assertEqual(metrics['sampled_tokens'].value, (5 + 3) / 2)
+    # Only 'alice sees' is a finished sentence of the grammar.
+    self.assertEqual(metrics['greedy_grammatical'].value, 0.5)
+    self.assertEqual(metrics['sampled_grammatical'].value, 0.0)
+
+
+class TinyExperimentTest(tf.test.TestCase):
+
+  def testTrainsWithAPipelineAndLogPplxFalls(self):
+    key = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+    data_dir = os.path.join(self.get_temp_dir(), 'data')
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+
+    def _Shrunk(dataset):
+      p = model_registry.GetParams(key, dataset)
+      p.input.Set(data_dir=data_dir, batch_size=8)
+      p.input.synthetic.Set(num_train_shards=2, sentences_per_shard=1000,
+                            num_heldout_sentences=64)
+      p.input.tokenizer.vocab_size = 300
+      p.task.Set(vocab_size=300, model_dim=32, num_layers=2, num_heads=2,
+                 hidden_dim=64)
+      p.task.train.Set(max_steps=120, save_interval_steps=120,
+                       summary_interval_steps=40, log_interval_steps=40)
+      p.task.eval.samples_per_summary = 0  # The whole (64-sentence) Dev set.
+      p.task.train.learner.lr_schedule.Set(model_dim=32, warmup_steps=20)
+      if dataset == 'Train':
+        p.input.max_seq_len = 32
+      return p
+
+    with _Cluster(2):
+      train_p = _Shrunk('Train')
+      self.assertEqual((train_p.task.splits, train_p.task.num_micro_batches),
+                       (2, 4))
+      task = train_p.Instantiate().task
+      dev_p = _Shrunk('Dev')
+      dev_p.task.is_inference = True
+      evaler = eval_programs.EvalProgram(
+          dev_p.Instantiate().task, 'Dev', logdir)
+      program = programs.TrainProgram(task, logdir, peak_flops=1e12,
+                                      on_checkpoint=[
+                                          lambda s: evaler.Run(s, task.theta)])
+      before = evaler.Run(0, task.theta)
+      program.Run()
+    scalars = summary_utils.ReadScalars(os.path.join(logdir, 'eval_dev'))
+    after = dict(scalars['log_pplx'])[120]
+    self.assertAllClose(before['log_pplx'], np.log(300), atol=0.5)
+    self.assertLess(after, before['log_pplx'] - 1.5)
+    self.assertAllClose(before['excess_nats_per_sentence'],
+                        before['nats_per_sentence'] -
+                        task.params.entropy_per_sentence, atol=1e-3)
+    train = summary_utils.ReadScalars(os.path.join(logdir, 'train'))
+    self.assertIn('mfu', train)
+    self.assertLess(train['loss'][-1][1], train['loss'][0][1])
+
+
+if __name__ == '__main__':
+  tf.test.main()
