@@ -16,7 +16,6 @@ decoder job and `FPropMeta` for FLOP accounting.
 
 A *model* holds the tasks of an experiment; `SingleTaskModel` holds one.
 """
-import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
@@ -295,8 +294,3 @@ class SingleTaskModel(tf.Module):
     """All tasks of the model, a list."""
     return [self.task]
 
-
-def MetricsToNumpy(metrics):
-  """{name: (value, weight)} of tensors -> {name: (float, float)}."""
-  return {k: (float(np.asarray(v)), float(np.asarray(w)))
-          for k, (v, w) in metrics.items()}

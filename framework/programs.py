@@ -77,8 +77,13 @@ def TrainFlopsPerExample(task, dataset):
   return None if meta.flops is None else 3 * meta.flops
 
 
-def MeasurePeakFlops(device=None, n=1024, repeats=5):
-  """FLOP/s of an n x n float32 matmul chain on `device`: a peak estimate."""
+def MeasurePeakFlops(device=None, n=None, repeats=5):
+  """FLOP/s of an n x n float32 matmul chain on `device`: a peak estimate.
+
+  n defaults to 1024 on CPU and 8192 when a GPU is visible.
+  """
+  if n is None:
+    n = 8192 if tf.config.list_logical_devices('GPU') else 1024
   with tf.device(device):
     a = tf.random.stateless_normal([n, n], seed=[1, 2])
     b = tf.random.stateless_normal([n, n], seed=[3, 4])
@@ -155,6 +160,10 @@ class TrainProgram:
     self._on_checkpoint = list(on_checkpoint)
     self._start_time = start_time
     self._train_dir = os.path.join(logdir, 'train')
+    if task.params.input is None:
+      raise ValueError(f"TrainProgram: task '{task.path}' has no input "
+                       'params; build it from model_registry.GetParams(key, '
+                       "'Train') (SingleTaskModel sets task.input).")
     self._input = task.params.input.Instantiate()
     with self._strategy.scope():
       self._learner = task.InstantiateLearner()
@@ -425,7 +434,7 @@ class TrainProgram:
               summary_window, now, flops, out.learning_rate))
         summary_window.Reset(time.perf_counter())
       if step % p.log_interval_steps == 0 or step == p.max_steps:
-        self._LogProgress(step, out, log_window, now)
+        self._LogProgress(step, log_window, now)
         log_window.Reset(time.perf_counter())
       if step % p.save_interval_steps == 0 or step == p.max_steps:
         self._writer.Flush()
@@ -445,8 +454,7 @@ class TrainProgram:
     logging.info('First step done (global step %d, loss %.6g%s).', step, loss,
                  since)
 
-  def _LogProgress(self, step, out, window, now):
-    del out
+  def _LogProgress(self, step, window, now):
     steps_per_sec, examples_per_sec = window.Rates(now)
     sums = window.sums
     weight = sums.get('metrics.loss.w', 0.0)

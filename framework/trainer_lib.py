@@ -149,12 +149,18 @@ def LoadParams(options, dataset):
   return params
 
 
-def WriteParams(params, path):
-  """Writes the params text to `path` (lenient for values without text)."""
+def ParamsText(params):
+  """`params.ToText()`, or the lenient `str(params)` when a value has no
+  text form (e.g. a lambda)."""
   try:
-    text = params.ToText()
+    return params.ToText()
   except ValueError:
-    text = str(params)
+    return str(params)
+
+
+def WriteParams(params, path):
+  """Writes the params text to `path`; returns the text."""
+  text = ParamsText(params)
   tf.io.gfile.makedirs(os.path.dirname(path))
   with tf.io.gfile.GFile(path, 'w') as f:
     f.write(text)
@@ -316,9 +322,9 @@ def _BuildJob(options, cluster):
 
 def _Inspect(options):
   params = LoadParams(options, 'Train')
+  text = ParamsText(params) if not options.logdir else WriteParams(
+      params, os.path.join(options.logdir, 'params.txt'))
   if options.mode == 'inspect_params':
-    text = params.ToText() if options.logdir == '' else WriteParams(
-        params, os.path.join(options.logdir, 'params.txt'))
     sys.stdout.write(text)
   else:
     sys.stdout.write(inspect_lib.ModelReport(params))
@@ -354,6 +360,5 @@ def Main(options):
     with cluster:
       job.Run()
   except programs.TrainingStopped as e:
-    logging.error('%s', e)
     return _Fail(EXIT_TRAINING_STOPPED, str(e))
   return EXIT_OK

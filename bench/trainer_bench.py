@@ -1,0 +1,154 @@
+"""The trainer's loop against a hand-written tf.function loop, and start-up.
+
+1. Steps/sec, in one process, of
+   * `programs.TrainProgram.Run` (what `trainer.py --job=trainer` runs:
+     multi-step tf.function loops, step seeds, skip checks, summaries every
+     20 steps, a progress line every 100, checkpoints), timed between its
+     checkpoint at max_steps/2 and the one at max_steps (so tracing is
+     excluded and exactly one checkpoint save is included);
+   * a hand-written loop: `for batch in dataset: train_step(batch)` with a
+     `tf.function` train step (forward, tape, learner.Apply) over the same
+     task params, learner and input generator, warmed up, then timed;
+   for the tiny regression experiment (8 -> 16 -> 1, batch 32) and a wider
+   one (256 -> 512 -> 512 -> 1, batch 256). Interleaved repeats; medians.
+2. Time from command start to the first train step: `python -m
+   cadence.trainer --job=trainer --max_steps=1`, wall time from Popen to
+   the "First step done" log line, beside `python -c "import tensorflow"`.
+
+Run:
+  cd /work/main && /work/venv/bin/python bench/trainer_bench.py [--repeats 3]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import tensorflow as tf
+
+from cadence.framework import model_registry
+from cadence.framework import programs
+
+_KEY = 'synthetic.linear_regression.RegressionTiny'
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_CONFIGS = {
+    'tiny (8-16-1, b32)': dict(input_dim=8, hidden=[16], batch=32),
+    'wide (256-512-512-1, b256)': dict(input_dim=256, hidden=[512, 512],
+                                       batch=256),
+}
+
+
+def _Params(cfg, steps):
+  p = model_registry.GetParams(_KEY, 'Train')
+  p.input.Set(input_dim=cfg['input_dim'], batch_size=cfg['batch'])
+  p.task.Set(input_dim=cfg['input_dim'], hidden_dims=cfg['hidden'])
+  p.task.train.Set(max_steps=steps, save_interval_steps=steps // 2,
+                   summary_interval_steps=20, log_interval_steps=100)
+  return p
+
+
+def TrainerStepsPerSec(cfg, steps):
+  """Steps/sec of TrainProgram.Run between its two checkpoints."""
+  times = {}
+  with tempfile.TemporaryDirectory() as logdir:
+    task = _Params(cfg, steps).Instantiate().task
+    program = programs.TrainProgram(
+        task, logdir, peak_flops=1e12,
+        on_checkpoint=[lambda step: times.setdefault(step, time.perf_counter())])
+    program.Run()
+  return (steps // 2) / (times[steps] - times[steps // 2])
+
+
+def HandWrittenStepsPerSec(cfg, steps):
+  """Steps/sec of a plain per-step tf.function loop, same model and data."""
+  params = _Params(cfg, steps)
+  task = params.Instantiate().task
+  learner = task.InstantiateLearner()
+  learner.Build()
+  dataset = params.input.Instantiate().Dataset()
+
+  @tf.function
+  def TrainStep(batch, step):
+    with tf.GradientTape() as tape:
+      metrics, _ = task.FPropTower(task.theta, batch)
+    learner.Apply(step, tape, metrics.loss[0])
+    return metrics.loss[0]
+
+  warmup = steps // 2
+  start = None
+  for i, batch in enumerate(dataset.take(steps)):
+    if i == warmup:
+      loss.numpy()
+      start = time.perf_counter()
+    loss = TrainStep(batch, tf.constant(i, tf.int64))
+  loss.numpy()
+  return (steps - warmup) / (time.perf_counter() - start)
+
+
+def StartupSeconds():
+  """(seconds to 'First step done', total seconds) of a 1-step trainer run."""
+  with tempfile.TemporaryDirectory() as logdir:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'cadence.trainer', f'--model={_KEY}',
+         f'--logdir={logdir}', '--max_steps=1', '--job=trainer'],
+        cwd=_ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        text=True)
+    first = None
+    for line in proc.stderr:
+      if first is None and 'First step done' in line:
+        first = time.perf_counter() - start
+    proc.wait()
+    return first, time.perf_counter() - start
+
+
+def ImportSeconds():
+  start = time.perf_counter()
+  subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True,
+                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+                 capture_output=True)
+  return time.perf_counter() - start
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--steps', type=int, default=4000,
+                      help='Steps per tiny run (the wide one runs 1/4).')
+  args = parser.parse_args()
+  tf.get_logger().setLevel('ERROR')
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)
+
+  print(f'TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores, '
+        f'{args.repeats} repeats (median)\n')
+  print('| model | hand-written loop (steps/s) | trainer loop (steps/s) '
+        '| trainer / hand-written |')
+  print('| --- | --- | --- | --- |')
+  for name, cfg in _CONFIGS.items():
+    steps = args.steps if cfg['batch'] <= 32 else args.steps // 4
+    hand, trainer = [], []
+    for _ in range(args.repeats):
+      hand.append(HandWrittenStepsPerSec(cfg, steps))
+      trainer.append(TrainerStepsPerSec(cfg, steps))
+    h, t = statistics.median(hand), statistics.median(trainer)
+    print(f'| {name} | {h:.0f} | {t:.0f} | {t / h:.2f}x |')
+
+  print('\n| start-up | seconds |')
+  print('| --- | --- |')
+  imports = [ImportSeconds() for _ in range(args.repeats)]
+  runs = [StartupSeconds() for _ in range(args.repeats)]
+  print(f'| `python -c "import tensorflow"` | '
+        f'{statistics.median(imports):.2f} |')
+  print(f'| trainer command start -> first train step done | '
+        f'{statistics.median(r[0] for r in runs):.2f} |')
+  print(f'| trainer command, 1 step, whole process | '
+        f'{statistics.median(r[1] for r in runs):.2f} |')
+
+
+if __name__ == '__main__':
+  main()
