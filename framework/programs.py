@@ -121,11 +121,12 @@ class _Window:
     self.start, self.steps, self.examples, self.sums = now, 0, 0.0, {}
 
   def Add(self, out):
-    self.steps += int(out.steps)
-    self.examples += float(out.examples)
-    for key, value in out.FlattenItems():
+    """Adds the {stat name: float} sums of one loop call."""
+    self.steps += int(out.get('steps', 0))
+    self.examples += out.get('examples', 0.0)
+    for key, value in out.items():
       if key not in ('steps', 'examples', 'learning_rate', 'consecutive'):
-        self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.sums[key] = self.sums.get(key, 0.0) + value
 
   def Rates(self, now):
     secs = max(now - self.start, 1e-9)
@@ -189,6 +190,7 @@ class TrainProgram:
         self._train_dir, objects, max_to_keep=self._p.save_max_to_keep)
     self._writer = summary_utils.SummaryWriter(self._train_dir)
     self._train_loop = tf.function(self._TrainLoop, autograph=False)
+    self._stat_keys = []  # Names of the loop's stats, set when it traces.
 
   def _Counter(self, name):
     return tf.Variable(tf.constant(0, tf.int64), trainable=False, name=name,
@@ -291,23 +293,46 @@ class TrainProgram:
       ema.assign(keep * ema + (1.0 - keep) * tf.cast(v, ema.dtype))
 
   def _TrainLoop(self, iterator, num_steps):
-    """Runs up to `num_steps` steps (fewer if too many are skipped)."""
+    """Runs up to `num_steps` steps (fewer if too many are skipped).
+
+    The step is traced once, as the body of a tf.while_loop. Its stats
+    travel as one flat float32 vector, summed over the steps (the learning
+    rate: the last value); their dotted names, known once the task's
+    metrics are traced, are kept in `self._stat_keys`.
+
+    Returns:
+      (stats vector [num stats] (empty if no step ran), consecutive skips).
+    """
     limit = tf.constant(self._p.max_consecutive_skips, tf.int64)
-    acc = self._Step(iterator)
 
     def _Cond(i, acc):
       del acc
       return tf.logical_and(i < num_steps, self._consecutive < limit)
 
     def _Body(i, acc):
-      out = self._Step(iterator)
-      total = tf.nest.map_structure(tf.add, acc, out)
-      total.learning_rate = out.learning_rate
-      return i + 1, total
+      items = self._Step(iterator).FlattenItems()
+      self._stat_keys = [k for k, _ in items]
+      flat = tf.stack([tf.cast(v, tf.float32) for _, v in items])
+      keep = tf.constant([0.0 if k == 'learning_rate' else 1.0
+                          for k, _ in items])
+      acc = tf.cond(tf.size(acc) > 0, lambda: acc * keep + flat,
+                    lambda: flat)
+      return i + 1, acc
 
-    _, acc = tf.while_loop(_Cond, _Body, (tf.constant(1), acc))
-    acc.consecutive = self._consecutive.read_value()
-    return acc
+    _, acc = tf.while_loop(
+        _Cond, _Body, (tf.constant(0), tf.zeros([0])),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])))
+    return acc, self._consecutive.read_value()
+
+  def _RunLoop(self, iterator, num_steps):
+    """Calls the compiled loop; returns {stat name: float}."""
+    flat, consecutive = self._train_loop(iterator,
+                                         tf.constant(num_steps, tf.int32))
+    flat = flat.numpy()
+    values = flat if flat.size else [0.0] * len(self._stat_keys)
+    out = dict(zip(self._stat_keys, (float(v) for v in values)))
+    out['consecutive'] = int(consecutive.numpy())
+    return out
 
   # --- the Python loop -------------------------------------------------------
 
@@ -404,8 +429,7 @@ class TrainProgram:
     first = True
     while step < p.max_steps:
       n = 1 if first else self._NextBoundary(step) - step
-      out = self._train_loop(iterator, tf.constant(n, tf.int32))
-      out = tf.nest.map_structure(lambda x: x.numpy(), out)
+      out = self._RunLoop(iterator, n)
       step = self.global_step
       now = time.perf_counter()
       if first:
@@ -423,15 +447,15 @@ class TrainProgram:
       else:
         summary_window.Add(out)
         log_window.Add(out)
-      if int(out.consecutive) >= p.max_consecutive_skips:
+      if out['consecutive'] >= p.max_consecutive_skips:
         self._writer.WriteScalars(step, self._Summaries(
-            summary_window, now, None, out.learning_rate))
+            summary_window, now, None, out['learning_rate']))
         self._writer.Flush()
         raise self._StopForSkips(step)
       if step % p.summary_interval_steps == 0 or step == p.max_steps:
         if summary_window.steps:
           self._writer.WriteScalars(step, self._Summaries(
-              summary_window, now, flops, out.learning_rate))
+              summary_window, now, flops, out['learning_rate']))
         summary_window.Reset(time.perf_counter())
       if step % p.log_interval_steps == 0 or step == p.max_steps:
         self._LogProgress(step, log_window, now)
@@ -449,8 +473,8 @@ class TrainProgram:
     since = ''
     if self._start_time is not None:
       since = f', {time.time() - self._start_time:.2f} s after start'
-    loss = out.metrics.loss.vw / out.metrics.loss.w if out.metrics.loss.w else (
-        float('nan'))
+    weight = out.get('metrics.loss.w', 0.0)
+    loss = out['metrics.loss.vw'] / weight if weight else float('nan')
     logging.info('First step done (global step %d, loss %.6g%s).', step, loss,
                  since)
 
