@@ -11,6 +11,9 @@
      task params, learner and input generator, warmed up, then timed;
    for the tiny regression experiment (8 -> 16 -> 1, batch 32) and a wider
    one (256 -> 512 -> 512 -> 1, batch 256). Interleaved repeats; medians.
+   Both loops run the same updates on the same batches from the same
+   initial weights, so the table also gives the largest difference of
+   their final weights (a check that the comparison is like for like).
 2. Time from command start to the first train step: `python -m
    cadence.trainer --job=trainer --max_steps=1`, wall time from Popen to
    the "First step done" log line, beside `python -c "import tensorflow"`.
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from cadence.framework import model_registry
@@ -50,8 +54,12 @@ def _Params(cfg, steps):
   return p
 
 
-def TrainerStepsPerSec(cfg, steps):
-  """Steps/sec of TrainProgram.Run between its two checkpoints."""
+def _Weights(task):
+  return {k: v.numpy() for k, v in task.vars.FlattenItems()}
+
+
+def TrainerLoop(cfg, steps):
+  """(steps/sec between TrainProgram.Run's two checkpoints, final weights)."""
   times = {}
   with tempfile.TemporaryDirectory() as logdir:
     task = _Params(cfg, steps).Instantiate().task
@@ -59,11 +67,12 @@ def TrainerStepsPerSec(cfg, steps):
         task, logdir, peak_flops=1e12,
         on_checkpoint=[lambda step: times.setdefault(step, time.perf_counter())])
     program.Run()
-  return (steps // 2) / (times[steps] - times[steps // 2])
+  return (steps // 2) / (times[steps] - times[steps // 2]), _Weights(task)
 
 
-def HandWrittenStepsPerSec(cfg, steps):
-  """Steps/sec of a plain per-step tf.function loop, same model and data."""
+def HandWrittenLoop(cfg, steps):
+  """(steps/sec of a plain per-step tf.function loop over the same model,
+  learner and data, timed over the second half; final weights)."""
   params = _Params(cfg, steps)
   task = params.Instantiate().task
   learner = task.InstantiateLearner()
@@ -85,7 +94,7 @@ def HandWrittenStepsPerSec(cfg, steps):
       start = time.perf_counter()
     loss = TrainStep(batch, tf.constant(i, tf.int64))
   loss.numpy()
-  return (steps - warmup) / (time.perf_counter() - start)
+  return (steps - warmup) / (time.perf_counter() - start), _Weights(task)
 
 
 def StartupSeconds():
@@ -126,17 +135,24 @@ def main():
 
   print(f'TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores, '
         f'{args.repeats} repeats (median)\n')
-  print('| model | hand-written loop (steps/s) | trainer loop (steps/s) '
-        '| trainer / hand-written |')
-  print('| --- | --- | --- | --- |')
+  print('| model | steps | hand-written loop (steps/s) | trainer loop '
+        '(steps/s) | trainer / hand-written | max weight diff at the end |')
+  print('| --- | --- | --- | --- | --- | --- |')
   for name, cfg in _CONFIGS.items():
     steps = args.steps if cfg['batch'] <= 32 else args.steps // 4
-    hand, trainer = [], []
+    hand, trainer, diff = [], [], 0.0
     for _ in range(args.repeats):
-      hand.append(HandWrittenStepsPerSec(cfg, steps))
-      trainer.append(TrainerStepsPerSec(cfg, steps))
+      rate, hand_weights = HandWrittenLoop(cfg, steps)
+      hand.append(rate)
+      rate, trainer_weights = TrainerLoop(cfg, steps)
+      trainer.append(rate)
+      # Same model, data and updates: both end with the same weights.
+      diff = max(diff, max(float(np.max(np.abs(hand_weights[k] -
+                                                trainer_weights[k])))
+                           for k in hand_weights))
     h, t = statistics.median(hand), statistics.median(trainer)
-    print(f'| {name} | {h:.0f} | {t:.0f} | {t / h:.2f}x |')
+    print(f'| {name} | {steps} | {h:.0f} | {t:.0f} | {t / h:.2f}x | '
+          f'{diff:.1e} |')
 
   print('\n| start-up | seconds |')
   print('| --- | --- |')

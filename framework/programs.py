@@ -434,7 +434,8 @@ class TrainProgram:
       now = time.perf_counter()
       if first:
         self._LogFirstStep(step, out)
-        if flops and self._peak_flops is None:  # Measured outside windows.
+        if flops and self._peak_flops is None and step < p.max_steps:
+          # Measured once, outside the timed windows.
           self._peak_flops = MeasurePeakFlops() * (
               self._strategy.num_replicas_in_sync)
           logging.info('Peak %.3g FLOP/s (measured by a float32 matmul '
@@ -457,7 +458,8 @@ class TrainProgram:
           self._writer.WriteScalars(step, self._Summaries(
               summary_window, now, flops, out['learning_rate']))
         summary_window.Reset(time.perf_counter())
-      if step % p.log_interval_steps == 0 or step == p.max_steps:
+      if (step % p.log_interval_steps == 0 or step == p.max_steps) and (
+          log_window.steps):
         self._LogProgress(step, log_window, now)
         log_window.Reset(time.perf_counter())
       if step % p.save_interval_steps == 0 or step == p.max_steps:
