@@ -63,9 +63,9 @@ def TrainerLoop(cfg, steps):
   times = {}
   with tempfile.TemporaryDirectory() as logdir:
     task = _Params(cfg, steps).Instantiate().task
-    program = programs.TrainProgram(
-        task, logdir, peak_flops=1e12,
-        on_checkpoint=[lambda step: times.setdefault(step, time.perf_counter())])
+    stamp = lambda step: times.setdefault(step, time.perf_counter())
+    program = programs.TrainProgram(task, logdir, peak_flops=1e12,
+                                    on_checkpoint=[stamp])
     program.Run()
   return (steps // 2) / (times[steps] - times[steps // 2]), _Weights(task)
 

@@ -339,4 +339,5 @@ class BaseInputGenerator:
   def __repr__(self):
     files = ', '.join(os.path.basename(f) for f in self._files[:3])
     more = '...' if len(self._files) > 3 else ''
-    return f'{type(self).__name__}({self._params.name!r}, files=[{files}{more}])'
+    return (f'{type(self).__name__}({self._params.name!r}, '
+            f'files=[{files}{more}])')

@@ -51,8 +51,9 @@ def FlopsReport(task, input_generator):
     meta = type(task).FPropMeta(task.params, input_shapes)
   except NotImplementedError as e:
     return f'FLOPs: not available ({e})\n'
+  train = None if meta.flops is None else 3 * meta.flops
   lines = [f'Forward FLOPs per batch of {batch}: {_Flops(meta.flops)} '
-           f'(train step ~3x: {_Flops(None if meta.flops is None else 3 * meta.flops)})\n']
+           f'(train step ~3x: {_Flops(train)})\n']
   breakdown = meta.get('breakdown') or []
   if breakdown:
     rows = [('layer', 'forward FLOPs', 'share')]

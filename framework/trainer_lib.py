@@ -63,7 +63,7 @@ class TrainerOptions:
   start_time: float = None
 
 
-# --- params ------------------------------------------------------------------
+# --- params -------------------------------------------------------------------
 
 
 def _Message(e):
@@ -174,7 +174,7 @@ def InferenceParams(params):
   return params
 
 
-# --- devices -------------------------------------------------------------------
+# --- devices ------------------------------------------------------------------
 
 
 def ConfigureDevices(options):
@@ -225,7 +225,7 @@ def CreateStrategy(cluster):
       devices=[devices[0] for devices in cluster.split_devices])
 
 
-# --- jobs ----------------------------------------------------------------------
+# --- jobs ---------------------------------------------------------------------
 
 
 def _ParseJob(job):

@@ -23,7 +23,7 @@ _TIMEOUT = 300
 
 
 def _Start(*args, script=False):
-  """Starts the trainer (`-m cadence.trainer`, or `trainer.py` from the root)."""
+  """Starts the trainer: `-m cadence.trainer`, or `trainer.py` in the root."""
   cmd = [sys.executable] + (['trainer.py'] if script else
                             ['-m', 'cadence.trainer'])
   return subprocess.Popen(cmd + list(args), cwd=_ROOT, env=_ENV,

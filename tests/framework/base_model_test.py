@@ -64,7 +64,8 @@ class BaseTaskTest(tf.test.TestCase):
       p.Instantiate()
 
   def testCheckMetrics(self):
-    with self.assertRaisesRegex(ValueError, "must return metrics with a 'loss'"):
+    with self.assertRaisesRegex(ValueError,
+                                "must return metrics with a 'loss'"):
       base_model.CheckMetrics(NestedMap(mae=(1.0, 1.0)), 'T')
     with self.assertRaisesRegex(ValueError, r"metric 'loss' must be a \(value, "
                                 'weight\\) pair'):

@@ -55,9 +55,9 @@ class TrainProgramTest(tf.test.TestCase):
     self.assertAllClose(scalars['learning_rate'][-1][1], 0.01)
     self.assertEqual(scalars['skipped_steps_total'][-1][1], 0)
     # Utilisation: examples/s x train FLOPs per example / peak.
-    flops = 3 * regression.RegressionModel.FPropMeta(
-        program.task.params, programs.InputShapes(
-            program._input.Dataset(), 1)).flops  # pylint: disable=protected-access
+    one = programs.InputShapes(program._input.Dataset(), 1)  # pylint: disable=protected-access
+    flops = 3 * regression.RegressionModel.FPropMeta(program.task.params,
+                                                     one).flops
     step, mfu = scalars['mfu'][-1]
     examples = dict(scalars['examples_per_sec'])[step]
     self.assertAllClose(mfu, examples * flops / 1e12, rtol=1e-4)
