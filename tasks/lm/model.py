@@ -36,6 +36,7 @@ same samples) until EOS or the batch's length, and
 `PostProcessDecodeOut` turns the ids into text lines with the tokenizer of
 `params.input`.
 """
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
@@ -61,6 +62,8 @@ def _DecoderParams():
            'prompt, an int >= 1; shorter sentences are prompted whole.')
   p.Define('temperature', 1.0, 'Temperature of the sampled continuation, a '
            'float > 0 (1.0: the model distribution).')
+  p.Define('log_samples', 3, 'Decoded lines logged per decoded batch (all '
+           'are written to the decoder output file).')
   p.Define('grammar_metrics', False, 'Whether the decoder reports the share '
            'of continuations the embedded grammar can produce (only '
            'meaningful on the synthetic corpus).')
@@ -355,6 +358,8 @@ class LanguageModel(base_model.BaseTask):
       lines.append(f'prompt: {prompt!r}  greedy: {texts["greedy"]!r}  '
                    f'sampled(T={temperature:g}): {texts["sampled"]!r}  '
                    f'reference: {reference!r}')
+    for line in lines[:self.params.decoder.log_samples]:
+      logging.info('%s', line)
     return lines
 
   # --- cost --------------------------------------------------------------------
