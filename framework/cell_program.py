@@ -121,8 +121,8 @@ class CellProgram:
     if has_seed:
       specs.append(tf.TensorSpec([2], tf.int64))
     self._specs = specs
-    self._fwd = tf.function(self._FwdFlat, autograph=False).get_concrete_function(
-        *specs)
+    self._fwd = tf.function(
+        self._FwdFlat, autograph=False).get_concrete_function(*specs)
     self._CheckGraph(self._fwd.graph)
     self._bwd = None
     self._bwd_mask = None   # [bool] per (theta, state, inputs) float leaf.
@@ -245,13 +245,19 @@ class CellProgram:
   def _EnsureBackward(self):
     if self._bwd is None:
       d_specs = [_Spec(x) for x in self._state_flat if IsDifferentiable(x)]
-      self._bwd = tf.function(self._BwdFlat, autograph=False).get_concrete_function(
-          *(self._specs + d_specs))
+      self._bwd = tf.function(
+          self._BwdFlat, autograph=False).get_concrete_function(
+              *(self._specs + d_specs))
 
   # --- calls ---------------------------------------------------------------
 
   def Forward(self, theta, state, inputs, seed=None):
     """One step: flat lists in, the flat new state out (no activations)."""
+    if tf.executing_eagerly():
+      # Eagerly, running the ops directly is cheaper than instantiating
+      # the traced function (a per-call cost, as each call traces anew).
+      with Device(self._device):
+        return self._CallCell(theta, state, inputs, seed)
     args = list(theta) + list(state) + list(inputs)
     if self._has_seed:
       args.append(seed)
@@ -301,6 +307,15 @@ class CellProgram:
       inputs; None for integer leaves and for leaves the output does not
       depend on.
     """
+    if tf.executing_eagerly():
+      with Device(self._device):
+        grads, _ = self.TapeForward(theta, state, inputs, seed, d_out=d_out)
+      if self._bwd_mask is not None:   # Keep BackwardMask's promise.
+        sources = [x for x in list(theta) + list(state) + list(inputs)
+                   if IsDifferentiable(x)]
+        grads = [(g if g is not None else tf.zeros_like(x)) if m else None
+                 for g, m, x in zip(grads, self._bwd_mask, sources)]
+      return self._Unpack(grads)
     self._EnsureBackward()
     args = list(theta) + list(state) + list(inputs)
     if self._has_seed:

@@ -39,8 +39,10 @@ import tensorflow as tf
 
 from cadence.framework import cell_program
 from cadence.framework import step_seed as step_seed_lib
-from cadence.framework.stacked_recurrent import StackedRecurrent  # pylint: disable=unused-import
-from cadence.framework.stacked_recurrent import WavefrontSchedule  # pylint: disable=unused-import
+from cadence.framework import stacked_recurrent
+
+StackedRecurrent = stacked_recurrent.StackedRecurrent
+WavefrontSchedule = stacked_recurrent.WavefrontSchedule
 
 
 def _StepTemplate(inputs_flat, owner):
@@ -56,6 +58,7 @@ def _StepTemplate(inputs_flat, owner):
   return [tf.TensorSpec(x.shape[1:], x.dtype) for x in inputs_flat]
 
 
+@tf.autograph.experimental.do_not_convert
 def Recurrent(theta, state0, inputs, cell_fn, step_seed=None,
               name='Recurrent'):
   """Runs `cell_fn` over the leading axis of `inputs`; see module docstring.

@@ -83,6 +83,7 @@ def _NumSteps(inputs, owner):
   return m, True
 
 
+@tf.autograph.experimental.do_not_convert
 def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
                      step_seed=None, remat='except_last',
                      name='StackedRecurrent'):

@@ -1,4 +1,5 @@
 """Tests for cadence.framework.stacked_recurrent."""
+import functools
 import itertools
 import os
 import re
@@ -139,7 +140,8 @@ class StackedRecurrentTest(tf.test.TestCase):
                         (3, 2, 'never')]:
       self._Setup(k, m)
       want = self._Reference(k)
-      got = tf.function(lambda: self._Run(self._Stacked(k, remat), k))()  # pylint: disable=cell-var-from-loop
+      fn = self._Stacked(k, remat)
+      got = tf.function(functools.partial(self._Run, fn, k))()
       with self.subTest(k=k, m=m, remat=remat):
         self._AssertClose(want, got)
 
@@ -150,6 +152,31 @@ class StackedRecurrentTest(tf.test.TestCase):
                                   list_inputs=True), 3)
     self._AssertClose(want, got)
 
+  def _CountingStep(self, counters, weights, m, remat):
+    """A tf.function step whose cell i counts its runs in counters[i]."""
+    k = len(counters)
+
+    def _Counting(i):
+      def _Fn(theta, state, inputs):
+        counters[i].assign_add(1)
+        return NestedMap(h=tf.tanh(tf.matmul(inputs.h, theta.w)) + state.h)
+      return _Fn
+
+    @tf.function
+    def _Step(train):
+      with tf.GradientTape() as tape:
+        acc, _ = recurrent.StackedRecurrent(
+            _DEVICES[:k], [_Counting(i) for i in range(k)],
+            [NestedMap(w=w) for w in weights],
+            [NestedMap(h=tf.zeros([_B, _D]))] * k,
+            NestedMap(h=tf.ones([m, _B, _D])), remat=remat)
+        loss = tf.reduce_sum(acc.h)
+      if train:
+        return tape.gradient(loss, weights)
+      return loss
+
+    return _Step
+
   def testEachCellRunsOncePerStepAndRecomputesOnce(self):
     k, m = 3, 4
     for remat, recomputed in (('always', m), ('except_last', m - 1),
@@ -157,29 +184,12 @@ class StackedRecurrentTest(tf.test.TestCase):
       counters = [tf.Variable(0, trainable=False) for _ in range(k)]
       weights = [tf.Variable(tf.ones([_D, _D])) for _ in range(k)]
 
-      def _Counting(i):
-        def _Fn(theta, state, inputs):
-          counters[i].assign_add(1)
-          return NestedMap(h=tf.tanh(tf.matmul(inputs.h, theta.w)) + state.h)
-        return _Fn
-
-      @tf.function
-      def _Step(train):
-        with tf.GradientTape() as tape:
-          acc, _ = recurrent.StackedRecurrent(
-              _DEVICES[:k], [_Counting(i) for i in range(k)],  # pylint: disable=cell-var-from-loop
-              [NestedMap(w=w) for w in weights],  # pylint: disable=cell-var-from-loop
-              [NestedMap(h=tf.zeros([_B, _D]))] * k,
-              NestedMap(h=tf.ones([m, _B, _D])), remat=remat)  # pylint: disable=cell-var-from-loop
-          loss = tf.reduce_sum(acc.h)
-        if train:
-          return tape.gradient(loss, weights)  # pylint: disable=cell-var-from-loop
-        return loss
+      step = self._CountingStep(counters, weights, m, remat)
 
       with self.subTest(remat=remat):
-        _Step(False)
+        step(False)
         self.assertEqual([m] * k, [int(c.numpy()) for c in counters])
-        _Step(True)
+        step(True)
         self.assertEqual([2 * m + recomputed] * k,
                          [int(c.numpy()) for c in counters])
 

@@ -1,0 +1,524 @@
+"""Tests for cadence.layers.gpipe: partitioning, cells, the pipeline."""
+import itertools
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import shapes
+from cadence.framework import step_seed
+from cadence.layers import combinators
+from cadence.layers import conv
+from cadence.layers import gpipe
+from cadence.layers import linear
+from cadence.layers import transformer
+
+NestedMap = base_layer.NestedMap
+Shape = shapes.Shape
+_BATCH = 8
+
+
+def _Cluster(k):
+  return cluster_lib.Cluster.Params().Set(
+      num_devices=k, worker_split_size=k).Instantiate()
+
+
+def _AsTuple(x):
+  return x if isinstance(x, tuple) else (x,)
+
+
+def _Swap(x, batch_dim):
+  """Swaps axes 0 and batch_dim (a tensor or a Shape)."""
+  if not batch_dim:
+    return x
+  if isinstance(x, Shape):
+    dims = list(x)
+    dims[0], dims[batch_dim] = dims[batch_dim], dims[0]
+    return Shape(dims)
+  perm = list(range(x.shape.rank))
+  perm[0], perm[batch_dim] = batch_dim, 0
+  return tf.transpose(x, perm)
+
+
+class _Wrap(base_layer.BaseLayer):
+  """Test cell layer: `sub` on inputs with the batch at `batch_dim`, taking
+  and returning a NestedMap with `keys` (or a tuple when keys is None)."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('sub', None, 'The wrapped layer (batch-major).')
+    p.Define('batch_dim', 0, 'Batch dim of the inputs and outputs.')
+    p.Define('keys', None, 'NestedMap keys of the inputs/outputs, or None.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateChild('sub', self.params.sub)
+
+  @staticmethod
+  def _Run(p, fn, args):
+    xs = [args[0][k] for k in p.keys] if p.keys else list(args)
+    out = fn(*[_Swap(x, p.batch_dim) for x in xs])
+    out = [_Swap(o, p.batch_dim) for o in _AsTuple(out)]
+    if p.keys:
+      return NestedMap(zip(p.keys, out))
+    return out[0] if len(out) == 1 else tuple(out)
+
+  def FProp(self, theta, *args):
+    return self._Run(self.params,
+                     lambda *xs: self.children.sub.FProp(theta.sub, *xs), args)
+
+  @classmethod
+  def FPropMeta(cls, p, *args):
+    sub = base_layer.InheritParams(p, p.sub)
+    metas = []
+
+    def _Fn(*xs):
+      metas.append(sub.cls.FPropMeta(sub, *xs))
+      return tuple(metas[0].out_shapes)
+
+    out = cls._Run(p, _Fn, args)
+    single = p.keys or isinstance(out, Shape)
+    return NestedMap(flops=metas[0].flops,
+                     out_shapes=(out,) if single else out)
+
+
+def _ConvLayers(batch_dim, nested, acts=('TANH',) * 4):
+  return [_Wrap.Params().Set(
+      name=f'l{i}', batch_dim=batch_dim, keys=['x'] if nested else None,
+      sub=conv.Conv2DLayer.Params().Set(
+          name='conv', filter_shape=[3, 3, 2, 2], activation=act))
+          for i, act in enumerate(acts)]
+
+
+def _TransformerLayers(batch_dim, nested, dropout=0.0, num=4):
+  return [_Wrap.Params().Set(
+      name=f'l{i}', batch_dim=batch_dim,
+      keys=['x', 'paddings'] if nested else None,
+      sub=transformer.GPipeTransformerLayer.Params().Set(
+          name='xformer', input_dim=4, hidden_dim=8, num_heads=2,
+          residual_dropout_prob=dropout))
+          for i in range(num)]
+
+
+def _Inputs(kind, batch_dim, nested):
+  """Inputs (laid out with the batch at batch_dim) and their shapes."""
+  rng = np.random.RandomState(3)
+  if kind == 'conv':
+    xs = [tf.constant(rng.normal(size=[_BATCH, 4, 4, 2]), tf.float32)]
+    keys = ['x']
+  else:
+    pads = np.zeros([_BATCH, 3], np.float32)
+    pads[::3, -1] = 1.0
+    xs = [tf.constant(rng.normal(size=[_BATCH, 3, 4]), tf.float32),
+          tf.constant(pads)]
+    keys = ['x', 'paddings']
+  xs = [_Swap(x, batch_dim) for x in xs]
+  in_shapes = [Shape(x.shape) for x in xs]
+  if nested:
+    return (NestedMap(zip(keys, xs)),), (NestedMap(zip(keys, in_shapes)),)
+  return tuple(xs), tuple(in_shapes)
+
+
+def _Loss(outputs):
+  """A weighted mean of every float output (fixed pseudo-random weights).
+
+  A mean keeps gradients O(1), so float32 round-off (summation order differs
+  between micro-batched and whole-batch gradients) stays below 1e-5.
+  """
+  loss = 0.0
+  for i, o in enumerate(tf.nest.flatten(outputs)):
+    w = tf.random.stateless_normal(tf.shape(o), [i, 7])
+    loss += tf.reduce_mean(o * w)
+  return loss
+
+
+def _LossAndGrads(layer, fprop, inputs):
+  flat_in = tf.nest.flatten(inputs)
+  variables = layer.vars.Flatten()
+  with tf.GradientTape() as tape:
+    tape.watch(flat_in)
+    out = fprop(inputs)
+    loss = _Loss(out)
+  return [loss] + tf.nest.flatten(out) + tape.gradient(
+      loss, variables + flat_in)
+
+
+def _SequentialReference(pipe, theta, inputs, batch_dim, num_micro_batches,
+                         seed=None):
+  """The cells run plainly one after another on one device.
+
+  With a seed, micro-batch j runs alone with MicroBatchSeed(seed, j) (what
+  the pipeline promises); the outputs are concatenated back.
+  """
+  def _Run(th, xs):
+    for cell, cell_theta in zip(pipe.children.cells, th.cells):
+      xs = _AsTuple(cell.FProp(cell_theta, *xs))
+    return xs
+
+  if seed is None:
+    out = _Run(theta, inputs)
+  else:
+    parts = [tf.split(x, num_micro_batches, axis=batch_dim)
+             for x in tf.nest.flatten(inputs)]
+    outs = []
+    for j in range(num_micro_batches):
+      th = base_layer.WithStepSeed(theta, step_seed.MicroBatchSeed(seed, j))
+      outs.append(_Run(th, tf.nest.pack_sequence_as(
+          inputs, [p[j] for p in parts])))
+    out = tf.nest.map_structure(lambda *x: tf.concat(x, axis=batch_dim),
+                                *outs)
+  return out[0] if len(out) == 1 else out
+
+
+class BalancedPartitionTest(tf.test.TestCase):
+
+  def _BruteForce(self, costs, k):
+    n = len(costs)
+    best = None
+    for cuts in itertools.combinations(range(1, n), k - 1):
+      bounds = [0, *cuts, n]
+      worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+      best = worst if best is None else min(best, worst)
+    return best
+
+  def testOptimalAgainstBruteForce(self):
+    cases = [list(c) for n in range(1, 5)
+             for c in itertools.product((0, 1, 3), repeat=n)]
+    rng = np.random.RandomState(0)
+    cases += [list(rng.randint(0, 20, size=rng.randint(5, 9)))
+              for _ in range(60)]
+    for costs in cases:
+      for k in range(1, len(costs) + 1):
+        bounds = gpipe.BalancedPartition(costs, k)
+        self.assertLen(bounds, k + 1)
+        self.assertEqual(0, bounds[0])
+        self.assertEqual(len(costs), bounds[-1])
+        self.assertTrue(all(a < b for a, b in zip(bounds, bounds[1:])))
+        worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+        self.assertEqual(self._BruteForce(costs, k), worst, (costs, k))
+
+  def testTooManyParts(self):
+    with self.assertRaisesRegex(ValueError, r'num_parts=4 must be in \[1, 3\]'):
+      gpipe.BalancedPartition([1, 2, 3], 4)
+
+
+class PartitionSequentialLayersTest(tf.test.TestCase):
+
+  def _Proj(self, name, i, o):
+    return linear.ProjectionLayer.Params().Set(name=name, input_dim=i,
+                                               output_dim=o)
+
+  def testFlattensNestsAndBalancesFlops(self):
+    inner = combinators.SequentialLayer.Params().Set(
+        name='inner', repeat=2, sub=[self._Proj('a', 8, 8)])
+    fe = gpipe.FeatureExtractionLayer.Params().Set(
+        name='fe', sub=[self._Proj('b', 8, 32), self._Proj('c', 32, 8)])
+    outer = combinators.SequentialLayer.Params().Set(
+        name='outer', sub=[inner, fe, self._Proj('d', 8, 8)])
+    with self.assertLogs('absl', level='INFO') as logs:
+      cells = gpipe.PartitionSequentialLayers(outer, 2, Shape([4, 8]))
+    names = [[s.name for s in c.sub] for c in cells]
+    self.assertEqual(['cell0', 'cell1'], [c.name for c in cells])
+    flat = sum(names, [])
+    self.assertEqual(['inner_a_0', 'inner_a_1', 'b', 'c', 'd'], flat)
+    # FLOPs: a, a, d ~ 8*8; b, c ~ 8*32: the optimal cut is after b.
+    flops = [s.cls.FPropMeta(s, Shape([4, s.input_dim])).flops
+             for c in cells for s in c.sub]
+    cut = len(names[0])
+    self.assertEqual(gpipe.BalancedPartition(flops, 2)[1], cut)
+    self.assertEqual(3, cut)
+    self.assertLen(logs.output, 2)
+    self.assertRegex(logs.output[0], r'cell 0: layers 0\.\.2 \(3\), '
+                     r'\d+\.\d% of \d+ FLOPs')
+    # The cells compute what the nest computes.
+    seq = outer.Copy().Set(name='outer').Instantiate()
+    x = tf.random.normal([4, 8])
+    y = x
+    built = [c.Instantiate() for c in cells]
+    for c in built:
+      for name, child in c.children.items():
+        child_src = dict(zip(flat, [
+            seq.sub[0].sub[0], seq.sub[0].sub[1], seq.sub[1].children.b,
+            seq.sub[1].children.c, seq.sub[2]]))[name]
+        for v, src in zip(child.vars.Flatten(), child_src.vars.Flatten()):
+          v.assign(src)
+      y = c(y)
+    self.assertAllClose(seq(x), y, atol=1e-6)
+
+  def testDuplicateNamesAreMadeUnique(self):
+    cells = gpipe.PartitionSequentialLayers(
+        [self._Proj('p', 4, 4)] * 3, 3, Shape([2, 4]))
+    self.assertEqual([['p_0'], ['p_1'], ['p_2']],
+                     [[s.name for s in c.sub] for c in cells])
+
+  def testMorePartitionsThanLayers(self):
+    with self.assertRaisesRegex(
+        ValueError, r'num_partitions=4 must be an int in \[1, 3\]: the model '
+        r'has 3 layers'):
+      gpipe.PartitionSequentialLayers([self._Proj(f'p{i}', 4, 4)
+                                       for i in range(3)], 4, Shape([2, 4]))
+
+  def testLayerWithoutFPropMeta(self):
+    class NoMeta(base_layer.BaseLayer):
+      pass
+
+    with self.assertRaisesRegex(
+        ValueError, r"layer 1 \(NoMeta 'bad'\) has no FPropMeta.*inputs "
+        r'\[\[2, 4\]\]'):
+      gpipe.PartitionSequentialLayers(
+          [self._Proj('p', 4, 4), NoMeta.Params().Set(name='bad')], 2,
+          Shape([2, 4]))
+
+
+class FeatureExtractionLayerTest(tf.test.TestCase):
+
+  def testFetchAndForwardActivations(self):
+    def proj(name):
+      return linear.ProjectionLayer.Params().Set(
+          name=name, input_dim=4, output_dim=4, activation='TANH')
+
+    p = gpipe.FeatureExtractionLayer.Params().Set(
+        name='fe', sub=[proj('a'), proj('b')], num_act_inputs=1,
+        act_fetch_layers=['a'], num_act_outputs=2)
+    layer = p.Instantiate()
+    x, extra = tf.random.normal([2, 4]), tf.random.normal([3])
+    y, passed, fetched = layer(x, extra)
+    a = layer.children.a(x)
+    self.assertAllClose(layer.children.b(a), y)
+    self.assertAllClose(extra, passed)
+    self.assertAllClose(a, fetched)
+    meta = gpipe.FeatureExtractionLayer.FPropMeta(p, Shape([2, 4]),
+                                                  Shape([3]))
+    self.assertEqual((Shape([2, 4]), Shape([3]), Shape([2, 4])),
+                     meta.out_shapes)
+    sub_flops = linear.ProjectionLayer.FPropMeta(p.sub[0],
+                                                 Shape([2, 4])).flops
+    self.assertEqual(2 * sub_flops, meta.flops)
+
+  def testBadParams(self):
+    proj = linear.ProjectionLayer.Params().Set(name='a', input_dim=4,
+                                               output_dim=4)
+    with self.assertRaisesRegex(
+        ValueError, r"FeatureExtractionLayer 'fe': num_act_outputs=0 must "
+        r'equal num_act_inputs=0 \+ len\(act_fetch_layers\)=1'):
+      gpipe.FeatureExtractionLayer.Params().Set(
+          name='fe', sub=[proj], act_fetch_layers=['a']).Instantiate()
+    with self.assertRaisesRegex(ValueError, r"act_fetch_layers has 'z'"):
+      gpipe.FeatureExtractionLayer.Params().Set(
+          name='fe', sub=[proj], act_fetch_layers=['z'],
+          num_act_outputs=1).Instantiate()
+
+
+class PipeliningLayerTest(tf.test.TestCase):
+
+  def _Build(self, layers, k, m, batch_dim, nested, in_shapes, **kwargs):
+    cells = gpipe.PartitionSequentialLayers(layers, k, *in_shapes)
+    with _Cluster(k):
+      return gpipe.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells, num_micro_batches=m,
+          batch_dim=batch_dim, nested_map_fprop=nested, **kwargs).Instantiate()
+
+  def _CheckTransparent(self, kind, k, m, batch_dim, nested, dropout=0.0,
+                        use_function=False):
+    inputs, in_shapes = _Inputs(kind, batch_dim, nested)
+    layers = (_ConvLayers(batch_dim, nested) if kind == 'conv' else
+              _TransformerLayers(batch_dim, nested, dropout, num=max(k, 2)))
+    pipe = self._Build(layers, k, m, batch_dim, nested, in_shapes)
+    seed = step_seed.MakeStepSeed(5) if dropout else None
+    theta = pipe.theta if seed is None else base_layer.WithStepSeed(
+        pipe.theta, seed)
+
+    def _Pipelined(xs):
+      return pipe.FProp(theta, *xs)
+
+    if use_function:
+      _Pipelined = tf.function(_Pipelined)  # pylint: disable=invalid-name
+    got = _LossAndGrads(pipe, _Pipelined, inputs)
+    want = _LossAndGrads(pipe, lambda xs: _SequentialReference(
+        pipe, theta, xs, batch_dim, m, seed), inputs)
+    self.assertEqual(len(want), len(got))
+    for w, g in zip(want, got):
+      self.assertAllClose(w, g, atol=1e-5, rtol=1e-5)
+
+  def testConvGridMatchesSequential(self):
+    # The full grid: K x M x batch_dim x nested_map_fprop.
+    for k, m, bd, nested in itertools.product((1, 2, 4), (1, 2, 4, 8), (0, 1),
+                                              (False, True)):
+      with self.subTest(k=k, m=m, batch_dim=bd, nested=nested):
+        self._CheckTransparent('conv', k, m, bd, nested)
+
+  def testTransformerGridMatchesSequential(self):
+    # Each K and each M (the full grid runs with conv cells), batch_dim 1
+    # and nested_map_fprop on some.
+    configs = [(1, 1, 0, False), (1, 8, 1, False), (2, 2, 0, True),
+               (2, 4, 1, False), (4, 1, 1, True), (4, 8, 0, False)]
+    for k, m, bd, nested in configs:
+      with self.subTest(k=k, m=m, batch_dim=bd, nested=nested):
+        self._CheckTransparent('transformer', k, m, bd, nested)
+
+  def testInFunction(self):
+    self._CheckTransparent('transformer', 2, 4, 1, True, dropout=0.2,
+                           use_function=True)
+
+  def testDropoutEqualsSequentialWithMicroBatchSeeds(self):
+    for k, m, bd in ((2, 4, 0), (4, 2, 1)):   # Also the cells' own dropout.
+      with self.subTest(k=k, m=m, batch_dim=bd):
+        self._CheckTransparent('transformer', k, m, bd, False, dropout=0.3)
+
+  def testDropoutMasksDifferAcrossMicroBatchesAndRepeatPerStep(self):
+    inputs, in_shapes = _Inputs('transformer', 0, False)
+    x = tf.tile(inputs[0][:1], [_BATCH, 1, 1])     # Identical examples.
+    pads = tf.zeros([_BATCH, 3])
+    # 8 micro-batches of one example each.
+    pipe = self._Build(_TransformerLayers(0, False, 0.5, num=2), 2, 8, 0,
+                       False, in_shapes)
+
+    def _Out(step):
+      th = base_layer.WithStepSeed(pipe.theta, step_seed.MakeStepSeed(step))
+      return pipe.FProp(th, x, pads)[0].numpy()
+
+    out = _Out(1)
+    for i, j in itertools.combinations(range(_BATCH), 2):
+      self.assertNotAllClose(out[i], out[j])   # Other micro-batch, other mask.
+    self.assertAllEqual(out, _Out(1))          # Same step: same masks.
+    self.assertNotAllClose(out, _Out(2))
+
+  def testEachCellRunsOncePerMicroBatch(self):
+    counters = {}
+
+    class Counting(linear.ProjectionLayer):
+
+      def FProp(self, theta, inputs):
+        counters[self.path].assign_add(1)
+        return super().FProp(theta, inputs)
+
+    layers = [Counting.Params().Set(name=f'c{i}', input_dim=4, output_dim=4)
+              for i in range(3)]
+    pipe = self._Build(layers, 3, 4, 0, False, [Shape([_BATCH, 4])])
+    for i in range(3):
+      counters[f'pipe.cells[{i}].c{i}'] = tf.Variable(0, trainable=False)
+    x = tf.random.normal([_BATCH, 4])
+    pipe.FProp(pipe.theta, x)
+    self.assertEqual([4] * 3, [int(c.numpy()) for c in counters.values()])
+    with tf.GradientTape() as tape:
+      y = pipe.FProp(pipe.theta, x)
+    tape.gradient(y, pipe.vars.Flatten())
+    # 4 (first forward) + 4 (second forward) + 3 re-runs in the backward
+    # (remat 'except_last': the last micro-batch keeps its activations).
+    self.assertEqual([11] * 3, [int(c.numpy()) for c in counters.values()])
+    # Inference on one device per split: the cells run once on the batch.
+    seq = pipe.params.Copy().Set(is_inference=True).Instantiate()
+    for i in range(3):
+      counters[f'pipe.cells[{i}].c{i}'].assign(0)
+    seq.FProp(pipe.theta, x)
+    self.assertEqual([1] * 3, [int(c.numpy()) for c in counters.values()])
+
+  def testCellsAndVariablesOnTheirDevices(self):
+    layers = _ConvLayers(0, False)
+    _, in_shapes = _Inputs('conv', 0, False)
+    cells = gpipe.PartitionSequentialLayers(layers, 4, *in_shapes)
+    with _Cluster(2):    # 4 cells round-robin over 2 devices.
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells).Instantiate()
+    for i, cell in enumerate(pipe.children.cells):
+      for v in cell.vars.Flatten():
+        self.assertEqual(f'CPU:{i % 2}', v.device.split('device:')[-1])
+    self.assertEqual(['/device:CPU:0', '/device:CPU:1'], pipe.devices)
+
+  def testErrorsNameTheNumbers(self):
+    layers = _ConvLayers(0, False)
+    inputs, in_shapes = _Inputs('conv', 0, False)
+    cases = [
+        (dict(num_micro_batches=3),
+         r"PipeliningLayer 'pipe': num_micro_batches=3 does not divide batch "
+         r'8 \(inputs dim batch_dim=0\)'),
+        (dict(num_micro_batches=2, micro_batch_size=3),
+         r'micro_batch_size=3 \* num_micro_batches=2 = 6 != batch 8'),
+        (dict(micro_batch_size=3),
+         r'micro_batch_size=3 does not divide batch 8'),
+    ]
+    for kwargs, regex in cases:
+      cells = gpipe.PartitionSequentialLayers(layers, 2, *in_shapes)
+      with _Cluster(2):
+        pipe = gpipe.PipeliningLayer.Params().Set(
+            name='pipe', cell_tpl=cells, **kwargs).Instantiate()
+      with self.subTest(kwargs=kwargs):
+        with self.assertRaisesRegex(ValueError, regex):
+          pipe.FProp(pipe.theta, *inputs)
+
+  def testCellWithoutFPropMeta(self):
+    class NoMeta(linear.ProjectionLayer):
+
+      @classmethod
+      def FPropMeta(cls, p, *shapes_in):
+        return base_layer.BaseLayer.FPropMeta.__func__(cls, p, *shapes_in)
+
+    pipe = gpipe.PipeliningLayer.Params().Set(
+        name='pipe', num_micro_batches=2, cell_tpl=[
+            NoMeta.Params().Set(name='nm', input_dim=4, output_dim=4)
+        ]).Instantiate()
+    with self.assertRaisesRegex(
+        ValueError, r"PipeliningLayer 'pipe': cell 0 \(NoMeta "
+        r"'pipe.cells\[0\]'\) has no FPropMeta.*inputs \[\[4, 4\]\]"):
+      pipe.FProp(pipe.theta, tf.ones([8, 4]))
+
+
+_PLACEMENT_SCRIPT = textwrap.dedent("""
+    import tensorflow as tf
+    tf.debugging.set_log_device_placement(True)
+    cpu = tf.config.list_physical_devices('CPU')[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+    from cadence.framework import cluster as cluster_lib
+    from cadence.layers import gpipe
+    from cadence.layers import linear
+    cells = [linear.ProjectionLayer.Params().Set(
+        name='p%d' % i, input_dim=4, output_dim=4, activation=act)
+             for i, act in enumerate(['TANH', 'SIGMOID', 'RELU'])]
+    with cluster_lib.Cluster.Params().Set(
+        num_devices=3, worker_split_size=3).Instantiate():
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells, num_micro_batches=4).Instantiate()
+
+    @tf.function
+    def Step(x):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(pipe.FProp(pipe.theta, x))
+      return tape.gradient(loss, pipe.vars.Flatten())
+
+    Step(tf.ones([8, 4]))
+""")
+
+
+class PlacementTest(tf.test.TestCase):
+
+  def testForwardAndBackwardOfCellIRunOnDeviceI(self):
+    # Cell i's activation (Tanh, Sigmoid, Relu) and its gradient op are op
+    # types used by cell i only.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0')
+    proc = subprocess.run([sys.executable, '-c', _PLACEMENT_SCRIPT],
+                          capture_output=True, text=True, env=env,
+                          timeout=300, check=True)
+    placed = re.findall(r'^(?:\S+ )*?(\S+): \((\w+)\): (\S+)$',
+                        proc.stdout + proc.stderr, re.M)
+    cell_ops = {'Tanh': 0, 'TanhGrad': 0, 'Sigmoid': 1, 'SigmoidGrad': 1,
+                'Relu': 2, 'ReluGrad': 2}
+    devices = {}
+    for _, op_type, device in placed:
+      if op_type in cell_ops:
+        devices.setdefault(op_type, set()).add(device.split('device:')[-1])
+    self.assertCountEqual(cell_ops, devices)
+    for op_type, cell in cell_ops.items():
+      self.assertEqual({f'CPU:{cell}'}, devices[op_type], op_type)
+
+
+if __name__ == '__main__':
+  tf.test.main()

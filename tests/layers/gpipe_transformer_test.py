@@ -1,0 +1,162 @@
+"""Tests for cadence.layers.gpipe_transformer.GPipeTransformerStack."""
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import shapes
+from cadence.framework import step_seed
+from cadence.layers import gpipe_transformer
+from cadence.layers import transformer
+
+_LAYERS, _BATCH, _TIME, _DIM = 4, 8, 3, 4
+
+
+def _Tpl(dropout=0.0):
+  return transformer.GPipeTransformerLayer.Params().Set(
+      input_dim=_DIM, hidden_dim=8, num_heads=2, mask_self_atten=True,
+      residual_dropout_prob=dropout)
+
+
+def _Stack(splits, num_micro_batches=1, dropout=0.0, **kwargs):
+  k = splits if isinstance(splits, int) else len(splits) + 1
+  with cluster_lib.Cluster.Params().Set(num_devices=k,
+                                        worker_split_size=k).Instantiate():
+    return gpipe_transformer.GPipeTransformerStack.Params().Set(
+        name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl(dropout),
+        splits=splits, num_micro_batches=num_micro_batches,
+        **kwargs).Instantiate()
+
+
+def _Plain(dropout=0.0):
+  return transformer.TransformerStack.Params().Set(
+      name='stack', num_layers=_LAYERS,
+      transformer_tpl=_Tpl(dropout)).Instantiate()
+
+
+def _Inputs():
+  rng = np.random.RandomState(1)
+  pads = np.zeros([_BATCH, _TIME], np.float32)
+  pads[1::2, -1] = 1.0
+  return (tf.constant(rng.normal(size=[_BATCH, _TIME, _DIM]), tf.float32),
+          tf.constant(pads))
+
+
+def _LossAndGrads(layer, fprop):
+  x, pads = _Inputs()
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    out = fprop(x, pads)
+    w = tf.random.stateless_normal(tf.shape(out), [3, 4])
+    loss = tf.reduce_mean(out * w)
+  return [loss, out] + tape.gradient(loss, layer.vars.Flatten() + [x])
+
+
+class GPipeTransformerStackTest(tf.test.TestCase):
+
+  def testWeightLayoutIsIndependentOfSplits(self):
+    plain = _Plain()
+    want = plain.vars.FlattenItems()
+    self.assertIn('x_layers[3].ffn.fc[1].w', [k for k, _ in want])
+    for splits in (1, 2, 4, [3]):
+      with self.subTest(splits=splits):
+        got = _Stack(splits).vars.FlattenItems()
+        self.assertEqual([k for k, _ in want], [k for k, _ in got])
+        for (_, w), (_, g) in zip(want, got):
+          self.assertAllEqual(w, g)          # Seeded by path: same values.
+          self.assertEqual(w.name, g.name)
+
+  def testMatchesTransformerStack(self):
+    plain = _Plain()
+
+    def _PlainFProp(x, pads):
+      return plain.FProp(plain.theta, x, pads)
+
+    want = _LossAndGrads(plain, _PlainFProp)
+    for splits, m in ((1, 1), (2, 4), (4, 2), ([1], 8)):
+      stack = _Stack(splits, m)
+
+      def _Pipelined(x, pads, stack=stack):
+        out, out_pads = stack.FProp(stack.theta, x, pads)
+        self.assertAllEqual(pads, out_pads)
+        return out
+
+      with self.subTest(splits=splits, m=m):
+        got = _LossAndGrads(stack, _Pipelined)
+        for w, g in zip(want, got):
+          self.assertAllClose(w, g, atol=1e-5, rtol=1e-5)
+
+  def testDropoutMatchesPlainPerMicroBatch(self):
+    plain, stack = _Plain(0.3), _Stack(2, 4, dropout=0.3)
+    seed = step_seed.MakeStepSeed(9)
+
+    def _Reference(x, pads):
+      outs = []
+      for j, (xj, pj) in enumerate(zip(tf.split(x, 4), tf.split(pads, 4))):
+        th = base_layer.WithStepSeed(plain.theta,
+                                     step_seed.MicroBatchSeed(seed, j))
+        outs.append(plain.FProp(th, xj, pj))
+      return tf.concat(outs, 0)
+
+    def _Pipelined(x, pads):
+      th = base_layer.WithStepSeed(stack.theta, seed)
+      return tf.function(stack.FProp)(th, x, pads)[0]
+
+    want = _LossAndGrads(plain, _Reference)
+    got = _LossAndGrads(stack, _Pipelined)
+    for w, g in zip(want, got):
+      self.assertAllClose(w, g, atol=1e-5, rtol=1e-5)
+
+  def testInferenceOnOneDeviceRunsSequentially(self):
+    plain = _Plain()
+    # 2 cells; no cluster scope: the default cluster, 1 device per split.
+    stack = gpipe_transformer.GPipeTransformerStack.Params().Set(
+        name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl(), splits=2,
+        num_micro_batches=4, is_inference=True).Instantiate()
+    self.assertEqual(['/device:CPU:0'], stack.devices)
+    x, pads = _Inputs()
+    out, _ = stack.FProp(stack.theta, x, pads)
+    self.assertAllClose(plain.FProp(plain.theta, x, pads), out, atol=1e-6)
+
+  def testBoundariesAndDevices(self):
+    self.assertEqual([0, 2, 4], _Stack(2).boundaries)
+    self.assertEqual([0, 3, 4], _Stack([3]).boundaries)
+    stack = _Stack([1, 2])
+    self.assertEqual([0, 1, 2, 4], stack.boundaries)
+    for i, cell in enumerate([0, 1, 2, 2]):
+      for v in stack.vars.x_layers[i].Flatten():
+        self.assertEqual(f'CPU:{cell}', v.device.split('device:')[-1])
+    self.assertEqual('CPU:2', stack.vars.final_ln.scale.device.split(
+        'device:')[-1])
+
+  def testFPropMeta(self):
+    p = _Stack(2).params
+    x, pads = shapes.Shape([8, 3, 4]), shapes.Shape([8, 3])
+    meta = gpipe_transformer.GPipeTransformerStack.FPropMeta(p, x, pads)
+    plain_p = transformer.TransformerStack.Params().Set(
+        name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl())
+    self.assertEqual(
+        transformer.TransformerStack.FPropMeta(plain_p, x, pads).flops,
+        meta.flops)
+    self.assertEqual((x, pads), meta.out_shapes)
+
+  def testBadSplits(self):
+    for splits, regex in ((5, r'splits=5 must be in \[1, num_layers=4\]'),
+                          ([2, 2], r'splits=\[2, 2\] must be an int K in '
+                           r'\[1, 4\] or a list of increasing layer indices '
+                           r'in \(0, 4\)'),
+                          ([4], r'splits=\[4\]')):
+      with self.subTest(splits=splits):
+        with self.assertRaisesRegex(ValueError, regex):
+          gpipe_transformer.GPipeTransformerStack.Params().Set(
+              name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl(),
+              splits=splits).Instantiate()
+    with self.assertRaisesRegex(ValueError,
+                                'transformer_tpl is a TransformerLayer'):
+      gpipe_transformer.GPipeTransformerStack.Params().Set(
+          name='stack', transformer_tpl=transformer.TransformerLayer.Params()
+          .Set(input_dim=4, hidden_dim=8, num_heads=2)).Instantiate()
+
+
+if __name__ == '__main__':
+  tf.test.main()
