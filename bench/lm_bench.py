@@ -62,7 +62,7 @@ def _Params(data_dir, splits, micro_batches):
   return p
 
 
-# --- the Cadence step ----------------------------------------------------------
+# --- the Cadence step ---------------------------------------------------------
 
 
 def CadenceStep(task):
@@ -189,7 +189,7 @@ class PlainLm(tf.Module):
     return loss
 
 
-# --- timing ----------------------------------------------------------------------
+# --- timing -------------------------------------------------------------------
 
 
 def _TimeSteps(fn, batches, n):

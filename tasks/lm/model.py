@@ -362,7 +362,7 @@ class LanguageModel(base_model.BaseTask):
       logging.info('%s', line)
     return lines
 
-  # --- cost --------------------------------------------------------------------
+  # --- cost -------------------------------------------------------------------
 
   @classmethod
   def FPropMeta(cls, params, input_shapes):
