@@ -27,6 +27,7 @@ from absl import logging
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import eval_programs
 from cadence.framework import inspect_lib
@@ -256,6 +257,7 @@ class _TrainerJob:
       self._model = params.Instantiate()
     task = self._model.task
     on_checkpoint = []
+    self._decode = None
     if with_eval and _HasDataset(options, 'Dev'):
       dev = InferenceParams(LoadParams(options, 'Dev'))
       with strategy.scope():
@@ -264,6 +266,11 @@ class _TrainerJob:
                                              strategy)
       on_checkpoint.append(
           lambda step: self._eval.Run(step, self._program.EmaTheta()))
+      # A local run ends by decoding Dev once with the final weights, so one
+      # command shows training, eval and samples.
+      if _ImplementsDecode(eval_task):
+        self._decode = eval_programs.DecodeProgram(eval_task, 'Dev',
+                                                   options.logdir, strategy)
     elif with_eval:
       logging.warning('%s defines no Dev() dataset: training without eval.',
                       options.model)
@@ -274,6 +281,12 @@ class _TrainerJob:
 
   def Run(self):
     self._program.Run()
+    if self._decode is not None:
+      self._decode.Run(self._program.global_step, self._program.EmaTheta())
+
+
+def _ImplementsDecode(task):
+  return type(task).Decode is not base_model.BaseTask.Decode
 
 
 class _CheckpointJob:
