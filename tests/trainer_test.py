@@ -56,21 +56,23 @@ class TrainerTest(tf.test.TestCase):
       self.assertIn('task.train.max_steps : 200\n', f.read())
     losses = summary_utils.ReadScalars(os.path.join(logdir, 'train'))['loss']
     self.assertLess(losses[-1][1], losses[0][1] / 5)
-    # trainer_and_evaler evaluated Dev after each checkpoint.
+    # trainer_and_evaler evaluated Dev after each checkpoint, and decoded Dev
+    # once with the final weights.
     self.assertEqual(_Steps(logdir, 'eval_dev'), [100, 200])
+    self.assertEqual(_Steps(logdir, 'decoder_dev', 'mae'), [200])
 
     evaler = _Start(f'--model={_KEY}', f'--logdir={logdir}',
                     '--max_steps=200', '--job=evaler_test')
     decoder = _Start(f'--model={_KEY}', f'--logdir={logdir}',
-                     '--max_steps=200', '--job=decoder_dev')
+                     '--max_steps=200', '--job=decoder_test')
     for proc in (evaler, decoder):
       code, _, err = _Finish(proc)
       self.assertEqual(code, 0, err[-3000:])
     self.assertEqual(_Steps(logdir, 'eval_test'), [100, 200])
     self.assertTrue(os.path.exists(os.path.join(logdir, 'eval_test',
                                                 'params.txt')))
-    self.assertEqual(_Steps(logdir, 'decoder_dev', 'mae'), [100, 200])
-    with open(os.path.join(logdir, 'decoder_dev',
+    self.assertEqual(_Steps(logdir, 'decoder_test', 'mae'), [100, 200])
+    with open(os.path.join(logdir, 'decoder_test',
                            'decoder_out-00000200.txt')) as f:
       lines = f.read().splitlines()
     self.assertLen(lines, 64)
