@@ -49,19 +49,19 @@ def _LayerParams():
       input_dim=DIM, hidden_dim=HIDDEN, num_heads=HEADS, mask_self_atten=True)
 
 
-def _StackParams(num_splits, num_micro_batches):
+def _StackParams(num_splits, num_micro_batches, **overrides):
   if num_splits is None:
     return transformer.TransformerStack.Params().Set(
         name='stack', num_layers=LAYERS, transformer_tpl=_LayerParams())
   return gpipe_transformer.GPipeTransformerStack.Params().Set(
       name='stack', num_layers=LAYERS, transformer_tpl=_LayerParams(),
-      splits=num_splits, num_micro_batches=num_micro_batches)
+      splits=num_splits, num_micro_batches=num_micro_batches, **overrides)
 
 
 class _Model(tf.Module):
   """Embedding -> stack -> softmax; `Step` trains one SGD step."""
 
-  def __init__(self, num_splits=None, num_micro_batches=1):
+  def __init__(self, num_splits=None, num_micro_batches=1, **overrides):
     super().__init__()
     n = num_splits or 1
     cluster = cluster_lib.Cluster.Params().Set(
@@ -69,7 +69,8 @@ class _Model(tf.Module):
     with cluster, tf.device(cluster.devices[0]):
       self.emb = embedding.EmbeddingLayer.Params().Set(
           name='emb', vocab_size=VOCAB, embedding_dim=DIM).Instantiate()
-      self.stack = _StackParams(num_splits, num_micro_batches).Instantiate()
+      self.stack = _StackParams(num_splits, num_micro_batches,
+                                **overrides).Instantiate()
     with tf.device(cluster.devices[-1]):
       self.softmax = softmax.SimpleFullSoftmax.Params().Set(
           name='softmax', input_dim=DIM, num_classes=VOCAB).Instantiate()

@@ -218,17 +218,25 @@ class CellProgram:
     """
     sources = []
 
-    def _Watch(flat):
+    def _Watch(flat, copy):
       out = []
       for x in flat:
         if IsDifferentiable(x):
-          x = tf.identity(x)
+          x = tf.identity(x) if copy else x
           sources.append(x)
         out.append(x)
       return out
 
+    # The re-run must wait for its output gradients: once the backward
+    # function is inlined into the caller's graph, nothing else stops the
+    # executor from re-running every step early (during the forward pass)
+    # and holding all their activations, which would undo the remat. Fresh
+    # copies of state and inputs carry that dependency (theta, read-only
+    # weights, is watched as it is).
+    theta = _Watch(theta, copy=False)
+    with tf.control_dependencies(d_out or []):
+      state, inputs = _Watch(state, copy=True), _Watch(inputs, copy=True)
     with tf.GradientTape(watch_accessed_variables=False) as tape:
-      theta, state, inputs = _Watch(theta), _Watch(state), _Watch(inputs)
       tape.watch(sources)
       out = self._CallCell(theta, state, inputs, seed)
     targets = [o for o in out if IsDifferentiable(o)]
@@ -301,6 +309,7 @@ class CellProgram:
       theta, state, inputs: flat lists, as given to `Forward`.
       seed: the step's seed (or None without seeds).
       d_out: gradients of the float leaves of the new state, in order.
+        The re-run starts only once they are computed.
 
     Returns:
       (d_theta, d_state, d_inputs): flat lists matching theta, state and

@@ -433,6 +433,64 @@ class PipeliningLayerTest(tf.test.TestCase):
         self.assertEqual(f'CPU:{i % 2}', v.device.split('device:')[-1])
     self.assertEqual(['/device:CPU:0', '/device:CPU:1'], pipe.devices)
 
+  def _Proj(self, name, act='TANH', i=4, o=4):
+    return linear.ProjectionLayer.Params().Set(
+        name=name, input_dim=i, output_dim=o, activation=act)
+
+  def _AssertSame(self, layer, fprop_a, fprop_b, inputs):
+    want = _LossAndGrads(layer, fprop_a, inputs)
+    got = _LossAndGrads(layer, fprop_b, inputs)
+    self.assertEqual(len(want), len(got))
+    for w, g in zip(want, got):
+      self.assertAllClose(w, g, atol=1e-5, rtol=1e-5)
+
+  def testBeforeLayersAndForwardedActivations(self):
+    # before: a projection on the whole batch (device 0); cell0 fetches its
+    # first layer's output as an extra activation, which cell1 forwards.
+    cell0 = gpipe.FeatureExtractionLayer.Params().Set(
+        name='c0', sub=[self._Proj('a'), self._Proj('b', 'SIGMOID')],
+        act_fetch_layers=['a'], num_act_outputs=1)
+    cell1 = gpipe.FeatureExtractionLayer.Params().Set(
+        name='c1', sub=[self._Proj('c', 'RELU', o=3)], num_act_inputs=1,
+        num_act_outputs=1)
+    with _Cluster(2):
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', before_tpl=[self._Proj('pre', i=5)],
+          cell_tpl=[cell0, cell1], num_micro_batches=4).Instantiate()
+    x = (tf.random.stateless_normal([_BATCH, 5], [1, 1]),)
+
+    def _Sequential(xs):
+      c = pipe.children
+      h = c.before[0].FProp(pipe.theta.before[0], xs[0])
+      a = c.cells[0].children.a.FProp(pipe.theta.cells[0].a, h)
+      b = c.cells[0].children.b.FProp(pipe.theta.cells[0].b, a)
+      return c.cells[1].children.c.FProp(pipe.theta.cells[1].c, b), a
+
+    out = pipe.FProp(pipe.theta, *x)
+    self.assertLen(out, 2)
+    self.assertEqual([_BATCH, 3], out[0].shape.as_list())
+    self._AssertSame(pipe, _Sequential,
+                     lambda xs: pipe.FProp(pipe.theta, *xs), x)
+
+  def testSeqLayerRunsCellsInOrderOnTheirDevices(self):
+    with _Cluster(2):
+      seq = gpipe.SeqLayer.Params().Set(
+          name='seq', cell_tpl=[self._Proj(f'p{i}') for i in range(3)]
+      ).Instantiate()
+    self.assertEqual(['CPU:0', 'CPU:1', 'CPU:0'],
+                     [c.vars.w.device.split('device:')[-1]
+                      for c in seq.children.cells])
+    x = (tf.random.stateless_normal([_BATCH, 4], [1, 2]),)
+
+    def _Sequential(xs):
+      h = xs[0]
+      for cell, th in zip(seq.children.cells, seq.theta.cells):
+        h = cell.FProp(th, h)
+      return h
+
+    self._AssertSame(seq, _Sequential, lambda xs: seq.FProp(seq.theta, *xs),
+                     x)
+
   def testErrorsNameTheNumbers(self):
     layers = _ConvLayers(0, False)
     inputs, in_shapes = _Inputs('conv', 0, False)
