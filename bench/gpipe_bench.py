@@ -12,13 +12,15 @@ SGD update, compiled with tf.function.
 Both start from the same weights (identical variable paths). The script
 configures 4 logical CPUs at start; they share this machine's cores, so the
 table measures the pipeline's overhead, not a speed-up. Each configuration
-is warmed up, then timed in interleaved rounds; the table gives the median
-step time as a ratio to the unpipelined median (target: <= 1.35 at K=1,
-<= 1.5 everywhere). Lingvo 0.14.2's GPipe on this machine: 7x at K=1, M=4;
-11x at K=2, M=8.
+is warmed up, then timed in interleaved rounds; the tables give the median
+step time as a ratio to the unpipelined median, wall-clock and CPU time of
+the process (the latter is less sensitive to other load on a shared
+machine). Targets: <= 1.35 at K=1, <= 1.5 everywhere. Lingvo 0.14.2's GPipe
+on this machine: 7x at K=1, M=4; 11x at K=2, M=8.
 
 Run:
   cd /work/main && /work/venv/bin/python bench/gpipe_bench.py [--rounds 5]
+      [--remat except_last|always|never] [--backward_window 1|2|None]
 """
 import argparse
 import os
@@ -108,7 +110,14 @@ def main():
                       help='Interleaved timing rounds.')
   parser.add_argument('--steps', type=int, default=3,
                       help='Steps per configuration per round.')
+  parser.add_argument('--remat', default='except_last',
+                      help='PipeliningLayer.remat of the pipelined models.')
+  parser.add_argument('--backward_window', default='2',
+                      help='PipeliningLayer.backward_window: an int or None.')
   args = parser.parse_args()
+  window = (None if args.backward_window == 'None' else
+            int(args.backward_window))
+  overrides = dict(remat=args.remat, backward_window=window)
 
   ids = tf.random.stateless_uniform([BATCH, SEQ], [1, 2], maxval=VOCAB,
                                     dtype=tf.int32)
@@ -117,31 +126,35 @@ def main():
   configs = [(None, 1)] + [(k, m) for k in (1, 2, 4) for m in (1, 4, 8)]
   models = {}
   for cfg in configs:
-    models[cfg] = _Model(*cfg)
+    models[cfg] = _Model(*cfg, **(overrides if cfg[0] else {}))
     t0 = time.perf_counter()
     for s in range(2):   # Trace and warm up.
       models[cfg].Step(ids, labels, paddings, tf.constant(s, tf.int64))
     print(f'built {cfg}: warm-up {time.perf_counter() - t0:.1f} s',
           flush=True)
   times = {cfg: [] for cfg in configs}
+  cpu = {cfg: [] for cfg in configs}
   for _ in range(args.rounds):
     for cfg in configs:
       step = models[cfg].Step
       t0 = time.perf_counter()
+      c0 = time.process_time()
       for s in range(args.steps):
         float(step(ids, labels, paddings, tf.constant(s, tf.int64)))
       times[cfg].append((time.perf_counter() - t0) / args.steps)
-  base = statistics.median(times[(None, 1)])
-  print(f'\nunpipelined step: {base * 1000:.0f} ms (median of {args.rounds} '
-        f'rounds x {args.steps} steps)')
-  print('pipelined / unpipelined step time (ms in brackets):')
-  print('      ' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
-  for k in (1, 2, 4):
-    cells = []
-    for m in (1, 4, 8):
-      t = statistics.median(times[(k, m)])
-      cells.append(f'{t / base:6.2f}x ({t * 1000:4.0f})')
-    print(f'K={k}:  ' + ''.join(f'{c:>16}' for c in cells))
+      cpu[cfg].append((time.process_time() - c0) / args.steps)
+  for what, table in (('wall-clock', times), ('CPU (process) time', cpu)):
+    base = statistics.median(table[(None, 1)])
+    print(f'\nunpipelined step, {what}: {base * 1000:.0f} ms (median of '
+          f'{args.rounds} rounds x {args.steps} steps)')
+    print(f'pipelined / unpipelined, {what} (ms in brackets); {overrides}:')
+    print('      ' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
+    for k in (1, 2, 4):
+      cells = []
+      for m in (1, 4, 8):
+        t = statistics.median(table[(k, m)])
+        cells.append(f'{t / base:6.2f}x ({t * 1000:4.0f})')
+      print(f'K={k}:  ' + ''.join(f'{c:>16}' for c in cells))
 
 
 if __name__ == '__main__':

@@ -32,14 +32,17 @@ executor runs any op whose inputs are ready:
     the cell's backward function), or it would run during the forward pass
     and keep its activations (and grappler could even merge it with the
     forward's identical ops);
-  * with `serial_backward` (default), step j's re-run also waits for step
-    j+1's backward of the same cell, so a cell holds one step's activations
-    at a time. The dependency is on ops that consume those gradients: a
-    control dependency on an inlined function call's outputs does not wait
-    for them.
+  * with `backward_window` W, step j's re-run also waits until the
+    backward of step j+W of the same cell is done, so a cell holds the
+    activations of at most W steps: W=1 one at a time (as a device that
+    runs one op at a time would); W=2 (default) lets the next step's
+    re-run overlap the current back-propagation (on a CPU that fills idle
+    cores); None: no bound. The dependency is on ops that consume those
+    gradients: a control dependency on an inlined function call's outputs
+    does not wait for them.
 Measured (bench/gpipe_memory.py, 8-layer Transformer, batch 32, M=8): peak
-tensor memory of a training step 104 MiB (K=1) and 123 MiB (K=4) against
-315 MiB unpipelined; about 190 MiB without serial_backward.
+tensor memory of a training step 117 MiB (K=1, W=1), 143 MiB (K=1, W=2),
+about 190 MiB (W=None), against 315 MiB unpipelined.
 
 Example:
   acc, finals = StackedRecurrent(
@@ -101,7 +104,7 @@ def _NumSteps(inputs, owner):
 @tf.autograph.experimental.do_not_convert
 def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
                      step_seed=None, remat='except_last',
-                     serial_backward=True, name='StackedRecurrent'):
+                     backward_window=2, name='StackedRecurrent'):
   """Runs K cells on K devices as a pipeline; see the module docstring.
 
   Args:
@@ -117,11 +120,9 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
     step_seed: optional int64 [2]; step j's theta (in every cell) carries
       `MicroBatchSeed(step_seed, j)` as `step_seed`.
     remat: one of REMAT_MODES, see the module docstring.
-    serial_backward: if True, cell i back-propagates one step at a time
-      (step j's re-run starts once step j+1's gradients are computed), so
-      it holds one step's activations at a time, as a device that runs one
-      op at a time would; if False, the executor may overlap the steps'
-      re-runs (on a CPU with idle cores: a little faster, more memory).
+    backward_window: an int W >= 1 or None: step j's re-run in cell i
+      waits for the backward of step j+W of cell i, so a cell holds the
+      activations of at most W steps (see the module docstring).
     name: used in error messages.
 
   Returns:
@@ -137,6 +138,11 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
         f'{owner}: need one device, cell_fn, theta and init_state per cell '
         f'(>= 1); got {len(devices)} devices, {len(cell_fns)} cell_fns, '
         f'{len(thetas)} thetas, {len(init_states)} init_states.')
+  if backward_window is not None and (
+      isinstance(backward_window, bool) or
+      not isinstance(backward_window, int) or backward_window < 1):
+    raise ValueError(f'{owner}: backward_window={backward_window!r} must be '
+                     'None or an int >= 1.')
   if remat not in REMAT_MODES:
     raise ValueError(f'{owner}: remat={remat!r}; expected one of '
                      f'{REMAT_MODES}.')
@@ -250,7 +256,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
       d_th = [[None] * n for n in nts]
       d_init = [[None] * n for n in nss]
       d_x = [[None] * nx for _ in range(m)]
-      done = [[] for _ in range(k)]   # The last backward's gradients.
+      done = [[] for _ in range(k)]   # Per cell: each backward's grads.
       for tick in reversed(schedule):
         for i, j in tick:
           with cell_program.Device(devices[i]):
@@ -261,10 +267,11 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
                 (tf.add_n(t) if len(t) > 1 else t[0]) if t else
                 tf.zeros_like(o) for t, o in zip(terms, out[i][j])
                 if cell_program.IsDifferentiable(o)]
-            if serial_backward and done[i]:
-              # Step j's re-run starts once step j+1's backward is done, so
-              # a cell holds one step's re-run activations at a time.
-              with tf.control_dependencies(done[i]):
+            w = backward_window
+            if w and len(done[i]) >= w and done[i][-w]:
+              # Step j's re-run starts once step j+w's backward is done, so
+              # a cell holds the activations of at most w steps.
+              with tf.control_dependencies(done[i][-w]):
                 d_out = [tf.identity(d) for d in d_out]
           if (i, j) in kept:
             g_th, g_s, g_x = kept.pop((i, j))(d_out)
@@ -274,11 +281,11 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
             d_th[i] = [a if g is None else (tf.identity(g) if a is None
                                             else a + g)
                        for a, g in zip(d_th[i], g_th)]
-            if serial_backward and not tf.executing_eagerly():
+            if backward_window and not tf.executing_eagerly():
               # Ops that consume the gradients: a control dependency on the
               # outputs of an inlined function call itself would not wait.
-              done[i] = [g for g in d_th[i] if g is not None] + [
-                  tf.identity(g) for g in g_s + g_x if g is not None]
+              done[i].append([g for g in d_th[i] if g is not None] + [
+                  tf.identity(g) for g in g_s + g_x if g is not None])
           for n, g in enumerate(g_s):
             if j > 0:
               _Add(i, j - 1, n, g)

@@ -438,10 +438,10 @@ class PipeliningLayer(SeqLayer):
              'forward in the backward: ' + ', '.join(
                  stacked_recurrent.REMAT_MODES) +
              ' (see framework/stacked_recurrent.py).')
-    p.Define('serial_backward', True, 'If True, each cell re-runs one '
-             'micro-batch at a time in the backward (at most two micro-'
-             "batches' activations per cell); False lets the executor "
-             'overlap all re-runs (more memory).')
+    p.Define('backward_window', 2, 'At most this many micro-batches per '
+             'cell hold activations in the backward (1: one at a time; 2: '
+             'the next re-run overlaps the current back-propagation; None: '
+             'unbounded); see framework/stacked_recurrent.py.')
     return p
 
   def __init__(self, params):
@@ -565,7 +565,7 @@ class PipeliningLayer(SeqLayer):
         [self.CellDevice(i) for i in range(self.NumCells())],
         [_CellFn(i) for i in range(self.NumCells())], cell_thetas,
         init_states, mb_inputs, step_seed=theta.get(base_layer.STEP_SEED_KEY),
-        remat=p.remat, serial_backward=p.serial_backward, name=self.path)
+        remat=p.remat, backward_window=p.backward_window, name=self.path)
     with cell_program.Device(self.CellDevice(self.NumCells() - 1)):
       out = acc[0].Pack([
           tf.concat(parts, axis=bd) if m > 1 else parts[0]

@@ -109,7 +109,7 @@ class StackedRecurrentTest(tf.test.TestCase):
       return tf.nest.map_structure(lambda *x: tf.stack(x), *outs), finals
     return self._Run(_Fn, k)
 
-  def _Stacked(self, k, remat, devices=None, list_inputs=False):
+  def _Stacked(self, k, remat, devices=None, list_inputs=False, window=2):
     def _Fn():
       inputs = self.xs
       if list_inputs:
@@ -117,7 +117,7 @@ class StackedRecurrentTest(tf.test.TestCase):
                   for j in range(self.xs.h.shape[0])]
       acc, finals = recurrent.StackedRecurrent(
           devices or _DEVICES[:k], [_Cell] * k, self.thetas, self.inits,
-          inputs, step_seed=self.seed, remat=remat)
+          inputs, step_seed=self.seed, remat=remat, backward_window=window)
       if list_inputs:
         acc = tf.nest.map_structure(lambda *x: tf.stack(x), *acc)
       return acc, finals
@@ -137,11 +137,11 @@ class StackedRecurrentTest(tf.test.TestCase):
           self._AssertClose(want, self._Run(self._Stacked(k, remat), k))
 
   def testMatchesSequentialInFunction(self):
-    for k, m, remat in [(2, 3, 'except_last'), (4, 4, 'always'),
-                        (3, 2, 'never')]:
+    for k, m, remat, window in [(2, 3, 'except_last', 2), (4, 4, 'always', 1),
+                                (3, 2, 'never', None), (2, 4, 'always', 3)]:
       self._Setup(k, m)
       want = self._Reference(k)
-      fn = self._Stacked(k, remat)
+      fn = self._Stacked(k, remat, window=window)
       got = tf.function(functools.partial(self._Run, fn, k))()
       with self.subTest(k=k, m=m, remat=remat):
         self._AssertClose(want, got)
@@ -202,6 +202,10 @@ class StackedRecurrentTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, r"remat='sometimes'"):
       recurrent.StackedRecurrent(_DEVICES[:2], [_Cell] * 2, self.thetas,
                                  self.inits, self.xs, remat='sometimes')
+    with self.assertRaisesRegex(ValueError, r'backward_window=0 must be None '
+                                r'or an int >= 1'):
+      recurrent.StackedRecurrent(_DEVICES[:2], [_Cell] * 2, self.thetas,
+                                 self.inits, self.xs, backward_window=0)
     with self.assertRaisesRegex(ValueError, r'same static leading dim'):
       recurrent.StackedRecurrent(
           _DEVICES[:2], [_Cell] * 2, self.thetas, self.inits,
@@ -257,7 +261,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     from cadence.framework import recurrent
     from cadence.framework.nested_map import NestedMap
-    REMAT, M = sys.argv[1], int(sys.argv[2])
+    REMAT, M, WINDOW = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     w1 = tf.Variable(tf.random.normal([64, 2048], stddev=0.1))
     w2 = tf.Variable(tf.random.normal([2048, 64], stddev=0.1))
 
@@ -273,7 +277,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
         acc, _ = recurrent.StackedRecurrent(
             ['/device:CPU:0'], [Cell], [NestedMap(w1=w1, w2=w2)],
             [NestedMap(h=tf.zeros([32, 64]))], NestedMap(h=xs),
-            remat=REMAT)
+            remat=REMAT, backward_window=WINDOW)
         loss = tf.reduce_sum(acc.h ** 2)   # The backward needs every step.
       return tape.gradient(loss, [w1, w2])
 
@@ -287,18 +291,19 @@ _MEMORY_SCRIPT = textwrap.dedent("""
 
 class MemoryTest(tf.test.TestCase):
 
-  def _PeakMiB(self, remat, steps):
+  def _PeakMiB(self, remat, steps, window=1):
     """Peak tensor memory of a training step (TF's BFC allocator stats)."""
     env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC='true')
     proc = subprocess.run(
-        [sys.executable, '-c', _MEMORY_SCRIPT, remat, str(steps)],
+        [sys.executable, '-c', _MEMORY_SCRIPT, remat, str(steps),
+         str(window)],
         capture_output=True, text=True, env=env, timeout=300, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])['peak'] / 2**20
 
-  def testRematHoldsOneStepOfActivations(self):
+  def testRematHoldsAWindowOfSteps(self):
     # A step's cell keeps 7.5 MiB of activations for its backward: about
-    # 60 MiB for 8 steps without remat; with remat one step's at a time
-    # (about as much as a single step needs), whatever the number of steps.
+    # 60 MiB for 8 steps without remat. With remat and backward_window=1,
+    # one step's at a time (about what a single step needs), with 2 two.
     never = self._PeakMiB('never', 8)
     one_step = self._PeakMiB('never', 1)
     self.assertGreater(never, 55)
@@ -306,6 +311,7 @@ class MemoryTest(tf.test.TestCase):
     for remat in ('always', 'except_last'):
       with self.subTest(remat=remat):
         self.assertLess(self._PeakMiB(remat, 8), one_step + 3)
+    self.assertLess(self._PeakMiB('always', 8, window=2), one_step + 11)
 
 
 class PlacementTest(tf.test.TestCase):
