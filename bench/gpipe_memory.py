@@ -17,7 +17,7 @@ Activations are what differ between the models:
   plain:      L * (activations of a layer on the full batch);
   pipelined:  M * boundary + (L / K) * (activations of a layer on one
               micro-batch) per device: the backward re-runs one cell on one
-              or two micro-batches at a time (serial_backward), the last
+              or two micro-batches at a time (backward_window), the last
               micro-batch keeps its forward activations (remat
               'except_last') but is back-propagated first.
 Weights, gradients and optimizer updates grow with L in every model. All
