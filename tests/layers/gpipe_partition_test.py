@@ -1,0 +1,156 @@
+"""Tests for cadence.layers.gpipe_partition: partitioning and cells."""
+import itertools
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import shapes
+from cadence.layers import combinators
+from cadence.layers import gpipe_partition as gpipe
+from cadence.layers import linear
+
+Shape = shapes.Shape
+
+
+class BalancedPartitionTest(tf.test.TestCase):
+
+  def _BruteForce(self, costs, k):
+    n = len(costs)
+    best = None
+    for cuts in itertools.combinations(range(1, n), k - 1):
+      bounds = [0, *cuts, n]
+      worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+      best = worst if best is None else min(best, worst)
+    return best
+
+  def testOptimalAgainstBruteForce(self):
+    cases = [list(c) for n in range(1, 5)
+             for c in itertools.product((0, 1, 3), repeat=n)]
+    rng = np.random.RandomState(0)
+    cases += [list(rng.randint(0, 20, size=rng.randint(5, 9)))
+              for _ in range(60)]
+    for costs in cases:
+      for k in range(1, len(costs) + 1):
+        bounds = gpipe.BalancedPartition(costs, k)
+        self.assertLen(bounds, k + 1)
+        self.assertEqual(0, bounds[0])
+        self.assertEqual(len(costs), bounds[-1])
+        self.assertTrue(all(a < b for a, b in zip(bounds, bounds[1:])))
+        worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+        self.assertEqual(self._BruteForce(costs, k), worst, (costs, k))
+
+  def testTooManyParts(self):
+    with self.assertRaisesRegex(ValueError, r'num_parts=4 must be in \[1, 3\]'):
+      gpipe.BalancedPartition([1, 2, 3], 4)
+
+
+class PartitionSequentialLayersTest(tf.test.TestCase):
+
+  def _Proj(self, name, i, o):
+    return linear.ProjectionLayer.Params().Set(name=name, input_dim=i,
+                                               output_dim=o)
+
+  def testFlattensNestsAndBalancesFlops(self):
+    inner = combinators.SequentialLayer.Params().Set(
+        name='inner', repeat=2, sub=[self._Proj('a', 8, 8)])
+    fe = gpipe.FeatureExtractionLayer.Params().Set(
+        name='fe', sub=[self._Proj('b', 8, 32), self._Proj('c', 32, 8)])
+    outer = combinators.SequentialLayer.Params().Set(
+        name='outer', sub=[inner, fe, self._Proj('d', 8, 8)])
+    with self.assertLogs('absl', level='INFO') as logs:
+      cells = gpipe.PartitionSequentialLayers(outer, 2, Shape([4, 8]))
+    names = [[s.name for s in c.sub] for c in cells]
+    self.assertEqual(['cell0', 'cell1'], [c.name for c in cells])
+    flat = sum(names, [])
+    self.assertEqual(['inner_a_0', 'inner_a_1', 'b', 'c', 'd'], flat)
+    # FLOPs: a, a, d ~ 8*8; b, c ~ 8*32: the optimal cut is after b.
+    flops = [s.cls.FPropMeta(s, Shape([4, s.input_dim])).flops
+             for c in cells for s in c.sub]
+    cut = len(names[0])
+    self.assertEqual(gpipe.BalancedPartition(flops, 2)[1], cut)
+    self.assertEqual(3, cut)
+    self.assertLen(logs.output, 2)
+    self.assertRegex(logs.output[0], r'cell 0: layers 0\.\.2 \(3\), '
+                     r'\d+\.\d% of \d+ FLOPs')
+    # The cells compute what the nest computes.
+    seq = outer.Copy().Set(name='outer').Instantiate()
+    x = tf.random.normal([4, 8])
+    y = x
+    built = [c.Instantiate() for c in cells]
+    for c in built:
+      for name, child in c.children.items():
+        child_src = dict(zip(flat, [
+            seq.sub[0].sub[0], seq.sub[0].sub[1], seq.sub[1].children.b,
+            seq.sub[1].children.c, seq.sub[2]]))[name]
+        for v, src in zip(child.vars.Flatten(), child_src.vars.Flatten()):
+          v.assign(src)
+      y = c(y)
+    self.assertAllClose(seq(x), y, atol=1e-6)
+
+  def testDuplicateNamesAreMadeUnique(self):
+    cells = gpipe.PartitionSequentialLayers(
+        [self._Proj('p', 4, 4)] * 3, 3, Shape([2, 4]))
+    self.assertEqual([['p_0'], ['p_1'], ['p_2']],
+                     [[s.name for s in c.sub] for c in cells])
+
+  def testMorePartitionsThanLayers(self):
+    with self.assertRaisesRegex(
+        ValueError, r'num_partitions=4 must be an int in \[1, 3\]: the model '
+        r'has 3 layers'):
+      gpipe.PartitionSequentialLayers([self._Proj(f'p{i}', 4, 4)
+                                       for i in range(3)], 4, Shape([2, 4]))
+
+  def testLayerWithoutFPropMeta(self):
+    class NoMeta(base_layer.BaseLayer):
+      pass
+
+    with self.assertRaisesRegex(
+        ValueError, r"layer 1 \(NoMeta 'bad'\) has no FPropMeta.*inputs "
+        r'\[\[2, 4\]\]'):
+      gpipe.PartitionSequentialLayers(
+          [self._Proj('p', 4, 4), NoMeta.Params().Set(name='bad')], 2,
+          Shape([2, 4]))
+
+
+class FeatureExtractionLayerTest(tf.test.TestCase):
+
+  def testFetchAndForwardActivations(self):
+    def proj(name):
+      return linear.ProjectionLayer.Params().Set(
+          name=name, input_dim=4, output_dim=4, activation='TANH')
+
+    p = gpipe.FeatureExtractionLayer.Params().Set(
+        name='fe', sub=[proj('a'), proj('b')], num_act_inputs=1,
+        act_fetch_layers=['a'], num_act_outputs=2)
+    layer = p.Instantiate()
+    x, extra = tf.random.normal([2, 4]), tf.random.normal([3])
+    y, passed, fetched = layer(x, extra)
+    a = layer.children.a(x)
+    self.assertAllClose(layer.children.b(a), y)
+    self.assertAllClose(extra, passed)
+    self.assertAllClose(a, fetched)
+    meta = gpipe.FeatureExtractionLayer.FPropMeta(p, Shape([2, 4]),
+                                                  Shape([3]))
+    self.assertEqual((Shape([2, 4]), Shape([3]), Shape([2, 4])),
+                     meta.out_shapes)
+    sub_flops = linear.ProjectionLayer.FPropMeta(p.sub[0],
+                                                 Shape([2, 4])).flops
+    self.assertEqual(2 * sub_flops, meta.flops)
+
+  def testBadParams(self):
+    proj = linear.ProjectionLayer.Params().Set(name='a', input_dim=4,
+                                               output_dim=4)
+    with self.assertRaisesRegex(
+        ValueError, r"FeatureExtractionLayer 'fe': num_act_outputs=0 must "
+        r'equal num_act_inputs=0 \+ len\(act_fetch_layers\)=1'):
+      gpipe.FeatureExtractionLayer.Params().Set(
+          name='fe', sub=[proj], act_fetch_layers=['a']).Instantiate()
+    with self.assertRaisesRegex(ValueError, r"act_fetch_layers has 'z'"):
+      gpipe.FeatureExtractionLayer.Params().Set(
+          name='fe', sub=[proj], act_fetch_layers=['z'],
+          num_act_outputs=1).Instantiate()
+
+
+if __name__ == '__main__':
+  tf.test.main()
