@@ -112,7 +112,7 @@ def main():
                       help='Steps per configuration per round.')
   parser.add_argument('--remat', default='except_last',
                       help='PipeliningLayer.remat of the pipelined models.')
-  parser.add_argument('--backward_window', default='2',
+  parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
   args = parser.parse_args()
   window = (None if args.backward_window == 'None' else

@@ -17,7 +17,7 @@ Activations are what differ between the models:
   plain:      L * (activations of a layer on the full batch);
   pipelined:  M * boundary + (L / K) * (activations of a layer on one
               micro-batch) per device: the backward re-runs one cell on one
-              or two micro-batches at a time (backward_window), the last
+              micro-batch at a time (backward_window=1), the last
               micro-batch keeps its forward activations (remat
               'except_last') but is back-propagated first.
 Weights, gradients and optimizer updates grow with L in every model. All
@@ -27,6 +27,7 @@ over devices. The script prints a table and the least-squares slopes
 
 Run:
   cd /work/main && /work/venv/bin/python bench/gpipe_memory.py
+      [--layers 4,8,16,32] [--splits 1,4] [--backward_window 1|2|None]
 """
 import argparse
 import json
@@ -42,7 +43,8 @@ sys.path.insert(0, {bench_dir!r})
 import gpipe_bench as gb
 import tensorflow as tf
 gb.LAYERS = {layers}
-model = gb._Model({splits}, {micro_batches})
+model = gb._Model({splits}, {micro_batches},
+                  **({overrides!r} if {splits!r} else {{}}))
 ids = tf.random.stateless_uniform([gb.BATCH, gb.SEQ], [1, 2], maxval=gb.VOCAB,
                                   dtype=tf.int32)
 labels = tf.roll(ids, -1, axis=1)
@@ -56,10 +58,10 @@ print(json.dumps(dict(
 """
 
 
-def _Measure(layers, splits, micro_batches):
+def _Measure(layers, splits, micro_batches, overrides):
   code = _CHILD.format(bench_dir=os.path.dirname(os.path.abspath(__file__)),
                        layers=layers, splits=splits,
-                       micro_batches=micro_batches)
+                       micro_batches=micro_batches, overrides=overrides)
   env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC='true')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,
                        text=True, check=True, env=env)
@@ -67,6 +69,8 @@ def _Measure(layers, splits, micro_batches):
 
 
 def _Slope(xs, ys):
+  if len(set(xs)) < 2:
+    return float('nan')
   mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
   return (sum((x - mx) * (y - my) for x, y in zip(xs, ys)) /
           sum((x - mx) ** 2 for x in xs))
@@ -78,20 +82,25 @@ def main():
                       help='Comma-separated numbers of layers.')
   parser.add_argument('--splits', default='1,4',
                       help='Comma-separated K of the pipelined models.')
+  parser.add_argument('--backward_window', default='1',
+                      help='PipeliningLayer.backward_window: an int or None.')
   args = parser.parse_args()
+  window = (None if args.backward_window == 'None' else
+            int(args.backward_window))
+  overrides = dict(backward_window=window)
   depths = [int(x) for x in args.layers.split(',')]
   models = [('plain', None, 1)] + [
       (f'GPipe K={k} M=8', int(k), 8) for k in args.splits.split(',')]
   table = {}
   for name, splits, m in models:
     for n in depths:
-      table[(name, n)] = _Measure(n, splits, m)
+      table[(name, n)] = _Measure(n, splits, m, overrides)
       print(f'{name:>14}  L={n:<3} tensor peak '
             f'{table[(name, n)]["tensor_mib"]:7.0f} MiB, peak RSS '
             f'{table[(name, n)]["rss_mib"]:7.0f} MiB', flush=True)
   for key, title in (('tensor_mib', 'tensor peak (MiB) of a training step'),
                      ('rss_mib', 'peak RSS (MiB) of the process')):
-    print(f'\n{title}')
+    print(f'\n{title}; pipelined: {overrides}')
     print(f'{"L":>14}' + ''.join(f'{n:>9}' for n in depths) +
           f'{"slope MiB/layer":>18}')
     for name, _, _ in models:

@@ -226,7 +226,7 @@ class PipeliningLayer(SeqLayer):
              'forward in the backward: ' + ', '.join(
                  stacked_recurrent.REMAT_MODES) +
              ' (see framework/stacked_recurrent.py).')
-    p.Define('backward_window', 2, 'At most this many micro-batches per '
+    p.Define('backward_window', 1, 'At most this many micro-batches per '
              'cell hold activations in the backward (1: one at a time; 2: '
              'the next re-run overlaps the current back-propagation; None: '
              'unbounded); see framework/stacked_recurrent.py.')

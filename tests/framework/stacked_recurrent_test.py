@@ -109,7 +109,7 @@ class StackedRecurrentTest(tf.test.TestCase):
       return tf.nest.map_structure(lambda *x: tf.stack(x), *outs), finals
     return self._Run(_Fn, k)
 
-  def _Stacked(self, k, remat, devices=None, list_inputs=False, window=2):
+  def _Stacked(self, k, remat, devices=None, list_inputs=False, window=1):
     def _Fn():
       inputs = self.xs
       if list_inputs:
