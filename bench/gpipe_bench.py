@@ -47,7 +47,7 @@ VOCAB, DIM, HEADS, HIDDEN, LAYERS, SEQ, BATCH = 1024, 256, 4, 1024, 8, 64, 32
 
 
 def _LayerParams():
-  return transformer.GPipeTransformerLayer.Params().Set(
+  return transformer.TransformerLayer.Params().Set(
       input_dim=DIM, hidden_dim=HIDDEN, num_heads=HEADS, mask_self_atten=True)
 
 
@@ -55,9 +55,11 @@ def _StackParams(num_splits, num_micro_batches, **overrides):
   if num_splits is None:
     return transformer.TransformerStack.Params().Set(
         name='stack', num_layers=LAYERS, transformer_tpl=_LayerParams())
-  return gpipe_transformer.GPipeTransformerStack.Params().Set(
+  p = gpipe_transformer.GPipeTransformerStack.Params().Set(
       name='stack', num_layers=LAYERS, transformer_tpl=_LayerParams(),
-      splits=num_splits, num_micro_batches=num_micro_batches, **overrides)
+      splits=num_splits)
+  p.pipeline_tpl.Set(num_micro_batches=num_micro_batches, **overrides)
+  return p
 
 
 class _Model(tf.Module):
@@ -76,7 +78,6 @@ class _Model(tf.Module):
     with tf.device(cluster.devices[-1]):
       self.softmax = softmax.SimpleFullSoftmax.Params().Set(
           name='softmax', input_dim=DIM, num_classes=VOCAB).Instantiate()
-    self.pipelined = num_splits is not None
     self.last_device = cluster.devices[-1]
     self.first_device = cluster.devices[0]
     self.train_vars = (self.emb.vars.Flatten() + self.stack.vars.Flatten() +
@@ -89,10 +90,7 @@ class _Model(tf.Module):
       with tf.device(self.first_device):
         x = self.emb.FProp(self.emb.theta, ids)
       theta = base_layer.WithStepSeed(self.stack.theta, seed)
-      if self.pipelined:
-        x, _ = self.stack.FProp(theta, x, paddings)
-      else:
-        x = self.stack.FProp(theta, x, paddings)
+      x = self.stack.FProp(theta, x, paddings)
       with tf.device(self.last_device):
         loss = self.softmax.FProp(self.softmax.theta, x, labels).avg_xent
     grads = tape.gradient(loss, self.train_vars)

@@ -48,6 +48,7 @@ from cadence.framework import programs  # pylint: disable=g-import-not-at-top
 from cadence.framework import shapes  # pylint: disable=g-import-not-at-top
 from cadence.framework import step_seed  # pylint: disable=g-import-not-at-top
 from cadence.framework.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
+from cadence.layers import transformer  # pylint: disable=g-import-not-at-top
 from cadence.tasks.lm import model  # pylint: disable=g-import-not-at-top
 
 KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
@@ -58,7 +59,13 @@ def _Params(data_dir, splits, micro_batches):
   p = model_registry.GetParams(KEY, 'Train')
   if data_dir:
     p.input.data_dir = data_dir
-  p.task.Set(splits=splits, num_micro_batches=micro_batches)
+  stack = p.task.stack_tpl
+  if splits == 1 and micro_batches == 1:   # The plain TransformerStack.
+    p.task.stack_tpl = transformer.TransformerStack.Params().Set(
+        num_layers=stack.num_layers, transformer_tpl=stack.transformer_tpl)
+  else:
+    stack.splits = splits
+    stack.pipeline_tpl.num_micro_batches = micro_batches
   return p
 
 

@@ -39,6 +39,7 @@ import re
 import tensorflow as tf
 
 from cadence.framework import hyperparams
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 _SHARDED_RE = re.compile(r'^(.*)@(\d+)$')
@@ -127,31 +128,32 @@ class BaseInputGenerator:
   # --- validation --------------------------------------------------------
 
   def _Error(self, field, value, rule):
-    return InputError(f'{type(self).__name__} {self._params.name!r}: '
-                      f'{field}={value!r} {rule}')
+    """An InputError naming this generator, the field, the value, the rule."""
+    return validation.Error(validation.Owner(self), field, value, rule,
+                            error_cls=InputError)
 
   def _Validate(self):
     p = self._params
-    if not isinstance(p.batch_size, int) or p.batch_size <= 0:
-      raise self._Error('batch_size', p.batch_size, 'must be an int > 0.')
-    if p.file_type not in ('text', 'tfrecord'):
-      raise self._Error('file_type', p.file_type,
-                        "must be 'text' or 'tfrecord'.")
-    if not 0 <= p.input_shard_index < p.num_input_shards:
-      raise self._Error('input_shard_index', p.input_shard_index,
-                        f'must be in [0, num_input_shards={p.num_input_shards})'
-                        '.')
-    bounds = list(p.bucket_upper_bound)
-    if any(not isinstance(b, int) or b <= 0 for b in bounds) or (
-        bounds != sorted(set(bounds))):
-      raise self._Error('bucket_upper_bound', bounds,
-                        'must be strictly increasing ints > 0.')
-    limits = list(p.bucket_batch_limit)
-    if limits and len(limits) != len(bounds):
-      raise self._Error('bucket_batch_limit', limits,
-                        f'needs one entry per bucket ({len(bounds)}).')
-    if any(not isinstance(b, int) or b <= 0 for b in limits):
-      raise self._Error('bucket_batch_limit', limits, 'must be ints > 0.')
+    try:
+      owner = validation.Owner(self)
+      validation.CheckInt(owner, 'batch_size', p.batch_size)
+      validation.CheckOneOf(owner, 'file_type', p.file_type,
+                            ('text', 'tfrecord'))
+      validation.CheckInt(owner, 'num_input_shards', p.num_input_shards)
+      validation.CheckInt(owner, 'input_shard_index', p.input_shard_index, 0,
+                          p.num_input_shards - 1)
+      bounds = validation.CheckIntList(owner, 'bucket_upper_bound',
+                                       list(p.bucket_upper_bound))
+      if bounds != sorted(set(bounds)):
+        raise validation.Error(owner, 'bucket_upper_bound', bounds,
+                               'must be strictly increasing ints >= 1.')
+      limits = validation.CheckIntList(owner, 'bucket_batch_limit',
+                                       list(p.bucket_batch_limit))
+      if limits and len(limits) != len(bounds):
+        raise validation.Error(owner, 'bucket_batch_limit', limits,
+                               f'needs one entry per bucket ({len(bounds)}).')
+    except ValueError as e:
+      raise InputError(str(e)) from None
 
   def _NeedsFiles(self):
     """True if the records come from `file_pattern` (the default)."""
@@ -191,6 +193,22 @@ class BaseInputGenerator:
   def files(self):
     """The data files this generator reads, sorted (this shard's share)."""
     return list(self._files)
+
+  @classmethod
+  def BatchShapes(cls, params):
+    """NestedMap of `shapes.Shape`: one replica's batch, from params alone.
+
+    No data is read; a dim known only from the data is None. Tasks check
+    their params against these shapes when they are built
+    (`BaseTask.CheckStaticShapes`) and `--mode=inspect_model` costs a model
+    with them. A subclass lists (at least) the fields its tasks' FPropMeta
+    reads; the base class cannot know them.
+
+    Raises:
+      NotImplementedError: the generator does not say.
+    """
+    raise NotImplementedError(
+        f'{cls.__name__} does not define BatchShapes(params).')
 
   def GlobalBatchSize(self, num_replicas=1):
     """Examples per batch across replicas (the largest bucket's limit)."""

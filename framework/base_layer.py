@@ -38,6 +38,7 @@ import sys
 
 import tensorflow as tf
 
+from cadence.framework import cluster as cluster_lib
 from cadence.framework import hyperparams
 from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import weight_init
@@ -170,39 +171,61 @@ class BaseLayer(tf.Module):
     p.name = name
     return p
 
-  def _Build(self, p, path):
+  @staticmethod
+  def _Build(p, path, device):
     child = p.cls.__new__(p.cls)
     # The child learns its full path before its __init__ runs, so its own
     # variables are seeded by their full paths.
     object.__setattr__(child, '_assigned_path', path)
-    child.__init__(p)
+    with cluster_lib.DeviceScope(device):
+      child.__init__(p)
     return child
 
-  def CreateChild(self, name, p):
+  def CreateChild(self, name, p, device=None):
     """Builds child layer `name` from params `p`; only inside __init__.
 
     The child inherits dtype, fprop_dtype, params_init, random_seed and
     is_inference from this layer when it left them at their defaults.
 
+    Args:
+      name: the child's name, a Python identifier.
+      p: the child's params.
+      device: if set, the device the child's variables are created on (the
+        pipeline places each cell's layers on its stage's device).
+
     Returns:
-      The child layer, also reachable as `self.children[name]`.
+      The child layer, also reachable as `self.children[name]` and
+      `self.<name>`.
     """
     self._CheckConstructing('CreateChild', name)
-    child = self._Build(self._ChildParams(name, p), f'{self.path}.{name}')
+    child = self._Build(self._ChildParams(name, p), f'{self.path}.{name}',
+                        device)
     self._children_by_name[name] = child
     return child
 
-  def CreateChildren(self, name, params_list):
+  def CreateChildren(self, name, params_list, devices=None):
     """Builds a list of children `name[0]`, `name[1]`, ...; inside __init__.
 
+    Args:
+      name: the list's name.
+      params_list: one params per child.
+      devices: None, or one device (or None) per child for its variables.
+
     Returns:
-      The list of child layers, also `self.children[name]`.
+      The list of child layers, also `self.children[name]` and
+      `self.<name>`.
     """
     self._CheckConstructing('CreateChildren', name)
+    params_list = list(params_list)
+    devices = [None] * len(params_list) if devices is None else list(devices)
+    if len(devices) != len(params_list):
+      raise ValueError(
+          f"{type(self).__name__} '{self.path}': CreateChildren({name!r}) got "
+          f'{len(devices)} devices for {len(params_list)} children.')
     children = []
-    for i, p in enumerate(params_list):
+    for i, (p, device) in enumerate(zip(params_list, devices)):
       cp = self._ChildParams(name, p)
-      children.append(self._Build(cp, f'{self.path}.{name}[{i}]'))
+      children.append(self._Build(cp, f'{self.path}.{name}[{i}]', device))
     self._children_by_name[name] = children
     return children
 
@@ -232,6 +255,15 @@ class BaseLayer(tf.Module):
     return var
 
   # --- accessors ---------------------------------------------------------
+
+  def __getattr__(self, name):
+    # Only called when normal lookup fails: children by name, as Lingvo
+    # layers write `self.fc.FProp(theta.fc, x)`.
+    children = self.__dict__.get('_children_by_name')
+    if children is not None and name in children:
+      return children[name]
+    raise AttributeError(
+        f"'{type(self).__name__}' object has no attribute {name!r}")
 
   @property
   def params(self):

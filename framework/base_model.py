@@ -21,6 +21,7 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import hyperparams
 from cadence.framework import learner as learner_lib
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 
@@ -140,27 +141,45 @@ class BaseTask(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     self._ValidateTrainParams()
+    self.CheckStaticShapes(self.params)
 
-  def _Error(self, field, value, rule):
-    return ValueError(f"{type(self).__name__} '{self.path}': {field}="
-                      f'{value!r} {rule}')
+  @classmethod
+  def CheckStaticShapes(cls, params):
+    """Checks the task's params against its input's batch shapes, statically.
+
+    Runs `FPropMeta` on the shapes of one batch as the input params give
+    them (`BaseInputGenerator.BatchShapes`, no data read): every layer that
+    checks its params against shapes there (dims, a pipeline's micro-batches
+    dividing the batch, ...) reports a bad configuration as a ValueError
+    when the task is built, before any step. Does nothing when the task has
+    no input params, or the input or the task cannot say (no BatchShapes or
+    FPropMeta).
+
+    Returns:
+      The FPropMeta NestedMap, or None when nothing was checked.
+    """
+    p = params
+    if p.input is None:
+      return None
+    try:
+      batch_shapes = p.input.cls.BatchShapes(p.input)
+      return cls.FPropMeta(p, batch_shapes)
+    except NotImplementedError:
+      return None
 
   def _ValidateTrainParams(self):
+    owner = validation.Owner(self)
     t = self.params.train
     for field in ('max_steps', 'save_interval_steps', 'save_max_to_keep',
                   'summary_interval_steps', 'log_interval_steps',
                   'max_consecutive_skips'):
-      value = t.Get(field)
-      low = 0 if field == 'max_steps' else 1
-      if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise self._Error(f'train.{field}', value, f'must be an int >= {low}.')
-    if not (isinstance(t.ema_decay, (int, float)) and 0 <= t.ema_decay < 1):
-      raise self._Error('train.ema_decay', t.ema_decay, 'must be in [0, 1).')
+      validation.CheckInt(owner, f'train.{field}', t.Get(field),
+                          low=0 if field == 'max_steps' else 1)
+    validation.CheckNumber(owner, 'train.ema_decay', t.ema_decay, 0, 1,
+                           high_open=True)
     e = self.params.eval
     for field in ('samples_per_summary', 'decoder_samples'):
-      value = e.Get(field)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise self._Error(f'eval.{field}', value, 'must be an int >= 0.')
+      validation.CheckInt(owner, f'eval.{field}', e.Get(field), low=0)
 
   # --- the forward pass ----------------------------------------------------
 

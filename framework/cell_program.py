@@ -26,11 +26,10 @@ Example:
   d_theta, d_state0, d_inputs = prog.Backward(theta, state0, inputs_t, seed,
                                               d_state1)
 """
-import contextlib
-
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
 from cadence.framework.nested_map import NestedMap
 
 # Op types that draw random numbers from hidden state (kernel or resource).
@@ -55,11 +54,6 @@ def IsDifferentiable(x):
 def ToTensors(structure):
   """Flattens a nested structure into a list of tensors (reads variables)."""
   return [tf.convert_to_tensor(x) for x in tf.nest.flatten(structure)]
-
-
-def Device(device):
-  """`tf.device(device)`, or a no-op context for None."""
-  return tf.device(device) if device else contextlib.nullcontext()
 
 
 def _Spec(x):
@@ -193,7 +187,7 @@ class CellProgram:
 
   def _FwdFlat(self, *flat):
     theta, state, inputs, seed = self._Split(list(flat))
-    with Device(self._device):
+    with cluster_lib.DeviceScope(self._device):
       return self._CallCell(theta, state, inputs, seed)
 
   def _BwdFlat(self, *flat):
@@ -202,7 +196,7 @@ class CellProgram:
     n_in = nt + ns + nx + (1 if self._has_seed else 0)
     theta, state, inputs, seed = self._Split(flat[:n_in])
     d_out = flat[n_in:]
-    with Device(self._device):
+    with cluster_lib.DeviceScope(self._device):
       grads, _ = self.TapeForward(theta, state, inputs, seed, d_out=d_out)
     self._bwd_mask = [g is not None for g in grads]
     return [g for g in grads if g is not None]
@@ -264,12 +258,12 @@ class CellProgram:
     if tf.executing_eagerly():
       # Eagerly, running the ops directly is cheaper than instantiating
       # the traced function (a per-call cost, as each call traces anew).
-      with Device(self._device):
+      with cluster_lib.DeviceScope(self._device):
         return self._CallCell(theta, state, inputs, seed)
     args = list(theta) + list(state) + list(inputs)
     if self._has_seed:
       args.append(seed)
-    with Device(self._device):
+    with cluster_lib.DeviceScope(self._device):
       return list(self._fwd(*args))
 
   def ForwardKeep(self, theta, state, inputs, seed=None):
@@ -278,11 +272,11 @@ class CellProgram:
     `grad_fn(d_out)` (once) gives what `Backward` gives, computed from the
     kept activations on `device` instead of by re-running the cell.
     """
-    with Device(self._device):
+    with cluster_lib.DeviceScope(self._device):
       grads_fn, out = self.TapeForward(theta, state, inputs, seed)
 
     def _GradFn(d_out):
-      with Device(self._device):
+      with cluster_lib.DeviceScope(self._device):
         return self._Unpack(grads_fn(d_out))
 
     return _GradFn, out
@@ -317,7 +311,7 @@ class CellProgram:
       depend on.
     """
     if tf.executing_eagerly():
-      with Device(self._device):
+      with cluster_lib.DeviceScope(self._device):
         grads, _ = self.TapeForward(theta, state, inputs, seed, d_out=d_out)
       if self._bwd_mask is not None:   # Keep BackwardMask's promise.
         sources = [x for x in list(theta) + list(state) + list(inputs)
@@ -329,7 +323,7 @@ class CellProgram:
     args = list(theta) + list(state) + list(inputs)
     if self._has_seed:
       args.append(seed)
-    with Device(self._device):
+    with cluster_lib.DeviceScope(self._device):
       got = iter(self._bwd(*(args + list(d_out))))
     grads = [next(got) if m else None for m in self._bwd_mask]
     return self._Unpack(grads)

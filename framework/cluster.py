@@ -23,9 +23,20 @@ Example:
     assert Cluster.Current() is cluster
     layer = PipeliningLayer.Params().Set(...).Instantiate()
 """
+import contextlib
+
 import tensorflow as tf
 
 from cadence.framework import hyperparams
+
+
+def DeviceScope(device):
+  """`tf.device(device)`, or a no-op scope for None (the device in scope).
+
+  The one placement helper: layers place their variables and ops with it,
+  on the devices the current Cluster gives them.
+  """
+  return tf.device(device) if device else contextlib.nullcontext()
 
 
 def _Canonical(device):

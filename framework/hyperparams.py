@@ -270,9 +270,30 @@ class Params:
 
   def _Lookup(self, name, path):
     if name not in self._params:
+      deeper = self._NestedKeysNamed(name, path)
+      hint = (f'; did you mean {" or ".join(map(repr, deeper[:3]))}?' if
+              deeper else _DidYouMean(name, self._params))
       raise AttributeError(f'Params {_Where(path)} has no param {name!r}' +
-                           _DidYouMean(name, self._params))
+                           hint)
     return self._params[name].value
+
+  def _NestedKeysNamed(self, name, path):
+    """Full keys of params called `name` nested below this one, shallowest
+    first: where a knob that moved into a sub-template now lives."""
+    found = []
+    frontier = [(self, path)]
+    while frontier:
+      deeper = []
+      for node, node_path in frontier:
+        params = node._params  # pylint: disable=protected-access
+        for key, param in params.items():
+          for suffix, child in _Children(param.value):
+            child_path = _Join(node_path, key) + suffix
+            if name in child._params:  # pylint: disable=protected-access
+              found.append(_Join(child_path, name))
+            deeper.append((child, child_path))
+      frontier = deeper
+    return found
 
   def _SetValue(self, name, value, path):
     if self._frozen:
@@ -360,6 +381,11 @@ class Params:
     return self._params[name].description
 
   # -- copy and freeze --
+  def Path(self):
+    """Where this Params sits in the tree it was defined in, e.g.
+    'task.stack_tpl' ('' for a root); copies keep it."""
+    return self._path
+
   def Copy(self):
     """A deep, unfrozen copy of the same class (classes, functions, dtypes,
     enums and modules are shared, not copied)."""

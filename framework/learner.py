@@ -20,7 +20,6 @@ Distribution: call `Build()` under `strategy.scope()`, and the step inside
 (all-reduce MEAN, so each replica's loss is the mean over its own examples),
 so the norm, the skip decision and the update agree on every replica.
 """
-import numbers
 import re
 
 import tensorflow as tf
@@ -28,6 +27,7 @@ import tensorflow as tf
 from cadence.framework import hyperparams
 from cadence.framework import optimizer as optimizer_lib
 from cadence.framework import schedule as schedule_lib
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 _NOT_TRAINED = object()  # Marks leaves of var_map that do not train.
@@ -102,17 +102,12 @@ class Learner:
     self._var_map = marked.Filter(lambda v: v is not _NOT_TRAINED)
     self._trainable = self._var_map.FlattenItems()
 
-  def _Error(self, field, value, rule):
-    return ValueError(f'Learner {self._params.name!r}: {field}={value!r} '
-                      f'{rule}')
-
   def _Validate(self):
     p = self._params
     for field in ('learning_rate', 'clip_gradient_norm_to_value',
                   'grad_norm_to_clip_to_zero', 'l2_regularizer_weight'):
-      value = p.Get(field)
-      if not isinstance(value, numbers.Real) or not value >= 0:
-        raise self._Error(field, value, 'must be a number >= 0')
+      validation.CheckNumber(validation.Owner(self), field, p.Get(field),
+                             low=0)
 
   def _Compile(self, field):
     pattern = self._params.Get(field)
@@ -121,7 +116,8 @@ class Learner:
     try:
       return re.compile(pattern)
     except (re.error, TypeError) as e:
-      raise self._Error(field, pattern, f'is not a valid regex: {e}') from None
+      raise validation.Error(validation.Owner(self), field, pattern,
+                             f'is not a valid regex: {e}') from None
 
   @property
   def params(self):

@@ -31,7 +31,9 @@ def _CheckKey(key):
 
 
 def _IsLeafContainer(v):
-  return isinstance(v, (NestedMap, list, tuple)) and not _IsNamedTuple(v)
+  # A tuple type may declare its instances values (shapes.Shape does).
+  return (isinstance(v, (NestedMap, list, tuple)) and not _IsNamedTuple(v)
+          and not getattr(v, 'IS_NESTED_MAP_LEAF', False))
 
 
 def _IsNamedTuple(v):

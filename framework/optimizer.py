@@ -32,6 +32,7 @@ import re
 import tensorflow as tf
 
 from cadence.framework import hyperparams
+from cadence.framework import validation
 
 
 def _VarName(name):
@@ -68,17 +69,10 @@ class BaseOptimizer:
   def params(self):
     return self._params
 
-  def _Error(self, field, value, rule):
-    return ValueError(f'{type(self).__name__} {self._params.name!r}: '
-                      f'{field}={value!r} {rule}')
-
   def _CheckRange(self, field, low, high, low_open=False, high_open=False):
-    value = self._params.Get(field)
-    ok = (value > low if low_open else value >= low) and (
-        value < high if high_open else value <= high)
-    if not ok:
-      left, right = '(' if low_open else '[', ')' if high_open else ']'
-      raise self._Error(field, value, f'must be in {left}{low}, {high}{right}')
+    validation.CheckNumber(validation.Owner(self), field,
+                           self._params.Get(field), low, high, low_open,
+                           high_open)
 
   def _Validate(self):
     """Raises ValueError for bad params; subclasses extend."""
@@ -274,8 +268,7 @@ class Adam(BaseOptimizer):
   def _Validate(self):
     self._CheckRange('beta1', 0.0, 1.0, high_open=True)
     self._CheckRange('beta2', 0.0, 1.0, high_open=True)
-    if not self._params.epsilon > 0:
-      raise self._Error('epsilon', self._params.epsilon, 'must be > 0')
+    self._CheckRange('epsilon', 0.0, None, low_open=True)
 
   def _SlotShapes(self, shape):
     return {'m': shape, 'v': shape}
@@ -327,11 +320,8 @@ class Adafactor(BaseOptimizer):
   def _Validate(self):
     self._CheckRange('beta1', 0.0, 1.0, high_open=True)
     self._CheckRange('decay_exponent', 0.0, 1.0, low_open=True)
-    if not self._params.epsilon1 > 0:
-      raise self._Error('epsilon1', self._params.epsilon1, 'must be > 0')
-    if self._params.clipping_threshold < 0:
-      raise self._Error('clipping_threshold',
-                        self._params.clipping_threshold, 'must be >= 0')
+    self._CheckRange('epsilon1', 0.0, None, low_open=True)
+    self._CheckRange('clipping_threshold', 0.0, None)
 
   def _Factored(self, shape):
     p = self._params

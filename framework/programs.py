@@ -63,18 +63,20 @@ def InputShapes(dataset, batch_size=None):
   return NestedMap(dataset.element_spec).Transform(_Shape)
 
 
-def TrainFlopsPerExample(task, dataset):
+def TrainFlopsPerExample(task, dataset, batch_size):
   """Train FLOPs per example: 3x (forward + backward) FPropMeta's forward.
 
-  The forward is costed on one example (batch dim 1), so batches of any
-  size, bucketed or not, get their FLOPs as examples x this. Returns None
-  when the task has no FPropMeta or another dim is unknown.
+  The forward is costed on one batch of `batch_size` examples (the
+  per-replica batch: what FPropMeta's checks, e.g. a pipeline's
+  micro-batching, expect) and divided by it, so batches of any size get
+  their FLOPs as examples x this. Returns None when the task has no
+  FPropMeta or another dim is unknown.
   """
   try:
-    meta = type(task).FPropMeta(task.params, InputShapes(dataset, 1))
+    meta = type(task).FPropMeta(task.params, InputShapes(dataset, batch_size))
   except NotImplementedError:
     return None
-  return None if meta.flops is None else 3 * meta.flops
+  return None if meta.flops is None else 3 * meta.flops / batch_size
 
 
 def MeasurePeakFlops(device=None, n=None, repeats=5):
@@ -423,7 +425,8 @@ class TrainProgram:
     dataset = self._input.Dataset(
         start_batch=int(self._input_position.numpy()),
         num_replicas=self._strategy.num_replicas_in_sync)
-    flops = TrainFlopsPerExample(self._task, dataset)
+    flops = TrainFlopsPerExample(self._task, dataset,
+                                 self._input.GlobalBatchSize())
     iterator = iter(self._strategy.experimental_distribute_dataset(dataset))
     summary_window, log_window = _Window(), _Window()
     first = True

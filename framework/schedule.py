@@ -16,6 +16,7 @@ import math
 import tensorflow as tf
 
 from cadence.framework import hyperparams
+from cadence.framework import validation
 
 
 def _Step(step):
@@ -36,9 +37,6 @@ class BaseSchedule:
   @property
   def params(self):
     return self._params
-
-  def _Error(self, field, value, rule):
-    return ValueError(f'{type(self).__name__}: {field}={value!r} {rule}')
 
   def Value(self, step):
     """Returns the float32 scalar multiplier at `step` (int or tensor)."""
@@ -94,8 +92,8 @@ class PiecewiseConstantSchedule(BaseSchedule):
           f'len(boundaries) + 1 = {len(boundaries) + 1} '
           f'(boundaries={boundaries!r}, values={values!r})')
     if any(b1 >= b2 for b1, b2 in zip(boundaries, boundaries[1:])):
-      raise self._Error('boundaries', boundaries, 'must be strictly '
-                        'increasing')
+      raise validation.Error(validation.Owner(self), 'boundaries', boundaries,
+                             'must be strictly increasing.')
     self._boundaries = tf.constant(boundaries or [0], tf.float32)
     self._values = tf.constant(values, tf.float32)
 
@@ -126,9 +124,8 @@ class LinearRampupSchedule(BaseSchedule):
 
   def __init__(self, params):
     super().__init__(params)
-    if self.params.warmup_steps < 0:
-      raise self._Error('warmup_steps', self.params.warmup_steps,
-                        'must be >= 0')
+    validation.CheckNumber(validation.Owner(self), 'warmup_steps',
+                           self.params.warmup_steps, low=0)
 
   def Value(self, step):
     p = self.params
@@ -164,8 +161,8 @@ class TransformerSchedule(BaseSchedule):
   def __init__(self, params):
     super().__init__(params)
     for field in ('model_dim', 'warmup_steps', 'worker_replicas'):
-      if self.params.Get(field) <= 0:
-        raise self._Error(field, self.params.Get(field), 'must be > 0')
+      validation.CheckNumber(validation.Owner(self), field,
+                             self.params.Get(field), low=0, low_open=True)
 
   def Value(self, step):
     p = self.params
@@ -201,11 +198,11 @@ class CosineSchedule(BaseSchedule):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.warmup_steps < 0:
-      raise self._Error('warmup_steps', p.warmup_steps, 'must be >= 0')
+    owner = validation.Owner(self)
+    validation.CheckNumber(owner, 'warmup_steps', p.warmup_steps, low=0)
     if p.total_steps <= p.warmup_steps:
-      raise self._Error('total_steps', p.total_steps,
-                        f'must be > warmup_steps={p.warmup_steps}')
+      raise validation.Error(owner, 'total_steps', p.total_steps,
+                             f'must be > warmup_steps={p.warmup_steps}.')
 
   def Value(self, step):
     p = self.params

@@ -14,7 +14,13 @@ import tensorflow as tf
 
 
 class Shape(tuple):
-  """An immutable tuple of dims; each dim is a non-negative int or None."""
+  """An immutable tuple of dims; each dim is a non-negative int or None.
+
+  A NestedMap holds a Shape as one leaf (it does not descend into it), so a
+  NestedMap of shapes flattens and transforms shape by shape.
+  """
+
+  IS_NESTED_MAP_LEAF = True
 
   def __new__(cls, dims=()):
     if isinstance(dims, tf.TensorShape):

@@ -56,6 +56,7 @@ Example:
 import tensorflow as tf
 
 from cadence.framework import cell_program
+from cadence.framework import cluster as cluster_lib
 from cadence.framework import step_seed as step_seed_lib
 
 REMAT_MODES = ('except_last', 'always', 'never')
@@ -190,14 +191,14 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
     th = [[next(args) for _ in range(n)] for n in nts]
     init = [[next(args) for _ in range(n)] for n in nss]
     xs = list(args)
-    with cell_program.Device(devices[0]):
+    with cluster_lib.DeviceScope(devices[0]):
       if stacked:
         per_leaf = [tf.unstack(x, num=m) for x in xs]
         mb_x = [[leaf[j] for leaf in per_leaf] for j in range(m)]
       else:
         mb_x = [xs[j * nx:(j + 1) * nx] for j in range(m)]
     for i in range(k):
-      with cell_program.Device(devices[i]):
+      with cluster_lib.DeviceScope(devices[i]):
         th[i] = [tf.identity(x) for x in th[i]]
 
     out = [[None] * m for _ in range(k)]
@@ -217,7 +218,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
 
     last = [out[k - 1][j] for j in range(m)]
     if stacked:
-      with cell_program.Device(devices[-1]):
+      with cluster_lib.DeviceScope(devices[-1]):
         acc = [tf.stack([o[n] for o in last]) for n in range(nss[-1])]
     else:
       acc = [x for o in last for x in o]
@@ -239,7 +240,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
 
       ns_last = nss[-1]
       if stacked:
-        with cell_program.Device(devices[-1]):
+        with cluster_lib.DeviceScope(devices[-1]):
           for n, d in enumerate(d_acc):
             if d is not None:
               for j, dj in enumerate(tf.unstack(d, num=m)):
@@ -259,7 +260,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
       done = [[] for _ in range(k)]   # Per cell: each backward's grads.
       for tick in reversed(schedule):
         for i, j in tick:
-          with cell_program.Device(devices[i]):
+          with cluster_lib.DeviceScope(devices[i]):
             terms = [pending.pop((i, j, n), None) for n in range(nss[i])]
             if not any(terms):
               continue   # Nothing flows back into this (cell, step).
@@ -277,7 +278,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
             g_th, g_s, g_x = kept.pop((i, j))(d_out)
           else:
             g_th, g_s, g_x = progs[i].Backward(*_Args(i, j), d_out)
-          with cell_program.Device(devices[i]):
+          with cluster_lib.DeviceScope(devices[i]):
             d_th[i] = [a if g is None else (tf.identity(g) if a is None
                                             else a + g)
                        for a, g in zip(d_th[i], g_th)]
@@ -300,7 +301,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
       grads = [g for cell in d_th for g in cell]
       grads += [g for cell in d_init for g in cell]
       if stacked:
-        with cell_program.Device(devices[0]):
+        with cluster_lib.DeviceScope(devices[0]):
           for n in range(nx):
             col = [d_x[j][n] for j in range(m)]
             if all(g is None for g in col):

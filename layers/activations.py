@@ -74,6 +74,15 @@ def GetFn(name):
   return _Lookup(name)[0]
 
 
+def CheckName(owner, field, name):
+  """Raises a ValueError naming `owner` and `field` unless `name` is valid."""
+  try:
+    _Lookup(name)
+  except ValueError as e:
+    raise ValueError(f'{owner}: {field}={name!r} is invalid: {e}') from None
+  return name
+
+
 def FlopsPerElement(name):
   """FLOPs per element of activation `name`; see the module docstring."""
   return _Lookup(name)[1]

@@ -8,26 +8,13 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams
 
 # FLOPs counted per softmax logit: max, subtract, exp, sum, divide.
 SOFTMAX_FLOPS_PER_LOGIT = 5
-
-
-def _CheckPositiveInt(layer, field, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(
-        f"{type(layer).__name__} '{layer.path}': {field}={value!r} must be a "
-        'positive int.')
-
-
-def _CheckProb(layer, field, value):
-  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-    raise ValueError(
-        f"{type(layer).__name__} '{layer.path}': {field}={value!r} must be a "
-        'probability in [0, 1).')
 
 
 def _Dims(x, n):
@@ -112,20 +99,17 @@ class MultiHeadedAttention(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    _CheckPositiveInt(self, 'input_dim', p.input_dim)
-    _CheckPositiveInt(self, 'num_heads', p.num_heads)
+    owner = validation.Owner(self)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    validation.CheckInt(owner, 'num_heads', p.num_heads)
     if p.source_dim:
-      _CheckPositiveInt(self, 'source_dim', p.source_dim)
+      validation.CheckInt(owner, 'source_dim', p.source_dim)
     if p.hidden_dim:
-      _CheckPositiveInt(self, 'hidden_dim', p.hidden_dim)
-    _CheckProb(self, 'atten_dropout_prob', p.atten_dropout_prob)
+      validation.CheckInt(owner, 'hidden_dim', p.hidden_dim)
+    validation.CheckProb(owner, 'atten_dropout_prob', p.atten_dropout_prob)
     hidden, source_dim = self._HiddenDim(p), p.source_dim or p.input_dim
-    if hidden % p.num_heads:
-      which = 'hidden_dim' if p.hidden_dim else 'input_dim (the hidden_dim)'
-      raise ValueError(
-          f"MultiHeadedAttention '{self.path}': num_heads={p.num_heads} must "
-          f'divide {which}={hidden}; {hidden} % {p.num_heads} = '
-          f'{hidden % p.num_heads}.')
+    which = 'hidden_dim' if p.hidden_dim else 'input_dim (the hidden_dim)'
+    validation.CheckDivides(owner, 'num_heads', p.num_heads, hidden, which)
     self.CreateVariable('query_w', WeightParams([p.input_dim, hidden]))
     self.CreateVariable('key_w', WeightParams([source_dim, hidden]))
     self.CreateVariable('value_w', WeightParams([source_dim, hidden]))

@@ -1,17 +1,63 @@
-"""Layers made of other layers: SequentialLayer.
+"""Layers made of other layers: SequentialLayer, FeatureExtractionLayer.
 
 A SequentialLayer runs its sub-layers one after another. The pipeline
 partitioner does not instantiate it; it asks `SequentialLayer.FlatSubParams`
 for the flat list of leaf layer params and cuts that list into stages.
+A FeatureExtractionLayer also runs sub-layers in order and can pass
+activations through and fetch intermediate ones: it is the pipeline's cell
+type (layers/gpipe.py), as in Lingvo.
+
+`LayerMeta`, `DescribeLayer` and `FmtShapes` are the shared pieces of
+chaining sub-layers' FPropMeta with clear errors.
 """
 from cadence.framework import base_layer
 from cadence.framework import hyperparams
 from cadence.framework import shapes
+from cadence.framework import validation
+
+NestedMap = base_layer.NestedMap
 
 
-def _AsTuple(outputs):
-  """A layer's outputs as a tuple of next-layer inputs."""
-  return outputs if isinstance(outputs, tuple) else (outputs,)
+def AsTuple(x):
+  """x as a tuple: tuples unchanged, lists converted, else (x,)."""
+  return x if isinstance(x, tuple) else (tuple(x) if isinstance(x, list)
+                                         else (x,))
+
+
+def FmtShapes(in_shapes):
+  """Shapes (or NestedMaps of them) as lists/dicts for error messages."""
+  return [list(s) if isinstance(s, tuple) else dict(s) for s in in_shapes]
+
+
+def LayerMeta(owner, what, layer_p, in_shapes):
+  """layer_p.cls.FPropMeta with a clear error for a layer without one.
+
+  `what` names the layer in the error, e.g. "layer 3 (Conv2DLayer 'conv')".
+  """
+  try:
+    return layer_p.cls.FPropMeta(layer_p, *in_shapes)
+  except NotImplementedError:
+    raise ValueError(
+        f'{owner}: {what} has no FPropMeta; the pipeline needs it to cost '
+        'the layer and to know the shapes it passes on (inputs '
+        f'{FmtShapes(in_shapes)}).') from None
+
+
+def CheckSubParams(owner, sub):
+  """Raises unless `sub` is a non-empty list of layer params."""
+  if not isinstance(sub, (list, tuple)) or not sub:
+    raise validation.Error(owner, 'sub', sub,
+                           'must be a non-empty list of layer params.')
+  for i, p in enumerate(sub):
+    if not isinstance(p, hyperparams.InstantiableParams):
+      raise validation.Error(owner, f'sub[{i}]', p, 'must be a layer '
+                             'Params() (InstantiableParams).')
+
+
+def DescribeLayer(index, layer_p, name=None):
+  """E.g. "layer 3 (Conv2DLayer 'conv')" for error messages."""
+  return (f'layer {index} ({layer_p.cls.__name__} '
+          f'{name or layer_p.name!r})')
 
 
 class SequentialLayer(base_layer.BaseLayer):
@@ -46,21 +92,9 @@ class SequentialLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if (isinstance(p.repeat, bool) or not isinstance(p.repeat, int) or
-        p.repeat < 1):
-      raise ValueError(
-          f"SequentialLayer '{self.path}': repeat={p.repeat!r} must be an "
-          'int >= 1.')
-    if not isinstance(p.sub, (list, tuple)) or not p.sub:
-      raise ValueError(
-          f"SequentialLayer '{self.path}': sub={p.sub!r} must be a non-empty "
-          'list of layer params.')
-    for i, sub in enumerate(p.sub):
-      if not isinstance(sub, hyperparams.InstantiableParams):
-        raise ValueError(
-            f"SequentialLayer '{self.path}': sub[{i}] is a "
-            f'{type(sub).__name__}; expected a layer Params() '
-            '(InstantiableParams).')
+    owner = validation.Owner(self)
+    validation.CheckInt(owner, 'repeat', p.repeat)
+    CheckSubParams(owner, p.sub)
     self.sub = self.CreateChildren('sub', list(p.sub) * p.repeat)
 
   def FProp(self, theta, *inputs):
@@ -75,7 +109,7 @@ class SequentialLayer(base_layer.BaseLayer):
     """
     outputs = inputs
     for layer, layer_theta in zip(self.sub, theta.sub):
-      outputs = layer.FProp(layer_theta, *_AsTuple(outputs))
+      outputs = layer.FProp(layer_theta, *AsTuple(outputs))
     return outputs
 
   @classmethod
@@ -91,7 +125,7 @@ class SequentialLayer(base_layer.BaseLayer):
       meta = sub.cls.FPropMeta(sub, *in_shapes)
       flops = shapes.Add(flops, meta.flops)
       in_shapes = tuple(meta.out_shapes)
-    return base_layer.NestedMap(flops=flops, out_shapes=in_shapes)
+    return NestedMap(flops=flops, out_shapes=in_shapes)
 
   @classmethod
   def FlatSubParams(cls, p):
@@ -128,3 +162,96 @@ class SequentialLayer(base_layer.BaseLayer):
           sub.name = f'{sub.name}{suffix}'
           flat.append(sub)
     return flat
+
+
+class FeatureExtractionLayer(base_layer.BaseLayer):
+  """Runs `sub` layers in sequence; can fetch and forward activations.
+
+  FProp(theta, *inputs): the last `num_act_inputs` inputs are activations
+  passed through untouched; the others feed the first sub-layer, whose
+  outputs feed the next, and so on. Returned: the last sub-layer's outputs,
+  then the passed-through activations, then the first output of each layer
+  named in `act_fetch_layers` (so num_act_outputs = num_act_inputs +
+  len(act_fetch_layers)). Without activations it returns exactly what the
+  last sub-layer returned.
+
+  Example:
+    p = FeatureExtractionLayer.Params().Set(
+        name='cell0', act_fetch_layers=['conv0'], num_act_outputs=1,
+        sub=[Conv2DLayer.Params().Set(name='conv0', filter_shape=[3, 3, 1, 4]),
+             Conv2DLayer.Params().Set(name='conv1', filter_shape=[3, 3, 4, 4])])
+    y, conv0_out = p.Instantiate()(tf.ones([2, 8, 8, 1]))
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('sub', [], 'List of layer params run in order; unique names.')
+    p.Define('num_act_inputs', 0, 'Number of trailing inputs that are '
+             'activations to pass through.')
+    p.Define('num_act_outputs', 0, 'Number of trailing outputs that are '
+             'activations: num_act_inputs + len(act_fetch_layers).')
+    p.Define('act_fetch_layers', [], 'Names of sub-layers whose (first) '
+             'output is appended to the outputs.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    where = validation.Owner(self)
+    CheckSubParams(where, p.sub)
+    names = [s.name for s in p.sub]
+    if len(set(names)) != len(names):
+      raise ValueError(f'{where}: sub-layer names {names} must be unique.')
+    fetch = list(p.act_fetch_layers or [])
+    for f in fetch:
+      if f not in names:
+        raise ValueError(f'{where}: act_fetch_layers has {f!r}, which is not '
+                         f'a sub-layer; sub-layers are {names}.')
+    if p.num_act_inputs < 0 or (
+        p.num_act_outputs != p.num_act_inputs + len(fetch)):
+      raise ValueError(
+          f'{where}: num_act_outputs={p.num_act_outputs} must equal '
+          f'num_act_inputs={p.num_act_inputs} + len(act_fetch_layers)='
+          f'{len(fetch)} (and num_act_inputs >= 0).')
+    self._subs = [(s.name, self.CreateChild(s.name, s)) for s in p.sub]
+
+  def FProp(self, theta, *inputs):
+    """Runs the sub-layers; see the class docstring for the outputs."""
+    p = self.params
+    n_act = p.num_act_inputs
+    if len(inputs) <= n_act:
+      raise ValueError(
+          f"FeatureExtractionLayer '{self.path}': got {len(inputs)} inputs; "
+          f'need more than num_act_inputs={n_act}.')
+    main = inputs[:len(inputs) - n_act]
+    acts = tuple(inputs[len(inputs) - n_act:])
+    fetched = {}
+    out = main
+    for name, layer in self._subs:
+      out = layer.FProp(theta[name], *AsTuple(out))
+      if name in p.act_fetch_layers:
+        fetched[name] = AsTuple(out)[0]
+    if not n_act and not p.act_fetch_layers:
+      return out
+    return AsTuple(out) + acts + tuple(fetched[f]
+                                        for f in p.act_fetch_layers)
+
+  @classmethod
+  def FPropMeta(cls, p, *input_shapes):
+    """flops: the subs' sum; out_shapes: outputs, activations, fetches."""
+    n_act = p.num_act_inputs
+    in_shapes = tuple(input_shapes)
+    main = in_shapes[:len(in_shapes) - n_act]
+    acts = in_shapes[len(in_shapes) - n_act:]
+    flops, fetched = 0, {}
+    for i, sub in enumerate(p.sub):
+      sub = base_layer.InheritParams(p, sub)
+      meta = LayerMeta(f"FeatureExtractionLayer '{p.name}'",
+                       DescribeLayer(i, sub), sub, main)
+      flops = shapes.Add(flops, meta.flops)
+      main = tuple(meta.out_shapes)
+      if sub.name in p.act_fetch_layers:
+        fetched[sub.name] = main[0]
+    out = main + tuple(acts) + tuple(fetched[f] for f in p.act_fetch_layers)
+    return NestedMap(flops=flops, out_shapes=out)

@@ -3,12 +3,12 @@
 Images are [batch, height, width, channels]. Output spatial sizes follow
 TensorFlow's rules (see `ConvOutputSize`).
 """
-import difflib
 
 import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.layers import activations
 
 NestedMap = base_layer.NestedMap
@@ -44,38 +44,6 @@ def ConvOutputSize(size, window, stride, padding):
     raise ValueError(f'VALID padding needs input size >= window; got size '
                      f'{size} < window {window}.')
   return (size - window) // stride + 1
-
-
-def _Error(layer, field, value, rule):
-  return ValueError(f"{type(layer).__name__} '{layer.path}': {field}="
-                    f'{value!r} {rule}')
-
-
-def _CheckInts(layer, field, value, length):
-  if (not isinstance(value, (list, tuple)) or len(value) != length or
-      not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-              for v in value)):
-    raise _Error(layer, field, value,
-                 f'must be a list of {length} positive ints.')
-
-
-def _CheckChoice(layer, field, value, choices):
-  if value in choices:
-    return
-  hint = ''
-  if isinstance(value, str):
-    close = difflib.get_close_matches(value.upper(), choices, n=1)
-    if close:
-      hint = f' Did you mean {close[0]!r}?'
-  raise _Error(layer, field, value,
-               f'must be one of {", ".join(map(repr, choices))}.{hint}')
-
-
-def _CheckActivation(layer, field, name):
-  try:
-    activations.GetFn(name)
-  except ValueError as e:
-    raise _Error(layer, field, name, f'is invalid: {e}') from None
 
 
 def _CheckImageShape(cls, p, shape, channels):
@@ -123,10 +91,11 @@ class Conv2DLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    _CheckInts(self, 'filter_shape', p.filter_shape, 4)
-    _CheckInts(self, 'filter_stride', p.filter_stride, 2)
-    _CheckChoice(self, 'padding', p.padding, _PADDINGS)
-    _CheckActivation(self, 'activation', p.activation)
+    owner = validation.Owner(self)
+    validation.CheckIntList(owner, 'filter_shape', p.filter_shape, 4)
+    validation.CheckIntList(owner, 'filter_stride', p.filter_stride, 2)
+    validation.CheckOneOf(owner, 'padding', p.padding, _PADDINGS)
+    activations.CheckName(owner, 'activation', p.activation)
     self._act_fn = activations.GetFn(p.activation)
     self.CreateVariable('w', WeightParams(list(p.filter_shape)))
     if p.has_bias:
@@ -163,6 +132,8 @@ class Conv2DLayer(base_layer.BaseLayer):
     dim, is unknown.
     """
     shape = shapes.AsShape(inputs)
+    activations.CheckName(validation.Owner(p), 'activation',
+                          p.activation)
     kh, kw, cin, cout = p.filter_shape
     _CheckImageShape(cls, p, shape, cin)
     out = _OutImageShape(cls, p, shape, (kh, kw), p.filter_stride, cout)
@@ -196,10 +167,12 @@ class PoolingLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    _CheckInts(self, 'window_shape', p.window_shape, 2)
-    _CheckInts(self, 'window_stride', p.window_stride, 2)
-    _CheckChoice(self, 'pooling_type', p.pooling_type, _POOLING_TYPES)
-    _CheckChoice(self, 'padding', p.padding, _PADDINGS)
+    owner = validation.Owner(self)
+    validation.CheckIntList(owner, 'window_shape', p.window_shape, 2)
+    validation.CheckIntList(owner, 'window_stride', p.window_stride, 2)
+    validation.CheckOneOf(owner, 'pooling_type', p.pooling_type,
+                          _POOLING_TYPES)
+    validation.CheckOneOf(owner, 'padding', p.padding, _PADDINGS)
 
   def FProp(self, theta, inputs):
     """Pools.

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 # FLOPs per element when dropout is active: one uniform draw, one compare,
@@ -43,19 +44,15 @@ class DropoutLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    kp = p.keep_prob
-    if (isinstance(kp, bool) or not isinstance(kp, (int, float)) or
-        not 0.0 < kp <= 1.0):
-      raise ValueError(
-          f"DropoutLayer '{self.path}': keep_prob={kp!r} must be a number in "
-          '(0, 1]; 1.0 disables dropout.')
+    owner = validation.Owner(self)
+    validation.CheckNumber(owner, 'keep_prob', p.keep_prob, 0, 1,
+                           low_open=True)
     dims = p.noise_shape_broadcast_dims
-    if dims is not None and (
-        not isinstance(dims, (list, tuple)) or
-        not all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
-      raise ValueError(
-          f"DropoutLayer '{self.path}': noise_shape_broadcast_dims={dims!r} "
-          'must be None or a list of ints (input dims, negative allowed).')
+    if dims is not None and (not isinstance(dims, (list, tuple)) or
+                             not all(validation.IsInt(d) for d in dims)):
+      raise validation.Error(owner, 'noise_shape_broadcast_dims', dims,
+                             'must be None or a list of ints (input dims, '
+                             'negative allowed).')
 
   @classmethod
   def _IsIdentity(cls, p):

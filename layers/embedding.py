@@ -17,18 +17,11 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams
-
-
-def _CheckPositiveInt(layer, field):
-  value = layer.params.Get(field)
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(
-        f"{type(layer).__name__} '{layer.path}': {field}={value!r} must be a "
-        'positive int.')
 
 
 def _Positions(layer, seq_length, positions):
@@ -78,9 +71,10 @@ class EmbeddingLayer(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    _CheckPositiveInt(self, 'vocab_size')
-    _CheckPositiveInt(self, 'embedding_dim')
     p = self.params
+    owner = validation.Owner(self)
+    validation.CheckInt(owner, 'vocab_size', p.vocab_size)
+    validation.CheckInt(owner, 'embedding_dim', p.embedding_dim)
     self.CreateVariable('emb', WeightParams([p.vocab_size, p.embedding_dim]))
 
   def FProp(self, theta, ids):
@@ -139,12 +133,11 @@ class PositionalEmbedding(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    _CheckPositiveInt(self, 'embedding_dim')
-    name = f"PositionalEmbedding '{self.path}'"
+    name = validation.Owner(self)
+    validation.CheckInt(name, 'embedding_dim', p.embedding_dim)
     if p.embedding_dim % 2:
-      raise ValueError(
-          f'{name}: embedding_dim={p.embedding_dim} must be even (half sin, '
-          'half cos).')
+      raise validation.Error(name, 'embedding_dim', p.embedding_dim,
+                             'must be even (half sin, half cos).')
     if not 0 < p.min_timescale <= p.max_timescale:
       raise ValueError(
           f'{name}: min_timescale={p.min_timescale!r}, max_timescale='
@@ -209,9 +202,10 @@ class LearnedPositionalEmbedding(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    _CheckPositiveInt(self, 'max_seq_len')
-    _CheckPositiveInt(self, 'embedding_dim')
     p = self.params
+    owner = validation.Owner(self)
+    validation.CheckInt(owner, 'max_seq_len', p.max_seq_len)
+    validation.CheckInt(owner, 'embedding_dim', p.embedding_dim)
     self.CreateVariable('emb', WeightParams([p.max_seq_len, p.embedding_dim]))
 
   def FProp(self, theta, seq_length=None, positions=None):

@@ -6,18 +6,23 @@ using Pipeline Parallelism", arXiv:1811.06965.
 A model that is a sequence of layers is cut into K *cells* (contiguous
 groups of layers of near-equal FLOPs, `PartitionSequentialLayers`); cell i
 lives on device i % D of the current model split (`cluster.Cluster`). The
-batch is split into M micro-batches and the cells process them as a
-wavefront (`framework.stacked_recurrent`): cell i works on micro-batch t - i
-at tick t, so the devices overlap except for the (K-1)/(M+K-1) bubble. In
-the backward pass each cell re-runs its forward on each micro-batch before
-back-propagating through it (rematerialisation), so a device holds the
-activations of its cell for at most `backward_window` micro-batches at a
-time (with remat='except_last', the last micro-batch keeps its forward
-activations instead of re-running; it is back-propagated first).
+batch is split into M micro-batches (framework/microbatch.py) and the cells
+process them as a wavefront (framework/stacked_recurrent.py): cell i works
+on micro-batch t - i at tick t, so the devices overlap except for the
+(K-1)/(M+K-1) bubble. In the backward pass each cell re-runs its forward on
+each micro-batch before back-propagating through it (rematerialisation), so
+a device holds the activations of its cell for at most `backward_window`
+micro-batches at a time (with remat='except_last', the last micro-batch
+keeps its forward activations instead of re-running; it is back-propagated
+first).
 
-Files: the cell type `FeatureExtractionLayer` and the partitioner
-`PartitionSequentialLayers` live in gpipe_partition.py (re-exported here);
-the pipelined Transformer stack in gpipe_transformer.py.
+Two ways to give a PipeliningLayer its cells:
+  * `cell_tpl`: the layer builds the cells as its children `cells[i]`
+    (Lingvo's form; `PartitionSequentialLayers` makes such a list);
+  * composition: a layer that owns its sub-layers itself (so their variable
+    paths do not depend on the partition, e.g. GPipeTransformerStack) keeps
+    a PipeliningLayer child with an empty `cell_tpl` for the pipeline's
+    settings and devices, and passes the cells to `FPropCells`.
 
 Randomness: micro-batch j of a step runs with the seed
 `step_seed.MicroBatchSeed(theta.step_seed, j)` in every cell, so dropout
@@ -38,23 +43,35 @@ Example:
     pipe = p.Instantiate()
   y = pipe.FProp(base_layer.WithStepSeed(pipe.theta, seed), x)
 """
+import collections
+
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework import cell_program
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import microbatch
 from cadence.framework import shapes
 from cadence.framework import stacked_recurrent
+from cadence.framework import validation
+from cadence.layers import combinators
 from cadence.layers import gpipe_partition
 
 NestedMap = base_layer.NestedMap
 
-
-# The cell type and the partitioner (layers/gpipe_partition.py).
-FeatureExtractionLayer = gpipe_partition.FeatureExtractionLayer
+# The cell type and the partitioner, re-exported (Lingvo users find them in
+# gpipe).
+FeatureExtractionLayer = combinators.FeatureExtractionLayer
 PartitionSequentialLayers = gpipe_partition.PartitionSequentialLayers
 BalancedPartition = gpipe_partition.BalancedPartition
-_AsTuple = gpipe_partition.AsTuple
+
+# A cell handed to `PipeliningLayer.FPropCells`:
+#   fprop: fn(theta, *inputs) -> outputs (a tensor or a tuple of tensors; one
+#     NestedMap in and out with nested_map_fprop);
+#   theta: the cell's theta (without step seed; the pipeline adds it);
+#   meta: fn(*input_shapes) -> NestedMap(flops, out_shapes), the cell's
+#     FPropMeta (the pipeline needs the shapes it passes on).
+PipelineCell = collections.namedtuple('PipelineCell', ['fprop', 'theta',
+                                                       'meta'])
 
 
 # --- pure helpers ------------------------------------------------------------
@@ -84,6 +101,23 @@ def _ShapesToSpecs(struct, dtype):
   raise ValueError(f'Expected a Shape in FPropMeta out_shapes; got {struct!r}.')
 
 
+def _BatchOfShapes(owner, input_shapes, batch_dim):
+  """The static batch size of FPropMeta input shapes (None if unknown)."""
+  leaves = []
+  for s in input_shapes:
+    leaves += list(s.Flatten()) if isinstance(s, NestedMap) else [s]
+  batches = set()
+  for s in leaves:
+    s = shapes.AsShape(s)
+    if s.rank is not None and s.rank > batch_dim:
+      batches.add(s[batch_dim])
+  known = {b for b in batches if b is not None}
+  if len(known) > 1:
+    raise ValueError(f'{owner}: inputs disagree on the batch dim '
+                     f'(batch_dim={batch_dim}): {sorted(known)}.')
+  return known.pop() if known else None
+
+
 # --- layers ------------------------------------------------------------------
 
 
@@ -111,26 +145,23 @@ class SeqLayer(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    self._devices = cluster_lib.Cluster.Current().DevicesInModelSplit(0)
-    self._child_devices = {}
-    self._CreateLayers()
-
-  def _Build(self, p, path):
-    # Builds each child (and so its variables) on its cell's device.
-    with cell_program.Device(self._child_devices.get(path)):
-      return super()._Build(p, path)
-
-  def _CreateLayers(self):
     p = self.params
-    if not isinstance(p.cell_tpl, (list, tuple)) or not p.cell_tpl:
-      raise ValueError(f"{type(self).__name__} '{self.path}': cell_tpl="
-                       f'{p.cell_tpl!r} must be a non-empty list of params.')
-    for i in range(len(p.before_tpl)):
-      self._child_devices[f'{self.path}.before[{i}]'] = self._devices[0]
-    for i in range(len(p.cell_tpl)):
-      self._child_devices[f'{self.path}.cells[{i}]'] = self.CellDevice(i)
-    self.CreateChildren('before', list(p.before_tpl))
-    self.CreateChildren('cells', list(p.cell_tpl))
+    self._devices = cluster_lib.Cluster.Current().DevicesInModelSplit(0)
+    for field in ('before_tpl', 'cell_tpl'):
+      if not isinstance(p.Get(field), (list, tuple)):
+        raise validation.Error(validation.Owner(self), field, p.Get(field),
+                               'must be a list of layer params.')
+    if not p.cell_tpl and not self._CellsGivenByOwner():
+      raise validation.Error(validation.Owner(self), 'cell_tpl', p.cell_tpl,
+                             'must be a non-empty list of layer params.')
+    self.CreateChildren('before', list(p.before_tpl),
+                        devices=[self._devices[0]] * len(p.before_tpl))
+    self.CreateChildren('cells', list(p.cell_tpl), devices=[
+        self.CellDevice(i) for i in range(len(p.cell_tpl))])
+
+  def _CellsGivenByOwner(self):
+    """Whether an empty cell_tpl is allowed (the cells come from FPropCells)."""
+    return False
 
   @property
   def devices(self):
@@ -138,50 +169,49 @@ class SeqLayer(base_layer.BaseLayer):
     return list(self._devices)
 
   def CellDevice(self, i):
+    """The device of cell i: device i % D of the model split."""
     return self._devices[i % len(self._devices)]
 
-  # Cell hooks: a subclass may define cells differently (GPipeTransformerStack).
-  def NumCells(self):
-    return len(self.children.cells)
-
-  def CellThetas(self, theta):
-    return list(theta.cells)
-
-  def CellFProp(self, i, theta, *inputs):
-    return self.children.cells[i].FProp(theta, *inputs)
-
-  def CellFPropMeta(self, i, *input_shapes):
-    cell = self.children.cells[i]
-    return gpipe_partition.LayerMeta(
-        f"{type(self).__name__} '{self.path}'",
-        f'cell {i} ({type(cell).__name__} {cell.path!r})', cell.params,
-        input_shapes)
-
   def _Before(self, theta, inputs):
-    with cell_program.Device(self._devices[0]):
-      for layer, th in zip(self.children.get('before', []),
-                           theta.get('before', [])):
-        inputs = _AsTuple(layer.FProp(th, *_AsTuple(inputs)))
+    with cluster_lib.DeviceScope(self._devices[0]):
+      for layer, th in zip(self.before, theta.before):
+        inputs = combinators.AsTuple(layer.FProp(th, *inputs))
     return inputs
+
+  def _OwnCells(self, theta):
+    """PipelineCells of the cells built from cell_tpl."""
+    if not self.cells:
+      raise ValueError(
+          f'{validation.Owner(self)}: has no cells (cell_tpl is empty); '
+          'set cell_tpl, or call FPropCells from the layer that owns them.')
+    owner = validation.Owner(self)
+    out = []
+    for i, (cell, th) in enumerate(zip(self.cells, theta.cells)):
+      what = f'cell {i} ({type(cell).__name__} {cell.path!r})'
+      out.append(PipelineCell(
+          fprop=cell.FProp, theta=th,
+          meta=lambda *s, cell=cell, what=what: combinators.LayerMeta(
+              owner, what, cell.params, s)))
+    return out
 
   @tf.autograph.experimental.do_not_convert
   def FProp(self, theta, *inputs):
     """Runs before layers then every cell in order on the whole batch."""
     out = self._Before(theta, inputs)
-    for i, th in enumerate(self.CellThetas(theta)):
-      with cell_program.Device(self.CellDevice(i)):
-        out = self.CellFProp(i, th, *_AsTuple(out))
+    for i, cell in enumerate(self._OwnCells(theta)):
+      with cluster_lib.DeviceScope(self.CellDevice(i)):
+        out = cell.fprop(cell.theta, *combinators.AsTuple(out))
     return out
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
     """Chains before_tpl and cell_tpl FPropMeta; flops are summed."""
     flops, in_shapes = 0, tuple(input_shapes)
+    owner = validation.Owner(p)
     for i, sub in enumerate(list(p.before_tpl) + list(p.cell_tpl)):
       sub = base_layer.InheritParams(p, sub)
-      meta = gpipe_partition.LayerMeta(
-          f"{cls.__name__} '{p.name}'", gpipe_partition.DescribeLayer(i, sub),
-          sub, in_shapes)
+      meta = combinators.LayerMeta(owner, combinators.DescribeLayer(i, sub),
+                                   sub, in_shapes)
       flops = shapes.Add(flops, meta.flops)
       in_shapes = tuple(meta.out_shapes)
     return NestedMap(flops=flops, out_shapes=in_shapes)
@@ -194,12 +224,16 @@ class PipeliningLayer(SeqLayer):
   `batch_dim`; the cells run them through `StackedRecurrent` on their
   devices; the outputs come back concatenated in the input's batch order
   and layout. With is_inference and one device per split it runs the cells
-  one after the other (SeqLayer.FProp).
+  one after the other.
 
   Cells take and return tuples of tensors (or, with nested_map_fprop, one
   NestedMap). Every state passed between cells has `state_dtype` (default:
   the dtype of the first input). Cells need FPropMeta: it gives the shapes
   of the micro-batch states.
+
+  With an empty `cell_tpl` the layer holds only the pipeline's settings and
+  devices; the layer that owns the cells runs them with `FPropCells` (see
+  the module docstring).
 
   Example:
     p = PipeliningLayer.Params().Set(
@@ -234,52 +268,67 @@ class PipeliningLayer(SeqLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    p = self.params
-    for name in ('num_micro_batches', 'micro_batch_size'):
-      v = p.Get(name)
-      if v is not None and (isinstance(v, bool) or not isinstance(v, int) or
-                            v < 1):
-        raise ValueError(f"{type(self).__name__} '{self.path}': {name}={v!r} "
-                         'must be None or an int >= 1.')
-    if p.remat not in stacked_recurrent.REMAT_MODES:
-      raise ValueError(f"{type(self).__name__} '{self.path}': remat="
-                       f'{p.remat!r} must be one of '
-                       f'{stacked_recurrent.REMAT_MODES}.')
+    self.CheckParams(self.params, validation.Owner(self))
 
-  def _Fail(self, msg):
-    raise ValueError(f"{type(self).__name__} '{self.path}': {msg}")
+  @classmethod
+  def CheckParams(cls, p, owner):
+    """Raises ValueError for bad pipeline settings (no batch needed)."""
+    validation.CheckOptionalInt(owner, 'num_micro_batches',
+                                p.num_micro_batches)
+    validation.CheckOptionalInt(owner, 'micro_batch_size', p.micro_batch_size)
+    validation.CheckInt(owner, 'batch_dim', p.batch_dim, low=0)
+    validation.CheckOneOf(owner, 'remat', p.remat,
+                          stacked_recurrent.REMAT_MODES)
+    validation.CheckOptionalInt(owner, 'backward_window', p.backward_window)
+    validation.CheckBool(owner, 'nested_map_fprop', p.nested_map_fprop)
 
-  def MicroBatching(self, batch):
-    """(num_micro_batches, micro_batch_size) for a batch size."""
-    p = self.params
-    m, size = p.num_micro_batches, p.micro_batch_size
-    if m is None and size is None:
-      m = 1
-    if size is None:
-      if batch % m:
-        self._Fail(f'num_micro_batches={m} does not divide batch {batch} '
-                   f'(inputs dim batch_dim={p.batch_dim}).')
-      return m, batch // m
-    if m is None:
-      if batch % size:
-        self._Fail(f'micro_batch_size={size} does not divide batch {batch} '
-                   f'(inputs dim batch_dim={p.batch_dim}).')
-      return batch // size, size
-    if m * size != batch:
-      self._Fail(f'micro_batch_size={size} * num_micro_batches={m} = '
-                 f'{m * size} != batch {batch} (inputs dim batch_dim='
-                 f'{p.batch_dim}).')
-    return m, size
+  def _CellsGivenByOwner(self):
+    return True
+
+  @classmethod
+  def MicroBatching(cls, p, batch, owner=None):
+    """(num_micro_batches, micro_batch_size) of params `p` for a batch size.
+
+    Raises a ValueError naming the knob and the batch when they do not fit.
+    """
+    return microbatch.Count(owner or validation.Owner(p), batch,
+                            p.num_micro_batches, p.micro_batch_size,
+                            p.batch_dim)
+
+  @classmethod
+  def CheckBatch(cls, p, input_shapes, owner=None):
+    """Checks the micro-batching of params `p` against static input shapes.
+
+    Returns:
+      (num_micro_batches, micro_batch_size), or None when the batch dim of
+      the shapes is unknown.
+    """
+    owner = owner or validation.Owner(p)
+    batch = _BatchOfShapes(owner, input_shapes, p.batch_dim)
+    return None if batch is None else cls.MicroBatching(p, batch, owner)
+
+  @classmethod
+  def FPropMeta(cls, p, *input_shapes):
+    """SeqLayer's chain; checks the micro-batching against the batch."""
+    cls.CheckBatch(p, input_shapes)
+    return super().FPropMeta(p, *input_shapes)
 
   def _ToState(self, outputs):
     if self.params.nested_map_fprop:
       return outputs
-    return NestedMap({f's{i}': x for i, x in enumerate(_AsTuple(outputs))})
+    return NestedMap({f's{i}': x for i, x in
+                      enumerate(combinators.AsTuple(outputs))})
 
   def _FromState(self, state):
     if self.params.nested_map_fprop:
       return (state,)
     return tuple(state[f's{i}'] for i in range(len(state)))
+
+  def _Outputs(self, state):
+    outs = self._FromState(state)
+    if self.params.nested_map_fprop:
+      return outs[0]
+    return outs[0] if len(outs) == 1 else outs
 
   @tf.autograph.experimental.do_not_convert
   def FProp(self, theta, *inputs):
@@ -295,70 +344,97 @@ class PipeliningLayer(SeqLayer):
       The last cell's outputs for the whole batch: a tensor if it has one
       output, else a tuple (or a NestedMap with nested_map_fprop).
     """
-    p = self.params
-    if p.is_inference and len(self._devices) == 1:
-      return super().FProp(theta, *inputs)
+    cells = self._OwnCells(theta)
     inputs = self._Before(theta, inputs)
-    if p.nested_map_fprop:
-      if len(inputs) != 1 or not isinstance(inputs[0], NestedMap):
-        self._Fail('nested_map_fprop=True needs exactly one NestedMap input; '
-                   f'got {len(inputs)} inputs.')
-    state = self._ToState(inputs[0] if p.nested_map_fprop else inputs)
-    leaves = state.Flatten()
-    if any(x is None for x in leaves):
-      self._Fail('inputs must be tensors; got None.')
-    bd = p.batch_dim
-    batches = {x.shape[bd] if x.shape.rank and x.shape.rank > bd else -1
-               for x in leaves}
-    if len(batches) != 1 or None in batches or -1 in batches:
-      self._Fail(f'every input needs the same static batch dim at batch_dim='
-                 f'{bd}; got shapes {[x.shape.as_list() for x in leaves]}.')
-    batch = batches.pop()
-    m, size = self.MicroBatching(batch)
+    return self.FPropCells(cells, *inputs,
+                           step_seed=theta.get(base_layer.STEP_SEED_KEY))
 
-    # Specs of the micro-batch states: the input, then each cell's output.
-    dtype = p.state_dtype or leaves[0].dtype
+  def _StateSpecs(self, cells, state, size):
+    """Per cell, the template of its output state for one micro-batch."""
+    p = self.params
+    dtype = p.state_dtype or state.Flatten()[0].dtype
     in_specs = state.Transform(lambda x: tf.TensorSpec(
-        shapes.AsShape(x.shape).WithDim(bd, size).ToTensorShape(), dtype))
-    cell_thetas = [_StripSeed(th) for th in self.CellThetas(theta)]
-    init_states = []
-    for i in range(self.NumCells()):
-      meta = self.CellFPropMeta(
-          i, *self._FromState(in_specs.Transform(
-              lambda spec: shapes.Shape(spec.shape))))
+        shapes.AsShape(x.shape).WithDim(p.batch_dim, size).ToTensorShape(),
+        dtype))
+    out = []
+    for i, cell in enumerate(cells):
+      meta = cell.meta(*self._FromState(in_specs.Transform(
+          lambda spec: shapes.Shape(spec.shape))))
       out_shapes = (meta.out_shapes[0] if p.nested_map_fprop else
                     tuple(meta.out_shapes))
       in_specs = self._ToState(_ShapesToSpecs(out_shapes, dtype))
       for spec in in_specs.Flatten():
         if not spec.shape.is_fully_defined():
-          self._Fail(f'cell {i} outputs shape {spec.shape.as_list()} per '
-                     'micro-batch; the pipeline needs fully defined shapes.')
-      with cell_program.Device(self.CellDevice(i)):
-        init_states.append(in_specs.Transform(
-            lambda spec: tf.zeros(spec.shape, spec.dtype)))
+          raise ValueError(
+              f'{validation.Owner(self)}: cell {i} outputs shape '
+              f'{spec.shape.as_list()} per micro-batch; the pipeline needs '
+              'fully defined shapes.')
+      out.append(in_specs)
+    return out
 
-    with cell_program.Device(self._devices[0]):
-      parts = [tf.split(tf.cast(x, dtype), m, axis=bd) if m > 1 else
-               [tf.cast(x, dtype)] for x in leaves]
-      mb_inputs = [state.Pack([x[j] for x in parts]) for j in range(m)]
+  @tf.autograph.experimental.do_not_convert
+  def FPropCells(self, cells, *inputs, step_seed=None):
+    """Runs `cells` (a list of PipelineCell) as this layer's pipeline.
 
-    def _CellFn(i):
+    Cell i runs on `CellDevice(i)`. With is_inference and one device per
+    split the cells run one after the other on the whole batch.
+
+    Args:
+      cells: K PipelineCells.
+      *inputs: the first cell's inputs (see FProp).
+      step_seed: the step seed of the whole batch, or None.
+
+    Returns:
+      The last cell's outputs for the whole batch, as FProp.
+    """
+    p = self.params
+    owner = validation.Owner(self)
+    if p.is_inference and len(self._devices) == 1:
+      out = inputs
+      for cell in cells:
+        th = cell.theta if step_seed is None else base_layer.WithStepSeed(
+            cell.theta, step_seed)
+        out = cell.fprop(th, *combinators.AsTuple(out))
+      return out
+    if p.nested_map_fprop and (len(inputs) != 1 or
+                               not isinstance(inputs[0], NestedMap)):
+      raise ValueError(f'{owner}: nested_map_fprop=True needs exactly one '
+                       f'NestedMap input; got {len(inputs)} inputs.')
+    state = self._ToState(inputs[0] if p.nested_map_fprop else inputs)
+    leaves = state.Flatten()
+    if any(x is None for x in leaves):
+      raise ValueError(f'{owner}: inputs must be tensors; got None.')
+    bd = p.batch_dim
+    batches = {x.shape[bd] if x.shape.rank and x.shape.rank > bd else -1
+               for x in leaves}
+    if len(batches) != 1 or None in batches or -1 in batches:
+      raise ValueError(
+          f'{owner}: every input needs the same static batch dim at '
+          f'batch_dim={bd}; got shapes {[x.shape.as_list() for x in leaves]}.')
+    m, size = self.MicroBatching(p, batches.pop(), owner)
+
+    specs = self._StateSpecs(cells, state, size)
+    init_states = []
+    for i, spec in enumerate(specs):
+      with cluster_lib.DeviceScope(self.CellDevice(i)):
+        init_states.append(spec.Transform(
+            lambda s: tf.zeros(s.shape, s.dtype)))
+    dtype = p.state_dtype or leaves[0].dtype
+    with cluster_lib.DeviceScope(self._devices[0]):
+      mb_inputs = microbatch.Split(
+          state.Transform(lambda x: tf.cast(x, dtype)), m, bd)
+
+    def _CellFn(cell):
       def _Fn(th, state_prev, cell_inputs):
         del state_prev   # A cell sees each micro-batch independently.
-        return self._ToState(self.CellFProp(i, th,
-                                            *self._FromState(cell_inputs)))
+        return self._ToState(cell.fprop(th, *self._FromState(cell_inputs)))
       return _Fn
 
     acc, _ = stacked_recurrent.StackedRecurrent(
-        [self.CellDevice(i) for i in range(self.NumCells())],
-        [_CellFn(i) for i in range(self.NumCells())], cell_thetas,
-        init_states, mb_inputs, step_seed=theta.get(base_layer.STEP_SEED_KEY),
-        remat=p.remat, backward_window=p.backward_window, name=self.path)
-    with cell_program.Device(self.CellDevice(self.NumCells() - 1)):
-      out = acc[0].Pack([
-          tf.concat(parts, axis=bd) if m > 1 else parts[0]
-          for parts in zip(*[a.Flatten() for a in acc])])
-    outs = self._FromState(out)
-    if p.nested_map_fprop:
-      return outs[0]
-    return outs[0] if len(outs) == 1 else outs
+        [self.CellDevice(i) for i in range(len(cells))],
+        [_CellFn(c) for c in cells], [_StripSeed(c.theta) for c in cells],
+        init_states, mb_inputs, step_seed=step_seed, remat=p.remat,
+        backward_window=p.backward_window, name=self.path)
+    with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
+      out = microbatch.Concat(acc, bd)
+    return self._Outputs(out)

@@ -4,7 +4,7 @@
 nest into its leaf layers, costs each with `FPropMeta` and cuts the list into
 K contiguous groups whose largest FLOP count is as small as possible
 (`BalancedPartition`, an exact dynamic programme). Each group becomes a
-`FeatureExtractionLayer`, the cell type of layers/gpipe.py.
+`combinators.FeatureExtractionLayer`, the cell type of layers/gpipe.py.
 
 Example:
   cells = PartitionSequentialLayers(stack_params, 4, Shape([8, 128, 512]))
@@ -17,12 +17,6 @@ from cadence.framework import shapes
 from cadence.layers import combinators
 
 NestedMap = base_layer.NestedMap
-
-
-def AsTuple(x):
-  """x as a tuple: tuples unchanged, lists converted, else (x,)."""
-  return x if isinstance(x, tuple) else (tuple(x) if isinstance(x, list)
-                                         else (x,))
 
 
 def BalancedPartition(costs, num_parts):
@@ -69,36 +63,11 @@ def _FlattenLayers(params):
   if issubclass(params.cls, combinators.SequentialLayer):
     return [leaf for sub in params.cls.FlatSubParams(params)
             for leaf in _FlattenLayers(sub)]
-  if (issubclass(params.cls, FeatureExtractionLayer) and
+  if (issubclass(params.cls, combinators.FeatureExtractionLayer) and
       not params.num_act_inputs and not params.act_fetch_layers):
     return [leaf for sub in params.sub
             for leaf in _FlattenLayers(base_layer.InheritParams(params, sub))]
   return [params.Copy()]
-
-
-def FmtShapes(in_shapes):
-  """Shapes (or NestedMaps of them) as lists/dicts for error messages."""
-  return [list(s) if isinstance(s, tuple) else dict(s) for s in in_shapes]
-
-
-def LayerMeta(owner, what, layer_p, in_shapes):
-  """layer_p.cls.FPropMeta with a clear error for a layer without one.
-
-  `what` names the layer in the error, e.g. "layer 3 (Conv2DLayer 'conv')".
-  """
-  try:
-    return layer_p.cls.FPropMeta(layer_p, *in_shapes)
-  except NotImplementedError:
-    raise ValueError(
-        f'{owner}: {what} has no FPropMeta; the pipeline needs it to cost '
-        'the layer and to know the shapes it passes on (inputs '
-        f'{FmtShapes(in_shapes)}).') from None
-
-
-def DescribeLayer(index, layer_p, name=None):
-  """E.g. "layer 3 (Conv2DLayer 'conv')" for error messages."""
-  return (f'layer {index} ({layer_p.cls.__name__} '
-          f'{name or layer_p.name!r})')
 
 
 def PartitionSequentialLayers(params, num_partitions, *shapes_in):
@@ -132,11 +101,13 @@ def PartitionSequentialLayers(params, num_partitions, *shapes_in):
   in_shapes = tuple(s if isinstance(s, NestedMap) else shapes.AsShape(s)
                     for s in shapes_in)
   for i, lp in enumerate(layers):
-    meta = LayerMeta(owner, DescribeLayer(i, lp), lp, in_shapes)
+    meta = combinators.LayerMeta(owner, combinators.DescribeLayer(i, lp), lp,
+                                  in_shapes)
     if meta.flops is None:
       raise ValueError(
           f'{owner}: layer {i} ({lp.name!r}) has uncountable FLOPs for input '
-          f'shapes {FmtShapes(in_shapes)}; pass fully defined shapes.')
+          f'shapes {combinators.FmtShapes(in_shapes)}; pass fully defined '
+          'shapes.')
     costs.append(meta.flops)
     in_shapes = tuple(meta.out_shapes)
   bounds = BalancedPartition(costs, num_partitions)
@@ -147,101 +118,6 @@ def PartitionSequentialLayers(params, num_partitions, *shapes_in):
     share = sum(costs[a:b]) / total
     logging.info('%s: cell %d: layers %d..%d (%d), %.1f%% of %d FLOPs', owner,
                  i, a, b - 1, b - a, 100 * share, total)
-    cells.append(FeatureExtractionLayer.Params().Set(
+    cells.append(combinators.FeatureExtractionLayer.Params().Set(
         name=f'cell{i}', sub=layers[a:b]))
   return cells
-
-
-class FeatureExtractionLayer(base_layer.BaseLayer):
-  """Runs `sub` layers in sequence; can fetch and forward activations.
-
-  FProp(theta, *inputs): the last `num_act_inputs` inputs are activations
-  passed through untouched; the others feed the first sub-layer, whose
-  outputs feed the next, and so on. Returned: the last sub-layer's outputs,
-  then the passed-through activations, then the first output of each layer
-  named in `act_fetch_layers` (so num_act_outputs = num_act_inputs +
-  len(act_fetch_layers)). Without activations it returns exactly what the
-  last sub-layer returned.
-
-  Example:
-    p = FeatureExtractionLayer.Params().Set(
-        name='cell0', act_fetch_layers=['conv0'], num_act_outputs=1,
-        sub=[Conv2DLayer.Params().Set(name='conv0', filter_shape=[3, 3, 1, 4]),
-             Conv2DLayer.Params().Set(name='conv1', filter_shape=[3, 3, 4, 4])])
-    y, conv0_out = p.Instantiate()(tf.ones([2, 8, 8, 1]))
-  """
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('sub', [], 'List of layer params run in order; unique names.')
-    p.Define('num_act_inputs', 0, 'Number of trailing inputs that are '
-             'activations to pass through.')
-    p.Define('num_act_outputs', 0, 'Number of trailing outputs that are '
-             'activations: num_act_inputs + len(act_fetch_layers).')
-    p.Define('act_fetch_layers', [], 'Names of sub-layers whose (first) '
-             'output is appended to the outputs.')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    p = self.params
-    where = f"FeatureExtractionLayer '{self.path}'"
-    if not isinstance(p.sub, (list, tuple)) or not p.sub:
-      raise ValueError(f'{where}: sub={p.sub!r} must be a non-empty list of '
-                       'layer params.')
-    names = [s.name for s in p.sub]
-    if len(set(names)) != len(names):
-      raise ValueError(f'{where}: sub-layer names {names} must be unique.')
-    fetch = list(p.act_fetch_layers or [])
-    for f in fetch:
-      if f not in names:
-        raise ValueError(f'{where}: act_fetch_layers has {f!r}, which is not '
-                         f'a sub-layer; sub-layers are {names}.')
-    if p.num_act_inputs < 0 or (
-        p.num_act_outputs != p.num_act_inputs + len(fetch)):
-      raise ValueError(
-          f'{where}: num_act_outputs={p.num_act_outputs} must equal '
-          f'num_act_inputs={p.num_act_inputs} + len(act_fetch_layers)='
-          f'{len(fetch)} (and num_act_inputs >= 0).')
-    self._subs = [(s.name, self.CreateChild(s.name, s)) for s in p.sub]
-
-  def FProp(self, theta, *inputs):
-    """Runs the sub-layers; see the class docstring for the outputs."""
-    p = self.params
-    n_act = p.num_act_inputs
-    if len(inputs) <= n_act:
-      raise ValueError(
-          f"FeatureExtractionLayer '{self.path}': got {len(inputs)} inputs; "
-          f'need more than num_act_inputs={n_act}.')
-    main = inputs[:len(inputs) - n_act]
-    acts = tuple(inputs[len(inputs) - n_act:])
-    fetched = {}
-    out = main
-    for name, layer in self._subs:
-      out = layer.FProp(theta[name], *AsTuple(out))
-      if name in p.act_fetch_layers:
-        fetched[name] = AsTuple(out)[0]
-    if not n_act and not p.act_fetch_layers:
-      return out
-    return AsTuple(out) + acts + tuple(fetched[f]
-                                        for f in p.act_fetch_layers)
-
-  @classmethod
-  def FPropMeta(cls, p, *input_shapes):
-    """flops: the subs' sum; out_shapes: outputs, activations, fetches."""
-    n_act = p.num_act_inputs
-    in_shapes = tuple(input_shapes)
-    main = in_shapes[:len(in_shapes) - n_act]
-    acts = in_shapes[len(in_shapes) - n_act:]
-    flops, fetched = 0, {}
-    for i, sub in enumerate(p.sub):
-      sub = base_layer.InheritParams(p, sub)
-      meta = LayerMeta(f"FeatureExtractionLayer '{p.name}'",
-                       DescribeLayer(i, sub), sub, main)
-      flops = shapes.Add(flops, meta.flops)
-      main = tuple(meta.out_shapes)
-      if sub.name in p.act_fetch_layers:
-        fetched[sub.name] = main[0]
-    out = main + tuple(acts) + tuple(fetched[f] for f in p.act_fetch_layers)
-    return NestedMap(flops=flops, out_shapes=out)

@@ -1,167 +1,185 @@
 """GPipeTransformerStack: a Transformer stack pipelined over a model split.
 
-The stack of `num_layers` GPipeTransformerLayers (plus an optional final
+The stack of `num_layers` Transformer layers (plus an optional final
 LayerNorm) is cut into `splits` cells of consecutive layers; the cells run
 as a GPipe pipeline (layers/gpipe.py) over micro-batches of the batch.
+
+It is a `transformer.TransformerStack` (same params, children, weights and
+function) that owns a `PipeliningLayer` child, `pipeline`, built from
+`pipeline_tpl`: the pipeline's settings (micro-batches, remat, backward
+window, ...) are declared there once, and the pipeline gives each cell its
+device and runs the cells (`PipeliningLayer.FPropCells`).
 
 Weight layout: the layers are children `x_layers[0..L-1]` and `final_ln` of
 the stack itself, whatever the partition, so variable paths are
 '<name>.x_layers[i]....' and '<name>.final_ln....' for every `splits`: a
 checkpoint (or the weights) of splits=1 loads unchanged into splits=2 or 4,
-and the initial values are equal too (they are seeded by path). The layout
-and the function are those of `transformer.TransformerStack` with the same
-`transformer_tpl` and `final_layer_norm`. Only the device a layer's
-variables live on changes with the partition.
+and the initial values are equal too (they are seeded by path). Only the
+device a layer's variables live on changes with the partition.
 
 Example:
-  tpl = transformer.GPipeTransformerLayer.Params().Set(
+  tpl = transformer.TransformerLayer.Params().Set(
       input_dim=256, hidden_dim=1024, num_heads=4)
   p = GPipeTransformerStack.Params().Set(
-      name='stack', num_layers=8, transformer_tpl=tpl, splits=2,
-      num_micro_batches=4)
+      name='stack', num_layers=8, transformer_tpl=tpl, splits=2)
+  p.pipeline_tpl.num_micro_batches = 4
   with cluster:                                  # 2 devices per split
     stack = p.Instantiate()
-  out, paddings = stack.FProp(theta, inputs, paddings)  # [b, t, 256], [b, t]
+  out = stack.FProp(theta, inputs, paddings)     # [b, t, 256]
 """
+import functools
+
 import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.layers import gpipe
 from cadence.layers import transformer
 
 NestedMap = gpipe.NestedMap
 
 
-class GPipeTransformerStack(gpipe.PipeliningLayer):
+class GPipeTransformerStack(transformer.TransformerStack):
   """Pipelined pre-LN Transformer stack; see the module docstring.
 
   FProp(theta, inputs [batch, time, dim], paddings [batch, time]) returns
-  (outputs [batch, time, dim], paddings). Cell c holds layers
-  [b_c, b_{c+1}) and runs on device c % D of the model split; the last cell
-  also applies `final_ln`.
+  outputs [batch, time, dim], as TransformerStack. Cell c holds layers
+  [b_c, b_{c+1}) and runs on the pipeline's device for cell c; the last
+  cell also applies `final_ln`.
   """
 
   @classmethod
   def Params(cls):
     p = super().Params()
-    p.Define('num_layers', 1, 'Number of Transformer layers L, an int >= 1.')
-    p.Define('transformer_tpl', transformer.GPipeTransformerLayer.Params(),
-             'Params of each layer, a GPipeTransformerLayer.')
-    p.Define('final_layer_norm', True, 'Whether the last cell normalises '
-             'the output with a copy of transformer_tpl.ln_tpl.')
     p.Define('splits', 1, 'The partition into cells: an int K (K cells of '
              'near-equal size), or a list of K-1 increasing layer indices '
              '[b_1, ..., b_{K-1}] where cells 1.. start (cell c has layers '
              'b_c .. b_{c+1}-1, with b_0 = 0 and b_K = L).')
+    p.Define('pipeline_tpl', gpipe.PipeliningLayer.Params(), 'The '
+             'pipeline\'s settings (num_micro_batches, micro_batch_size, '
+             'remat, backward_window, state_dtype); cell_tpl and before_tpl '
+             'stay empty: the stack gives the pipeline its cells.')
     return p
 
   @classmethod
   def Boundaries(cls, p):
     """The K + 1 layer boundaries [0, b_1, ..., L] that `splits` defines."""
     n, splits = p.num_layers, p.splits
-    where = f"{cls.__name__} '{p.name}'"
-    if isinstance(splits, bool):
-      splits = None
-    if isinstance(splits, int):
+    owner = validation.Owner(p)
+    if validation.IsInt(splits):
       if not 1 <= splits <= n:
-        raise ValueError(f'{where}: splits={splits} must be in [1, '
-                         f'num_layers={n}]; each cell needs a layer.')
+        raise validation.Error(owner, 'splits', splits, f'must be in [1, '
+                               f'num_layers={n}]; each cell needs a layer.')
       return gpipe.BalancedPartition([1] * n, splits)
     if isinstance(splits, (list, tuple)):
       bounds = [0] + list(splits) + [n]
-      if all(isinstance(b, int) and not isinstance(b, bool) for b in splits
-             ) and all(a < b for a, b in zip(bounds, bounds[1:])):
+      if all(validation.IsInt(b) for b in splits) and all(
+          a < b for a, b in zip(bounds, bounds[1:])):
         return bounds
-    raise ValueError(
-        f'{where}: splits={p.splits!r} must be an int K in [1, {n}] or a list '
+    raise validation.Error(
+        owner, 'splits', p.splits, f'must be an int K in [1, {n}] or a list '
         f'of increasing layer indices in (0, {n}), e.g. [{n // 2}].')
+
+  @classmethod
+  def CheckStackParams(cls, p, owner):
+    super().CheckStackParams(p, owner)
+    cls.Boundaries(p)
+    pipe = p.pipeline_tpl
+    if not (isinstance(pipe, base_layer.hyperparams.InstantiableParams) and
+            issubclass(pipe.cls, gpipe.PipeliningLayer)):
+      raise validation.Error(owner, 'pipeline_tpl', getattr(pipe, 'cls', pipe),
+                             'must be a PipeliningLayer.Params().')
+    for field in ('cell_tpl', 'before_tpl'):
+      if pipe.Get(field):
+        raise validation.Error(
+            owner, f'pipeline_tpl.{field}', pipe.Get(field),
+            'must stay empty: the stack builds the cells from num_layers, '
+            'transformer_tpl and splits.')
+    if pipe.nested_map_fprop or pipe.batch_dim != 0:
+      raise validation.Error(
+          owner, 'pipeline_tpl', f'nested_map_fprop={pipe.nested_map_fprop}, '
+          f'batch_dim={pipe.batch_dim}', 'must keep nested_map_fprop=False '
+          'and batch_dim=0: the stack is batch-major.')
+    gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
 
   def _CreateLayers(self):
     p = self.params
-    if p.cell_tpl or p.before_tpl:
-      raise ValueError(f"{type(self).__name__} '{self.path}': cell_tpl and "
-                       'before_tpl must stay empty; the cells are built from '
-                       'num_layers, transformer_tpl and splits.')
-    if (isinstance(p.num_layers, bool) or not isinstance(p.num_layers, int)
-        or p.num_layers < 1):
-      raise ValueError(f"{type(self).__name__} '{self.path}': num_layers="
-                       f'{p.num_layers!r} must be an int >= 1.')
-    if not issubclass(p.transformer_tpl.cls,
-                      transformer.GPipeTransformerLayer):
-      raise ValueError(
-          f"{type(self).__name__} '{self.path}': transformer_tpl is a "
-          f'{p.transformer_tpl.cls.__name__}; it must be a '
-          'GPipeTransformerLayer (cells pass (inputs, paddings) on).')
     self._bounds = self.Boundaries(p)
-    for c in range(self.NumCells()):
-      for i in range(self._bounds[c], self._bounds[c + 1]):
-        self._child_devices[f'{self.path}.x_layers[{i}]'] = self.CellDevice(c)
-    self._child_devices[f'{self.path}.final_ln'] = self.CellDevice(
-        self.NumCells() - 1)
-    self.CreateChildren('x_layers', [p.transformer_tpl] * p.num_layers)
-    if p.final_layer_norm:
-      self.CreateChild('final_ln', self._FinalLnParams(p))
-
-  @staticmethod
-  def _FinalLnParams(p):
-    tpl = p.transformer_tpl
-    return tpl.ln_tpl.Copy().Set(name='final_ln', input_dim=tpl.input_dim)
+    pipe = self.CreateChild('pipeline', p.pipeline_tpl)
+    devices = [pipe.CellDevice(c) for c in range(self.num_cells)
+               for _ in range(self._bounds[c], self._bounds[c + 1])]
+    super()._CreateLayers(layer_devices=devices,
+                          final_ln_device=pipe.CellDevice(self.num_cells - 1))
 
   @property
   def boundaries(self):
     """[0, b_1, ..., L]: cell c has layers boundaries[c]..boundaries[c+1]-1."""
     return list(self._bounds)
 
-  def NumCells(self):
+  @property
+  def num_cells(self):
     return len(self._bounds) - 1
 
-  def _IsLast(self, c):
-    return c == self.NumCells() - 1 and self.params.final_layer_norm
+  @property
+  def input_device(self):
+    """The first cell's device (where a task puts what feeds the stack)."""
+    return self.pipeline.CellDevice(0)
 
-  def CellThetas(self, theta):
-    thetas = []
-    for c in range(self.NumCells()):
+  @property
+  def output_device(self):
+    """The last cell's device (where a task puts what reads the stack)."""
+    return self.pipeline.CellDevice(self.num_cells - 1)
+
+  def _HasFinalLn(self, c):
+    return c == self.num_cells - 1 and self.params.final_layer_norm
+
+  def _CellFProp(self, c, theta, inputs, paddings):
+    start, stop = self._bounds[c], self._bounds[c + 1]
+    x = self.RunLayers(start, stop, theta.x_layers, inputs, paddings,
+                       theta.get('final_ln'))
+    return x, paddings
+
+  def _CellMeta(self, c, inputs, paddings):
+    p = self.params
+    n = self._bounds[c + 1] - self._bounds[c]
+    return NestedMap(
+        flops=self.LayersFlops(p, inputs, n, self._HasFinalLn(c)),
+        out_shapes=(shapes.AsShape(inputs), shapes.AsShape(paddings)))
+
+  def _Cells(self, theta):
+    cells = []
+    for c in range(self.num_cells):
       th = NestedMap(
           x_layers=theta.x_layers[self._bounds[c]:self._bounds[c + 1]])
-      if self._IsLast(c):
+      if self._HasFinalLn(c):
         th.final_ln = theta.final_ln
-      thetas.append(th)
-    return thetas
-
-  def CellFProp(self, c, theta, inputs, paddings):
-    layers = self.children.x_layers[self._bounds[c]:self._bounds[c + 1]]
-    for layer, th in zip(layers, theta.x_layers):
-      inputs, paddings = layer.FProp(th, inputs, paddings)
-    if self._IsLast(c):
-      inputs = self.children.final_ln.FProp(theta.final_ln, inputs)
-    return inputs, paddings
-
-  def CellFPropMeta(self, c, inputs, paddings):
-    p = self.params
-    layer_p = base_layer.InheritParams(p, p.transformer_tpl)
-    n = self._bounds[c + 1] - self._bounds[c]
-    flops = shapes.Mul(n, layer_p.cls.FPropMeta(layer_p, inputs,
-                                                paddings).flops)
-    if self._IsLast(c):
-      ln = base_layer.InheritParams(p, self._FinalLnParams(p))
-      flops = shapes.Add(flops, ln.cls.FPropMeta(ln, inputs).flops)
-    return NestedMap(flops=flops, out_shapes=(shapes.AsShape(inputs),
-                                              shapes.AsShape(paddings)))
+      cells.append(gpipe.PipelineCell(
+          fprop=functools.partial(self._CellFProp, c), theta=th,
+          meta=functools.partial(self._CellMeta, c)))
+    return cells
 
   @tf.autograph.experimental.do_not_convert
   def FProp(self, theta, inputs, paddings):
-    """(outputs [batch, time, dim], paddings [batch, time]); pipelined."""
-    return super().FProp(theta, inputs, paddings)
+    """outputs [batch, time, dim] of inputs [b, t, dim], paddings [b, t]."""
+    out, _ = self.pipeline.FPropCells(
+        self._Cells(theta), inputs, paddings,
+        step_seed=theta.get(base_layer.STEP_SEED_KEY))
+    return out
+
+  @classmethod
+  def CellFlops(cls, p, inputs):
+    """Forward FLOPs of each cell on inputs [batch, time, dim], a list."""
+    bounds = cls.Boundaries(p)
+    last = len(bounds) - 2
+    return [cls.LayersFlops(p, inputs, bounds[c + 1] - bounds[c],
+                            c == last and p.final_layer_norm)
+            for c in range(last + 1)]
 
   @classmethod
   def FPropMeta(cls, p, inputs, paddings):
-    """L layers' flops (+ final norm); out_shapes (inputs, paddings)."""
-    layer_p = base_layer.InheritParams(p, p.transformer_tpl)
-    flops = shapes.Mul(p.num_layers,
-                       layer_p.cls.FPropMeta(layer_p, inputs, paddings).flops)
-    if p.final_layer_norm:
-      ln = base_layer.InheritParams(p, cls._FinalLnParams(p))
-      flops = shapes.Add(flops, ln.cls.FPropMeta(ln, inputs).flops)
-    return NestedMap(flops=flops, out_shapes=(shapes.AsShape(inputs),
-                                              shapes.AsShape(paddings)))
+    """TransformerStack's; also checks the micro-batching of the batch."""
+    gpipe.PipeliningLayer.CheckBatch(
+        p.pipeline_tpl, (inputs, paddings),
+        owner=validation.Owner(p.pipeline_tpl))
+    return super().FPropMeta(p, inputs, paddings)

@@ -7,28 +7,13 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 from cadence.layers import activations
 from cadence.layers import dropout
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams
-
-
-def _CheckPositiveInt(layer, field, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(
-        f"{type(layer).__name__} '{layer.path}': {field}={value!r} must be a "
-        'positive int.')
-
-
-def _CheckActivation(layer, field, name):
-  try:
-    activations.GetFn(name)
-  except ValueError as e:
-    raise ValueError(
-        f"{type(layer).__name__} '{layer.path}': {field}={name!r}: {e}"
-    ) from None
 
 
 def _CheckLastDim(cls, p, shape, field='input_dim'):
@@ -65,9 +50,10 @@ class ProjectionLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    _CheckPositiveInt(self, 'input_dim', p.input_dim)
-    _CheckPositiveInt(self, 'output_dim', p.output_dim)
-    _CheckActivation(self, 'activation', p.activation)
+    owner = validation.Owner(self)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    validation.CheckInt(owner, 'output_dim', p.output_dim)
+    activations.CheckName(owner, 'activation', p.activation)
     self._act_fn = activations.GetFn(p.activation)
     self.CreateVariable('w', WeightParams([p.input_dim, p.output_dim]))
     if p.has_bias:
@@ -103,6 +89,8 @@ class ProjectionLayer(base_layer.BaseLayer):
     """
     shape = shapes.AsShape(inputs)
     _CheckLastDim(cls, p, shape)
+    activations.CheckName(validation.Owner(p), 'activation',
+                          p.activation)
     n = shapes.Mul(*shape[:-1])
     per_row = (2 * p.input_dim * p.output_dim +
                (p.output_dim if p.has_bias else 0) +
@@ -155,35 +143,30 @@ class FeedForwardNet(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    name = f"FeedForwardNet '{self.path}'"
-    _CheckPositiveInt(self, 'input_dim', p.input_dim)
+    owner = validation.Owner(self)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
     dims = p.hidden_layer_dims
     if not isinstance(dims, (list, tuple)) or not dims:
-      raise ValueError(
-          f'{name}: hidden_layer_dims={dims!r} must be a non-empty list of '
-          'positive ints.')
+      raise validation.Error(owner, 'hidden_layer_dims', dims,
+                             'must be a non-empty list of ints >= 1.')
     for i, d in enumerate(dims):
-      _CheckPositiveInt(self, f'hidden_layer_dims[{i}]', d)
+      validation.CheckInt(owner, f'hidden_layer_dims[{i}]', d)
     acts = _PerLayer(p.activation, len(dims))
     if len(acts) != len(dims):
-      raise ValueError(
-          f'{name}: activation={p.activation!r} has {len(acts)} entries but '
-          f'hidden_layer_dims has {len(dims)}; give one per layer or a '
-          'single string.')
+      raise validation.Error(
+          owner, 'activation', p.activation,
+          f'has {len(acts)} entries but hidden_layer_dims has {len(dims)}; '
+          'give one per layer or a single string.')
     for i, a in enumerate(acts):
-      _CheckActivation(self, f'activation[{i}]', a)
-    dp = p.dropout_prob
-    if (isinstance(dp, bool) or not isinstance(dp, (int, float)) or
-        not 0.0 <= dp < 1.0):
-      raise ValueError(
-          f'{name}: dropout_prob={dp!r} must be a number in [0, 1).')
+      activations.CheckName(owner, f'activation[{i}]', a)
+    validation.CheckProb(owner, 'dropout_prob', p.dropout_prob)
     in_dims = [p.input_dim] + list(dims[:-1])
     self.CreateChildren('fc', [
         ProjectionLayer.Params().Set(input_dim=i, output_dim=o,
                                      has_bias=p.has_bias, activation=a)
         for i, o, a in zip(in_dims, dims, acts)])
     self.CreateChildren('dropout', [
-        dropout.DropoutLayer.Params().Set(keep_prob=1.0 - dp)
+        dropout.DropoutLayer.Params().Set(keep_prob=1.0 - p.dropout_prob)
         for _ in range(len(dims) - 1)])
 
   def FProp(self, theta, inputs):
@@ -216,6 +199,9 @@ class FeedForwardNet(base_layer.BaseLayer):
     _CheckLastDim(cls, p, shape)
     dims = list(p.hidden_layer_dims)
     acts = _PerLayer(p.activation, len(dims))
+    for i, a in enumerate(acts):
+      activations.CheckName(validation.Owner(p), f'activation[{i}]',
+                            a)
     in_dims = [p.input_dim] + dims[:-1]
     drop_p = dropout.DropoutLayer.Params().Set(
         keep_prob=1.0 - p.dropout_prob, is_inference=p.is_inference)

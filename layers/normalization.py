@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 WeightInit = base_layer.WeightInit
@@ -17,13 +18,9 @@ WeightParams = base_layer.WeightParams
 
 def _Validate(layer):
   p = layer.params
-  name = f"{type(layer).__name__} '{layer.path}'"
-  d = p.input_dim
-  if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
-    raise ValueError(f'{name}: input_dim={d!r} must be a positive int.')
-  eps = p.epsilon
-  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
-    raise ValueError(f'{name}: epsilon={eps!r} must be a positive number.')
+  owner = validation.Owner(layer)
+  validation.CheckInt(owner, 'input_dim', p.input_dim)
+  validation.CheckNumber(owner, 'epsilon', p.epsilon, low=0, low_open=True)
 
 
 def _Meta(cls, p, inputs, flops_per_element, flops_per_row):

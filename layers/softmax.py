@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 WeightInit = base_layer.WeightInit
@@ -139,21 +140,12 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    name = f"SimpleFullSoftmax '{self.path}'"
+    owner = validation.Owner(self)
     for field in ('input_dim', 'num_classes'):
-      v = p.Get(field)
-      if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f'{name}: {field}={v!r} must be a positive int.')
-    ls = p.label_smoothing
-    if (isinstance(ls, bool) or not isinstance(ls, (int, float)) or
-        not 0.0 <= ls < 1.0):
-      raise ValueError(
-          f'{name}: label_smoothing={ls!r} must be a number in [0, 1).')
-    ma = p.softmax_max_alloc
-    if isinstance(ma, bool) or not isinstance(ma, int) or ma < 0:
-      raise ValueError(
-          f'{name}: softmax_max_alloc={ma!r} must be an int >= 0 (0 turns '
-          'chunking off).')
+      validation.CheckInt(owner, field, p.Get(field))
+    validation.CheckNumber(owner, 'label_smoothing', p.label_smoothing, 0, 1,
+                           high_open=True)
+    validation.CheckInt(owner, 'softmax_max_alloc', p.softmax_max_alloc, 0)
     self.CreateVariable('w', WeightParams([p.input_dim, p.num_classes]))
     self.CreateVariable(
         'b', WeightParams([p.num_classes], init=WeightInit.Constant(0.0)))

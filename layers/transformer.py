@@ -11,6 +11,7 @@ caller masks); they are never attended to.
 from cadence.framework import base_layer
 from cadence.framework import hyperparams
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.layers import activations
 from cadence.layers import attention
 from cadence.layers import dropout
@@ -18,35 +19,6 @@ from cadence.layers import linear
 from cadence.layers import normalization
 
 NestedMap = base_layer.NestedMap
-
-
-def _Fail(cls_name, path, field, value, rule):
-  raise ValueError(f"{cls_name} '{path}': {field}={value!r} {rule}")
-
-
-def _CheckPositiveInt(layer, field, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    _Fail(type(layer).__name__, layer.path, field, value,
-          'must be a positive int.')
-
-
-def _CheckProb(layer, field, value):
-  if (isinstance(value, bool) or not isinstance(value, (int, float)) or
-      not 0.0 <= value < 1.0):
-    _Fail(type(layer).__name__, layer.path, field, value,
-          'must be a probability in [0, 1).')
-
-
-def _WithInherited(parent, child):
-  """Copy of `child` with is_inference taken from `parent` if left default.
-
-  FPropMeta uses it to cost the children as CreateChild would build them
-  (dropout costs nothing in inference).
-  """
-  child = child.Copy()
-  if child.is_inference == child.cls.Params().is_inference:
-    child.is_inference = parent.is_inference
-  return child
 
 
 class TransformerLayer(base_layer.BaseLayer):
@@ -106,24 +78,17 @@ class TransformerLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    _CheckPositiveInt(self, 'input_dim', p.input_dim)
-    _CheckPositiveInt(self, 'hidden_dim', p.hidden_dim)
-    _CheckPositiveInt(self, 'num_heads', p.num_heads)
-    if p.input_dim % p.num_heads:
-      _Fail(type(self).__name__, self.path, 'num_heads', p.num_heads,
-            f'must divide input_dim={p.input_dim}; {p.input_dim} % '
-            f'{p.num_heads} = {p.input_dim % p.num_heads}.')
+    owner = validation.Owner(self)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    validation.CheckInt(owner, 'hidden_dim', p.hidden_dim)
+    validation.CheckInt(owner, 'num_heads', p.num_heads)
+    validation.CheckDivides(owner, 'num_heads', p.num_heads, p.input_dim,
+                            'input_dim')
     for field in ('atten_dropout_prob', 'residual_dropout_prob',
                   'relu_dropout_prob'):
-      _CheckProb(self, field, p.Get(field))
-    try:
-      activations.GetFn(p.activation)
-    except ValueError as e:
-      _Fail(type(self).__name__, self.path, 'activation', p.activation,
-            f'is invalid: {e}')
-    if not isinstance(p.mask_self_atten, bool):
-      _Fail(type(self).__name__, self.path, 'mask_self_atten',
-            p.mask_self_atten, 'must be a bool.')
+      validation.CheckProb(owner, field, p.Get(field))
+    activations.CheckName(owner, 'activation', p.activation)
+    validation.CheckBool(owner, 'mask_self_atten', p.mask_self_atten)
     for name, sub in self._SubParams(p).items():
       self.CreateChild(name, sub)
 
@@ -160,13 +125,15 @@ class TransformerLayer(base_layer.BaseLayer):
     """
     del paddings
     shape = shapes.AsShape(inputs)
+    activations.CheckName(validation.Owner(p), 'activation',
+                          p.activation)
     if shape.rank != 3 or shape[-1] not in (None, p.input_dim):
       raise ValueError(
           f"{cls.__name__} '{p.name}': inputs shape {list(shape)} must be "
           f'[batch, time, input_dim={p.input_dim}].')
     flops = shapes.Mul(2, shape.num_elements())
     for sub in cls._SubParams(p).values():
-      sub = _WithInherited(p, sub)
+      sub = base_layer.InheritParams(p, sub)
       flops = shapes.Add(flops, sub.cls.FPropMeta(sub, shape).flops)
     return NestedMap(flops=flops, out_shapes=(shape,))
 
@@ -202,7 +169,9 @@ class TransformerStack(base_layer.BaseLayer):
   A pre-LN stack needs the final norm: the residual stream is never
   normalised otherwise.
 
-  Children: `x_layers` (list), `final_ln` (if final_layer_norm).
+  Children: `x_layers` (list), `final_ln` (if final_layer_norm). The
+  pipelined stack (gpipe_transformer.GPipeTransformerStack) keeps the same
+  children, so both read the same weights.
 
   Example:
     tpl = TransformerLayer.Params().Set(input_dim=8, hidden_dim=32,
@@ -224,22 +193,67 @@ class TransformerStack(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    p = self.params
-    _CheckPositiveInt(self, 'num_layers', p.num_layers)
+    self.CheckStackParams(self.params, validation.Owner(self))
+    self._CreateLayers()
+
+  @classmethod
+  def CheckStackParams(cls, p, owner):
+    """Raises ValueError for bad stack params (used by FPropMeta too)."""
+    validation.CheckInt(owner, 'num_layers', p.num_layers)
     tpl = p.transformer_tpl
     if not (isinstance(tpl, hyperparams.InstantiableParams) and
             issubclass(tpl.cls, TransformerLayer)):
-      _Fail(type(self).__name__, self.path, 'transformer_tpl',
-            getattr(tpl, 'cls', tpl), 'must be a TransformerLayer.Params() '
-            '(or a subclass).')
-    self.CreateChildren('x_layers', [tpl] * p.num_layers)
+      raise validation.Error(owner, 'transformer_tpl', getattr(tpl, 'cls', tpl),
+                             'must be a TransformerLayer.Params() (or a '
+                             'subclass).')
+    validation.CheckBool(owner, 'final_layer_norm', p.final_layer_norm)
+
+  def _CreateLayers(self, layer_devices=None, final_ln_device=None):
+    """Builds `x_layers` (and `final_ln`), on the given devices if any."""
+    p = self.params
+    self.CreateChildren('x_layers', [p.transformer_tpl] * p.num_layers,
+                        devices=layer_devices)
     if p.final_layer_norm:
-      self.CreateChild('final_ln', self._FinalLnParams(p))
+      self.CreateChild('final_ln', self.FinalLnParams(p),
+                       device=final_ln_device)
+
+  @property
+  def input_device(self):
+    """Where a task puts what feeds the stack; None: the device in scope."""
+    return None
+
+  @property
+  def output_device(self):
+    """Where a task puts what reads the stack; None: the device in scope."""
+    return None
 
   @staticmethod
-  def _FinalLnParams(p):
+  def FinalLnParams(p):
+    """Params of the final norm of stack params `p`."""
     tpl = p.transformer_tpl
     return tpl.ln_tpl.Copy().Set(name='final_ln', input_dim=tpl.input_dim)
+
+  def RunLayers(self, start, stop, layer_thetas, x, paddings,
+                final_ln_theta=None):
+    """Layers [start, stop), then the final norm if `final_ln_theta` is set.
+
+    Args:
+      start, stop: the range of `x_layers` to run.
+      layer_thetas: their thetas, stop - start of them.
+      x: [batch, time, dim].
+      paddings: None or [batch, time].
+      final_ln_theta: theta of `final_ln`, or None to skip it.
+
+    Returns:
+      [batch, time, dim].
+    """
+    for layer, layer_theta in zip(self.x_layers[start:stop], layer_thetas):
+      x = layer.FProp(layer_theta, x, paddings)
+      if isinstance(x, tuple):  # A GPipeTransformerLayer.
+        x = x[0]
+    if final_ln_theta is not None:
+      x = self.final_ln.FProp(final_ln_theta, x)
+    return x
 
   def FProp(self, theta, inputs, paddings=None):
     """Applies the stack.
@@ -252,25 +266,31 @@ class TransformerStack(base_layer.BaseLayer):
     Returns:
       [batch, time, input_dim] in fprop_dtype.
     """
-    x = inputs
-    for layer, layer_theta in zip(self.children.x_layers, theta.x_layers):
-      x = layer.FProp(layer_theta, x, paddings)
-      if isinstance(x, tuple):  # A GPipeTransformerLayer.
-        x = x[0]
-    if self.params.final_layer_norm:
-      x = self.children.final_ln.FProp(theta.final_ln, x)
-    return x
+    p = self.params
+    return self.RunLayers(0, p.num_layers, theta.x_layers, inputs, paddings,
+                          theta.final_ln if p.final_layer_norm else None)
+
+  @classmethod
+  def LayersFlops(cls, p, inputs, num_layers, final_ln):
+    """Forward FLOPs of `num_layers` layers (+ the final norm if `final_ln`)
+    of stack params `p` on inputs of shape [batch, time, dim]; the one FLOP
+    formula of the stack, its cells and the tasks that cost them."""
+    shape = shapes.AsShape(inputs)
+    tpl = base_layer.InheritParams(p, p.transformer_tpl)
+    flops = shapes.Mul(num_layers,
+                       TransformerLayer.FPropMeta(tpl, shape).flops)
+    if final_ln:
+      ln = base_layer.InheritParams(p, cls.FinalLnParams(p))
+      flops = shapes.Add(flops, ln.cls.FPropMeta(ln, shape).flops)
+    return flops
 
   @classmethod
   def FPropMeta(cls, p, inputs, paddings=None):
     """num_layers * TransformerLayer flops + the final norm's; out (inputs,).
     """
     del paddings
+    cls.CheckStackParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
-    tpl = _WithInherited(p, p.transformer_tpl)
-    flops = shapes.Mul(p.num_layers,
-                       TransformerLayer.FPropMeta(tpl, shape).flops)
-    if p.final_layer_norm:
-      ln = cls._FinalLnParams(p)
-      flops = shapes.Add(flops, ln.cls.FPropMeta(ln, shape).flops)
-    return NestedMap(flops=flops, out_shapes=(shape,))
+    return NestedMap(flops=cls.LayersFlops(p, shape, p.num_layers,
+                                           p.final_layer_norm),
+                     out_shapes=(shape,))

@@ -51,6 +51,7 @@ from cadence.framework import base_model_params
 from cadence.framework import model_registry
 from cadence.framework import optimizer
 from cadence.framework import schedule
+from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import model
 from cadence.tasks.lm import synthetic_corpus
@@ -107,14 +108,16 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
   def Task(self):
     p = model.LanguageModel.Params().Set(
         name='lm', vocab_size=self.VOCAB_SIZE, model_dim=self.MODEL_DIM,
-        num_layers=self.NUM_LAYERS, num_heads=self.NUM_HEADS,
-        hidden_dim=self.HIDDEN_DIM, splits=self.SPLITS,
-        num_micro_batches=self.NUM_MICRO_BATCHES,
         softmax_max_alloc=self.SOFTMAX_MAX_ALLOC,
         entropy_per_sentence=self.ENTROPY_PER_SENTENCE, random_seed=1)
-    p.transformer_tpl.Set(atten_dropout_prob=self.DROPOUT_PROB,
-                          residual_dropout_prob=self.DROPOUT_PROB,
-                          relu_dropout_prob=self.DROPOUT_PROB)
+    p.stack_tpl = gpipe_transformer.GPipeTransformerStack.Params().Set(
+        num_layers=self.NUM_LAYERS, splits=self.SPLITS)
+    p.stack_tpl.pipeline_tpl.num_micro_batches = self.NUM_MICRO_BATCHES
+    p.stack_tpl.transformer_tpl.Set(
+        num_heads=self.NUM_HEADS, hidden_dim=self.HIDDEN_DIM,
+        atten_dropout_prob=self.DROPOUT_PROB,
+        residual_dropout_prob=self.DROPOUT_PROB,
+        relu_dropout_prob=self.DROPOUT_PROB)
     p.decoder.grammar_metrics = self.CORPUS == 'synthetic'
     p.train.learner.Set(
         optimizer=optimizer.Adam.Params().Set(beta2=0.98, epsilon=1e-9),

@@ -44,6 +44,8 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 from cadence.tasks.lm import tokenizers
 
@@ -123,9 +125,9 @@ class LmInput(base_input_generator.BaseInputGenerator):
     if p.bucket_upper_bound:
       raise self._Error('bucket_upper_bound', p.bucket_upper_bound,
                         'must be empty: LmInput rows have max_seq_len tokens.')
-    if not isinstance(p.max_seq_len, int) or p.max_seq_len < 1:
-      raise self._Error('max_seq_len', p.max_seq_len, 'must be an int > 0.')
-    if not isinstance(p.random_seed, int) or p.random_seed < 0:
+    if not validation.IsInt(p.max_seq_len, 1):
+      raise self._Error('max_seq_len', p.max_seq_len, 'must be an int >= 1.')
+    if not validation.IsInt(p.random_seed, 0):
       raise self._Error('random_seed', p.random_seed, 'must be an int >= 0.')
 
   def _Load(self):
@@ -250,6 +252,16 @@ class LmInput(base_input_generator.BaseInputGenerator):
 
     return self._ForEachEpoch(q // size, _Lookup,
                               np.zeros(q.shape, np.int32)), inside
+
+  @classmethod
+  def BatchShapes(cls, params):
+    """[batch_size, max_seq_len] for each field with fixed_input_shape;
+    otherwise the batch and length dims are None (a last batch may be short,
+    padded rows as long as their longest sentence)."""
+    fixed = bool(params.fixed_input_shape)
+    shape = shapes.Shape([params.batch_size if fixed else None,
+                          params.max_seq_len if fixed else None])
+    return NestedMap({k: shape for k in _KEYS})
 
   def InputBatchAt(self, batch_index, num_replicas=1):
     """Batch `batch_index` of the stream as a NestedMap of numpy arrays.

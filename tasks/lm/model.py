@@ -5,14 +5,15 @@
              -> SimpleFullSoftmax over the vocabulary               [b, t, V]
              -> cross-entropy against `labels`, weighted by `weights`
 
-The stack is a `gpipe_transformer.GPipeTransformerStack` (cells on the
-devices of the model split, micro-batches through a pipeline) when
-`splits > 1` or `num_micro_batches > 1`, and the plain
-`transformer.TransformerStack` otherwise. Both keep their layers at
-`<task>.stack.x_layers[i]` and `<task>.stack.final_ln`, so every `splits`
+The stack is `stack_tpl`: a plain `transformer.TransformerStack`, or a
+`gpipe_transformer.GPipeTransformerStack` (cells on the devices of the model
+split, micro-batches through a pipeline; its `splits` and `pipeline_tpl`
+hold every pipeline setting). Both keep their layers at
+`<task>.stack.x_layers[i]` and `<task>.stack.final_ln`, so every partition
 starts from the same weights (seeded by path), computes the same function,
-and reads the same checkpoints. The embedding lives on the split's first
-device, the softmax on the last cell's device.
+and reads the same checkpoints. The task sets the stack's layer depth to
+`model_dim` and makes self-attention causal. A pipelined stack puts the
+embedding on its first cell's device and the softmax on its last cell's.
 
 Metrics (each a (value, weight) pair, averaged by weight by the trainer):
   loss                   mean cross-entropy per label token (label
@@ -41,10 +42,10 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_model
-from cadence.framework import cell_program
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import hyperparams
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 from cadence.layers import embedding
 from cadence.layers import gpipe_transformer
@@ -70,16 +71,20 @@ def _DecoderParams():
   return p
 
 
-def _IsInt(x, low):
-  return isinstance(x, int) and not isinstance(x, bool) and x >= low
+def _DefaultStackParams():
+  layer = transformer.TransformerLayer.Params().Set(num_heads=2,
+                                                    hidden_dim=256)
+  return transformer.TransformerStack.Params().Set(num_layers=2,
+                                                   transformer_tpl=layer)
 
 
 class LanguageModel(base_model.BaseTask):
   """Causal Transformer LM; see the module docstring.
 
   Example:
-    p = LanguageModel.Params().Set(name='lm', vocab_size=64, model_dim=16,
-                                   num_layers=2, num_heads=2, hidden_dim=32)
+    p = LanguageModel.Params().Set(name='lm', vocab_size=64, model_dim=16)
+    p.stack_tpl.Set(num_layers=2)
+    p.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=32)
     task = p.Instantiate()
     batch = NestedMap(ids=tf.ones([2, 8], tf.int32),
                       labels=tf.ones([2, 8], tf.int32),
@@ -87,8 +92,9 @@ class LanguageModel(base_model.BaseTask):
     metrics, _ = task.FPropTower(task.theta, batch)
     metrics.log_pplx   # (scalar, 16.0)
 
-  With splits=2 (build it inside `with cluster:` of 2 devices a split) the
-  layers run as a 2-stage GPipe pipeline over `num_micro_batches`.
+  With `stack_tpl` a GPipeTransformerStack with splits=2 (build it inside
+  `with cluster:` of 2 devices a split) the layers run as a 2-stage GPipe
+  pipeline over `stack_tpl.pipeline_tpl.num_micro_batches`.
   """
 
   @classmethod
@@ -96,21 +102,14 @@ class LanguageModel(base_model.BaseTask):
     p = super().Params()
     p.Define('vocab_size', 512, 'Rows of the embedding and classes of the '
              'softmax, an int >= the tokenizer\'s vocabulary size.')
-    p.Define('model_dim', 64, 'Model depth d, an int > 0.')
-    p.Define('num_layers', 2, 'Transformer layers L, an int > 0.')
-    p.Define('num_heads', 2, 'Attention heads; must divide model_dim.')
-    p.Define('hidden_dim', 256, 'Hidden depth of each feed-forward net.')
-    p.Define('transformer_tpl', transformer.GPipeTransformerLayer.Params().Set(
-        mask_self_atten=True), 'Params of every layer (a '
-             'GPipeTransformerLayer; dropout and activation are set here); '
-             'input_dim, hidden_dim and num_heads are set from the task.')
-    p.Define('splits', 1, 'Pipeline partition of the stack: an int K (K '
-             'cells of near-equal layer counts) or a list of K-1 layer '
-             'indices where cells 1.. start.')
-    p.Define('num_micro_batches', 1, 'Micro-batches M of the pipeline; must '
-             'divide the batch.')
-    p.Define('remat', 'except_last', 'Pipeline rematerialisation: '
-             "'except_last', 'always' or 'never'.")
+    p.Define('model_dim', 64, 'Model depth d, an int > 0 (the embedding, '
+             'every layer of the stack and the softmax input).')
+    p.Define('stack_tpl', _DefaultStackParams(), 'Params of the Transformer '
+             'stack: transformer.TransformerStack, or '
+             'gpipe_transformer.GPipeTransformerStack to pipeline it (splits, '
+             'pipeline_tpl.num_micro_batches, ...). Its '
+             'transformer_tpl.input_dim is set to model_dim and its '
+             'self-attention made causal.')
     p.Define('softmax_max_alloc', 0, 'If > 0, the most logits (rows x '
              'vocab) the softmax computes at once; 0: all.')
     p.Define('label_smoothing', 0.0, 'Label smoothing of the training loss, '
@@ -124,74 +123,66 @@ class LanguageModel(base_model.BaseTask):
     return p
 
   @classmethod
-  def Pipelined(cls, p):
-    """Whether params `p` build the GPipe stack (else the plain one)."""
-    return not (p.splits == 1 and p.num_micro_batches in (1, None))
+  def StackParams(cls, p):
+    """`p.stack_tpl` with the task's depth and causal self-attention."""
+    stack = p.stack_tpl.Copy().Set(name='stack')
+    stack.transformer_tpl.Set(input_dim=p.model_dim, mask_self_atten=True)
+    return stack
 
   @classmethod
   def _SubParams(cls, p):
     """Params of the children, named; shared by __init__ and FPropMeta."""
-    layer = p.transformer_tpl.Copy().Set(
-        input_dim=p.model_dim, hidden_dim=p.hidden_dim, num_heads=p.num_heads)
-    if cls.Pipelined(p):
-      stack = gpipe_transformer.GPipeTransformerStack.Params().Set(
-          num_layers=p.num_layers, transformer_tpl=layer, splits=p.splits,
-          num_micro_batches=p.num_micro_batches, remat=p.remat)
-    else:
-      stack = transformer.TransformerStack.Params().Set(
-          num_layers=p.num_layers, transformer_tpl=layer)
     return NestedMap(
+        stack=cls.StackParams(p),
         emb=embedding.EmbeddingLayer.Params().Set(
             name='emb', vocab_size=p.vocab_size, embedding_dim=p.model_dim,
             scale_sqrt_depth=True,
             params_init=WeightInit.Gaussian(p.model_dim**-0.5)),
         pos_emb=embedding.PositionalEmbedding.Params().Set(
             name='pos_emb', embedding_dim=p.model_dim),
-        stack=stack.Set(name='stack'),
         softmax=softmax_lib.SimpleFullSoftmax.Params().Set(
             name='softmax', input_dim=p.model_dim, num_classes=p.vocab_size,
             label_smoothing=p.label_smoothing,
             softmax_max_alloc=p.softmax_max_alloc))
 
+  @classmethod
+  def CheckParams(cls, p, owner):
+    """Raises ValueError for bad task params; __init__ and FPropMeta call it,
+    so the static check of the task (BaseTask.CheckStaticShapes) runs on
+    valid params."""
+    for field in ('vocab_size', 'model_dim'):
+      validation.CheckInt(owner, field, p.Get(field))
+    if not (isinstance(p.stack_tpl, hyperparams.InstantiableParams) and
+            issubclass(p.stack_tpl.cls, transformer.TransformerStack)):
+      raise validation.Error(owner, 'stack_tpl', p.stack_tpl, 'must be a '
+                             "TransformerStack.Params() or a subclass's.")
+    validation.CheckInt(owner, 'softmax_max_alloc', p.softmax_max_alloc, 0)
+    validation.CheckNumber(owner, 'label_smoothing', p.label_smoothing, 0, 1,
+                           high_open=True)
+    if p.label_smoothing and p.softmax_max_alloc:
+      raise validation.Error(owner, 'label_smoothing', p.label_smoothing,
+                             'needs softmax_max_alloc=0: log_pplx is computed '
+                             'from the full log-probabilities.')
+    if p.entropy_per_sentence is not None:
+      validation.CheckNumber(owner, 'entropy_per_sentence',
+                             p.entropy_per_sentence, low=0)
+    d = p.decoder
+    validation.CheckInt(owner, 'decoder.prompt_len', d.prompt_len)
+    validation.CheckNumber(owner, 'decoder.temperature', d.temperature, low=0,
+                           low_open=True)
+
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    for field in ('vocab_size', 'model_dim', 'num_layers', 'num_heads',
-                  'hidden_dim'):
-      if not _IsInt(p.Get(field), 1):
-        raise self._Error(field, p.Get(field), 'must be an int > 0.')
-    if p.label_smoothing and p.softmax_max_alloc:
-      raise self._Error('label_smoothing', p.label_smoothing,
-                        'needs softmax_max_alloc=0: log_pplx is computed from '
-                        'the full log-probabilities.')
-    h = p.entropy_per_sentence
-    if h is not None and (isinstance(h, bool) or
-                          not isinstance(h, (int, float)) or h < 0):
-      raise self._Error('entropy_per_sentence', h, 'must be None or a '
-                        'number >= 0.')
-    d = p.decoder
-    if not _IsInt(d.prompt_len, 1):
-      raise self._Error('decoder.prompt_len', d.prompt_len,
-                        'must be an int >= 1.')
-    if not (isinstance(d.temperature, (int, float)) and d.temperature > 0):
-      raise self._Error('decoder.temperature', d.temperature,
-                        'must be a number > 0.')
+    self.CheckParams(p, validation.Owner(self))
     children = self._SubParams(p)
-    # Pipelined: the embedding on the split's first device, the softmax on
-    # the last cell's. Otherwise the devices in scope (or the strategy's).
-    self._first_device = self._last_device = None
-    if self.Pipelined(p):
-      self._first_device = cluster_lib.Cluster.Current().DevicesInModelSplit(
-          0)[0]
-    with cell_program.Device(self._first_device):
-      self.CreateChild('emb', children.emb)
-      self.CreateChild('pos_emb', children.pos_emb)
-    self.CreateChild('stack', children.stack)
-    if self.Pipelined(p):
-      stack = self.children.stack
-      self._last_device = stack.CellDevice(stack.NumCells() - 1)
-    with cell_program.Device(self._last_device):
-      self.CreateChild('softmax', children.softmax)
+    stack = self.CreateChild('stack', children.stack)
+    # A pipelined stack says where what feeds it and reads it goes.
+    self._first_device = stack.input_device
+    self._last_device = stack.output_device
+    self.CreateChild('emb', children.emb, device=self._first_device)
+    self.CreateChild('pos_emb', children.pos_emb, device=self._first_device)
+    self.CreateChild('softmax', children.softmax, device=self._last_device)
     self._tokenizer = None
 
   # --- forward -------------------------------------------------------------
@@ -199,12 +190,11 @@ class LanguageModel(base_model.BaseTask):
   def _Encode(self, theta, ids, paddings):
     """ids [b, t] int, paddings [b, t] -> final-norm outputs [b, t, d]."""
     c = self.children
-    with cell_program.Device(self._first_device):
+    with cluster_lib.DeviceScope(self._first_device):
       x = c.emb.FProp(theta.emb, ids)                         # [b, t, d]
       x += c.pos_emb.FProp(theta.pos_emb, seq_length=tf.shape(ids)[1])[None]
       paddings = tf.cast(paddings, x.dtype)
-    out = c.stack.FProp(theta.stack, x, paddings)
-    return out[0] if isinstance(out, tuple) else out
+    return c.stack.FProp(theta.stack, x, paddings)
 
   def ComputePredictions(self, theta, input_batch):
     """NestedMap(encoded=[b, t, d]) of a batch of ids and paddings."""
@@ -215,7 +205,7 @@ class LanguageModel(base_model.BaseTask):
     """Metrics of the module docstring; per_example xent and tokens [b]."""
     p = self.params
     labels = input_batch.labels
-    with cell_program.Device(self._last_device):
+    with cluster_lib.DeviceScope(self._last_device):
       out = self.children.softmax.FProp(theta.softmax, predictions.encoded,
                                         labels, input_batch.weights)
     weights = out.per_example_weight                           # [b, t]
@@ -245,7 +235,7 @@ class LanguageModel(base_model.BaseTask):
   def _LastLogits(self, theta, ids, position):
     """Logits [b, V] of the token after `position` (a scalar) of ids [b, t]."""
     encoded = self._Encode(theta, ids, tf.zeros(tf.shape(ids), tf.float32))
-    with cell_program.Device(self._last_device):
+    with cluster_lib.DeviceScope(self._last_device):
       return self.children.softmax.Logits(theta.softmax,
                                           encoded[:, position])
 
@@ -374,6 +364,7 @@ class LanguageModel(base_model.BaseTask):
       first and the softmax in the last]); built from params alone.
     """
     p = params
+    cls.CheckParams(p, validation.Owner(p))
     ids = shapes.AsShape(input_shapes.ids)
     if ids.rank != 2:
       raise ValueError(f"{cls.__name__} '{p.name}': ids shape {list(ids)} "
@@ -386,26 +377,19 @@ class LanguageModel(base_model.BaseTask):
     emb = c.emb.cls.FPropMeta(c.emb, ids).flops
     pos = shapes.Add(c.pos_emb.cls.FPropMeta(c.pos_emb, t).flops,
                      x.num_elements())                    # + the add
-    layer = c.stack.transformer_tpl
-    layer = base_model.base_layer.InheritParams(c.stack, layer)
-    layer_flops = layer.cls.FPropMeta(layer, x, shapes.Shape([b, t])).flops
-    ln = layer.ln_tpl.Copy().Set(input_dim=p.model_dim)
-    ln_flops = ln.cls.FPropMeta(ln, x).flops
+    stack = c.stack.cls.FPropMeta(c.stack, x, shapes.Shape([b, t])).flops
     sm = c.softmax.cls.FPropMeta(c.softmax, x).flops
     breakdown = [('emb', emb), ('pos_emb', pos),
-                 (f'stack.x_layers ({p.num_layers} layers)',
-                  shapes.Mul(p.num_layers, layer_flops)),
-                 ('stack.final_ln', ln_flops), ('softmax', sm)]
+                 (f'stack ({c.stack.num_layers} layers)', stack),
+                 ('softmax', sm)]
     total = 0
     for _, f in breakdown:
       total = shapes.Add(total, f)
     out = NestedMap(flops=total, out_shapes=(), breakdown=breakdown)
-    if cls.Pipelined(p):
-      bounds = gpipe_transformer.GPipeTransformerStack.Boundaries(c.stack)
-      parts = [shapes.Mul(bounds[i + 1] - bounds[i], layer_flops)
-               for i in range(len(bounds) - 1)]
+    if issubclass(c.stack.cls, gpipe_transformer.GPipeTransformerStack):
+      parts = c.stack.cls.CellFlops(c.stack, x)
       parts[0] = shapes.Add(parts[0], shapes.Add(emb, pos))
-      parts[-1] = shapes.Add(parts[-1], shapes.Add(ln_flops, sm))
+      parts[-1] = shapes.Add(parts[-1], sm)
       out.partitions = parts
     return out
 

@@ -85,6 +85,14 @@ class RegressionInput(base_input_generator.BaseInputGenerator):
       self._data = SyntheticData(p.num_examples, p.input_dim, p.teacher_seed,
                                  p.noise_stddev, p.first_example)
 
+  @classmethod
+  def BatchShapes(cls, params):
+    """x [batch, input_dim], y [batch]; batch is None unless
+    fixed_input_shape (the last batch of a pass may be short)."""
+    b = params.batch_size if params.fixed_input_shape else None
+    return NestedMap(x=shapes.Shape([b, params.input_dim]),
+                     y=shapes.Shape([b]))
+
   def _NeedsFiles(self):
     return False
 

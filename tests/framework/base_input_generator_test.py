@@ -73,7 +73,7 @@ class BaseInputGeneratorTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(big.InputError,
-                                r"batch_size=0 must be an int > 0"):
+                                r"batch_size=0 must be an int >= 1"):
       self._Params().Set(batch_size=0).Instantiate()
     with self.assertRaisesRegex(big.InputError, 'strictly increasing'):
       self._Params().Set(bucket_upper_bound=[4, 2]).Instantiate()

@@ -77,6 +77,21 @@ class LateChild(ScaleLayer):
     return self.CreateChild('late', ScaleLayer.Params().Set(dim=1))
 
 
+class Lingvoish(base_layer.BaseLayer):
+  """Children built without assigning them; FProp reaches them as
+  attributes, as Lingvo layers do (`self.fc.FProp(theta.fc, x)`)."""
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateChild('fc', ScaleLayer.Params().Set(dim=2), device='/cpu:1')
+    self.CreateChildren('more', [ScaleLayer.Params().Set(dim=2)] * 2,
+                        devices=['/cpu:2', None])
+
+  def FProp(self, theta, inputs):
+    x = self.fc.FProp(theta.fc, inputs)
+    return self.more[1].FProp(theta.more[1], x)
+
+
 def _Build(**kw):
   return TwoScales.Params().Set(name='top', **kw).Instantiate()
 
@@ -111,6 +126,32 @@ class BaseLayerTest(tf.test.TestCase):
     self.assertEqual(layer.rest[0].params.random_seed, 9)  # default: inherited.
     self.assertEqual(layer.rest[0].params.params_init, init)
     self.assertTrue(layer.rest[1].params.is_inference)
+
+  def testChildrenAreAttributesAndPlacedOnTheirDevice(self):
+    layer = Lingvoish.Params().Set(name='l').Instantiate()
+    self.assertIs(layer.fc, layer.children.fc)
+    self.assertIs(layer.more[1], layer.children.more[1])
+    x = tf.constant([1.0, 2.0])
+    want = layer.more[1](layer.fc(x))
+    self.assertAllClose(want, layer(x))
+    self.assertIn('CPU:1', layer.vars.fc.w.device)
+    self.assertIn('CPU:2', layer.vars.more[0].w.device)
+    self.assertIn('CPU:0', layer.vars.more[1].w.device)
+    with self.assertRaisesRegex(AttributeError, "has no attribute 'fcc'"):
+      _ = layer.fcc
+
+  def testCreateChildrenNeedsOneDevicePerChild(self):
+
+    class Bad(base_layer.BaseLayer):
+
+      def __init__(self, params):
+        super().__init__(params)
+        self.CreateChildren('x', [ScaleLayer.Params().Set(dim=1)] * 2,
+                            devices=['/cpu:0'])
+
+    with self.assertRaisesRegex(ValueError, r"Bad 'b': CreateChildren\('x'\) "
+                                'got 1 devices for 2 children'):
+      Bad.Params().Set(name='b').Instantiate()
 
   def testVariablePlacementFollowsScope(self):
     layer = _Build()

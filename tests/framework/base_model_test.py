@@ -51,6 +51,34 @@ class BaseTaskTest(tf.test.TestCase):
     self.assertEqual([name for name, _ in meta.breakdown],
                      ['net.fc[0]', 'net.fc[1]', 'loss'])
 
+  def testParamsAreCheckedAgainstTheInputShapesWhenBuilt(self):
+
+    class EvenBatchOnly(regression.RegressionModel):
+      built = []
+
+      def __init__(self, params):
+        super().__init__(params)
+        EvenBatchOnly.built.append(self.path)
+
+      @classmethod
+      def FPropMeta(cls, params, input_shapes):
+        if input_shapes.x[0] is not None and input_shapes.x[0] % 2:
+          raise ValueError(f'batch {input_shapes.x[0]} is odd')
+        return super().FPropMeta(params, input_shapes)
+
+    p = EvenBatchOnly.Params().Set(name='reg', input_dim=3, hidden_dims=[4])
+    p.input = regression.RegressionInput.Params().Set(
+        input_dim=3, batch_size=5, fixed_input_shape=True)
+    with self.assertRaisesRegex(ValueError, 'batch 5 is odd'):
+      p.Instantiate()
+    self.assertEqual([], EvenBatchOnly.built)  # Failed before the children.
+    p.input.batch_size = 6
+    p.Instantiate()
+    self.assertEqual(['reg'], EvenBatchOnly.built)
+    # Without a static batch size there is nothing to check against.
+    p.input.Set(batch_size=5, fixed_input_shape=False)
+    p.Instantiate()
+
   def testBadTrainParams(self):
     p = _TaskParams()
     p.train.max_steps = -1
@@ -60,7 +88,8 @@ class BaseTaskTest(tf.test.TestCase):
       p.Instantiate()
     p = _TaskParams()
     p.train.ema_decay = 1.0
-    with self.assertRaisesRegex(ValueError, r'train.ema_decay=1.0 must be in'):
+    with self.assertRaisesRegex(
+        ValueError, r'train.ema_decay=1.0 must be a number in \[0, 1\)'):
       p.Instantiate()
 
   def testCheckMetrics(self):

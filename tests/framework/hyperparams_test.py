@@ -94,6 +94,24 @@ class ParamsTest(tf.test.TestCase):
     with self.assertRaisesRegex(AttributeError, r"defined params: dim"):
       p.layers[0].zzz = 1
 
+  def testUnknownNameFoundDeeperIsSuggestedByFullKey(self):
+    # A knob that moved into a sub-template: the error says where it lives.
+    pipe = hyperparams.Params()
+    pipe.Define('num_micro_batches', 1, 'M.')
+    stack = hyperparams.Params()
+    stack.Define('pipeline_tpl', pipe, 'Pipeline.')
+    task = hyperparams.Params()
+    task.Define('stack_tpl', stack, 'Stack.')
+    root = hyperparams.Params()
+    root.Define('task', task, 'Task.')
+    with self.assertRaisesRegex(
+        AttributeError, r"Params 'task' has no param 'num_micro_batches'; did "
+        r"you mean 'task\.stack_tpl\.pipeline_tpl\.num_micro_batches'\?$"):
+      root.Set(**{'task.num_micro_batches': 3})
+    self.assertEqual('task.stack_tpl.pipeline_tpl',
+                     root.task.stack_tpl.pipeline_tpl.Path())
+    self.assertEqual('task.stack_tpl', root.task.stack_tpl.Copy().Path())
+
   def testDottedGetSet(self):
     p = _Tree()
     self.assertIs(p.Set(**{'encoder.ffn.hidden': 32, 'layers[1].dim': 7}), p)

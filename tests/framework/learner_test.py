@@ -208,7 +208,7 @@ class LearnerTest(tf.test.TestCase):
     vm = _VarMap(self.rng)
     with self.assertRaisesRegex(
         ValueError, r"Learner 'learner': learning_rate=-0.1 must be a "
-        'number >= 0'):
+        'number >= 0.'):
       _SGDParams().Set(learning_rate=-0.1).Instantiate(var_map=vm)
     with self.assertRaisesRegex(
         ValueError, r"Learner 'lm': clip_gradient_norm_to_value=-1.0 must "

@@ -1,6 +1,7 @@
 """Tests for cadence.framework.nested_map."""
 import tensorflow as tf
 
+from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
 
 
@@ -48,6 +49,15 @@ class NestedMapTest(tf.test.TestCase):
     odd = m.Filter(lambda v: v % 2 == 1)
     self.assertEqual(odd, NestedMap(a=1, b=NestedMap(d=3), e=[5]))
     self.assertEqual(m.Filter(lambda v: False), NestedMap())
+
+  def testShapesAreLeaves(self):
+    m = NestedMap(x=shapes.Shape([2, 3]), y=NestedMap(z=shapes.Shape([4])))
+    self.assertEqual([shapes.Shape([2, 3]), shapes.Shape([4])], m.Flatten())
+    doubled = m.Transform(lambda s: s.WithDim(0, 2 * s[0]))
+    self.assertEqual(shapes.Shape([4, 3]), doubled.x)
+    self.assertEqual(shapes.Shape([8]), doubled.y.z)
+    # Plain tuples are still containers.
+    self.assertEqual([1, 2], NestedMap(t=(1, 2)).Flatten())
 
   def testIsCompatible(self):
     m = NestedMap(a=1, b=NestedMap(c=2))

@@ -230,14 +230,14 @@ class OptimizerTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r"Adam 'adam': beta2=1.0 must be in \[0.0, 1.0\)"):
+        ValueError, r"Adam 'adam': beta2=1.0 must be a number in \[0, 1\)"):
       optimizer.Adam.Params().Set(beta2=1.0).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"Adam 'adam': epsilon=0.0 must be > 0"):
+        ValueError, r"Adam 'adam': epsilon=0.0 must be a number > 0"):
       optimizer.Adam.Params().Set(epsilon=0.0).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"Momentum 'momentum': alpha=-0.5 must be in "
-        r'\[0.0, 1.0\)'):
+        ValueError, r"Momentum 'momentum': alpha=-0.5 must be a number in "
+        r'\[0, 1\)'):
       optimizer.Momentum.Params().Set(alpha=-0.5).Instantiate()
     with self.assertRaisesRegex(AttributeError, r"did you mean 'beta1'"):
       optimizer.Adam.Params().Set(betta1=0.5)

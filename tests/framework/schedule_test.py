@@ -66,7 +66,8 @@ class ScheduleTest(tf.test.TestCase):
 
   def testLinearRampupNegativeWarmup(self):
     with self.assertRaisesRegex(
-        ValueError, r'LinearRampupSchedule: warmup_steps=-1 must be >= 0'):
+        ValueError,
+        r'LinearRampupSchedule: warmup_steps=-1 must be a number >= 0'):
       schedule.LinearRampupSchedule.Params().Set(
           warmup_steps=-1).Instantiate()
 
@@ -82,7 +83,7 @@ class ScheduleTest(tf.test.TestCase):
 
   def testTransformerBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r'TransformerSchedule: model_dim=0 must be > 0'):
+        ValueError, r'TransformerSchedule: model_dim=0 must be a number > 0'):
       schedule.TransformerSchedule.Params().Set(model_dim=0).Instantiate()
 
   def testCosine(self):

@@ -91,7 +91,7 @@ class InspectTest(tf.test.TestCase):
     report = inspect_lib.ModelReport(params)
     lines = report.splitlines()
     self.assertIn('Model regression (task RegressionModel '
-                  "'regression')", lines[0])
+                  "'regression'; built without weights or data)", lines[0])
     row = [line for line in lines if 'regression.net.fc[0].w' in line][0]
     self.assertEqual(row.split()[1:4], ['[8,', '16]', 'float32'])
     self.assertIn('4 variables, 161 parameters', report)  # 8*16+16+16*1+1

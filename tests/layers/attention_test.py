@@ -232,8 +232,8 @@ class MultiHeadedAttentionTest(tf.test.TestCase):
         r'must be a probability in \[0, 1\)'):
       _Params(atten_dropout_prob=1.0).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"MultiHeadedAttention 'atten': input_dim=0 must be a "
-        'positive int'):
+        ValueError, r"MultiHeadedAttention 'atten': input_dim=0 must be an "
+        'int >= 1'):
       _Params(input_dim=0).Instantiate()
     with self.assertRaisesRegex(ValueError, r'input_dim=8\]'):
       MHA.FPropMeta(_Params(), [2, 3, 5])

@@ -6,7 +6,10 @@ from cadence.framework import base_layer
 from cadence.framework import shapes
 from cadence.layers import combinators
 from cadence.layers import conv
+from cadence.layers import linear
 from cadence.layers import transformer
+
+Shape = shapes.Shape
 
 NestedMap = base_layer.NestedMap
 SequentialLayer = combinators.SequentialLayer
@@ -195,10 +198,49 @@ class SequentialLayerTest(tf.test.TestCase):
         ValueError, r"SequentialLayer 'seq': sub=\[\] must be a non-empty"):
       SequentialLayer.Params().Set(name='seq').Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"SequentialLayer 'seq': sub\[1\] is a int; expected a "
-        'layer Params'):
+        ValueError, r"SequentialLayer 'seq': sub\[1\]=3 must be a layer "
+        r'Params\(\)'):
       SequentialLayer.Params().Set(name='seq',
                                    sub=[_D('a', 1, 1), 3]).Instantiate()
+
+
+class FeatureExtractionLayerTest(tf.test.TestCase):
+
+  def testFetchAndForwardActivations(self):
+    def proj(name):
+      return linear.ProjectionLayer.Params().Set(
+          name=name, input_dim=4, output_dim=4, activation='TANH')
+
+    p = combinators.FeatureExtractionLayer.Params().Set(
+        name='fe', sub=[proj('a'), proj('b')], num_act_inputs=1,
+        act_fetch_layers=['a'], num_act_outputs=2)
+    layer = p.Instantiate()
+    x, extra = tf.random.normal([2, 4]), tf.random.normal([3])
+    y, passed, fetched = layer(x, extra)
+    a = layer.children.a(x)
+    self.assertAllClose(layer.children.b(a), y)
+    self.assertAllClose(extra, passed)
+    self.assertAllClose(a, fetched)
+    meta = combinators.FeatureExtractionLayer.FPropMeta(p, Shape([2, 4]),
+                                                        Shape([3]))
+    self.assertEqual((Shape([2, 4]), Shape([3]), Shape([2, 4])),
+                     meta.out_shapes)
+    sub_flops = linear.ProjectionLayer.FPropMeta(p.sub[0],
+                                                 Shape([2, 4])).flops
+    self.assertEqual(2 * sub_flops, meta.flops)
+
+  def testBadParams(self):
+    proj = linear.ProjectionLayer.Params().Set(name='a', input_dim=4,
+                                               output_dim=4)
+    with self.assertRaisesRegex(
+        ValueError, r"FeatureExtractionLayer 'fe': num_act_outputs=0 must "
+        r'equal num_act_inputs=0 \+ len\(act_fetch_layers\)=1'):
+      combinators.FeatureExtractionLayer.Params().Set(
+          name='fe', sub=[proj], act_fetch_layers=['a']).Instantiate()
+    with self.assertRaisesRegex(ValueError, r"act_fetch_layers has 'z'"):
+      combinators.FeatureExtractionLayer.Params().Set(
+          name='fe', sub=[proj], act_fetch_layers=['z'],
+          num_act_outputs=1).Instantiate()
 
 
 if __name__ == '__main__':

@@ -142,11 +142,11 @@ class Conv2DLayerTest(tf.test.TestCase):
       _ConvParams(padding='same').Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"Conv2DLayer 'conv': filter_shape=\[3, 3, 3\] must be a "
-        'list of 4 positive ints'):
+        'list of 4 ints >= 1'):
       _ConvParams(filter_shape=[3, 3, 3]).Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"Conv2DLayer 'conv': filter_stride=\[0, 1\] must be a "
-        'list of 2 positive ints'):
+        'list of 2 ints >= 1'):
       _ConvParams(filter_stride=[0, 1]).Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"Conv2DLayer 'conv': activation='RELUU' is invalid: .*"

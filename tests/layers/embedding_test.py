@@ -64,13 +64,13 @@ class EmbeddingLayerTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r"EmbeddingLayer 'emb': vocab_size=0 must be a positive "
-        'int'):
+        ValueError, r"EmbeddingLayer 'emb': vocab_size=0 must be an int "
+        '>= 1'):
       embedding.EmbeddingLayer.Params().Set(
           name='emb', embedding_dim=3).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"EmbeddingLayer 'emb': embedding_dim=2.5 must be a "
-        'positive int'):
+        ValueError, r"EmbeddingLayer 'emb': embedding_dim=2.5 must be an "
+        'int >= 1'):
       embedding.EmbeddingLayer.Params().Set(
           name='emb', vocab_size=3, embedding_dim=2.5).Instantiate()
 
@@ -186,7 +186,7 @@ class LearnedPositionalEmbeddingTest(tf.test.TestCase):
   def testBadParams(self):
     with self.assertRaisesRegex(
         ValueError, r"LearnedPositionalEmbedding 'pos': max_seq_len=0 must "
-        'be a positive int'):
+        'be an int >= 1'):
       embedding.LearnedPositionalEmbedding.Params().Set(
           name='pos', embedding_dim=3).Instantiate()
     _, layer, _ = self._Build()

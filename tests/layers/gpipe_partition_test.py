@@ -54,7 +54,7 @@ class PartitionSequentialLayersTest(tf.test.TestCase):
   def testFlattensNestsAndBalancesFlops(self):
     inner = combinators.SequentialLayer.Params().Set(
         name='inner', repeat=2, sub=[self._Proj('a', 8, 8)])
-    fe = gpipe.FeatureExtractionLayer.Params().Set(
+    fe = combinators.FeatureExtractionLayer.Params().Set(
         name='fe', sub=[self._Proj('b', 8, 32), self._Proj('c', 32, 8)])
     outer = combinators.SequentialLayer.Params().Set(
         name='outer', sub=[inner, fe, self._Proj('d', 8, 8)])
@@ -111,45 +111,6 @@ class PartitionSequentialLayersTest(tf.test.TestCase):
       gpipe.PartitionSequentialLayers(
           [self._Proj('p', 4, 4), NoMeta.Params().Set(name='bad')], 2,
           Shape([2, 4]))
-
-
-class FeatureExtractionLayerTest(tf.test.TestCase):
-
-  def testFetchAndForwardActivations(self):
-    def proj(name):
-      return linear.ProjectionLayer.Params().Set(
-          name=name, input_dim=4, output_dim=4, activation='TANH')
-
-    p = gpipe.FeatureExtractionLayer.Params().Set(
-        name='fe', sub=[proj('a'), proj('b')], num_act_inputs=1,
-        act_fetch_layers=['a'], num_act_outputs=2)
-    layer = p.Instantiate()
-    x, extra = tf.random.normal([2, 4]), tf.random.normal([3])
-    y, passed, fetched = layer(x, extra)
-    a = layer.children.a(x)
-    self.assertAllClose(layer.children.b(a), y)
-    self.assertAllClose(extra, passed)
-    self.assertAllClose(a, fetched)
-    meta = gpipe.FeatureExtractionLayer.FPropMeta(p, Shape([2, 4]),
-                                                  Shape([3]))
-    self.assertEqual((Shape([2, 4]), Shape([3]), Shape([2, 4])),
-                     meta.out_shapes)
-    sub_flops = linear.ProjectionLayer.FPropMeta(p.sub[0],
-                                                 Shape([2, 4])).flops
-    self.assertEqual(2 * sub_flops, meta.flops)
-
-  def testBadParams(self):
-    proj = linear.ProjectionLayer.Params().Set(name='a', input_dim=4,
-                                               output_dim=4)
-    with self.assertRaisesRegex(
-        ValueError, r"FeatureExtractionLayer 'fe': num_act_outputs=0 must "
-        r'equal num_act_inputs=0 \+ len\(act_fetch_layers\)=1'):
-      gpipe.FeatureExtractionLayer.Params().Set(
-          name='fe', sub=[proj], act_fetch_layers=['a']).Instantiate()
-    with self.assertRaisesRegex(ValueError, r"act_fetch_layers has 'z'"):
-      gpipe.FeatureExtractionLayer.Params().Set(
-          name='fe', sub=[proj], act_fetch_layers=['z'],
-          num_act_outputs=1).Instantiate()
 
 
 if __name__ == '__main__':

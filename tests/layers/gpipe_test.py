@@ -371,6 +371,30 @@ class PipeliningLayerTest(tf.test.TestCase):
       with self.subTest(kwargs=kwargs):
         with self.assertRaisesRegex(ValueError, regex):
           pipe.FProp(pipe.theta, *inputs)
+        # The same check, statically: FPropMeta on the shapes alone (what a
+        # task runs when it is built).
+        with self.assertRaisesRegex(ValueError, regex):
+          gpipe.PipeliningLayer.FPropMeta(pipe.params, *in_shapes)
+
+  def testCellsComeFromCellTplOrFromTheOwner(self):
+    with self.assertRaisesRegex(ValueError, r"SeqLayer 'seq': cell_tpl=\[\] "
+                                'must be a non-empty list'):
+      gpipe.SeqLayer.Params().Set(name='seq').Instantiate()
+    # A PipeliningLayer without cells holds settings and devices for an
+    # owner that passes its cells to FPropCells (GPipeTransformerStack).
+    with _Cluster(2):
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', num_micro_batches=2).Instantiate()
+    self.assertEqual(['/device:CPU:0', '/device:CPU:1'], pipe.devices)
+    with self.assertRaisesRegex(ValueError, r"PipeliningLayer 'pipe': has no "
+                                r'cells \(cell_tpl is empty\)'):
+      pipe.FProp(pipe.theta, tf.ones([4, 2]))
+    scale = [tf.constant(2.0), tf.constant(-1.0)]
+    cells = [gpipe.PipelineCell(
+        fprop=lambda th, x: x * th, theta=s,
+        meta=lambda x: NestedMap(flops=0, out_shapes=(x,))) for s in scale]
+    x = tf.reshape(tf.range(8.0), [4, 2])
+    self.assertAllClose(-2.0 * x, pipe.FPropCells(cells, x))
 
   def testCellWithoutFPropMeta(self):
     class NoMeta(linear.ProjectionLayer):

@@ -13,7 +13,7 @@ _LAYERS, _BATCH, _TIME, _DIM = 4, 8, 3, 4
 
 
 def _Tpl(dropout=0.0):
-  return transformer.GPipeTransformerLayer.Params().Set(
+  return transformer.TransformerLayer.Params().Set(
       input_dim=_DIM, hidden_dim=8, num_heads=2, mask_self_atten=True,
       residual_dropout_prob=dropout)
 
@@ -22,10 +22,11 @@ def _Stack(splits, num_micro_batches=1, dropout=0.0, **kwargs):
   k = splits if isinstance(splits, int) else len(splits) + 1
   with cluster_lib.Cluster.Params().Set(num_devices=k,
                                         worker_split_size=k).Instantiate():
-    return gpipe_transformer.GPipeTransformerStack.Params().Set(
+    p = gpipe_transformer.GPipeTransformerStack.Params().Set(
         name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl(dropout),
-        splits=splits, num_micro_batches=num_micro_batches,
-        **kwargs).Instantiate()
+        splits=splits, **kwargs)
+    p.pipeline_tpl.num_micro_batches = num_micro_batches
+    return p.Instantiate()
 
 
 def _Plain(dropout=0.0):
@@ -77,9 +78,7 @@ class GPipeTransformerStackTest(tf.test.TestCase):
       stack = _Stack(splits, m)
 
       def _Pipelined(x, pads, stack=stack):
-        out, out_pads = stack.FProp(stack.theta, x, pads)
-        self.assertAllEqual(pads, out_pads)
-        return out
+        return stack.FProp(stack.theta, x, pads)
 
       with self.subTest(splits=splits, m=m):
         got = _LossAndGrads(stack, _Pipelined)
@@ -100,7 +99,7 @@ class GPipeTransformerStackTest(tf.test.TestCase):
 
     def _Pipelined(x, pads):
       th = base_layer.WithStepSeed(stack.theta, seed)
-      return tf.function(stack.FProp)(th, x, pads)[0]
+      return tf.function(stack.FProp)(th, x, pads)
 
     want = _LossAndGrads(plain, _Reference)
     got = _LossAndGrads(stack, _Pipelined)
@@ -110,12 +109,14 @@ class GPipeTransformerStackTest(tf.test.TestCase):
   def testInferenceOnOneDeviceRunsSequentially(self):
     plain = _Plain()
     # 2 cells; no cluster scope: the default cluster, 1 device per split.
-    stack = gpipe_transformer.GPipeTransformerStack.Params().Set(
+    p = gpipe_transformer.GPipeTransformerStack.Params().Set(
         name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl(), splits=2,
-        num_micro_batches=4, is_inference=True).Instantiate()
-    self.assertEqual(['/device:CPU:0'], stack.devices)
+        is_inference=True)
+    p.pipeline_tpl.num_micro_batches = 4
+    stack = p.Instantiate()
+    self.assertEqual(['/device:CPU:0'], stack.pipeline.devices)
     x, pads = _Inputs()
-    out, _ = stack.FProp(stack.theta, x, pads)
+    out = stack.FProp(stack.theta, x, pads)
     self.assertAllClose(plain.FProp(plain.theta, x, pads), out, atol=1e-6)
 
   def testBoundariesAndDevices(self):
@@ -130,7 +131,7 @@ class GPipeTransformerStackTest(tf.test.TestCase):
         'device:')[-1])
 
   def testFPropMeta(self):
-    p = _Stack(2).params
+    p = _Stack(2).params.Copy()
     x, pads = shapes.Shape([8, 3, 4]), shapes.Shape([8, 3])
     meta = gpipe_transformer.GPipeTransformerStack.FPropMeta(p, x, pads)
     plain_p = transformer.TransformerStack.Params().Set(
@@ -138,7 +139,14 @@ class GPipeTransformerStackTest(tf.test.TestCase):
     self.assertEqual(
         transformer.TransformerStack.FPropMeta(plain_p, x, pads).flops,
         meta.flops)
-    self.assertEqual((x, pads), meta.out_shapes)
+    self.assertEqual((x,), meta.out_shapes)
+    self.assertEqual(meta.flops, sum(
+        gpipe_transformer.GPipeTransformerStack.CellFlops(p, x)))
+    p.pipeline_tpl.num_micro_batches = 3
+    with self.assertRaisesRegex(
+        ValueError, r"PipeliningLayer \(params 'pipeline_tpl'\): "
+        r'num_micro_batches=3 does not divide batch 8'):
+      gpipe_transformer.GPipeTransformerStack.FPropMeta(p, x, pads)
 
   def testBadSplits(self):
     for splits, regex in ((5, r'splits=5 must be in \[1, num_layers=4\]'),
@@ -151,11 +159,18 @@ class GPipeTransformerStackTest(tf.test.TestCase):
           gpipe_transformer.GPipeTransformerStack.Params().Set(
               name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl(),
               splits=splits).Instantiate()
-    with self.assertRaisesRegex(ValueError,
-                                'transformer_tpl is a TransformerLayer'):
-      gpipe_transformer.GPipeTransformerStack.Params().Set(
-          name='stack', transformer_tpl=transformer.TransformerLayer.Params()
-          .Set(input_dim=4, hidden_dim=8, num_heads=2)).Instantiate()
+    p = gpipe_transformer.GPipeTransformerStack.Params().Set(
+        name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl())
+    p.pipeline_tpl.cell_tpl = [_Tpl()]
+    with self.assertRaisesRegex(
+        ValueError, r"GPipeTransformerStack 'stack': pipeline_tpl.cell_tpl="
+        r'.* must stay empty: the stack builds the cells'):
+      p.Instantiate()
+    p.pipeline_tpl.Set(cell_tpl=[], remat='sometimes')
+    with self.assertRaisesRegex(
+        ValueError, r"PipeliningLayer \(params 'pipeline_tpl'\): "
+        r"remat='sometimes' must be one of 'except_last'"):
+      p.Instantiate()
 
 
 if __name__ == '__main__':

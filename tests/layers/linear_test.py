@@ -97,15 +97,16 @@ class ProjectionLayerTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r"ProjectionLayer 'proj': input_dim=0 must be a positive "
-        'int'):
+        ValueError, r"ProjectionLayer 'proj': input_dim=0 must be an int "
+        '>= 1'):
       _Proj(input_dim=0, output_dim=2).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"ProjectionLayer 'proj': output_dim=-3 must be a "
-        'positive int'):
+        ValueError, r"ProjectionLayer 'proj': output_dim=-3 must be an "
+        'int >= 1'):
       _Proj(input_dim=2, output_dim=-3).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"ProjectionLayer 'proj': activation='GLEU': Unknown "
+        ValueError, r"ProjectionLayer 'proj': activation='GLEU' is invalid: "
+        r"Unknown "
         r"activation 'GLEU'.*Did you mean 'GELU'\?"):
       _Proj(input_dim=2, output_dim=3, activation='GLEU').Instantiate()
     with self.assertRaisesRegex(
@@ -204,7 +205,7 @@ class FeedForwardNetTest(tf.test.TestCase):
       _Ffn(input_dim=3, hidden_layer_dims=[]).Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"FeedForwardNet 'ffn': hidden_layer_dims\[1\]=0 must be "
-        'a positive int'):
+        'an int >= 1'):
       _Ffn(input_dim=3, hidden_layer_dims=[4, 0]).Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"FeedForwardNet 'ffn': activation=\['RELU'\] has 1 "
@@ -216,8 +217,8 @@ class FeedForwardNetTest(tf.test.TestCase):
       _Ffn(input_dim=3, hidden_layer_dims=[4, 2],
            activation=['RELU', 'RELUU']).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"FeedForwardNet 'ffn': dropout_prob=1.0 must be a number "
-        r'in \[0, 1\)'):
+        ValueError, r"FeedForwardNet 'ffn': dropout_prob=1.0 must be a "
+        r'probability in \[0, 1\)'):
       _Ffn(input_dim=3, hidden_layer_dims=[4], dropout_prob=1.0).Instantiate()
 
   def testFPropMeta(self):

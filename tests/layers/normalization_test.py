@@ -103,10 +103,10 @@ class LayerNormTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r"LayerNorm 'ln': input_dim=0 must be a positive int"):
+        ValueError, r"LayerNorm 'ln': input_dim=0 must be an int >= 1"):
       normalization.LayerNorm.Params().Set(name='ln').Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"LayerNorm 'ln': epsilon=-1.0 must be a positive number"):
+        ValueError, r"LayerNorm 'ln': epsilon=-1.0 must be a number > 0"):
       normalization.LayerNorm.Params().Set(
           name='ln', input_dim=3, epsilon=-1.0).Instantiate()
     with self.assertRaisesRegex(
@@ -161,7 +161,7 @@ class RMSNormTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r"RMSNorm 'rms': input_dim=-2 must be a positive int"):
+        ValueError, r"RMSNorm 'rms': input_dim=-2 must be an int >= 1"):
       normalization.RMSNorm.Params().Set(name='rms', input_dim=-2).Instantiate()
 
   def testFPropMeta(self):

@@ -200,8 +200,8 @@ class SimpleFullSoftmaxTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r"SimpleFullSoftmax 'softmax': num_classes=0 must be a "
-        'positive int'):
+        ValueError, r"SimpleFullSoftmax 'softmax': num_classes=0 must be an "
+        'int >= 1'):
       _Params().Set(num_classes=0).Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"SimpleFullSoftmax 'softmax': label_smoothing=1.0 must be "

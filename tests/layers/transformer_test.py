@@ -165,8 +165,8 @@ class TransformerLayerTest(tf.test.TestCase):
         r'be a probability in \[0, 1\)'):
       _Params(relu_dropout_prob=1.5).Instantiate()
     with self.assertRaisesRegex(
-        ValueError, r"TransformerLayer 'xformer': hidden_dim=0 must be a "
-        'positive int'):
+        ValueError, r"TransformerLayer 'xformer': hidden_dim=0 must be an "
+        'int >= 1'):
       _Params(hidden_dim=0).Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"TransformerLayer 'xformer': activation='RELLU' is "
@@ -232,8 +232,8 @@ class TransformerStackTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(
-        ValueError, r"TransformerStack 'stack': num_layers=0 must be a "
-        'positive int'):
+        ValueError, r"TransformerStack 'stack': num_layers=0 must be an "
+        'int >= 1'):
       self._Params(num_layers=0).Instantiate()
     with self.assertRaisesRegex(
         ValueError, r"TransformerStack 'stack': transformer_tpl=.*must be a "

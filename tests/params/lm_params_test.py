@@ -10,6 +10,7 @@ import tensorflow as tf
 from cadence.framework import model_registry
 from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import model
 
 _BIG = 'lm.one_billion_wds.OneBWdsGPipeTransformer'
@@ -18,7 +19,8 @@ _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 
 def _WeightsPerLayer(p):
   """Matmul weights of one layer: Q, K, V, O (d x d) and the FFN (2 d h)."""
-  return 4 * p.model_dim**2 + 2 * p.model_dim * p.hidden_dim
+  hidden = p.stack_tpl.transformer_tpl.hidden_dim
+  return 4 * p.model_dim**2 + 2 * p.model_dim * hidden
 
 
 def _Meta(params):
@@ -33,9 +35,11 @@ class OneBWdsTest(tf.test.TestCase):
   def testPublishedScaleIsCostedWithoutBuilding(self):
     params = model_registry.GetParams(_BIG, 'Train')
     p = params.task
+    stack = p.stack_tpl
     self.assertEqual(
-        (p.model_dim, p.num_layers, p.num_heads, p.hidden_dim, p.vocab_size,
-         p.splits, p.num_micro_batches),
+        (p.model_dim, stack.num_layers, stack.transformer_tpl.num_heads,
+         stack.transformer_tpl.hidden_dim, p.vocab_size, stack.splits,
+         stack.pipeline_tpl.num_micro_batches),
         (2048, 32, 16, 8192, 32000, 4, 32))
     self.assertEqual((params.input.max_seq_len, params.input.batch_size),
                      (1024, 32))
@@ -43,16 +47,16 @@ class OneBWdsTest(tf.test.TestCase):
     tokens = 32 * 1024
     # Forward: 2 FLOPs per weight per token, plus attention's QK^T and AV
     # (2 * 2 * t * d a token a layer) and the elementwise work (< 10%).
-    matmul = 2 * tokens * (p.num_layers * _WeightsPerLayer(p) +
+    matmul = 2 * tokens * (stack.num_layers * _WeightsPerLayer(p) +
                            p.model_dim * p.vocab_size)
-    atten = 4 * tokens * 1024 * p.model_dim * p.num_layers
+    atten = 4 * tokens * 1024 * p.model_dim * stack.num_layers
     self.assertBetween(meta.flops, matmul + atten,
                        1.1 * (matmul + atten))
     # 4 cells of 8 layers; the last also has the norm and the softmax.
     self.assertLen(meta.partitions, 4)
     self.assertEqual(sum(meta.partitions), meta.flops)
     self.assertEqual(meta.partitions[1], meta.partitions[2])
-    self.assertEqual(model.LanguageModel.Pipelined(p), True)
+    self.assertIs(stack.cls, gpipe_transformer.GPipeTransformerStack)
 
   def testDevAndTestAreOneSentenceARow(self):
     for key in (_BIG, _TINY):
@@ -69,8 +73,11 @@ class OneBWdsTest(tf.test.TestCase):
       p = params.task
       self.assertIs(params.task.cls, big.task.cls)
       self.assertIs(params.input.cls, big.input.cls)
-      self.assertEqual((p.splits, p.num_micro_batches), (2, 4))
-      self.assertEqual(params.input.batch_size % p.num_micro_batches, 0)
+      stack = p.stack_tpl
+      self.assertEqual((stack.splits, stack.pipeline_tpl.num_micro_batches),
+                       (2, 4))
+      self.assertEqual(
+          params.input.batch_size % stack.pipeline_tpl.num_micro_batches, 0)
       self.assertEqual(params.input.corpus, 'synthetic')
       self.assertGreaterEqual(p.vocab_size,
                               params.input.tokenizer.vocab_size)

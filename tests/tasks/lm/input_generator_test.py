@@ -240,7 +240,7 @@ class LmInputTest(tf.test.TestCase):
   def testBadParams(self):
     pattern, _ = self._Corpus('bad')
     with self.assertRaisesRegex(ValueError, "LmInput 'lm_input': "
-                                'max_seq_len=0 must be an int > 0'):
+                                'max_seq_len=0 must be an int >= 1'):
       self._Params(pattern, max_seq_len=0).Instantiate()
     with self.assertRaisesRegex(ValueError, "file_type='tfrecord' must be "
                                 "'text'"):

@@ -13,6 +13,7 @@ from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
 from cadence.framework.nested_map import NestedMap
+from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import model
 from cadence.tasks.lm import tokenizers
@@ -20,10 +21,16 @@ from cadence.tasks.lm import tokenizers
 VOCAB, DIM, T, B = 40, 16, 6, 8
 
 
-def _Params(**kwargs):
+def _Params(splits=None, num_micro_batches=1, **kwargs):
+  """LM params; with `splits`, a GPipe stack of that partition."""
   p = model.LanguageModel.Params().Set(
-      name='lm', vocab_size=VOCAB, model_dim=DIM, num_layers=3, num_heads=2,
-      hidden_dim=32, random_seed=3)
+      name='lm', vocab_size=VOCAB, model_dim=DIM, random_seed=3)
+  if splits is not None:
+    p.stack_tpl = gpipe_transformer.GPipeTransformerStack.Params().Set(
+        splits=splits)
+    p.stack_tpl.pipeline_tpl.num_micro_batches = num_micro_batches
+  p.stack_tpl.num_layers = 3
+  p.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=32)
   return p.Set(**kwargs)
 
 
@@ -122,7 +129,7 @@ class LanguageModelTest(tf.test.TestCase):
     for splits, m in ((1, 1), (2, 4), ([1], 2)):
       task = _Build(_Params(splits=splits, num_micro_batches=m), 2)
       if splits != 1:
-        self.assertEqual(task.children.stack.NumCells(), 2)
+        self.assertEqual(task.stack.num_cells, 2)
         self.assertIn('CPU:1', task.children.softmax.vars.w.device)
       # Same paths, same initial weights.
       self.assertEqual([k for k, _ in task.vars.FlattenItems()],
@@ -149,7 +156,9 @@ class LanguageModelTest(tf.test.TestCase):
     layer_p = model.transformer.TransformerLayer.Params().Set(
         name='x', input_dim=DIM, hidden_dim=32, num_heads=2)
     layer = layer_p.cls.FPropMeta(layer_p, shapes.Shape([B, T, DIM])).flops
-    self.assertEqual(parts['stack.x_layers (3 layers)'], 3 * layer)
+    ln_p = layer_p.ln_tpl.Copy().Set(input_dim=DIM)
+    ln = ln_p.cls.FPropMeta(ln_p, shapes.Shape([B, T, DIM])).flops
+    self.assertEqual(parts['stack (3 layers)'], 3 * layer + ln)
     # Cell 0 has layer 0 (+ embeddings), cell 1 layers 1-2 (+ norm, softmax).
     self.assertEqual(meta.partitions[0],
                      layer + parts['emb'] + parts['pos_emb'])
@@ -162,7 +171,7 @@ class LanguageModelTest(tf.test.TestCase):
 
   def testBadParams(self):
     with self.assertRaisesRegex(ValueError, r"LanguageModel 'lm': "
-                                r'model_dim=0 must be an int > 0'):
+                                r'model_dim=0 must be an int >= 1'):
       _Build(_Params(model_dim=0))
     with self.assertRaisesRegex(ValueError, r'label_smoothing=0.1 needs '
                                 r'softmax_max_alloc=0'):
@@ -261,8 +270,9 @@ class TinyExperimentTest(tf.test.TestCase):
       p.input.synthetic.Set(num_train_shards=2, sentences_per_shard=1000,
                             num_heldout_sentences=64)
       p.input.tokenizer.vocab_size = 300
-      p.task.Set(vocab_size=300, model_dim=32, num_layers=2, num_heads=2,
-                 hidden_dim=64)
+      p.task.Set(vocab_size=300, model_dim=32)
+      p.task.stack_tpl.num_layers = 2
+      p.task.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=64)
       p.task.train.Set(max_steps=120, save_interval_steps=120,
                        summary_interval_steps=40, log_interval_steps=40)
       p.task.eval.samples_per_summary = 0  # The whole (64-sentence) Dev set.
@@ -273,7 +283,8 @@ class TinyExperimentTest(tf.test.TestCase):
 
     with _Cluster(2):
       train_p = _Shrunk('Train')
-      self.assertEqual((train_p.task.splits, train_p.task.num_micro_batches),
+      stack_p = train_p.task.stack_tpl
+      self.assertEqual((stack_p.splits, stack_p.pipeline_tpl.num_micro_batches),
                        (2, 4))
       task = train_p.Instantiate().task
       dev_p = _Shrunk('Dev')

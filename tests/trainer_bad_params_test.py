@@ -1,0 +1,125 @@
+"""Bad experiment params through the trainer's command line: exit 2, one line.
+
+A table of inconsistent configurations of the Tiny GPipe LM, each given as a
+`--model_params_override`, each of which a layer can detect from params and
+static shapes alone. Every one must stop the trainer before any step with
+exit code 2 and one `Error: ...` line that names the params path, the value
+and the rule: no traceback.
+
+The command lines run through `trainer.py`'s own flag parsing and `main` in
+ONE subprocess (TensorFlow's import is paid once); one case also runs as a
+real `python trainer.py` process to show both paths give the same answer.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import tensorflow as tf
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+_STACK = 'task.stack_tpl'
+_PIPE = 'task.stack_tpl.pipeline_tpl'
+_LAYER = 'task.stack_tpl.transformer_tpl'
+
+# (override, regex of the one error line).
+_CASES = [
+    (f'{_PIPE}.num_micro_batches=3',
+     rf"PipeliningLayer \(params '{_PIPE}'\): num_micro_batches=3 does not "
+     r'divide batch 32 \(inputs dim batch_dim=0\)\.'),
+    (f'{_PIPE}.micro_batch_size=5',
+     rf"\(params '{_PIPE}'\): micro_batch_size=5 \* num_micro_batches=4 = 20 "
+     r'!= batch 32'),
+    (f'{_PIPE}.remat=sometimes',
+     rf"\(params '{_PIPE}'\): remat='sometimes' must be one of "
+     r"'except_last', 'always', 'never'\."),
+    (f'{_PIPE}.backward_window=0',
+     rf"\(params '{_PIPE}'\): backward_window=0 must be None or an int >= 1"),
+    (f'{_STACK}.splits=5',
+     rf"GPipeTransformerStack 'stack' \(params '{_STACK}'\): splits=5 must be "
+     r'in \[1, num_layers=4\]; each cell needs a layer\.'),
+    (f'{_STACK}.splits=[2,2]',
+     rf"\(params '{_STACK}'\): splits=\[2, 2\] must be an int K in \[1, 4\] "
+     r'or a list of increasing layer indices in \(0, 4\)'),
+    (f'{_STACK}.num_layers=0',
+     rf"\(params '{_STACK}'\): num_layers=0 must be an int >= 1\."),
+    (f'{_LAYER}.num_heads=3',
+     rf"\(params '{_LAYER}'\): num_heads=3 must divide input_dim=128; "
+     r'128 % 3 = 2\.'),
+    (f'{_LAYER}.hidden_dim=0',
+     rf"\(params '{_LAYER}'\): hidden_dim=0 must be an int >= 1\."),
+    (f'{_LAYER}.atten_dropout_prob=1.5',
+     rf"\(params '{_LAYER}'\): atten_dropout_prob=1.5 must be a probability "
+     r'in \[0, 1\)\.'),
+    (f'{_LAYER}.activation=RELUU',
+     rf"\(params '{_LAYER}'\): activation='RELUU' is invalid: .*Did you mean "
+     r"'RELU'\?"),
+    ('task.model_dim=0',
+     r"LanguageModel 'lm' \(params 'task'\): model_dim=0 must be an int >= "
+     r'1\.'),
+    ('task.label_smoothing=0.1;task.softmax_max_alloc=100',
+     r"\(params 'task'\): label_smoothing=0.1 needs softmax_max_alloc=0"),
+    ('task.decoder.temperature=0',
+     r"\(params 'task'\): decoder.temperature=0 must be a number > 0\."),
+    ('task.train.learner.learning_rate=-1',
+     r"Learner 'learner' \(params 'task.train.learner'\): learning_rate=-1 "
+     r'must be a number >= 0\.'),
+    ('task.num_micro_batches=3',
+     r"^Error: --model_params_override: Params 'task' has no param "
+     rf"'num_micro_batches'; did you mean '{_PIPE}.num_micro_batches'\?$"),
+]
+
+_DRIVER = textwrap.dedent("""
+    import contextlib, io, json, sys
+    from absl import flags
+    from cadence import trainer
+    results = []
+    for argv in json.loads(sys.argv[1]):
+      flags.FLAGS.unparse_flags()
+      flags.FLAGS(['trainer.py'] + argv)   # The trainer's own flag parsing.
+      err = io.StringIO()
+      with contextlib.redirect_stderr(err):
+        code = trainer.main(['trainer.py'])
+      results.append([code, err.getvalue()])
+    print(json.dumps(results))
+""")
+
+
+class BadParamsTest(tf.test.TestCase):
+
+  def testEachBadConfigurationExitsTwoWithOneLine(self):
+    self.assertGreaterEqual(len(_CASES), 10)
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+    argvs = [[f'--model={_KEY}', f'--logdir={logdir}', '--worker_split_size=2',
+              f'--model_params_override={override}']
+             for override, _ in _CASES]
+    driver = subprocess.Popen(
+        [sys.executable, '-c', _DRIVER, json.dumps(argvs)], cwd=_ROOT,
+        env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    real = subprocess.Popen([sys.executable, 'trainer.py'] + argvs[0],
+                            cwd=_ROOT, env=_ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = driver.communicate(timeout=600)
+    self.assertEqual(driver.returncode, 0, err[-3000:])
+    results = json.loads(out.strip().splitlines()[-1])
+    for (override, regex), (code, stderr) in zip(_CASES, results):
+      with self.subTest(override=override):
+        self.assertEqual(2, code, stderr[-2000:])
+        self.assertNotIn('Traceback', stderr)
+        errors = [l for l in stderr.splitlines() if l.startswith('Error: ')]
+        self.assertLen(errors, 1, stderr[-2000:])
+        self.assertEqual(errors[0], stderr.strip().splitlines()[-1])
+        self.assertRegex(errors[0], regex)
+        # Stopped before training: no checkpoint, no train summaries.
+        self.assertFalse(os.path.exists(os.path.join(logdir, 'train')))
+    _, real_err = real.communicate(timeout=600)
+    self.assertEqual(2, real.returncode, real_err[-2000:])
+    self.assertEqual(results[0][1].strip().splitlines()[-1],
+                     real_err.strip().splitlines()[-1])
+
+
+if __name__ == '__main__':
+  tf.test.main()
