@@ -365,8 +365,9 @@ class DecodeTest(tf.test.TestCase):
     spm = tokenizers.SentencePieceTokenizer.Params().Set(
         train_file_pattern=patterns.train, vocab_size=300,
         cache_dir=os.path.join(self.get_temp_dir(), 'spm'))
-    for tok_p in (tokenizers.ByteTokenizer.Params(), spm):
-      for words in (1, 3):
+    for tok_p, words in ((tokenizers.ByteTokenizer.Params(), 1), (spm, 3),
+                         (spm, 1)):
+      with self.subTest(tokenizer=tok_p.cls.__name__, words=words):
         p = _Params(vocab_size=320, num_layers=1, is_inference=True)
         p.decoder.prompt_words = words
         p.input = input_generator.LmInput.Params().Set(
