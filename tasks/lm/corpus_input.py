@@ -17,12 +17,18 @@
 
 An explicit `file_pattern` always wins. A SentencePiece tokenizer left
 without `model_file` and `train_file_pattern` is trained on the corpus's
-training split (and cached beside it), so the Train, Dev and Test
-generators of one experiment share one vocabulary. Switching an experiment
-to the real corpus is a command-line override:
+training split (and cached under ~/.cache/cadence/spm, keyed by the files;
+nothing is written into a real corpus's directory), so the Train, Dev and
+Test generators of one experiment share one vocabulary. Switching an
+experiment to the real corpus is a command-line override:
 
   --model_params_override="input.corpus=one_billion_words;\
 input.data_dir=/data/1-billion-word-language-modeling-benchmark-r13output"
+
+`ReadsTheGrammar(input_params)` tells a task whether its data are the
+embedded grammar's sentences (whose exact entropy is known and whose
+sentences can be checked), which the LM task uses to decide its
+grammar-only metrics from the input actually used.
 
 Example:
   p = LmCorpusInput.Params().Set(corpus='synthetic', data_dir='/tmp/lm_data',
@@ -84,6 +90,18 @@ def CorpusPatterns(corpus, data_dir, synthetic=None):
         test=os.path.join(data_dir, _ONE_BW_HELDOUT.format(1)))
   raise ValueError(f'CorpusPatterns: corpus={corpus!r} must be one of '
                    f'{[c for c in CORPORA if c]}')
+
+
+def ReadsTheGrammar(input_params):
+  """Whether `input_params` read the embedded grammar corpus's sentences.
+
+  True for LmCorpusInput params with corpus='synthetic' and no explicit
+  file_pattern (which would win over the corpus); False for anything else,
+  None included.
+  """
+  return (input_params is not None and
+          issubclass(input_params.cls, LmCorpusInput) and
+          input_params.corpus == 'synthetic' and not input_params.file_pattern)
 
 
 class LmCorpusInput(input_generator.LmInput):

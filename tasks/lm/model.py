@@ -19,23 +19,38 @@ Metrics (each a (value, weight) pair, averaged by weight by the trainer):
   loss                   mean cross-entropy per label token (label
                          smoothing included), weight = tokens;
   log_pplx               mean negative log-likelihood per token, nats;
-  num_tokens             label tokens in the batch, weight 1;
-  nats_per_sentence      summed negative log-likelihood / number of EOS
-                         labels, weight = sentences. Exact per-sentence
-                         log-loss on padded (one sentence a row) data; on
-                         packed data a sentence cut by a window loses
-                         context, so it is an upper estimate;
+  tokens_per_batch       label tokens (weight > 0) in one replica's batch,
+                         weight 1: averaged, the mean batch size in tokens;
+  nats_per_sentence      negative log-likelihood per sentence, over the
+                         sentences whole in their row only (BOS and EOS in
+                         the row), weight = those sentences. The batch's
+                         `sentence_weights` (see tasks/lm/input_generator.py)
+                         mark them, and on packed rows weigh each by the
+                         inverse of its chance to be whole, so the mean is
+                         not biased towards short sentences; a batch
+                         without that field counts every EOS label's
+                         sentence (exact on one whole sentence a row);
   excess_nats_per_sentence  nats_per_sentence - entropy_per_sentence, when
-                         the data's entropy is known (the embedded grammar:
-                         `synthetic_corpus.EntropyPerSentence()`); 0 is the
-                         best any model can do.
+                         the data's entropy is known; 0 is the best any
+                         model can do in expectation (a finite Dev set's
+                         own mean -log p differs from the entropy by its
+                         sampling error).
 
-Decoding: for each row of a batch, the first `decoder.prompt_len` tokens of
-its ids (BOS included) are a prompt; the task continues it greedily and by
-temperature sampling (stateless, seeded by the step seed: same checkpoint,
-same samples) until EOS or the batch's length, and
-`PostProcessDecodeOut` turns the ids into text lines with the tokenizer of
-`params.input`.
+`entropy_per_sentence` and `decoder.grammar_metrics` default to 'auto': they
+follow the input the task is built with (`params.input`). Reading the
+embedded grammar corpus (`corpus_input.ReadsTheGrammar`) they are the
+grammar's exact entropy (`synthetic_corpus.EntropyPerSentence()`) and True;
+on any other data (a real corpus, your own files) None and False, so no
+excess_nats_per_sentence and no *_grammatical decoder metric is reported.
+
+Decoding: for each row of a batch, the BOS and the first
+`decoder.prompt_words` words of its ids are a prompt (it ends before the
+first token of the next word: a token the tokenizer's `WordStartMask`
+marks, a SentencePiece piece starting with U+2581 or the byte tokenizer's
+space); the task continues it greedily and by temperature sampling
+(stateless, seeded by the step seed: same checkpoint, same samples) until
+EOS or the batch's length, and `PostProcessDecodeOut` turns the ids into
+text lines. Both use the tokenizer of `params.input`.
 """
 from absl import logging
 import numpy as np
@@ -51,6 +66,7 @@ from cadence.layers import embedding
 from cadence.layers import gpipe_transformer
 from cadence.layers import softmax as softmax_lib
 from cadence.layers import transformer
+from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers
 
@@ -59,15 +75,17 @@ WeightInit = base_model.base_layer.WeightInit
 
 def _DecoderParams():
   p = hyperparams.Params()
-  p.Define('prompt_len', 3, 'Tokens of each row (BOS included) given as the '
-           'prompt, an int >= 1; shorter sentences are prompted whole.')
+  p.Define('prompt_words', 2, 'Words of each row given as the prompt (with '
+           'the BOS), an int >= 1; the prompt ends on a word boundary. '
+           'Shorter sentences are prompted whole.')
   p.Define('temperature', 1.0, 'Temperature of the sampled continuation, a '
            'float > 0 (1.0: the model distribution).')
   p.Define('log_samples', 3, 'Decoded lines logged per decoded batch (all '
            'are written to the decoder output file).')
-  p.Define('grammar_metrics', False, 'Whether the decoder reports the share '
-           'of continuations the embedded grammar can produce (only '
-           'meaningful on the synthetic corpus).')
+  p.Define('grammar_metrics', 'auto', 'Whether the decoder reports the '
+           'share of continuations the embedded grammar can produce '
+           '(*_grammatical): True, False, or \'auto\': True iff the input '
+           'reads the embedded grammar corpus.')
   return p
 
 
@@ -116,9 +134,10 @@ class LanguageModel(base_model.BaseTask):
              'in [0, 1); needs softmax_max_alloc=0.')
     p.Define('eos_id', tokenizers.EOS_ID, 'Id of the end-of-sentence token '
              '(counts sentences).')
-    p.Define('entropy_per_sentence', None, 'Known entropy of the data in '
-             'nats per sentence (EOS included), or None; when set, metrics '
-             'include excess_nats_per_sentence.')
+    p.Define('entropy_per_sentence', 'auto', 'Known entropy of the data in '
+             'nats per sentence (EOS included), None, or \'auto\': the '
+             'embedded grammar\'s if the input reads its corpus, else None. '
+             'When known, metrics include excess_nats_per_sentence.')
     p.Define('decoder', _DecoderParams(), 'Decoding params.')
     return p
 
@@ -163,11 +182,16 @@ class LanguageModel(base_model.BaseTask):
       raise validation.Error(owner, 'label_smoothing', p.label_smoothing,
                              'needs softmax_max_alloc=0: log_pplx is computed '
                              'from the full log-probabilities.')
-    if p.entropy_per_sentence is not None:
-      validation.CheckNumber(owner, 'entropy_per_sentence',
-                             p.entropy_per_sentence, low=0)
+    if p.entropy_per_sentence not in (None, 'auto') and not (
+        validation.IsNumber(p.entropy_per_sentence) and
+        p.entropy_per_sentence >= 0):
+      raise validation.Error(owner, 'entropy_per_sentence',
+                             p.entropy_per_sentence,
+                             "must be 'auto', None or a number >= 0.")
     d = p.decoder
-    validation.CheckInt(owner, 'decoder.prompt_len', d.prompt_len)
+    validation.CheckOneOf(owner, 'decoder.grammar_metrics', d.grammar_metrics,
+                          ('auto', True, False))
+    validation.CheckInt(owner, 'decoder.prompt_words', d.prompt_words)
     validation.CheckNumber(owner, 'decoder.temperature', d.temperature, low=0,
                            low_open=True)
 
@@ -175,6 +199,15 @@ class LanguageModel(base_model.BaseTask):
     super().__init__(params)
     p = self.params
     self.CheckParams(p, validation.Owner(self))
+    h, d = p.entropy_per_sentence, p.decoder
+    # 'auto': from the input this task is built with.
+    grammar = corpus_input.ReadsTheGrammar(p.input)
+    self._entropy_per_sentence = (
+        (synthetic_corpus.EntropyPerSentence() if grammar else None)
+        if h == 'auto' else h)
+    self._grammar_metrics = (grammar if d.grammar_metrics == 'auto' else
+                             d.grammar_metrics)
+    self._vocab_tables = None   # Filled from the tokenizer by Decode.
     children = self._SubParams(p)
     stack = self.CreateChild('stack', children.stack)
     # A pipelined stack says where what feeds it and reads it goes.
@@ -184,6 +217,16 @@ class LanguageModel(base_model.BaseTask):
     self.CreateChild('pos_emb', children.pos_emb, device=self._first_device)
     self.CreateChild('softmax', children.softmax, device=self._last_device)
     self._tokenizer = None
+
+  @property
+  def entropy_per_sentence(self):
+    """The data's entropy in nats a sentence in use (None: unknown)."""
+    return self._entropy_per_sentence
+
+  @property
+  def grammar_metrics(self):
+    """Whether the decoder reports *_grammatical (resolved from 'auto')."""
+    return self._grammar_metrics
 
   # --- forward -------------------------------------------------------------
 
@@ -215,17 +258,22 @@ class LanguageModel(base_model.BaseTask):
       nll = out.per_example_xent
     total_nll = tf.reduce_sum(nll * weights)
     num_tokens = out.total_weight
-    num_eos = tf.reduce_sum(
-        weights * tf.cast(tf.equal(labels, p.eos_id), weights.dtype))
-    nats_per_sentence = tf.math.divide_no_nan(total_nll, num_eos)
+    # Per sentence: only sentences whole in their row (see the docstring).
+    sentence_weights = input_batch.get('sentence_weights')
+    sentence_weights = weights if sentence_weights is None else tf.cast(
+        sentence_weights, weights.dtype)
+    num_sentences = tf.reduce_sum(
+        sentence_weights * tf.cast(tf.equal(labels, p.eos_id), weights.dtype))
+    nats_per_sentence = tf.math.divide_no_nan(
+        tf.reduce_sum(nll * sentence_weights), num_sentences)
     metrics = NestedMap(
         loss=(out.avg_xent, num_tokens),
         log_pplx=(tf.math.divide_no_nan(total_nll, num_tokens), num_tokens),
-        num_tokens=(num_tokens, tf.constant(1.0, num_tokens.dtype)),
-        nats_per_sentence=(nats_per_sentence, num_eos))
-    if p.entropy_per_sentence is not None:
+        tokens_per_batch=(num_tokens, tf.constant(1.0, num_tokens.dtype)),
+        nats_per_sentence=(nats_per_sentence, num_sentences))
+    if self._entropy_per_sentence is not None:
       metrics.excess_nats_per_sentence = (
-          nats_per_sentence - p.entropy_per_sentence, num_eos)
+          nats_per_sentence - self._entropy_per_sentence, num_sentences)
     per_example = NestedMap(xent=tf.reduce_sum(nll * weights, axis=1),
                             num_tokens=tf.reduce_sum(weights, axis=1))
     return metrics, per_example
@@ -239,6 +287,39 @@ class LanguageModel(base_model.BaseTask):
       return self.children.softmax.Logits(theta.softmax,
                                           encoded[:, position])
 
+  def _VocabTables(self):
+    """NestedMap(word_starts, in_tokenizer) of [vocab_size] bools.
+
+    From the tokenizer of params.input: which ids begin a word, and which
+    ids it has at all (a SentencePiece model may have fewer pieces than
+    vocab_size; decoding never emits the others).
+    """
+    if self._vocab_tables is None:
+      tok = self._Tokenizer()
+      size = max(self.params.vocab_size, tok.vocab_size)
+      tables = NestedMap(word_starts=np.zeros([size], bool),
+                         in_tokenizer=np.arange(size) < tok.vocab_size)
+      tables.word_starts[:tok.vocab_size] = tok.WordStartMask()
+      self._vocab_tables = tables
+    return self._vocab_tables
+
+  def _PromptLengths(self, ids, paddings):
+    """[b] int32 tokens of each row's prompt: the BOS and prompt_words words.
+
+    A token begins a word if the tokenizer's WordStartMask marks it or it
+    follows a BOS; the prompt ends before the token that begins word
+    prompt_words + 1 (or with the row).
+    """
+    word_starts = tf.constant(self._VocabTables().word_starts)
+    real = paddings < 0.5                                     # [b, t]
+    after_bos = tf.pad(tf.equal(ids[:, :-1], self._Tokenizer().bos_id),
+                       [[0, 0], [1, 0]])
+    starts = tf.logical_and(real, tf.logical_or(
+        tf.gather(word_starts, ids), after_bos))
+    words = tf.cumsum(tf.cast(starts, tf.int32), axis=1)     # [b, t]
+    in_prompt = tf.logical_and(real, words <= self.params.decoder.prompt_words)
+    return tf.maximum(tf.reduce_sum(tf.cast(in_prompt, tf.int32), 1), 1)
+
   def Decode(self, theta, input_batch):
     """Greedy and sampled continuations of each row's prompt.
 
@@ -248,16 +329,17 @@ class LanguageModel(base_model.BaseTask):
 
     Returns:
       NestedMap of
-        prompt_lengths [b] int32: prompt tokens of each row (BOS included);
-        greedy_ids [b, t] int32: prompt, greedy continuation, EOS, pads;
+        prompt_lengths [b] int32: prompt tokens of each row (BOS included,
+          ending on a word boundary);
+        greedy_ids [b, t] int32: prompt, greedy continuation, EOS, pads
+          (only ids the tokenizer has are emitted);
         sampled_ids [b, t] int32: the same with temperature sampling;
         reference_ids [b, t] int32: the row's true labels (pads elsewhere).
     """
     p = self.params
     ids = tf.convert_to_tensor(input_batch.ids)
     b, t = tf.shape(ids)[0], tf.shape(ids)[1]
-    real = tf.reduce_sum(tf.cast(input_batch.paddings < 0.5, tf.int32), 1)
-    prompt_len = tf.maximum(tf.minimum(real, p.decoder.prompt_len), 1)  # [b]
+    prompt_len = self._PromptLengths(ids, input_batch.paddings)  # [b]
     pos = tf.range(t)[None, :]
     pad = tf.constant(tokenizers.PAD_ID, ids.dtype)
     prompt = tf.where(pos < prompt_len[:, None], ids, pad)
@@ -270,8 +352,12 @@ class LanguageModel(base_model.BaseTask):
     def _Cond(step, unused_buf, done):
       return tf.logical_and(step < t, tf.logical_not(tf.reduce_all(done)))
 
+    in_tokenizer = tf.constant(
+        self._VocabTables().in_tokenizer[:p.vocab_size])[None]  # [1, V]
+
     def _Body(step, buf, done):
       logits = tf.cast(self._LastLogits(theta, buf, step - 1), tf.float32)
+      logits = tf.where(in_tokenizer, logits, -1e9)
       best = tf.argmax(logits, -1, output_type=ids.dtype)
       drawn = tf.random.stateless_categorical(
           logits / temperature, 1, seed=self.OpSeed(theta, step),
@@ -295,9 +381,9 @@ class LanguageModel(base_model.BaseTask):
   def _Tokenizer(self):
     if self._tokenizer is None:
       if self.params.input is None:
-        raise ValueError(f"{type(self).__name__} '{self.path}': "
-                         'PostProcessDecodeOut needs params.input (its '
-                         'tokenizer turns ids into text).')
+        raise ValueError(f"{type(self).__name__} '{self.path}': decoding "
+                         'needs params.input (its tokenizer says where words '
+                         'start and turns ids into text).')
       input_p = self.params.input
       # An input class that derives its files (and so the tokenizer's
       # training text) from other params exposes ResolveParams.
@@ -311,7 +397,7 @@ class LanguageModel(base_model.BaseTask):
     metrics = {'greedy_finished': base_model.AverageMetric(),
                'sampled_finished': base_model.AverageMetric(),
                'sampled_tokens': base_model.AverageMetric()}
-    if self.params.decoder.grammar_metrics:
+    if self._grammar_metrics:
       metrics['greedy_grammatical'] = base_model.AverageMetric()
       metrics['sampled_grammatical'] = base_model.AverageMetric()
     return metrics
@@ -325,12 +411,17 @@ class LanguageModel(base_model.BaseTask):
     return cont[cont != tokenizers.PAD_ID], False
 
   def PostProcessDecodeOut(self, decode_out, decoder_metrics):
-    """One text line per row; updates finished/grammatical shares."""
+    """One text line per row; updates finished/grammatical shares.
+
+    All-padding rows (filling the last batch of a pass) are skipped.
+    """
     tok = self._Tokenizer()
     temperature = self.params.decoder.temperature
-    grammar = self.params.decoder.grammar_metrics
+    grammar = self._grammar_metrics
     lines = []
     for i, n in enumerate(np.asarray(decode_out.prompt_lengths)):
+      if not np.any(decode_out.reference_ids[i] != tokenizers.PAD_ID):
+        continue
       prompt = tok.Decode(decode_out.greedy_ids[i][:n])
       texts = {}
       for kind in ('greedy', 'sampled'):

@@ -44,7 +44,8 @@ generators at held-out shards, e.g.
 
 and set the SentencePiece tokenizer's `train_file_pattern` to the training
 pattern with `vocab_size=32000`; the model is trained at first use and cached
-beside the training files. The analytic entropy has no counterpart there.
+under ~/.cache/cadence/spm (see tokenizers.SentencePieceTokenizer). The
+analytic entropy has no counterpart there.
 
 Example:
   patterns = WriteShards('/tmp/lm_data', num_train_shards=10,
@@ -305,8 +306,10 @@ def WriteShards(data_dir, num_train_shards=10, sentences_per_shard=10000,
 
   Files already written with the same configuration are kept as they are.
   Otherwise the files of an earlier configuration (listed in the directory's
-  manifest) are deleted with the SentencePiece models cached beside them
-  (`spm_*.model`, trained on the old text), and everything is rewritten.
+  manifest) are deleted with any SentencePiece models that older versions
+  cached beside them (`spm_*.model`, trained on the old text; models are now
+  cached elsewhere, keyed by the files' sizes and times), and everything is
+  rewritten.
   Every file is written to a temporary name and renamed, the manifest last.
 
   Args:

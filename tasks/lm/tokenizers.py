@@ -6,7 +6,10 @@ special-case a tokenizer:
   pad = 0, bos = 1, eos = 2, unk = 3
 
 `Encode(text)` returns the ids of the text alone (no BOS/EOS; the input
-generator adds them) and `Decode(ids)` drops the special ids. Both are
+generator adds them) and `Decode(ids)` drops the special ids.
+`WordStartMask()` says which ids begin a new word (SentencePiece: pieces
+that start with '\u2581'; bytes: the space), so a decoder can cut a prompt on
+a word boundary. Both are
 deterministic, and `Decode(Encode(s)) == s` for text without control
 characters, runs of spaces or leading/trailing spaces (SentencePiece
 collapses those), which is what makes a per-sentence log-loss comparable
@@ -21,6 +24,8 @@ Example:
   spm.vocab_size                # pieces of the model (<= 256 on tiny data)
 """
 import glob
+import hashlib
+import json
 import os
 import uuid
 
@@ -28,6 +33,7 @@ from absl import logging
 import numpy as np
 import sentencepiece as spm
 
+from cadence.framework import base_input_generator
 from cadence.framework import hyperparams
 
 PAD_ID = 0
@@ -86,6 +92,14 @@ class BaseTokenizer:
     """ids (ints or a 1-D array) -> str; pad/bos/eos ids are dropped."""
     raise NotImplementedError
 
+  def WordStartMask(self):
+    """[vocab_size] bool: True for the ids that begin a word after a space.
+
+    A sentence's words are its space-separated parts; the first word of a
+    text needs no marker (SentencePiece marks it anyway).
+    """
+    raise NotImplementedError
+
 
 class ByteTokenizer(BaseTokenizer):
   """The UTF-8 bytes of the text, shifted past the reserved ids.
@@ -117,6 +131,32 @@ class ByteTokenizer(BaseTokenizer):
     data = ids[ids >= NUM_RESERVED_IDS] - NUM_RESERVED_IDS
     return data.astype(np.uint8).tobytes().decode('utf-8', errors='replace')
 
+  def WordStartMask(self):
+    mask = np.zeros([self.vocab_size], bool)
+    mask[ord(' ') + NUM_RESERVED_IDS] = True
+    return mask
+
+
+_CACHE_VERSION = 1  # Bump when the training options below change.
+
+
+def DefaultCacheDir():
+  """Where trained SentencePiece models go by default: ~/.cache/cadence/spm."""
+  return os.path.join(os.path.expanduser('~'), '.cache', 'cadence', 'spm')
+
+
+def _DataDigest(files, params):
+  """Hex digest of the training files (paths, sizes, mtimes) and params."""
+  stats = [os.stat(f) for f in files]
+  key = {'version': _CACHE_VERSION,
+         'files': [[os.path.abspath(f), st.st_size, st.st_mtime_ns]
+                   for f, st in zip(files, stats)],
+         'params': {k: params.Get(k) for k in (
+             'vocab_size', 'model_type', 'max_train_sentences',
+             'character_coverage', 'byte_fallback', 'hard_vocab_limit')}}
+  text = json.dumps(key, sort_keys=True)
+  return hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]
+
 
 def _TrainingSentences(files, limit):
   """Non-empty stripped lines of `files` in order, at most `limit`."""
@@ -138,11 +178,15 @@ class SentencePieceTokenizer(BaseTokenizer):
   With `model_file` set the model is loaded from it. Otherwise the model is
   trained at first use on the first `max_train_sentences` non-empty lines of
   the files of `train_file_pattern` (sorted) and cached as
-  `<cache_dir>/spm_<model_type>_<vocab_size>.model`, `cache_dir` defaulting
-  to the directory of the first training file; later instances load the
-  cached file. Training writes to a unique temporary name and renames it into
-  place, so concurrent trainers (a trainer and an evaler) never see a partial
-  file. The cache is keyed by name only: delete it after changing the text.
+  `<cache_dir>/spm_<model_type>_<vocab_size>-<digest>.model`, `cache_dir`
+  defaulting to `~/.cache/cadence/spm`; later instances with the same data
+  and params load the cached file. The digest covers the training files'
+  paths, sizes and modification times and the training params, so changed
+  text trains a new model, and nothing is written beside the data (data
+  directories are often read-only or shared). Training writes to a unique
+  temporary name and renames it into place, so concurrent trainers (a
+  trainer and an evaler) never see a partial file. A `cache_dir` that
+  cannot be written is an `InputError` (the trainer's exit 2) naming it.
 
   Trained models reserve pad=0, bos=1, eos=2, unk=3 and use the identity
   normalisation (no NFKC), so decoding returns the text as written. With
@@ -155,6 +199,7 @@ class SentencePieceTokenizer(BaseTokenizer):
         train_file_pattern='/tmp/lm_data/train-*-of-00010', vocab_size=512)
     tok = p.Instantiate()       # trains once, then loads the cached model
     tok.Decode(tok.Encode('the cat sees alice'))  # 'the cat sees alice'
+    tok.model_file  # '~/.cache/cadence/spm/spm_bpe_512-<digest>.model'
   """
 
   @classmethod
@@ -164,8 +209,9 @@ class SentencePieceTokenizer(BaseTokenizer):
              'trains one (see train_file_pattern).')
     p.Define('train_file_pattern', None, 'Glob of the training text (one '
              'sentence per line), used when model_file is None.')
-    p.Define('cache_dir', None, 'Directory of the trained model; None: the '
-             'directory of the first training file.')
+    p.Define('cache_dir', None, 'Directory of trained models (each named by '
+             'a digest of its training data and params); None: '
+             '~/.cache/cadence/spm.')
     p.Define('vocab_size', 512, 'Number of pieces to train, an int > 4 '
              '(special ids included).')
     p.Define('model_type', 'bpe', "'bpe' (fast to train) or 'unigram'.")
@@ -221,8 +267,10 @@ class SentencePieceTokenizer(BaseTokenizer):
       raise ValueError(f'SentencePieceTokenizer {p.name!r}: '
                        f'train_file_pattern={p.train_file_pattern!r} matches '
                        'no files')
-    cache_dir = p.cache_dir or os.path.dirname(os.path.abspath(files[0]))
-    path = os.path.join(cache_dir, f'spm_{p.model_type}_{p.vocab_size}.model')
+    cache_dir = os.path.abspath(os.path.expanduser(
+        p.cache_dir or DefaultCacheDir()))
+    path = os.path.join(cache_dir, f'spm_{p.model_type}_{p.vocab_size}-'
+                        f'{_DataDigest(files, p)}.model')
     if os.path.exists(path):
       return path
     sentences = list(_TrainingSentences(files, p.max_train_sentences))
@@ -230,20 +278,30 @@ class SentencePieceTokenizer(BaseTokenizer):
       raise ValueError(f'SentencePieceTokenizer {p.name!r}: '
                        f'train_file_pattern={p.train_file_pattern!r} has no '
                        'non-empty lines to train on')
-    os.makedirs(cache_dir, exist_ok=True)
     tmp = f'{path}.tmp-{uuid.uuid4().hex}'
-    with open(tmp, 'wb') as model:
-      spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(sentences), model_writer=model,
-          vocab_size=p.vocab_size, model_type=p.model_type,
-          character_coverage=p.character_coverage,
-          byte_fallback=p.byte_fallback,
-          hard_vocab_limit=p.hard_vocab_limit,
-          normalization_rule_name='identity',
-          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-          input_sentence_size=0, num_threads=1,
-          minloglevel=2)
-    os.replace(tmp, path)
+    try:
+      os.makedirs(cache_dir, exist_ok=True)
+      with open(tmp, 'wb') as model:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model,
+            vocab_size=p.vocab_size, model_type=p.model_type,
+            character_coverage=p.character_coverage,
+            byte_fallback=p.byte_fallback,
+            hard_vocab_limit=p.hard_vocab_limit,
+            normalization_rule_name='identity',
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+            input_sentence_size=0, num_threads=1,
+            minloglevel=2)
+      os.replace(tmp, path)
+    except OSError as e:
+      raise base_input_generator.InputError(
+          f'SentencePieceTokenizer {p.name!r}: cannot write the trained model '
+          f'to cache_dir={cache_dir!r} ({type(e).__name__}: '
+          f'{e.strerror or e}); set tokenizer.cache_dir to a writable '
+          'directory (input.tokenizer.cache_dir).') from None
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
     logging.info('SentencePieceTokenizer %r: trained %s on %d sentences of %s',
                  p.name, path, len(sentences), p.train_file_pattern)
     return path
@@ -287,3 +345,10 @@ class SentencePieceTokenizer(BaseTokenizer):
                        f'{bad[:5].tolist()} are outside [0, {self.vocab_size})')
     ids = ids[~np.isin(ids, self._special)]
     return self._sp.decode(ids.tolist())
+
+  def WordStartMask(self):
+    sp = self._sp
+    return np.array([
+        sp.id_to_piece(i).startswith('\u2581') and not (
+            sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))
+        for i in range(self.vocab_size)], bool)

@@ -11,6 +11,7 @@ from cadence.framework import model_registry
 from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
 from cadence.layers import gpipe_transformer
+from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import model
 
 _BIG = 'lm.one_billion_wds.OneBWdsGPipeTransformer'
@@ -58,6 +59,13 @@ class OneBWdsTest(tf.test.TestCase):
     self.assertEqual(meta.partitions[1], meta.partitions[2])
     self.assertIs(stack.cls, gpipe_transformer.GPipeTransformerStack)
 
+  def testTinyEvaluatesTheWholeDevSetUncut(self):
+    params = model_registry.GetParams(_TINY, 'Dev')
+    self.assertEqual(params.task.eval.samples_per_summary, 0)
+    stats = params.input.Instantiate().stats
+    self.assertEqual(stats.num_sentences, 2000)
+    self.assertEqual(stats.num_truncated, 0)  # Every sentence is whole.
+
   def testDevAndTestAreOneSentenceARow(self):
     for key in (_BIG, _TINY):
       for dataset in ('Dev', 'Test'):
@@ -81,7 +89,12 @@ class OneBWdsTest(tf.test.TestCase):
       self.assertEqual(params.input.corpus, 'synthetic')
       self.assertGreaterEqual(p.vocab_size,
                               params.input.tokenizer.vocab_size)
-      self.assertIsNotNone(p.entropy_per_sentence)
+      # Grammar metrics follow the input: on for Tiny's corpus only.
+      self.assertEqual(p.entropy_per_sentence, 'auto')
+      self.assertEqual(p.decoder.grammar_metrics, 'auto')
+      self.assertTrue(corpus_input.ReadsTheGrammar(params.input))
+      self.assertFalse(corpus_input.ReadsTheGrammar(
+          model_registry.GetParams(_BIG, dataset).input))
     meta = _Meta(model_registry.GetParams(_TINY, 'Train'))
     self.assertLen(meta.partitions, 2)
     # The model is small: a train step is well under 100 GFLOPs.

@@ -24,6 +24,12 @@ def _AsLists(batch):
   return {k: np.asarray(v).tolist() for k, v in batch.items()}
 
 
+def _Split(batches):
+  """(batches as lists without sentence_weights, [sentence_weights])."""
+  lists = [_AsLists(b) for b in batches]
+  return lists, [b.pop('sentence_weights') for b in lists]
+
+
 class LmInputTest(tf.test.TestCase):
 
   def _Dir(self, name):
@@ -55,7 +61,7 @@ class LmInputTest(tf.test.TestCase):
                        fixed_input_shape=True).Instantiate()
     # Stream: 1 a b 2 | 1 c 2 | 1 d e 2; windows of 4 inputs + 1 label.
     self.assertEqual(gen.NumBatchesPerEpoch(), 2)
-    batches = [_AsLists(b) for b in gen.Dataset()]
+    batches, sentence_weights = _Split(gen.Dataset())
     self.assertEqual(batches, [
         dict(ids=[[1, A, B, 2], [1, C, 2, 1]],
              labels=[[A, B, 2, 1], [C, 2, 1, D]],
@@ -65,6 +71,11 @@ class LmInputTest(tf.test.TestCase):
              labels=[[E, 2, 0, 0], [0, 0, 0, 0]],
              paddings=[[0, 0, 1, 1], [1, 1, 1, 1]],
              weights=[[1, 1, 0, 0], [0, 0, 0, 0]])])
+    # Whole in their row: 'ab' (n=2 of t=4: weight 4/2) and 'c' (4/3); 'de'
+    # lost its BOS to the row before.
+    self.assertAllClose(sentence_weights, [
+        [[2, 2, 2, 0], [4 / 3, 4 / 3, 0, 0]],
+        [[0, 0, 0, 0], [0, 0, 0, 0]]], atol=1e-6)
     # Without fixed_input_shape the all-padding row of the last batch goes.
     gen = self._Params(path, batch_size=2, max_seq_len=4, packed=True,
                        shuffle=False, repeat=False).Instantiate()
@@ -77,7 +88,7 @@ class LmInputTest(tf.test.TestCase):
                      shuffle=False, repeat=False, fixed_input_shape=True)
     gen = p.Instantiate()
     self.assertEqual(gen.stats.num_truncated, 1)
-    batches = [_AsLists(b) for b in gen.Dataset()]
+    batches, sentence_weights = _Split(gen.Dataset())
     self.assertEqual(batches, [
         dict(ids=[[1, A, B, 0], [1, C, 0, 0]],
              labels=[[A, B, 2, 0], [C, 2, 0, 0]],
@@ -87,9 +98,15 @@ class LmInputTest(tf.test.TestCase):
              labels=[[A, B, C, D], [0, 0, 0, 0]],
              paddings=[[0, 0, 0, 0], [1, 1, 1, 1]],
              weights=[[1, 1, 1, 1], [0, 0, 0, 0]])])
+    # One sentence a row weighs 1, but the truncated one is not whole.
+    self.assertEqual(sentence_weights, [
+        [[1, 1, 1, 0], [1, 1, 0, 0]], [[0, 0, 0, 0], [0, 0, 0, 0]]])
     # Unfixed: padded to the longest row of the batch, short last batch.
     gen = p.Copy().Set(fixed_input_shape=False).Instantiate()
-    self.assertEqual([_AsLists(b) for b in gen.Dataset()], [
+    batches, sentence_weights = _Split(gen.Dataset())
+    self.assertEqual(sentence_weights, [[[1, 1, 1], [1, 1, 0]],
+                                        [[0, 0, 0, 0]]])
+    self.assertEqual(batches, [
         dict(ids=[[1, A, B], [1, C, 0]], labels=[[A, B, 2], [C, 2, 0]],
              paddings=[[0, 0, 0], [0, 0, 1]], weights=[[1, 1, 1], [1, 1, 0]]),
         dict(ids=[[1, A, B, C]], labels=[[A, B, C, D]],
@@ -109,9 +126,36 @@ class LmInputTest(tf.test.TestCase):
       self.assertEqual(batch.labels.dtype, tf.int32)
       self.assertEqual(batch.paddings.dtype, tf.float32)
       self.assertEqual(batch.weights.dtype, tf.float32)
+      self.assertEqual(batch.sentence_weights.dtype, tf.float32)
       gen = p.Copy().Set(packed=packed).Instantiate()
       for spec in gen.Dataset().element_spec.values():
         self.assertEqual(spec.shape.as_list(), [None, None])
+
+  def testSentenceWeightsEstimateTheMeanOverAllSentences(self):
+    # Bytes of grammar sentences (about 48 a sentence) in windows of 96:
+    # long sentences are cut more often. The weighted mean over the whole
+    # ones estimates the mean over all sentences that fit in a window; the
+    # unweighted mean is biased short.
+    data_dir = self._Dir('weights')
+    sentences = synthetic_corpus.GenerateSentences(400, 7)
+    path = _Write(os.path.join(data_dir, 'x.txt'),
+                  ('\n'.join(sentences) + '\n').encode())
+    t = 96
+    gen = self._Params(path, batch_size=16, max_seq_len=t,
+                       fixed_input_shape=True).Instantiate()
+    n = np.array([len(s.encode()) for s in sentences])
+    want = (n[n < t] + 1).mean()               # labels a sentence, EOS too
+    weighted = unweighted = eos = whole = 0.0
+    for i in range(400):                       # about 20 epochs
+      batch = gen.InputBatchAt(i)
+      sw = batch.sentence_weights
+      is_eos = batch.labels == tokenizers.EOS_ID
+      weighted += sw.sum()
+      eos += (sw * is_eos).sum()
+      unweighted += (sw > 0).sum()
+      whole += ((sw > 0) & is_eos).sum()
+    self.assertAllClose(weighted / eos, want, rtol=0.02)   # 0.8% here
+    self.assertLess(unweighted / whole, 0.9 * want)       # 0.85 here
 
   # --- order, epochs, resume, shards -------------------------------------
 
@@ -258,13 +302,13 @@ class LmInputTest(tf.test.TestCase):
     data_dir = self._Dir('spm')
     patterns = synthetic_corpus.WriteShards(data_dir, 2, 300, seed=1,
                                             num_heldout_sentences=20)
+    cache = self._Dir('spm_cache')
     tok_p = tokenizers.SentencePieceTokenizer.Params().Set(
-        train_file_pattern=patterns.train, vocab_size=300)
+        train_file_pattern=patterns.train, vocab_size=300, cache_dir=cache)
     gen = self._Params(patterns.dev, tokenizer=tok_p, batch_size=8,
                        max_seq_len=64, packed=False, shuffle=False,
                        repeat=False).Instantiate()
-    self.assertTrue(os.path.exists(os.path.join(data_dir,
-                                                'spm_bpe_300.model')))
+    self.assertEqual(os.path.dirname(gen.tokenizer.model_file), cache)
     with open(patterns.dev, encoding='utf-8') as f:
       want = f.read().split('\n')[:-1]
     got = []

@@ -1,5 +1,6 @@
 """Tests for cadence.tasks.lm.model: the LanguageModel task."""
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -15,7 +16,9 @@ from cadence.framework import summary_utils
 from cadence.framework.nested_map import NestedMap
 from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import corpus_input
+from cadence.tasks.lm import input_generator
 from cadence.tasks.lm import model
+from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers
 
 VOCAB, DIM, T, B = 40, 16, 6, 8
@@ -61,6 +64,16 @@ def _Batch(seed=0, b=B, t=T):
                    weights=tf.constant(weights))
 
 
+def _Nll(task, batch):
+  """[b, t] float64 negative log-likelihood of the labels, in numpy."""
+  encoded = task.ComputePredictions(task.theta, batch).encoded
+  logits = np.asarray(task.children.softmax.Logits(task.theta.softmax,
+                                                   encoded), np.float64)
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  labels = np.asarray(batch.labels)
+  return -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+
+
 def _Seeded(task, step=0):
   return base_layer.WithStepSeed(task.theta, step_seed.MakeStepSeed(step))
 
@@ -82,17 +95,14 @@ class LanguageModelTest(tf.test.TestCase):
     metrics, per_example = task.FPropTower(task.theta, batch)
     encoded = task.ComputePredictions(task.theta, batch).encoded
     self.assertEqual(encoded.shape, [B, T, DIM])
-    logits = task.children.softmax.Logits(task.theta.softmax, encoded)
-    logits = np.asarray(logits, np.float64)
-    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = _Nll(task, batch)
     labels, w = np.asarray(batch.labels), np.asarray(batch.weights)
-    nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
     tokens, sentences = w.sum(), (w * (labels == tokenizers.EOS_ID)).sum()
     self.assertEqual(sentences, B)
     self.assertAllClose(metrics.loss[0], (nll * w).sum() / tokens, atol=1e-5)
     self.assertAllClose(metrics.loss[1], tokens, atol=0)
     self.assertAllClose(metrics.log_pplx[0], metrics.loss[0], atol=1e-6)
-    self.assertAllClose(metrics.num_tokens, (tokens, 1.0), atol=0)
+    self.assertAllClose(metrics.tokens_per_batch, (tokens, 1.0), atol=0)
     self.assertAllClose(metrics.nats_per_sentence,
                         ((nll * w).sum() / B, B), atol=1e-4)
     self.assertAllClose(metrics.excess_nats_per_sentence,
@@ -100,6 +110,67 @@ class LanguageModelTest(tf.test.TestCase):
     self.assertAllClose(per_example.xent, (nll * w).sum(1), atol=1e-4)
     # Untrained on VOCAB classes: about log(VOCAB) nats a token.
     self.assertAllClose(metrics.log_pplx[0], np.log(VOCAB), atol=0.5)
+
+  def testPerSentenceMetricsCountOnlyWholeSentences(self):
+    # Packed windows of 6 over the byte stream of 'ab', 'c', 'de', 'fgh':
+    #   row 0  ids  BOS a b EOS BOS c      labels a b EOS BOS c EOS
+    #   row 1  ids  EOS BOS d e EOS BOS    labels BOS d e EOS BOS f
+    #   row 2  ids  f g h                  labels g h EOS
+    # Whole: 'ab' (row 0, labels 0-2), 'c' (row 0, 4-5), 'de' (row 1,
+    # 1-3); 'fgh' is cut at the end of row 1 and the start of row 2. Each
+    # whole sentence of n tokens weighs 6 / (6 - n).
+    path = os.path.join(self.get_temp_dir(), 'packed.txt')
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write('ab\nc\nde\nfgh\n')
+    gen = input_generator.LmInput.Params().Set(
+        file_pattern=path, batch_size=3, max_seq_len=6, packed=True,
+        shuffle=False, repeat=False, fixed_input_shape=True).Instantiate()
+    batch = NestedMap({k: tf.constant(v)
+                       for k, v in gen.InputBatchAt(0).items()})
+    task = _Build(_Params(vocab_size=260, entropy_per_sentence=2.5))
+    metrics, _ = task.FPropTower(task.theta, batch)
+    nll = _Nll(task, batch)
+    whole = [(0, [0, 1, 2], 6 / 4), (0, [4, 5], 6 / 5), (1, [1, 2, 3], 6 / 4)]
+    want = (sum(w * nll[r, cols].sum() for r, cols, w in whole) /
+            sum(w for _, _, w in whole))
+    self.assertAllClose(metrics.nats_per_sentence,
+                        (want, 6 / 4 + 6 / 5 + 6 / 4), atol=1e-4)
+    self.assertAllClose(metrics.excess_nats_per_sentence[0], want - 2.5,
+                        atol=1e-4)
+    # Without sentence_weights every EOS label's sentence counts: here 'fgh'
+    # too, and the cut 'fgh' tokens of row 1.
+    del batch['sentence_weights']
+    old, _ = task.FPropTower(task.theta, batch)
+    w = np.asarray(batch.weights)
+    self.assertAllClose(old.nats_per_sentence, ((nll * w).sum() / 4, 4),
+                        atol=1e-4)
+
+  def testEntropyAndGrammarMetricsFollowTheInput(self):
+    synthetic = corpus_input.LmCorpusInput.Params().Set(
+        corpus='synthetic', data_dir='/unused')
+    for input_p, entropy, grammar in (
+        (None, None, False),
+        (synthetic, synthetic_corpus.EntropyPerSentence(), True),
+        (synthetic.Copy().Set(file_pattern='/my/text'), None, False),
+        (corpus_input.LmCorpusInput.Params().Set(
+            corpus='one_billion_words'), None, False)):
+      p = _Params()
+      p.input = input_p
+      task = _Build(p)
+      self.assertEqual(task.entropy_per_sentence, entropy)
+      self.assertEqual(task.grammar_metrics, grammar)
+      metrics, _ = task.FPropTower(task.theta, _Batch())
+      self.assertEqual('excess_nats_per_sentence' in metrics,
+                       entropy is not None)
+      self.assertEqual('sampled_grammatical' in task.CreateDecoderMetrics(),
+                       grammar)
+    # Explicit values win over the input.
+    p = _Params(entropy_per_sentence=None)
+    p.input = synthetic
+    p.decoder.grammar_metrics = False
+    task = _Build(p)
+    self.assertEqual((task.entropy_per_sentence, task.grammar_metrics),
+                     (None, False))
 
   def testLabelSmoothingKeepsLogPplxUnsmoothed(self):
     plain = _Build(_Params())
@@ -184,16 +255,52 @@ class LanguageModelTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, r'splits=5 must be in \[1, '
                                 r'num_layers=3\]'):
       _Build(_Params(splits=5), 2)
+    with self.assertRaisesRegex(ValueError, r"entropy_per_sentence='yes' "
+                                r"must be 'auto', None or a number >= 0"):
+      _Build(_Params(entropy_per_sentence='yes'))
+    for field, value, rule in (
+        ('grammar_metrics', 'on', "must be one of 'auto', True, False"),
+        ('prompt_words', 0, 'must be an int >= 1')):
+      p = _Params()
+      p.decoder.Set(**{field: value})
+      with self.assertRaisesRegex(ValueError, re.escape(
+          f"LanguageModel 'lm': decoder.{field}={value!r} {rule}")):
+        _Build(p)
+
+
+_SPACE = ord(' ') + tokenizers.NUM_RESERVED_IDS   # ByteTokenizer's space
+
+
+def _PromptLengthsReference(ids, paddings, num_words):
+  """Tokens up to the start of word num_words + 1 (bytes), in plain Python."""
+  lengths = []
+  for row, pads in zip(ids.tolist(), paddings.tolist()):
+    words = n = 0
+    for j, (x, pad) in enumerate(zip(row, pads)):
+      if pad > 0.5:
+        break
+      words += x == _SPACE or (j > 0 and row[j - 1] == tokenizers.BOS_ID)
+      if words > num_words:
+        break
+      n += 1
+    lengths.append(max(n, 1))
+  return lengths
 
 
 class DecodeTest(tf.test.TestCase):
 
   def _Task(self, **kwargs):
-    return _Build(_Params(is_inference=True, **kwargs), 2)
+    p = _Params(is_inference=True, **kwargs)
+    p.input = corpus_input.LmCorpusInput.Params()   # ByteTokenizer
+    return _Build(p, 2)
 
   def testShapesPromptsAndDeterminism(self):
     task = self._Task(splits=2, num_micro_batches=2)
     batch = _Batch(seed=1)
+    # Spaces (byte tokenizer word starts) at every other word position.
+    ids = np.asarray(batch.ids).copy()
+    ids[:, 2::2] = np.where(ids[:, 2::2] > 0, _SPACE, 0)
+    batch.ids = tf.constant(ids)
     decode = tf.function(task.Decode, autograph=False)
     out = decode(_Seeded(task, 7), batch)
     again = decode(_Seeded(task, 7), batch)
@@ -203,9 +310,9 @@ class DecodeTest(tf.test.TestCase):
     self.assertAllEqual(out.sampled_ids, again.sampled_ids)
     self.assertAllEqual(out.greedy_ids, other.greedy_ids)
     self.assertNotAllEqual(out.sampled_ids, other.sampled_ids)
-    ids = np.asarray(batch.ids)
-    real = (np.asarray(batch.paddings) < 0.5).sum(1)
-    self.assertAllEqual(out.prompt_lengths, np.minimum(real, 3))
+    want = _PromptLengthsReference(ids, np.asarray(batch.paddings), 2)
+    self.assertAllEqual(out.prompt_lengths, want)
+    self.assertBetween(len(set(want)), 3, T)  # Cut at various places.
     for i, n in enumerate(np.asarray(out.prompt_lengths)):
       self.assertAllEqual(out.greedy_ids[i, :n], ids[i, :n])
       self.assertAllEqual(out.sampled_ids[i, :n], ids[i, :n])
@@ -235,13 +342,14 @@ class DecodeTest(tf.test.TestCase):
       ids = [1] + tok.Encode(text) + ([2] if eos else [])
       return ids + [0] * (12 - len(ids))
 
+    # Row 2 is all padding (a pass's last batch): no line, no metric.
     out = NestedMap(
-        prompt_lengths=np.array([3, 2]),
+        prompt_lengths=np.array([3, 2, 1]),
         greedy_ids=np.array([_Row('alice sees'),
-                             _Row('she sees', eos=False)]),
-        sampled_ids=np.array([_Row('alice s'), _Row('she ')]),
+                             _Row('she sees', eos=False), _Row('she')]),
+        sampled_ids=np.array([_Row('alice s'), _Row('she '), _Row('she')]),
         reference_ids=np.array([_Row('a dog')[1:] + [0],
-                                _Row('he')[1:] + [0]]))
+                                _Row('he')[1:] + [0], [0] * 12]))
     metrics = task.CreateDecoderMetrics()
     lines = task.PostProcessDecodeOut(out, metrics)
     self.assertEqual(lines, [
@@ -256,6 +364,41 @@ class DecodeTest(tf.test.TestCase):
     self.assertEqual(metrics['greedy_grammatical'].value, 0.5)
     self.assertEqual(metrics['sampled_grammatical'].value, 0.0)
 
+  def testPromptsAreWholeWords(self):
+    data_dir = os.path.join(self.get_temp_dir(), 'prompts')
+    patterns = synthetic_corpus.WriteShards(
+        data_dir, num_train_shards=1, sentences_per_shard=500, seed=4,
+        num_heldout_sentences=12)
+    with open(patterns.dev, encoding='utf-8') as f:
+      sentences = f.read().splitlines()
+    spm = tokenizers.SentencePieceTokenizer.Params().Set(
+        train_file_pattern=patterns.train, vocab_size=300,
+        cache_dir=os.path.join(self.get_temp_dir(), 'spm'))
+    for tok_p, words in ((tokenizers.ByteTokenizer.Params(), 1), (spm, 3),
+                         (spm, 1)):
+      with self.subTest(tokenizer=tok_p.cls.__name__, words=words):
+        p = _Params(vocab_size=320, is_inference=True)
+        p.stack_tpl.num_layers = 1
+        p.decoder.prompt_words = words
+        p.input = input_generator.LmInput.Params().Set(
+            file_pattern=patterns.dev, tokenizer=tok_p, batch_size=12,
+            max_seq_len=200, packed=False, shuffle=False, repeat=False)
+        task = _Build(p)
+        gen = p.input.Instantiate()
+        batch = NestedMap({k: tf.constant(v)
+                           for k, v in gen.InputBatchAt(0).items()})
+        out = tf.function(task.Decode, autograph=False)(_Seeded(task), batch)
+        out = tf.nest.map_structure(np.asarray, out)
+        # vocab_size 320 > the tokenizer's ids: never emitted.
+        self.assertLess(out.sampled_ids.max(), gen.tokenizer.vocab_size)
+        lines = task.PostProcessDecodeOut(out, task.CreateDecoderMetrics())
+        for i, s in enumerate(sentences):
+          prompt = ' '.join(s.split(' ')[:words])
+          n = out.prompt_lengths[i]
+          self.assertEqual(gen.tokenizer.Decode(out.greedy_ids[i, :n]),
+                           prompt, (tok_p.cls.__name__, words, s))
+          self.assertTrue(lines[i].startswith(f'prompt: {prompt!r}  '))
+
 
 class TinyExperimentTest(tf.test.TestCase):
 
@@ -269,7 +412,8 @@ class TinyExperimentTest(tf.test.TestCase):
       p.input.Set(data_dir=data_dir, batch_size=8)
       p.input.synthetic.Set(num_train_shards=2, sentences_per_shard=1000,
                             num_heldout_sentences=64)
-      p.input.tokenizer.vocab_size = 300
+      p.input.tokenizer.Set(vocab_size=300, cache_dir=os.path.join(
+          self.get_temp_dir(), 'spm'))
       p.task.Set(vocab_size=300, model_dim=32)
       p.task.stack_tpl.num_layers = 2
       p.task.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=64)
@@ -302,7 +446,7 @@ class TinyExperimentTest(tf.test.TestCase):
     self.assertLess(after, before['log_pplx'] - 1.5)
     self.assertAllClose(before['excess_nats_per_sentence'],
                         before['nats_per_sentence'] -
-                        task.params.entropy_per_sentence, atol=1e-3)
+                        task.entropy_per_sentence, atol=1e-3)
     train = summary_utils.ReadScalars(os.path.join(logdir, 'train'))
     self.assertIn('mfu', train)
     self.assertLess(train['loss'][-1][1], train['loss'][0][1])

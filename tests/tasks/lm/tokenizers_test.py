@@ -2,12 +2,28 @@
 import glob
 import os
 import re
+import shutil
 
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import base_input_generator
 from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers
+
+
+def _Snapshot(directory):
+  """{name: (size, mtime_ns)} of the files in `directory`."""
+  return {name: (os.stat(os.path.join(directory, name)).st_size,
+                 os.stat(os.path.join(directory, name)).st_mtime_ns)
+          for name in os.listdir(directory)}
+
+
+def _Words(tok, ids):
+  """Decoded text of the ids cut before each word-start id."""
+  mask = tok.WordStartMask()
+  cuts = [i for i, x in enumerate(ids) if i and mask[x]]
+  return [tok.Decode(ids[a:b]) for a, b in zip([0] + cuts, cuts + [None])]
 
 
 class ByteTokenizerTest(tf.test.TestCase):
@@ -24,6 +40,14 @@ class ByteTokenizerTest(tf.test.TestCase):
       # Special ids are dropped; arrays are accepted.
       self.assertEqual(tok.Decode(np.array([1] + ids + [2, 0, 0])), text)
     self.assertEqual(tok.EncodeBatch(['a', 'bc']), [[101], [102, 103]])
+
+  def testWordStartsAreTheSpaces(self):
+    tok = tokenizers.ByteTokenizer.Params().Instantiate()
+    mask = tok.WordStartMask()
+    self.assertEqual(mask.shape, (260,))
+    self.assertEqual(np.flatnonzero(mask).tolist(), [ord(' ') + 4])
+    self.assertEqual(_Words(tok, tok.Encode('the cat sees')),
+                     ['the', ' cat', ' sees'])
 
   def testBadIds(self):
     tok = tokenizers.ByteTokenizer.Params().Set(name='bytes').Instantiate()
@@ -52,9 +76,10 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
   def testTrainsOnceThenLoadsTheCache(self):
     cache = os.path.join(self.get_temp_dir(), 'cache_a')
     tok = self._Params(cache_dir=cache).Instantiate()
-    path = os.path.join(cache, 'spm_bpe_300.model')
-    self.assertEqual(tok.model_file, path)
-    self.assertEqual(os.listdir(cache), ['spm_bpe_300.model'])  # No temps.
+    path = tok.model_file
+    self.assertRegex(path, '^' + re.escape(cache) +
+                     r'/spm_bpe_300-[0-9a-f]{16}\.model$')
+    self.assertEqual(os.listdir(cache), [os.path.basename(path)])  # No temps.
     stat = os.stat(path)
     again = self._Params(cache_dir=cache).Instantiate()
     self.assertEqual(again.model_file, path)
@@ -67,10 +92,62 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
     self.assertEqual(given.Encode(text), tok.Encode(text))
     self.assertEqual(again.Encode(text), tok.Encode(text))
 
-  def testDefaultCacheIsBesideTheData(self):
-    tok = self._Params().Set(vocab_size=280).Instantiate()
-    self.assertEqual(tok.model_file, os.path.join(self._dir,
-                                                  'spm_bpe_280.model'))
+  def testDefaultCacheIsUnderTheHomeCache(self):
+    self.assertEqual(tokenizers.DefaultCacheDir(), os.path.join(
+        os.path.expanduser('~'), '.cache', 'cadence', 'spm'))
+
+  def testReadOnlyDataDirTrainsElsewhereAndReuses(self):
+    data = os.path.join(self.get_temp_dir(), 'read_only_data')
+    os.makedirs(data)
+    for path in glob.glob(self._patterns.train):
+      shutil.copy(path, data)
+    os.chmod(data, 0o555)     # (root writes anyway: the snapshot checks.)
+    self.addCleanup(os.chmod, data, 0o755)
+    before = _Snapshot(data)
+    cache = os.path.join(self.get_temp_dir(), 'cache_ro')
+    p = self._Params(cache_dir=cache).Set(train_file_pattern=data + '/train-*')
+    first = p.Instantiate()
+    self.assertEqual(_Snapshot(data), before)   # Nothing written there.
+    self.assertEqual(os.path.dirname(first.model_file), cache)
+    mtime = os.stat(first.model_file).st_mtime_ns
+    second = p.Instantiate()
+    self.assertEqual(second.model_file, first.model_file)
+    self.assertEqual(os.stat(first.model_file).st_mtime_ns, mtime)
+    # Other params or changed text: another model beside it.
+    other = p.Copy().Set(vocab_size=280).Instantiate()
+    self.assertNotEqual(other.model_file, first.model_file)
+    os.chmod(data, 0o755)
+    with open(sorted(glob.glob(data + '/train-*'))[0], 'a') as f:
+      f.write('the cat sees alice\n')
+    changed = p.Instantiate()
+    self.assertNotEqual(changed.model_file, first.model_file)
+    self.assertLen(os.listdir(cache), 3)
+
+  def testUnwritableCacheFailsWithOneLine(self):
+    blocker = os.path.join(self.get_temp_dir(), 'a_file')
+    with open(blocker, 'w') as f:
+      f.write('not a directory')
+    cache = os.path.join(blocker, 'spm')
+    with self.assertRaises(base_input_generator.InputError) as ctx:
+      self._Params(cache_dir=cache, name='spm').Instantiate()
+    message = str(ctx.exception)
+    self.assertNotIn('\n', message)
+    self.assertRegex(message, re.escape(
+        f"SentencePieceTokenizer 'spm': cannot write the trained model to "
+        f"cache_dir={cache!r} (") + r'\w+Error: .*\); set '
+                     r'tokenizer.cache_dir to a writable directory')
+    self.assertIsInstance(ctx.exception, ValueError)   # exit 2 in trainer
+
+  def testWordStartsArePiecesAfterASpace(self):
+    tok = self._Params(cache_dir=self.get_temp_dir()).Instantiate()
+    mask = tok.WordStartMask()
+    self.assertEqual(mask.shape, (tok.vocab_size,))
+    self.assertFalse(mask[:4].any())    # pad, bos, eos, unk
+    with open(self._patterns.dev, encoding='utf-8') as f:
+      sentences = f.read().split('\n')[:20]
+    for s in sentences:
+      words = _Words(tok, tok.Encode(s))
+      self.assertEqual(words, s.split(' '))
 
   def testReservedIdsAndRoundTrip(self):
     tok = self._Params(cache_dir=self.get_temp_dir()).Instantiate()
@@ -94,7 +171,8 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
     with open(path, 'w') as f:
       f.write('ab ab ba\n\nabba\n')
     tok = tokenizers.SentencePieceTokenizer.Params().Set(
-        train_file_pattern=path, vocab_size=1000).Instantiate()
+        train_file_pattern=path, vocab_size=1000,
+        cache_dir=self.get_temp_dir()).Instantiate()
     self.assertLess(tok.vocab_size, 1000)
     self.assertEqual(tok.Decode(tok.Encode('abba ab')), 'abba ab')
 
