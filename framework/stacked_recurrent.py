@@ -390,8 +390,14 @@ class _BackwardPass:
 
 
 def _RunForwardThenBackward(pipe, forward, backward, args):
-  """The tf.custom_gradient body: the `forward` actions now, the `backward`
-  actions in the gradient function (after the caller's whole forward)."""
+  """The tf.custom_gradient body: F actions now, B actions in its gradient.
+
+  The gradient function runs after the caller's whole forward, so this
+  executor needs a schedule whose forwards all precede its backwards.
+
+  Returns:
+    (flat results, gradient function), see `_Pipeline` for the layouts.
+  """
   fwd = _ForwardPass(pipe, args)
   for action in forward:
     fwd.Forward(action.cell, action.step)
