@@ -1,4 +1,4 @@
-"""StackedRecurrent: K recurrent cells on K devices, run as a wavefront.
+"""StackedRecurrent: K recurrent cells on K devices, run as a pipeline.
 
 Cell i (on `devices[i]`) computes
 
@@ -9,12 +9,24 @@ state_{-1}[j] is `inputs[j]`: cell i consumes cell i-1's output of the same
 step. In GPipe the steps are micro-batches and the cells are the model's
 partitions; a cell ignores its own previous state.
 
-Schedule (`WavefrontSchedule`): at tick t, cell i works on step t - i, so the
-K cells overlap and the whole run takes M + K - 1 ticks; the backward pass
-walks the ticks in reverse. The forward and the backward of every (cell,
-step) are built under `tf.device(devices[i])`, and so is the accumulation of
-cell i's weight gradients: no op of cell i lands on another device (TF's
-own while-loop gradient would put them all on device 0).
+Schedule: a pure table from `pipeline_schedule` says which (cell, step)
+runs forward (F) or backward (B) at which tick; the code here runs it.
+StackedRecurrent runs `GPipeSchedule`: the wavefront (`WavefrontSchedule`:
+at tick t, cell i works on step t - i, so the K cells overlap and the whole
+run takes M + K - 1 ticks), then the backward, walking the ticks in reverse.
+The forward and the backward of every (cell, step) are built under
+`tf.device(devices[i])`, and so is the accumulation of cell i's weight
+gradients: no op of cell i lands on another device (TF's own while-loop
+gradient would put them all on device 0).
+
+Code: `_Pipeline` holds what a call fixes (the K traced cells, the layout
+of the flat arguments); `_ForwardPass.Forward(i, j)` runs an F action and
+keeps what the backward needs; `_BackwardPass.Backward(i, j)` runs a B
+action: it sums the gradients flowing into (i, j)'s output, back-propagates
+through the cell and hands the gradients on to (i, j-1) and (i-1, j).
+`_RunForwardThenBackward` is the executor: a tf.custom_gradient whose
+forward runs the schedule's F actions and whose gradient function runs its
+B actions.
 
 Memory (rematerialisation): the forward keeps only each cell's output per
 step. The backward re-runs cell i on step j (under a GradientTape) before
@@ -32,17 +44,29 @@ executor runs any op whose inputs are ready:
     the cell's backward function), or it would run during the forward pass
     and keep its activations (and grappler could even merge it with the
     forward's identical ops);
-  * with `backward_window` W, step j's re-run also waits until the
-    backward of step j+W of the same cell is done, so a cell holds the
-    activations of at most W steps: W=1 (default) one at a time (as a
-    device that runs one op at a time would); W=2 lets the next step's
-    re-run overlap the current back-propagation (on a CPU that fills idle
-    cores); None: no bound. The dependency is on ops that consume those
-    gradients: a control dependency on an inlined function call's outputs
-    does not wait for them.
+  * with `backward_window` W, a cell's re-run also waits until the
+    backward W before it in the cell's order (in GPipe's, step j+W's for
+    step j) is done, so a cell holds the activations of at most W steps:
+    W=1 (default) one at a time (as a device that runs one op at a time
+    would); W=2 lets the next step's re-run overlap the current
+    back-propagation (on a CPU that fills idle cores); None: no bound. The
+    dependency is on ops that consume those gradients: a control dependency
+    on an inlined function call's outputs does not wait for them.
 Measured (bench/gpipe_memory.py, d 256 Transformer, batch 32, M=8): peak
 tensor memory of a training step grows by 10 MiB per layer with W=1 (K=1
 and K=4), 18 MiB (K=1) and 13 MiB (K=4) with W=2, 33 MiB unpipelined.
+
+1F1B (not built yet): after a warm-up each cell alternates a forward and a
+backward, so it holds at most K - i steps' activations instead of M; this
+needs cells that ignore their previous state (as PipeliningLayer's do),
+since B(i, j) otherwise waits for B(i, j+1). Behind a tf.custom_gradient no
+backward can start before the caller's whole forward, so it needs a second
+executor: given a per-step loss function, it walks the table once, seeds
+(K-1, j)'s output gradient from the loss right after F(K-1, j)
+(`_BackwardPass.Add`) and returns the loss with the gradients it computed.
+It reuses `_Pipeline`, `_ForwardPass.Forward` and `_BackwardPass.Backward`
+as they are; its table is checked by `pipeline_schedule.CheckSchedule(...,
+recurrent=False)` and `InFlight`.
 
 Example:
   acc, finals = StackedRecurrent(
@@ -57,29 +81,13 @@ import tensorflow as tf
 
 from cadence.framework import cell_program
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import pipeline_schedule
 from cadence.framework import step_seed as step_seed_lib
 
 REMAT_MODES = ('except_last', 'always', 'never')
 
-
-def WavefrontSchedule(num_cells, num_steps):
-  """The tick table of the wavefront.
-
-  Args:
-    num_cells: K >= 1.
-    num_steps: M >= 1.
-
-  Returns:
-    A list of M + K - 1 ticks; tick t is the list of (cell, step) pairs that
-    run at t, i.e. (i, t - i) for every cell i with 0 <= t - i < M, in
-    increasing cell order.
-  """
-  if num_cells < 1 or num_steps < 1:
-    raise ValueError(f'WavefrontSchedule: num_cells={num_cells} and '
-                     f'num_steps={num_steps} must both be >= 1.')
-  return [[(i, t - i) for i in range(num_cells) if 0 <= t - i < num_steps]
-          for t in range(num_steps + num_cells - 1)]
-
+# The forward's tick table; it lives with the other schedules.
+WavefrontSchedule = pipeline_schedule.WavefrontSchedule
 
 def _NumSteps(inputs, owner):
   """(M, stacked) for inputs given stacked [M, ...] or as a list of M."""
@@ -100,6 +108,308 @@ def _NumSteps(inputs, owner):
   if m < 1:
     raise ValueError(f'{owner}: inputs have M=0 steps; need >= 1.')
   return m, True
+
+
+def _CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
+               backward_window):
+  """Raises ValueError for mismatched per-cell lists or a bad knob."""
+  k = len(devices)
+  if k < 1 or not (len(cell_fns) == len(thetas) == len(init_states) == k):
+    raise ValueError(
+        f'{owner}: need one device, cell_fn, theta and init_state per cell '
+        f'(>= 1); got {len(devices)} devices, {len(cell_fns)} cell_fns, '
+        f'{len(thetas)} thetas, {len(init_states)} init_states.')
+  if backward_window is not None and (
+      isinstance(backward_window, bool) or
+      not isinstance(backward_window, int) or backward_window < 1):
+    raise ValueError(f'{owner}: backward_window={backward_window!r} must be '
+                     'None or an int >= 1.')
+  if remat not in REMAT_MODES:
+    raise ValueError(f'{owner}: remat={remat!r}; expected one of '
+                     f'{REMAT_MODES}.')
+
+
+class _Pipeline:
+  """What one call fixes before it runs: K traced cells, flat layouts.
+
+  The executor's tf.custom_gradient takes and returns flat lists of tensors.
+  Flat arguments: every cell's theta leaves, every cell's init_state
+  leaves, then cell 0's input leaves ([M, ...] each, or step by step).
+  Flat results: the last cell's output leaves ([M, ...] each, or step by
+  step), then every cell's final state leaves.
+  """
+
+  def __init__(self, devices, cell_fns, thetas, init_states, inputs,
+               step_seed, remat, backward_window, owner):
+    self.devices = list(devices)
+    self.k = len(devices)
+    self.m, self.stacked = _NumSteps(inputs, owner)
+    seed = None
+    if step_seed is not None:
+      seed = step_seed_lib.CheckStepSeed(step_seed, owner)
+    self.remat = remat
+    self.backward_window = backward_window
+    self.seeds = [None if seed is None else
+                  step_seed_lib.MicroBatchSeed(seed, j) for j in range(self.m)]
+    self._init_states = init_states
+    self._theta_flat = [cell_program.ToTensors(t) for t in thetas]
+    self._init_flat = [cell_program.ToTensors(s) for s in init_states]
+    if self.stacked:
+      x_struct = inputs
+      self._x_flat = cell_program.ToTensors(inputs)
+      x_step = [tf.TensorSpec(x.shape[1:], x.dtype) for x in self._x_flat]
+    else:
+      x_struct = inputs[0]
+      self._x_flat = [x for step in inputs
+                      for x in cell_program.ToTensors(step)]
+      x_step = cell_program.ToTensors(inputs[0])
+    self.nx = len(x_step)
+    self.nts = [len(t) for t in self._theta_flat]   # Leaves per cell.
+    self.nss = [len(s) for s in self._init_flat]
+    self.programs = []
+    for i in range(self.k):
+      in_template = (tf.nest.pack_sequence_as(x_struct, x_step) if i == 0
+                     else tf.nest.pack_sequence_as(init_states[i - 1],
+                                                   self._init_flat[i - 1]))
+      self.programs.append(cell_program.CellProgram(
+          cell_fns[i],
+          tf.nest.pack_sequence_as(thetas[i], self._theta_flat[i]),
+          tf.nest.pack_sequence_as(init_states[i], self._init_flat[i]),
+          in_template, device=devices[i], has_seed=seed is not None,
+          owner=f'{owner} cell {i}'))
+
+  def Keep(self, j):
+    """Whether the forward of step j keeps its activations (no re-run)."""
+    return self.remat == 'never' or (self.remat == 'except_last' and
+                                     j == self.m - 1)
+
+  def FlatArgs(self):
+    return ([x for t in self._theta_flat for x in t] +
+            [x for s in self._init_flat for x in s] + self._x_flat)
+
+  def SplitArgs(self, args):
+    """Flat arguments -> (K theta lists, K init_state lists, input list)."""
+    args = iter(args)
+    thetas = [[next(args) for _ in range(n)] for n in self.nts]
+    inits = [[next(args) for _ in range(n)] for n in self.nss]
+    return thetas, inits, list(args)
+
+  def PackResults(self, res):
+    """Flat results -> (acc_state, final_states) as StackedRecurrent's."""
+    ns_last = self.nss[-1]
+    if self.stacked:
+      acc_state = tf.nest.pack_sequence_as(self._init_states[-1],
+                                           res[:ns_last])
+      rest = res[ns_last:]
+    else:
+      acc_state = [
+          tf.nest.pack_sequence_as(self._init_states[-1],
+                                   res[j * ns_last:(j + 1) * ns_last])
+          for j in range(self.m)]
+      rest = res[self.m * ns_last:]
+    finals, offset = [], 0
+    for i in range(self.k):
+      finals.append(tf.nest.pack_sequence_as(
+          self._init_states[i], rest[offset:offset + self.nss[i]]))
+      offset += self.nss[i]
+    return acc_state, finals
+
+
+class _ForwardPass:
+  """One run's forward: each (cell, step)'s output and kept activations.
+
+  `Forward(i, j)` is the forward unit of a schedule; `CellGradients(i, j,
+  d_out)` gives (cell, step)'s gradients for the backward, from the kept
+  activations or by re-running the cell.
+  """
+
+  def __init__(self, pipe, args):
+    self.pipe = pipe
+    # Stop the outer tape from recording the ops below; the gradient is
+    # the custom one, and recording would keep all activations alive.
+    thetas, self._inits, xs = pipe.SplitArgs(
+        [tf.stop_gradient(a) for a in args])
+    m, nx = pipe.m, pipe.nx
+    with cluster_lib.DeviceScope(pipe.devices[0]):
+      if pipe.stacked:
+        per_leaf = [tf.unstack(x, num=m) for x in xs]
+        self.step_inputs = [[leaf[j] for leaf in per_leaf] for j in range(m)]
+      else:
+        self.step_inputs = [xs[j * nx:(j + 1) * nx] for j in range(m)]
+    self._thetas = []
+    for i, theta in enumerate(thetas):
+      with cluster_lib.DeviceScope(pipe.devices[i]):
+        self._thetas.append([tf.identity(x) for x in theta])
+    self.out = [[None] * m for _ in range(pipe.k)]   # [cell][step] leaves.
+    self._kept = {}   # (cell, step) -> gradient function of kept activations.
+
+  def _Args(self, i, j):
+    """(theta, previous state, inputs, seed) of cell i at step j."""
+    x = self.step_inputs[j] if i == 0 else self.out[i - 1][j]
+    s = self._inits[i] if j == 0 else self.out[i][j - 1]
+    return self._thetas[i], s, x, self.pipe.seeds[j]
+
+  def Forward(self, i, j):
+    """F(i, j): runs cell i on step j; keeps its activations if `Keep(j)`."""
+    program = self.pipe.programs[i]
+    if self.pipe.Keep(j):
+      self._kept[(i, j)], self.out[i][j] = program.ForwardKeep(
+          *self._Args(i, j))
+    else:
+      self.out[i][j] = program.Forward(*self._Args(i, j))
+
+  def CellGradients(self, i, j, d_out):
+    """(d_theta, d_state, d_inputs) of F(i, j) given its output's d_out."""
+    if (i, j) in self._kept:
+      return self._kept.pop((i, j))(d_out)
+    return self.pipe.programs[i].Backward(*self._Args(i, j), d_out)
+
+  def Results(self):
+    """The flat results (see `_Pipeline`); stacks on the last device."""
+    pipe = self.pipe
+    last = [self.out[-1][j] for j in range(pipe.m)]
+    if pipe.stacked:
+      with cluster_lib.DeviceScope(pipe.devices[-1]):
+        acc = [tf.stack([o[n] for o in last]) for n in range(pipe.nss[-1])]
+    else:
+      acc = [x for o in last for x in o]
+    return acc + [x for cell in self.out for x in cell[-1]]
+
+
+class _BackwardPass:
+  """One backward walk over a `_ForwardPass`: the gradients in flight.
+
+  `Add(i, j, n, g)` adds a term to the gradient of leaf n of (cell i, step
+  j)'s output; `Backward(i, j)` is the backward unit of a schedule: it sums
+  the terms, back-propagates through F(i, j) and passes the gradients on to
+  (i, j-1)'s output (state) and (i-1, j)'s output (inputs). The schedule
+  must run B(i, j) after every action that adds to its terms.
+  """
+
+  def __init__(self, fwd):
+    self._fwd = fwd
+    self._pipe = pipe = fwd.pipe
+    self._pending = {}   # (cell, step, leaf) -> [gradient terms]
+    self._d_thetas = [[None] * n for n in pipe.nts]
+    self._d_inits = [[None] * n for n in pipe.nss]
+    self._d_inputs = [[None] * pipe.nx for _ in range(pipe.m)]
+    self._done = [[] for _ in range(pipe.k)]   # Per cell: each backward's.
+
+  def Add(self, i, j, n, g):
+    if g is not None:
+      self._pending.setdefault((i, j, n), []).append(g)
+
+  def AddResultGradients(self, dys):
+    """Adds the gradients of the flat results (see `_Pipeline`)."""
+    pipe = self._pipe
+    k, m, ns_last = pipe.k, pipe.m, pipe.nss[-1]
+    n_acc = ns_last if pipe.stacked else m * ns_last
+    d_acc, d_final = list(dys[:n_acc]), list(dys[n_acc:])
+    if pipe.stacked:
+      with cluster_lib.DeviceScope(pipe.devices[-1]):
+        for n, d in enumerate(d_acc):
+          if d is not None:
+            for j, dj in enumerate(tf.unstack(d, num=m)):
+              self.Add(k - 1, j, n, dj)
+    else:
+      for idx, d in enumerate(d_acc):
+        self.Add(k - 1, idx // ns_last, idx % ns_last, d)
+    offset = 0
+    for i in range(k):
+      for n in range(pipe.nss[i]):
+        self.Add(i, m - 1, n, d_final[offset + n])
+      offset += pipe.nss[i]
+
+  def _OutputGradients(self, i, j):
+    """The summed d_out of (i, j)'s float leaves, or None if none flows."""
+    terms = [self._pending.pop((i, j, n), None)
+             for n in range(self._pipe.nss[i])]
+    if not any(terms):
+      return None
+    d_out = [(tf.add_n(t) if len(t) > 1 else t[0]) if t else
+             tf.zeros_like(o)
+             for t, o in zip(terms, self._fwd.out[i][j])
+             if cell_program.IsDifferentiable(o)]
+    w, done = self._pipe.backward_window, self._done[i]
+    if w and len(done) >= w and done[-w]:
+      # Step j's re-run starts once the backward w steps before it (in this
+      # cell's order) is done, so a cell holds the activations of at most
+      # w steps.
+      with tf.control_dependencies(done[-w]):
+        d_out = [tf.identity(d) for d in d_out]
+    return d_out
+
+  def Backward(self, i, j):
+    """B(i, j): back-propagates through cell i at step j."""
+    device = self._pipe.devices[i]
+    with cluster_lib.DeviceScope(device):
+      d_out = self._OutputGradients(i, j)
+    if d_out is None:
+      return   # Nothing flows back into this (cell, step).
+    g_th, g_s, g_x = self._fwd.CellGradients(i, j, d_out)
+    with cluster_lib.DeviceScope(device):
+      self._d_thetas[i] = [
+          a if g is None else (tf.identity(g) if a is None else a + g)
+          for a, g in zip(self._d_thetas[i], g_th)]
+      if self._pipe.backward_window and not tf.executing_eagerly():
+        # Ops that consume the gradients: a control dependency on the
+        # outputs of an inlined function call itself would not wait.
+        self._done[i].append(
+            [g for g in self._d_thetas[i] if g is not None] +
+            [tf.identity(g) for g in g_s + g_x if g is not None])
+    for n, g in enumerate(g_s):
+      if j > 0:
+        self.Add(i, j - 1, n, g)
+      else:
+        self._d_inits[i][n] = g
+    for n, g in enumerate(g_x):
+      if i > 0:
+        self.Add(i - 1, j, n, g)
+      else:
+        self._d_inputs[j][n] = g
+
+  def Results(self):
+    """Gradients of the flat arguments (see `_Pipeline`), None if none."""
+    pipe = self._pipe
+    grads = [g for cell in self._d_thetas for g in cell]
+    grads += [g for cell in self._d_inits for g in cell]
+    if not pipe.stacked:
+      return grads + [g for step in self._d_inputs for g in step]
+    with cluster_lib.DeviceScope(pipe.devices[0]):
+      for n in range(pipe.nx):
+        col = [self._d_inputs[j][n] for j in range(pipe.m)]
+        if all(g is None for g in col):
+          grads.append(None)
+        else:
+          grads.append(tf.stack([
+              tf.zeros_like(self._fwd.step_inputs[j][n]) if g is None else g
+              for j, g in enumerate(col)]))
+    return grads
+
+
+def _RunForwardThenBackward(pipe, forward, backward, args):
+  """The tf.custom_gradient body: F actions now, B actions in its gradient.
+
+  The gradient function runs after the caller's whole forward, so this
+  executor needs a schedule whose forwards all precede its backwards.
+
+  Returns:
+    (flat results, gradient function), see `_Pipeline` for the layouts.
+  """
+  fwd = _ForwardPass(pipe, args)
+  for action in forward:
+    fwd.Forward(action.cell, action.step)
+
+  def _Grad(*dys, variables=None):
+    bwd = _BackwardPass(fwd)
+    bwd.AddResultGradients(dys)
+    for action in backward:
+      bwd.Backward(action.cell, action.step)
+    if variables:
+      return bwd.Results(), [None] * len(variables)
+    return bwd.Results()
+
+  return fwd.Results(), _Grad
 
 
 @tf.autograph.experimental.do_not_convert
@@ -133,205 +443,15 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
     step M-1.
   """
   owner = f'StackedRecurrent {name!r}'
-  k = len(devices)
-  if k < 1 or not (len(cell_fns) == len(thetas) == len(init_states) == k):
-    raise ValueError(
-        f'{owner}: need one device, cell_fn, theta and init_state per cell '
-        f'(>= 1); got {len(devices)} devices, {len(cell_fns)} cell_fns, '
-        f'{len(thetas)} thetas, {len(init_states)} init_states.')
-  if backward_window is not None and (
-      isinstance(backward_window, bool) or
-      not isinstance(backward_window, int) or backward_window < 1):
-    raise ValueError(f'{owner}: backward_window={backward_window!r} must be '
-                     'None or an int >= 1.')
-  if remat not in REMAT_MODES:
-    raise ValueError(f'{owner}: remat={remat!r}; expected one of '
-                     f'{REMAT_MODES}.')
-  m, stacked = _NumSteps(inputs, owner)
-  seed = None
-  if step_seed is not None:
-    seed = step_seed_lib.CheckStepSeed(step_seed, owner)
-  seeds = [None if seed is None else step_seed_lib.MicroBatchSeed(seed, j)
-           for j in range(m)]
-
-  theta_flat = [cell_program.ToTensors(t) for t in thetas]
-  init_flat = [cell_program.ToTensors(s) for s in init_states]
-  if stacked:
-    x_struct = inputs
-    x_flat = cell_program.ToTensors(inputs)
-    x_step = [tf.TensorSpec(x.shape[1:], x.dtype) for x in x_flat]
-  else:
-    x_struct = inputs[0]
-    x_flat = [x for step in inputs for x in cell_program.ToTensors(step)]
-    x_step = cell_program.ToTensors(inputs[0])
-  nx = len(x_step)
-
-  progs = []
-  for i in range(k):
-    in_template = (tf.nest.pack_sequence_as(x_struct, x_step) if i == 0
-                   else tf.nest.pack_sequence_as(init_states[i - 1],
-                                                 init_flat[i - 1]))
-    progs.append(cell_program.CellProgram(
-        cell_fns[i], tf.nest.pack_sequence_as(thetas[i], theta_flat[i]),
-        tf.nest.pack_sequence_as(init_states[i], init_flat[i]), in_template,
-        device=devices[i], has_seed=seed is not None,
-        owner=f'{owner} cell {i}'))
-  schedule = WavefrontSchedule(k, m)
-  nts = [len(t) for t in theta_flat]
-  nss = [len(s) for s in init_flat]
-
-  def _Keep(j):
-    return remat == 'never' or (remat == 'except_last' and j == m - 1)
+  _CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
+             backward_window)
+  pipe = _Pipeline(devices, cell_fns, thetas, init_states, inputs, step_seed,
+                   remat, backward_window, owner)
+  forward, backward = pipeline_schedule.SplitPhases(
+      pipeline_schedule.GPipeSchedule(pipe.k, pipe.m))
 
   @tf.custom_gradient
   def _Run(*args):
-    # Stop the outer tape from recording the ops below; the gradient is
-    # the custom one, and recording would keep all activations alive.
-    args = iter([tf.stop_gradient(a) for a in args])
-    th = [[next(args) for _ in range(n)] for n in nts]
-    init = [[next(args) for _ in range(n)] for n in nss]
-    xs = list(args)
-    with cluster_lib.DeviceScope(devices[0]):
-      if stacked:
-        per_leaf = [tf.unstack(x, num=m) for x in xs]
-        mb_x = [[leaf[j] for leaf in per_leaf] for j in range(m)]
-      else:
-        mb_x = [xs[j * nx:(j + 1) * nx] for j in range(m)]
-    for i in range(k):
-      with cluster_lib.DeviceScope(devices[i]):
-        th[i] = [tf.identity(x) for x in th[i]]
+    return _RunForwardThenBackward(pipe, forward, backward, args)
 
-    out = [[None] * m for _ in range(k)]
-    kept = {}
-
-    def _Args(i, j):
-      x = mb_x[j] if i == 0 else out[i - 1][j]
-      s = init[i] if j == 0 else out[i][j - 1]
-      return th[i], s, x, seeds[j]
-
-    for tick in schedule:
-      for i, j in tick:
-        if _Keep(j):
-          kept[(i, j)], out[i][j] = progs[i].ForwardKeep(*_Args(i, j))
-        else:
-          out[i][j] = progs[i].Forward(*_Args(i, j))
-
-    last = [out[k - 1][j] for j in range(m)]
-    if stacked:
-      with cluster_lib.DeviceScope(devices[-1]):
-        acc = [tf.stack([o[n] for o in last]) for n in range(nss[-1])]
-    else:
-      acc = [x for o in last for x in o]
-    finals = [x for i in range(k) for x in out[i][m - 1]]
-
-    def _Grad(*dys, variables=None):
-      grads = _Backward(dys, len(acc))
-      if variables:
-        return grads, [None] * len(variables)
-      return grads
-
-    def _Backward(dys, n_acc):
-      d_acc, d_final = list(dys[:n_acc]), list(dys[n_acc:])
-      pending = {}   # (cell, step, leaf) -> [gradient terms]
-
-      def _Add(i, j, n, g):
-        if g is not None:
-          pending.setdefault((i, j, n), []).append(g)
-
-      ns_last = nss[-1]
-      if stacked:
-        with cluster_lib.DeviceScope(devices[-1]):
-          for n, d in enumerate(d_acc):
-            if d is not None:
-              for j, dj in enumerate(tf.unstack(d, num=m)):
-                _Add(k - 1, j, n, dj)
-      else:
-        for idx, d in enumerate(d_acc):
-          _Add(k - 1, idx // ns_last, idx % ns_last, d)
-      offset = 0
-      for i in range(k):
-        for n in range(nss[i]):
-          _Add(i, m - 1, n, d_final[offset + n])
-        offset += nss[i]
-
-      d_th = [[None] * n for n in nts]
-      d_init = [[None] * n for n in nss]
-      d_x = [[None] * nx for _ in range(m)]
-      done = [[] for _ in range(k)]   # Per cell: each backward's grads.
-      for tick in reversed(schedule):
-        for i, j in tick:
-          with cluster_lib.DeviceScope(devices[i]):
-            terms = [pending.pop((i, j, n), None) for n in range(nss[i])]
-            if not any(terms):
-              continue   # Nothing flows back into this (cell, step).
-            d_out = [
-                (tf.add_n(t) if len(t) > 1 else t[0]) if t else
-                tf.zeros_like(o) for t, o in zip(terms, out[i][j])
-                if cell_program.IsDifferentiable(o)]
-            w = backward_window
-            if w and len(done[i]) >= w and done[i][-w]:
-              # Step j's re-run starts once step j+w's backward is done, so
-              # a cell holds the activations of at most w steps.
-              with tf.control_dependencies(done[i][-w]):
-                d_out = [tf.identity(d) for d in d_out]
-          if (i, j) in kept:
-            g_th, g_s, g_x = kept.pop((i, j))(d_out)
-          else:
-            g_th, g_s, g_x = progs[i].Backward(*_Args(i, j), d_out)
-          with cluster_lib.DeviceScope(devices[i]):
-            d_th[i] = [a if g is None else (tf.identity(g) if a is None
-                                            else a + g)
-                       for a, g in zip(d_th[i], g_th)]
-            if backward_window and not tf.executing_eagerly():
-              # Ops that consume the gradients: a control dependency on the
-              # outputs of an inlined function call itself would not wait.
-              done[i].append([g for g in d_th[i] if g is not None] + [
-                  tf.identity(g) for g in g_s + g_x if g is not None])
-          for n, g in enumerate(g_s):
-            if j > 0:
-              _Add(i, j - 1, n, g)
-            else:
-              d_init[i][n] = g
-          for n, g in enumerate(g_x):
-            if i > 0:
-              _Add(i - 1, j, n, g)
-            else:
-              d_x[j][n] = g
-
-      grads = [g for cell in d_th for g in cell]
-      grads += [g for cell in d_init for g in cell]
-      if stacked:
-        with cluster_lib.DeviceScope(devices[0]):
-          for n in range(nx):
-            col = [d_x[j][n] for j in range(m)]
-            if all(g is None for g in col):
-              grads.append(None)
-            else:
-              grads.append(tf.stack([
-                  tf.zeros_like(mb_x[j][n]) if g is None else g
-                  for j, g in enumerate(col)]))
-      else:
-        grads += [g for step in d_x for g in step]
-      return grads
-
-    return acc + finals, _Grad
-
-  flat_args = [x for t in theta_flat for x in t]
-  flat_args += [x for s in init_flat for x in s]
-  flat_args += x_flat
-  res = _Run(*flat_args)
-  ns_last = nss[-1]
-  if stacked:
-    acc_state = tf.nest.pack_sequence_as(init_states[-1], res[:ns_last])
-    rest = res[ns_last:]
-  else:
-    acc_state = [tf.nest.pack_sequence_as(init_states[-1],
-                                          res[j * ns_last:(j + 1) * ns_last])
-                 for j in range(m)]
-    rest = res[m * ns_last:]
-  finals, offset = [], 0
-  for i in range(k):
-    finals.append(tf.nest.pack_sequence_as(
-        init_states[i], rest[offset:offset + nss[i]]))
-    offset += nss[i]
-  return acc_state, finals
+  return pipe.PackResults(_Run(*pipe.FlatArgs()))

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import pipeline_schedule
 from cadence.framework import recurrent
 from cadence.framework import stacked_recurrent
 from cadence.framework import step_seed
@@ -193,6 +194,33 @@ class StackedRecurrentTest(tf.test.TestCase):
         step(True)
         self.assertEqual([2 * m + recomputed] * k,
                          [int(c.numpy()) for c in counters])
+
+  def testEagerRunsFollowTheGPipeSchedule(self):
+    # Eagerly, cells run in the executor's order: GPipeSchedule's forwards,
+    # then (remat 'always': each backward re-runs its cell) its backwards.
+    k, m = 3, 4
+    ran = []
+
+    def _Recording(i):
+      def _Fn(theta, state, inputs):
+        if tf.executing_eagerly():   # Not while CellProgram traces.
+          ran.append((i, int(inputs.n)))
+        return NestedMap(h=tf.tanh(tf.matmul(inputs.h, theta.w)) + state.h,
+                         n=inputs.n)
+      return _Fn
+
+    weights = [tf.Variable(tf.eye(_D)) for _ in range(k)]
+    with tf.GradientTape() as tape:
+      acc, _ = recurrent.StackedRecurrent(
+          _DEVICES[:k], [_Recording(i) for i in range(k)],
+          [NestedMap(w=w) for w in weights],
+          [NestedMap(h=tf.zeros([_B, _D]), n=tf.constant(0))] * k,
+          NestedMap(h=tf.ones([m, _B, _D]), n=tf.range(m)), remat='always')
+      loss = tf.reduce_sum(acc.h)
+    tape.gradient(loss, weights)
+    self.assertEqual([(a.cell, a.step) for tick in
+                      pipeline_schedule.GPipeSchedule(k, m) for a in tick],
+                     ran)
 
   def testBadArguments(self):
     self._Setup(2, 2)
