@@ -6,6 +6,7 @@ from cadence.framework import base_layer
 from cadence.framework import recurrent
 from cadence.framework import step_seed
 from cadence.framework.nested_map import NestedMap
+from cadence.tests import test_utils
 
 _T, _B, _D = 5, 2, 3
 
@@ -47,8 +48,8 @@ class RecurrentTest(tf.test.TestCase):
 
   def _LossAndGrads(self, run):
     """Runs `run(theta, state0, inputs)`; returns loss and its gradients."""
-    with tf.GradientTape() as tape:
-      tape.watch([self.xs, self.h0])
+
+    def _Loss():
       theta = NestedMap(w=self.w, b=self.b)
       state0 = NestedMap(h=self.h0, t=tf.constant(0))
       acc, final = run(theta, state0, NestedMap(x=self.xs))
@@ -56,8 +57,11 @@ class RecurrentTest(tf.test.TestCase):
       weights = tf.reshape(tf.range(1, _T + 1, dtype=tf.float32), [-1, 1, 1])
       loss = (tf.reduce_sum(acc.h ** 2 * weights) +
               3.0 * tf.reduce_sum(final.h))
-    grads = tape.gradient(loss, [self.w, self.b, self.xs, self.h0])
-    return [loss, acc.h, final.h, acc.t, final.t] + grads
+      return [loss, acc.h, final.h, acc.t, final.t]
+
+    out, grads = test_utils.LossAndGrads(
+        _Loss, [self.w, self.b, self.xs, self.h0])
+    return out + grads
 
   def _AssertMatchesUnrolled(self, cell_fn, seed=None, use_function=False):
     def _Rec(theta, state0, inputs):

@@ -2,10 +2,6 @@
 import functools
 import itertools
 import json
-import os
-import re
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -17,6 +13,7 @@ from cadence.framework import recurrent
 from cadence.framework import stacked_recurrent
 from cadence.framework import step_seed
 from cadence.framework.nested_map import NestedMap
+from cadence.tests import test_utils
 
 _B, _D = 2, 3
 _DEVICES = [f'/device:CPU:{i}' for i in range(4)]
@@ -321,11 +318,9 @@ class MemoryTest(tf.test.TestCase):
 
   def _PeakMiB(self, remat, steps, window=1):
     """Peak tensor memory of a training step (TF's BFC allocator stats)."""
-    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC='true')
-    proc = subprocess.run(
-        [sys.executable, '-c', _MEMORY_SCRIPT, remat, str(steps),
-         str(window)],
-        capture_output=True, text=True, env=env, timeout=300, check=True)
+    proc = test_utils.RunPython(
+        _MEMORY_SCRIPT, remat, steps, window,
+        env=dict(test_utils.QUIET_ENV, TF_CPU_ALLOCATOR_USE_BFC='true'))
     return json.loads(proc.stdout.strip().splitlines()[-1])['peak'] / 2**20
 
   def testRematHoldsAWindowOfSteps(self):
@@ -347,18 +342,9 @@ class PlacementTest(tf.test.TestCase):
   def testForwardAndBackwardOfCellIRunOnDeviceI(self):
     # Cell i applies its own activation, so its forward ops (also re-run in
     # the backward) and its gradient ops have op types unique to cell i.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0')
-    proc = subprocess.run([sys.executable, '-c', _PLACEMENT_SCRIPT],
-                          capture_output=True, text=True, env=env,
-                          timeout=300, check=True)
-    placed = re.findall(r'^(?:\S+ )*?(\S+): \((\w+)\): (\S+)$',
-                        proc.stdout + proc.stderr, re.M)
     cell_ops = {'Tanh': 0, 'TanhGrad': 0, 'Sigmoid': 1, 'SigmoidGrad': 1,
                 'Relu6': 2, 'Relu6Grad': 2, 'Elu': 3, 'EluGrad': 3}
-    devices = {}
-    for _, op_type, device in placed:
-      if op_type in cell_ops:
-        devices.setdefault(op_type, set()).add(device.split('device:')[-1])
+    devices = test_utils.OpDevices(_PLACEMENT_SCRIPT, cell_ops)
     self.assertCountEqual(cell_ops, devices)   # every op type was placed.
     for op_type, cell in cell_ops.items():
       self.assertEqual({f'CPU:{cell}'}, devices[op_type], op_type)

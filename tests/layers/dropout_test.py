@@ -2,18 +2,14 @@
 import numpy as np
 import tensorflow as tf
 
-from cadence.framework import base_layer
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import dropout
+from cadence.tests import test_utils
 
 
 def _Layer(**kwargs):
   return dropout.DropoutLayer.Params().Set(name='drop', **kwargs).Instantiate()
-
-
-def _Seeded(layer, seed):
-  return base_layer.WithStepSeed(layer.theta, seed)
 
 
 class DropoutLayerTest(tf.test.TestCase):
@@ -28,7 +24,7 @@ class DropoutLayerTest(tf.test.TestCase):
   def testMaskValuesAndScale(self):
     layer = _Layer(keep_prob=0.75)
     x = tf.ones([16, 32])
-    y = layer.FProp(_Seeded(layer, step_seed.MakeStepSeed(3)), x).numpy()
+    y = layer.FProp(test_utils.Seeded(layer, 3), x).numpy()
     # Every output is 0 (dropped) or 1/keep_prob (kept and rescaled).
     kept = np.isclose(y, 1.0 / 0.75, atol=1e-6)
     dropped = y == 0.0
@@ -39,21 +35,21 @@ class DropoutLayerTest(tf.test.TestCase):
     layer = _Layer(keep_prob=0.5)
     x = tf.ones([8, 16])
     seed = step_seed.MakeStepSeed(11)
-    y1 = layer.FProp(_Seeded(layer, seed), x)
-    y2 = layer.FProp(_Seeded(layer, seed), x)
+    y1 = layer.FProp(test_utils.Seeded(layer, seed=seed), x)
+    y2 = layer.FProp(test_utils.Seeded(layer, seed=seed), x)
     self.assertAllEqual(y1, y2)
-    mb0 = layer.FProp(_Seeded(layer, step_seed.MicroBatchSeed(seed, 0)), x)
-    mb1 = layer.FProp(_Seeded(layer, step_seed.MicroBatchSeed(seed, 1)), x)
+    mb0, mb1 = [layer.FProp(test_utils.Seeded(
+        layer, seed=step_seed.MicroBatchSeed(seed, j)), x) for j in (0, 1)]
     self.assertNotAllEqual(mb0, mb1)
     self.assertNotAllEqual(y1, mb0)
     # A different step seed differs too.
-    y3 = layer.FProp(_Seeded(layer, step_seed.MakeStepSeed(12)), x)
+    y3 = layer.FProp(test_utils.Seeded(layer, 12), x)
     self.assertNotAllEqual(y1, y3)
 
   def testEagerEqualsFunction(self):
     layer = _Layer(keep_prob=0.6)
     x = tf.random.stateless_normal([4, 5, 6], seed=[3, 4])
-    theta = _Seeded(layer, step_seed.MakeStepSeed(5))
+    theta = test_utils.Seeded(layer, seed=step_seed.MakeStepSeed(5))
     eager = layer.FProp(theta, x)
     graph = tf.function(layer.FProp)(theta, x)
     self.assertAllEqual(eager, graph)
@@ -63,7 +59,7 @@ class DropoutLayerTest(tf.test.TestCase):
     # (1 - k) / k = 1 for k = 0.5, so the sample mean has stddev 0.005.
     # 0.025 is 5 stddevs.
     layer = _Layer(keep_prob=0.5)
-    y = layer.FProp(_Seeded(layer, step_seed.MakeStepSeed(0)),
+    y = layer.FProp(test_utils.Seeded(layer, seed=step_seed.MakeStepSeed(0)),
                     tf.ones([200, 200]))
     self.assertAllClose(tf.reduce_mean(y), 1.0, atol=0.025)
     kept_frac = tf.reduce_mean(tf.cast(y > 0, tf.float32))
@@ -71,7 +67,7 @@ class DropoutLayerTest(tf.test.TestCase):
 
   def testNoiseShapeBroadcastDims(self):
     layer = _Layer(keep_prob=0.5, noise_shape_broadcast_dims=[-1])
-    y = layer.FProp(_Seeded(layer, step_seed.MakeStepSeed(2)),
+    y = layer.FProp(test_utils.Seeded(layer, seed=step_seed.MakeStepSeed(2)),
                     tf.ones([6, 7, 9])).numpy()
     # The mask is shared along the last dim: each row is all 0 or all 2.
     self.assertAllEqual(y.min(axis=-1), y.max(axis=-1))
@@ -80,7 +76,7 @@ class DropoutLayerTest(tf.test.TestCase):
   def testGradientUsesSameMask(self):
     layer = _Layer(keep_prob=0.7)
     x = tf.random.stateless_normal([5, 8], seed=[1, 1])
-    theta = _Seeded(layer, step_seed.MakeStepSeed(9))
+    theta = test_utils.Seeded(layer, seed=step_seed.MakeStepSeed(9))
     with tf.GradientTape() as tape:
       tape.watch(x)
       y = layer.FProp(theta, x)
@@ -109,7 +105,7 @@ class DropoutLayerTest(tf.test.TestCase):
   def testFPropMeta(self):
     p = dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.5)
     layer = p.Instantiate()
-    theta = _Seeded(layer, step_seed.MakeStepSeed(1))
+    theta = test_utils.Seeded(layer, seed=step_seed.MakeStepSeed(1))
     for shape in ([3, 4], [2, 3, 5], [7]):
       meta = dropout.DropoutLayer.FPropMeta(p, shape)
       y = layer.FProp(theta, tf.ones(shape))

@@ -1,15 +1,11 @@
 """Tests for cadence.layers.embedding."""
-import math
 
 import numpy as np
 import tensorflow as tf
 
 from cadence.framework import shapes
 from cadence.layers import embedding
-
-
-def _Rand(shape, seed):
-  return np.random.RandomState(seed).uniform(-1, 1, shape).astype(np.float32)
+from cadence.tests import test_utils
 
 
 def _NpSinusoid(pos, dim, min_ts, max_ts):
@@ -31,7 +27,7 @@ class EmbeddingLayerTest(tf.test.TestCase):
     p = embedding.EmbeddingLayer.Params().Set(
         name='emb', vocab_size=7, embedding_dim=4, **kwargs)
     layer = p.Instantiate()
-    table = _Rand([7, 4], 0)
+    table = test_utils.Rand([7, 4], 0)
     layer.vars.emb.assign(table)
     return p, layer, table
 
@@ -163,7 +159,7 @@ class LearnedPositionalEmbeddingTest(tf.test.TestCase):
     p = embedding.LearnedPositionalEmbedding.Params().Set(
         name='pos', max_seq_len=5, embedding_dim=3)
     layer = p.Instantiate()
-    table = _Rand([5, 3], 1)
+    table = test_utils.Rand([5, 3], 1)
     layer.vars.emb.assign(table)
     return p, layer, table
 

@@ -1,9 +1,5 @@
 """Tests for cadence.layers.gpipe: partitioning, cells, the pipeline."""
 import itertools
-import os
-import re
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -17,6 +13,7 @@ from cadence.layers import conv
 from cadence.layers import gpipe
 from cadence.layers import linear
 from cadence.layers import transformer
+from cadence.tests import test_utils
 
 NestedMap = base_layer.NestedMap
 Shape = shapes.Shape
@@ -141,13 +138,14 @@ def _Loss(outputs):
 
 def _LossAndGrads(layer, fprop, inputs):
   flat_in = tf.nest.flatten(inputs)
-  variables = layer.vars.Flatten()
-  with tf.GradientTape() as tape:
-    tape.watch(flat_in)
+
+  def _LossAndOutputs():
     out = fprop(inputs)
-    loss = _Loss(out)
-  return [loss] + tf.nest.flatten(out) + tape.gradient(
-      loss, variables + flat_in)
+    return [_Loss(out)] + tf.nest.flatten(out)
+
+  out, grads = test_utils.LossAndGrads(_LossAndOutputs,
+                                       layer.vars.Flatten() + flat_in)
+  return out + grads
 
 
 def _SequentialReference(pipe, theta, inputs, batch_dim, num_micro_batches,
@@ -445,18 +443,9 @@ class PlacementTest(tf.test.TestCase):
   def testForwardAndBackwardOfCellIRunOnDeviceI(self):
     # Cell i's activation (Tanh, Sigmoid, Relu) and its gradient op are op
     # types used by cell i only.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0')
-    proc = subprocess.run([sys.executable, '-c', _PLACEMENT_SCRIPT],
-                          capture_output=True, text=True, env=env,
-                          timeout=300, check=True)
-    placed = re.findall(r'^(?:\S+ )*?(\S+): \((\w+)\): (\S+)$',
-                        proc.stdout + proc.stderr, re.M)
     cell_ops = {'Tanh': 0, 'TanhGrad': 0, 'Sigmoid': 1, 'SigmoidGrad': 1,
                 'Relu': 2, 'ReluGrad': 2}
-    devices = {}
-    for _, op_type, device in placed:
-      if op_type in cell_ops:
-        devices.setdefault(op_type, set()).add(device.split('device:')[-1])
+    devices = test_utils.OpDevices(_PLACEMENT_SCRIPT, cell_ops)
     self.assertCountEqual(cell_ops, devices)
     for op_type, cell in cell_ops.items():
       self.assertEqual({f'CPU:{cell}'}, devices[op_type], op_type)

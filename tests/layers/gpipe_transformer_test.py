@@ -8,6 +8,7 @@ from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import gpipe_transformer
 from cadence.layers import transformer
+from cadence.tests import test_utils
 
 _LAYERS, _BATCH, _TIME, _DIM = 4, 8, 3, 4
 
@@ -45,12 +46,14 @@ def _Inputs():
 
 def _LossAndGrads(layer, fprop):
   x, pads = _Inputs()
-  with tf.GradientTape() as tape:
-    tape.watch(x)
+
+  def _Loss():
     out = fprop(x, pads)
     w = tf.random.stateless_normal(tf.shape(out), [3, 4])
-    loss = tf.reduce_mean(out * w)
-  return [loss, out] + tape.gradient(loss, layer.vars.Flatten() + [x])
+    return [tf.reduce_mean(out * w), out]
+
+  out, grads = test_utils.LossAndGrads(_Loss, layer.vars.Flatten() + [x])
+  return out + grads
 
 
 class GPipeTransformerStackTest(tf.test.TestCase):

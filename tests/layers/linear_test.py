@@ -6,6 +6,7 @@ from cadence.framework import base_layer
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import linear
+from cadence.tests import test_utils
 
 
 def _Proj(**kwargs):
@@ -14,10 +15,6 @@ def _Proj(**kwargs):
 
 def _Ffn(**kwargs):
   return linear.FeedForwardNet.Params().Set(name='ffn', **kwargs)
-
-
-def _Rand(shape, seed, dtype=np.float32):
-  return np.random.RandomState(seed).uniform(-1, 1, shape).astype(dtype)
 
 
 def _OutShapeUnknownBatch(fn, shape, dtype=tf.float32):
@@ -30,16 +27,16 @@ class ProjectionLayerTest(tf.test.TestCase):
 
   def _Layer(self, **kwargs):
     layer = _Proj(input_dim=3, output_dim=4, **kwargs).Instantiate()
-    w = _Rand([3, 4], 0)
+    w = test_utils.Rand([3, 4], 0)
     layer.vars.w.assign(w)
     b = None
     if 'b' in layer.vars:
-      b = _Rand([4], 1)
+      b = test_utils.Rand([4], 1)
       layer.vars.b.assign(b)
     return layer, w, b
 
   def testNumpyReference(self):
-    x = _Rand([2, 5, 3], 2)
+    x = test_utils.Rand([2, 5, 3], 2)
     for act, ref in (('NONE', lambda v: v), ('RELU', lambda v: np.maximum(v, 0)),
                      ('TANH', np.tanh)):
       for has_bias in (True, False):
@@ -55,13 +52,13 @@ class ProjectionLayerTest(tf.test.TestCase):
 
   def testEagerEqualsFunction(self):
     layer, _, _ = self._Layer(activation='GELU')
-    x = tf.constant(_Rand([4, 3], 3))
+    x = tf.constant(test_utils.Rand([4, 3], 3))
     self.assertAllClose(layer(x), tf.function(layer.FProp)(layer.theta, x),
                         atol=1e-6)
 
   def testGradientsFiniteForEveryVariable(self):
     layer, _, _ = self._Layer(activation='RELU')
-    x = tf.constant(_Rand([2, 3, 3], 4))
+    x = tf.constant(test_utils.Rand([2, 3, 3], 4))
     with tf.GradientTape() as tape:
       loss = tf.reduce_sum(layer(x) ** 2)
     grads = tape.gradient(loss, layer.vars)
@@ -73,7 +70,7 @@ class ProjectionLayerTest(tf.test.TestCase):
     layer = _Proj(input_dim=3, output_dim=2, activation='TANH',
                   dtype=tf.float64).Instantiate()
     theta = layer.theta
-    x = tf.constant(_Rand([4, 3], 5, np.float64))
+    x = tf.constant(test_utils.Rand([4, 3], 5, np.float64))
 
     def _Fn(w, b, inputs):
       return layer.FProp(base_layer.NestedMap(w=w, b=b), inputs)
@@ -84,7 +81,7 @@ class ProjectionLayerTest(tf.test.TestCase):
       self.assertAllClose(t, n, atol=1e-7)
 
   def testBfloat16CloseToFloat32(self):
-    x = tf.constant(_Rand([4, 6, 3], 6))
+    x = tf.constant(test_utils.Rand([4, 6, 3], 6))
     ref, _, _ = self._Layer(activation='RELU')
     bf, _, _ = self._Layer(activation='RELU', fprop_dtype=tf.bfloat16)
     self.assertEqual(bf.vars.w.dtype, tf.float32)
@@ -143,8 +140,8 @@ class FeedForwardNetTest(tf.test.TestCase):
     layer = p.Instantiate()
     weights = []
     for i, fc in enumerate(layer.children.fc):
-      w = _Rand(fc.vars.w.shape, 10 + i)
-      b = _Rand(fc.vars.b.shape, 20 + i)
+      w = test_utils.Rand(fc.vars.w.shape, 10 + i)
+      b = test_utils.Rand(fc.vars.b.shape, 20 + i)
       fc.vars.w.assign(w)
       fc.vars.b.assign(b)
       weights.append((w, b))
@@ -153,13 +150,13 @@ class FeedForwardNetTest(tf.test.TestCase):
   def testNumpyReference(self):
     _, layer, ((w0, b0), (w1, b1)) = self._Layer(
         activation=['RELU', 'NONE'])
-    x = _Rand([2, 4, 3], 7)
+    x = test_utils.Rand([2, 4, 3], 7)
     want = np.maximum(x @ w0 + b0, 0) @ w1 + b1
     self.assertAllClose(layer(tf.constant(x)), want, atol=1e-6)
 
   def testStringActivationAppliesToEveryLayer(self):
     _, layer, ((w0, b0), (w1, b1)) = self._Layer(activation='RELU')
-    x = _Rand([6, 3], 8)
+    x = test_utils.Rand([6, 3], 8)
     want = np.maximum(np.maximum(x @ w0 + b0, 0) @ w1 + b1, 0)
     self.assertAllClose(layer(tf.constant(x)), want, atol=1e-6)
 
@@ -173,7 +170,7 @@ class FeedForwardNetTest(tf.test.TestCase):
   def testDropoutBetweenLayers(self):
     _, layer, ((w0, b0), (w1, b1)) = self._Layer(
         activation=['RELU', 'NONE'], dropout_prob=0.5)
-    x = _Rand([4, 3], 9)
+    x = test_utils.Rand([4, 3], 9)
     theta = base_layer.WithStepSeed(layer.theta, step_seed.MakeStepSeed(4))
     y = layer.FProp(theta, tf.constant(x))
     drop = layer.children.dropout[0]
@@ -186,7 +183,7 @@ class FeedForwardNetTest(tf.test.TestCase):
 
   def testEagerEqualsFunctionAndGradients(self):
     _, layer, _ = self._Layer(activation=['GELU', 'NONE'])
-    x = tf.constant(_Rand([2, 3, 3], 1))
+    x = tf.constant(test_utils.Rand([2, 3, 3], 1))
     self.assertAllClose(layer(x), tf.function(layer.FProp)(layer.theta, x),
                         atol=1e-6)
     with tf.GradientTape() as tape:

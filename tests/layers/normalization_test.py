@@ -5,11 +5,7 @@ import tensorflow as tf
 from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
 from cadence.layers import normalization
-
-
-def _Rand(shape, seed, dtype=np.float32, scale=1.0):
-  return (scale * np.random.RandomState(seed).uniform(-1, 1, shape)).astype(
-      dtype)
+from cadence.tests import test_utils
 
 
 def _NpLayerNorm(x, scale, bias, eps):
@@ -25,11 +21,11 @@ def _NpRmsNorm(x, scale, eps):
 def _Build(cls, **kwargs):
   p = cls.Params().Set(name='norm', input_dim=6, **kwargs)
   layer = p.Instantiate()
-  scale = _Rand([6], 1) + 1.0
+  scale = test_utils.Rand([6], 1) + 1.0
   layer.vars.scale.assign(scale.astype(layer.vars.scale.dtype.as_numpy_dtype))
   bias = None
   if 'bias' in layer.vars:
-    bias = _Rand([6], 2)
+    bias = test_utils.Rand([6], 2)
     layer.vars.bias.assign(bias.astype(layer.vars.bias.dtype.as_numpy_dtype))
   return p, layer, scale, bias
 
@@ -50,19 +46,19 @@ class LayerNormTest(tf.test.TestCase):
   def testNumpyReference(self):
     _, layer, scale, bias = _Build(normalization.LayerNorm, epsilon=1e-3)
     # An offset of 3 checks that the mean is removed before the variance.
-    x = _Rand([2, 3, 6], 3) + 3.0
+    x = test_utils.Rand([2, 3, 6], 3) + 3.0
     self.assertAllClose(layer(tf.constant(x)),
                         _NpLayerNorm(x, scale, bias, 1e-3), atol=1e-5)
 
   def testEagerEqualsFunction(self):
     _, layer, _, _ = _Build(normalization.LayerNorm)
-    x = tf.constant(_Rand([4, 6], 4))
+    x = tf.constant(test_utils.Rand([4, 6], 4))
     self.assertAllClose(layer(x), tf.function(layer.FProp)(layer.theta, x),
                         atol=1e-6)
 
   def testGradients(self):
     _, layer, _, _ = _Build(normalization.LayerNorm)
-    x = tf.constant(_Rand([3, 6], 5))
+    x = tf.constant(test_utils.Rand([3, 6], 5))
     with tf.GradientTape() as tape:
       loss = tf.reduce_sum(layer(x) * tf.range(6, dtype=tf.float32))
     grads = tape.gradient(loss, layer.vars)
@@ -75,9 +71,9 @@ class LayerNormTest(tf.test.TestCase):
     p = normalization.LayerNorm.Params().Set(
         name='ln', input_dim=5, epsilon=1e-3, dtype=tf.float64)
     layer = p.Instantiate()
-    layer.vars.scale.assign(_Rand([5], 6, np.float64) + 1.0)
-    layer.vars.bias.assign(_Rand([5], 7, np.float64))
-    x = tf.constant(_Rand([3, 5], 8, np.float64))
+    layer.vars.scale.assign(test_utils.Rand([5], 6, np.float64) + 1.0)
+    layer.vars.bias.assign(test_utils.Rand([5], 7, np.float64))
+    x = tf.constant(test_utils.Rand([3, 5], 8, np.float64))
 
     def _Fn(scale, bias, inputs):
       return layer.FProp(NestedMap(scale=scale, bias=bias), inputs)
@@ -93,7 +89,7 @@ class LayerNormTest(tf.test.TestCase):
     _, bf, _, _ = _Build(normalization.LayerNorm, fprop_dtype=tf.bfloat16)
     # A large offset with a small spread: a bfloat16 mean would be off by
     # more than the spread itself.
-    x = (_Rand([4, 6], 9, scale=0.5) + 100.0)
+    x = (test_utils.Rand([4, 6], 9, scale=0.5) + 100.0)
     xb = tf.cast(tf.constant(x), tf.bfloat16)
     y = bf(xb)
     self.assertEqual(y.dtype, tf.bfloat16)
@@ -134,13 +130,13 @@ class RMSNormTest(tf.test.TestCase):
   def testNumpyReference(self):
     _, layer, scale, _ = _Build(normalization.RMSNorm, epsilon=1e-4)
     self.assertEqual(list(layer.vars.keys()), ['scale'])
-    x = _Rand([2, 3, 6], 3) + 0.5
+    x = test_utils.Rand([2, 3, 6], 3) + 0.5
     self.assertAllClose(layer(tf.constant(x)), _NpRmsNorm(x, scale, 1e-4),
                         atol=1e-5)
 
   def testEagerEqualsFunctionAndGradients(self):
     _, layer, _, _ = _Build(normalization.RMSNorm)
-    x = tf.constant(_Rand([4, 6], 4))
+    x = tf.constant(test_utils.Rand([4, 6], 4))
     self.assertAllClose(layer(x), tf.function(layer.FProp)(layer.theta, x),
                         atol=1e-6)
     with tf.GradientTape() as tape:
@@ -152,7 +148,7 @@ class RMSNormTest(tf.test.TestCase):
   def testBfloat16(self):
     _, ref, _, _ = _Build(normalization.RMSNorm)
     _, bf, _, _ = _Build(normalization.RMSNorm, fprop_dtype=tf.bfloat16)
-    xb = tf.cast(tf.constant(_Rand([4, 6], 5)), tf.bfloat16)
+    xb = tf.cast(tf.constant(test_utils.Rand([4, 6], 5)), tf.bfloat16)
     y = bf(xb)
     self.assertEqual(y.dtype, tf.bfloat16)
     # |y| <= ~5; bfloat16 output rounding is 2^-8 relative.

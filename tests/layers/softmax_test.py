@@ -4,10 +4,7 @@ import tensorflow as tf
 
 from cadence.framework import shapes
 from cadence.layers import softmax
-
-
-def _Rand(shape, seed, dtype=np.float32):
-  return np.random.RandomState(seed).uniform(-1, 1, shape).astype(dtype)
+from cadence.tests import test_utils
 
 
 def _NpXent(x, w, b, ids, ls):
@@ -27,14 +24,14 @@ def _Params(**kwargs):
 def _Build(**kwargs):
   p = _Params(**kwargs)
   layer = p.Instantiate()
-  w = _Rand([3, 5], 0) * 2.0
-  b = _Rand([5], 1)
+  w = test_utils.Rand([3, 5], 0) * 2.0
+  b = test_utils.Rand([5], 1)
   layer.vars.w.assign(w.astype(layer.vars.w.dtype.as_numpy_dtype))
   layer.vars.b.assign(b.astype(layer.vars.b.dtype.as_numpy_dtype))
   return p, layer, w, b
 
 
-_X = _Rand([2, 7, 3], 2)
+_X = test_utils.Rand([2, 7, 3], 2)
 _IDS = np.random.RandomState(3).randint(0, 5, [2, 7])
 _WEIGHTS = np.random.RandomState(4).uniform(0, 1, [2, 7]).astype(np.float32)
 
@@ -85,11 +82,14 @@ class SimpleFullSoftmaxTest(tf.test.TestCase):
 
   def _LossAndGrads(self, layer, fn=None, x=_X):
     x = tf.constant(x)
-    with tf.GradientTape() as tape:
-      tape.watch(x)
+
+    def _Loss():
       out = (fn or layer.FProp)(layer.theta, x, tf.constant(_IDS),
                                 tf.constant(_WEIGHTS))
-    grads = tape.gradient(out.total_xent, [x, layer.vars.w, layer.vars.b])
+      return out.total_xent, out
+
+    (_, out), grads = test_utils.LossAndGrads(
+        _Loss, [x, layer.vars.w, layer.vars.b])
     return out, grads
 
   def testChunkedEqualsUnchunked(self):
@@ -173,7 +173,7 @@ class SimpleFullSoftmaxTest(tf.test.TestCase):
   def testNumericGradientChunked(self):
     _, layer, _, _ = _Build(label_smoothing=0.2, softmax_max_alloc=10,
                             dtype=tf.float64)
-    x = tf.constant(_Rand([4, 3], 5, np.float64))
+    x = tf.constant(test_utils.Rand([4, 3], 5, np.float64))
     ids = tf.constant([0, 4, 2, 2])
 
     def _Fn(w, b, inputs):

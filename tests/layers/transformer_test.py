@@ -4,8 +4,8 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import shapes
-from cadence.framework import step_seed
 from cadence.layers import transformer
+from cadence.tests import test_utils
 
 EPS = 1e-6
 
@@ -64,10 +64,6 @@ def _Params(**kw):
   return p.Set(**kw)
 
 
-def _Seeded(layer, step):
-  return base_layer.WithStepSeed(layer.theta, step_seed.MakeStepSeed(step))
-
-
 class TransformerLayerTest(tf.test.TestCase):
 
   def setUp(self):
@@ -88,7 +84,7 @@ class TransformerLayerTest(tf.test.TestCase):
   def testEagerEqualsFunctionWithDropout(self):
     layer = _Params(atten_dropout_prob=0.1, residual_dropout_prob=0.1,
                     relu_dropout_prob=0.1, mask_self_atten=True).Instantiate()
-    theta = _Seeded(layer, 5)
+    theta = test_utils.Seeded(layer, 5)
     x, pads = tf.constant(self.x), tf.constant(self.pads)
     eager = layer.FProp(theta, x, pads)
     graph = tf.function(layer.FProp)(theta, x, pads)
@@ -98,14 +94,14 @@ class TransformerLayerTest(tf.test.TestCase):
     layer = _Params(atten_dropout_prob=0.2, residual_dropout_prob=0.2,
                     relu_dropout_prob=0.2).Instantiate()
     x = tf.constant(self.x)
-    run = lambda step: layer.FProp(_Seeded(layer, step), x).numpy()
+    run = lambda step: layer.FProp(test_utils.Seeded(layer, step), x).numpy()
     self.assertAllEqual(run(1), run(1))
     self.assertGreater(np.abs(run(1) - run(2)).max(), 1e-3)
 
   def testGradientsFiniteForEveryVariable(self):
     layer = _Params(atten_dropout_prob=0.1, residual_dropout_prob=0.1,
                     relu_dropout_prob=0.1, mask_self_atten=True).Instantiate()
-    theta = _Seeded(layer, 2)
+    theta = test_utils.Seeded(layer, 2)
     with tf.GradientTape() as tape:
       out = layer.FProp(theta, tf.constant(self.x), tf.constant(self.pads))
       loss = tf.reduce_sum(out**2)

@@ -5,13 +5,11 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import eval_programs
 from cadence.framework import model_registry
 from cadence.framework import programs
 from cadence.framework import shapes
-from cadence.framework import step_seed
 from cadence.framework import summary_utils
 from cadence.framework.nested_map import NestedMap
 from cadence.layers import gpipe_transformer
@@ -20,6 +18,7 @@ from cadence.tasks.lm import input_generator
 from cadence.tasks.lm import model
 from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers
+from cadence.tests import test_utils
 
 VOCAB, DIM, T, B = 40, 16, 6, 8
 
@@ -74,16 +73,14 @@ def _Nll(task, batch):
   return -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
 
 
-def _Seeded(task, step=0):
-  return base_layer.WithStepSeed(task.theta, step_seed.MakeStepSeed(step))
-
-
 def _LossAndGrads(task, batch):
-  with tf.GradientTape() as tape:
-    metrics, _ = task.FPropTower(_Seeded(task), batch)
-  flat = task.vars.Flatten()
-  grads = [tf.convert_to_tensor(g)  # The embedding's are IndexedSlices.
-           for g in tape.gradient(metrics.loss[0], flat)]
+  """(metrics, {variable key: gradient of the loss})."""
+
+  def _Loss():
+    metrics, _ = task.FPropTower(test_utils.Seeded(task), batch)
+    return metrics.loss[0], metrics
+
+  (_, metrics), grads = test_utils.LossAndGrads(_Loss, task.vars.Flatten())
   return metrics, dict(zip([k for k, _ in task.vars.FlattenItems()], grads))
 
 
@@ -302,9 +299,9 @@ class DecodeTest(tf.test.TestCase):
     ids[:, 2::2] = np.where(ids[:, 2::2] > 0, _SPACE, 0)
     batch.ids = tf.constant(ids)
     decode = tf.function(task.Decode, autograph=False)
-    out = decode(_Seeded(task, 7), batch)
-    again = decode(_Seeded(task, 7), batch)
-    other = decode(_Seeded(task, 8), batch)
+    out = decode(test_utils.Seeded(task, 7), batch)
+    again = decode(test_utils.Seeded(task, 7), batch)
+    other = decode(test_utils.Seeded(task, 8), batch)
     for key in ('greedy_ids', 'sampled_ids', 'reference_ids'):
       self.assertEqual(out[key].shape, [B, T])
     self.assertAllEqual(out.sampled_ids, again.sampled_ids)
@@ -387,7 +384,7 @@ class DecodeTest(tf.test.TestCase):
         gen = p.input.Instantiate()
         batch = NestedMap({k: tf.constant(v)
                            for k, v in gen.InputBatchAt(0).items()})
-        out = tf.function(task.Decode, autograph=False)(_Seeded(task), batch)
+        out = tf.function(task.Decode, autograph=False)(test_utils.Seeded(task), batch)
         out = tf.nest.map_structure(np.asarray, out)
         # vocab_size 320 > the tokenizer's ids: never emitted.
         self.assertLess(out.sampled_ids.max(), gen.tokenizer.vocab_size)

@@ -1,0 +1,96 @@
+"""Helpers the tests share: one home for each (Lingvo's test_utils).
+
+Test files import it as `from cadence.tests import test_utils` (the checkout
+is the package `cadence`; tests/ is not installed).
+
+  Rand(shape, seed)            numpy uniform(-1, 1) values, reproducible
+  Seeded(layer, step)          a layer's theta carrying a step seed
+  LossAndGrads(fn, wrt)        fn() under a tape: its outputs and the
+                               gradients of the first one
+  RunPython(script, *args)     `python -c script` in a subprocess, checked
+  OpDevices(script, op_types)  where each op type ran, from TF's placement
+                               log of a script
+"""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import step_seed
+
+# A subprocess's environment with TF's C++ INFO lines hidden.
+QUIET_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+
+
+def Rand(shape, seed, dtype=np.float32, scale=1.0):
+  """`scale` * uniform(-1, 1) numpy values of `shape`, from `seed`."""
+  values = np.random.RandomState(seed).uniform(-1, 1, shape)
+  return (scale * values).astype(dtype)
+
+
+def Seeded(layer, step=0, seed=None):
+  """`layer.theta` with a step seed: MakeStepSeed(step), or `seed` given."""
+  if seed is None:
+    seed = step_seed.MakeStepSeed(step)
+  return base_layer.WithStepSeed(layer.theta, seed)
+
+
+def LossAndGrads(fn, wrt):
+  """Runs `fn()` under a GradientTape; differentiates its first output.
+
+  Args:
+    fn: () -> a loss tensor, or a tuple/list whose first item is the loss.
+    wrt: tensors and variables to differentiate by (tensors are watched).
+
+  Returns:
+    (fn's outputs, list of gradients; IndexedSlices made dense).
+  """
+  wrt = list(wrt)
+  with tf.GradientTape() as tape:
+    tape.watch([x for x in wrt if not isinstance(x, tf.Variable)])
+    out = fn()
+  loss = out[0] if isinstance(out, (tuple, list)) else out
+  grads = [None if g is None else tf.convert_to_tensor(g)
+           for g in tape.gradient(loss, wrt)]
+  return out, grads
+
+
+def RunPython(script, *args, env=None, timeout=300):
+  """Runs `python -c script args...`; fails with its stderr tail if it fails.
+
+  Returns:
+    The CompletedProcess (text stdout and stderr).
+  """
+  proc = subprocess.run([sys.executable, '-c', script] + [str(a) for a in
+                                                          args],
+                        capture_output=True, text=True, timeout=timeout,
+                        env=QUIET_ENV if env is None else env)
+  if proc.returncode:
+    raise AssertionError(f'subprocess exited {proc.returncode}:\n'
+                         f'{proc.stderr[-4000:]}')
+  return proc
+
+
+def OpDevices(script, op_types, timeout=300):
+  """Where ops of `op_types` ran in `script`, from TF's placement log.
+
+  The script must call `tf.debugging.set_log_device_placement(True)` and run
+  its ops; it runs in a subprocess with TF's logging on.
+
+  Returns:
+    {op type: set of short device names like 'CPU:1'} for the op types that
+    were placed.
+  """
+  proc = RunPython(script, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0'),
+                   timeout=timeout)
+  placed = re.findall(r'^(?:\S+ )*?(\S+): \((\w+)\): (\S+)$',
+                      proc.stdout + proc.stderr, re.M)
+  devices = {}
+  for _, op_type, device in placed:
+    if op_type in op_types:
+      devices.setdefault(op_type, set()).add(device.split('device:')[-1])
+  return devices
