@@ -1,7 +1,28 @@
-"""Entry point of the Bazel py_test targets: runs pytest on one test file."""
+"""Entry point of the Bazel py_test targets: runs pytest on one test file.
+
+Bazel runs it from `<runfiles>/cadence` (the workspace is named `cadence`,
+see WORKSPACE) as `bazel_pytest_main.py tests/<...>_test.py`; pytest then
+reads pyproject.toml and tests/conftest.py as in a plain run. The check
+below makes sure `cadence` is the copy in the runfiles, not an editable
+install of some checkout that the interpreter's site-packages point to.
+"""
+import os
 import sys
 
 import pytest
 
+import cadence
+
+
+def _CheckCadenceIsTheRunfilesCopy():
+  runfiles_root = os.path.abspath(os.getcwd())
+  package_dir = os.path.dirname(os.path.abspath(cadence.__file__))
+  if package_dir != runfiles_root:
+    sys.exit(f'bazel_pytest_main: `cadence` imports from {package_dir}, not '
+             f'from the runfiles {runfiles_root}: is the workspace named '
+             '"cadence" in WORKSPACE?')
+
+
 if __name__ == '__main__':
+  _CheckCadenceIsTheRunfilesCopy()
   sys.exit(pytest.main(['-q'] + sys.argv[1:]))
