@@ -24,6 +24,8 @@ def cadence_py_library(name, folder, deps = [], exclude = []):
 def cadence_py_tests(folder, deps = [], data = []):
     """One py_test per `folder/**/*_test.py`, run through pytest.
 
+    Every test gets the shared helpers `<folder>/test_utils.py`.
+
     Each test runs `<folder>/bazel_pytest_main.py <test file>`; pytest reads
     pyproject.toml (importlib mode) and `<folder>/conftest.py`, which
     configures the four logical CPUs before any test runs, as in a plain
@@ -36,7 +38,8 @@ def cadence_py_tests(folder, deps = [], data = []):
         name = src[:-len(".py")].replace("/", "_")
         native.py_test(
             name = name,
-            srcs = [src, main, folder + "/conftest.py"],
+            srcs = [src, main, folder + "/conftest.py",
+                    folder + "/test_utils.py"],
             main = main,
             args = ["$(location %s)" % src],
             data = ["pyproject.toml"] + data,
