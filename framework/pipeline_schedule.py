@@ -18,12 +18,22 @@ here plus its test against `CheckSchedule`.
   GPipeSchedule: every forward in wavefront order, then every backward in
     reverse tick order (GPipe); without remat each cell holds M steps'
     activations.
+  OneFOneBSchedule: one forward, one backward (PipeDream-flush, Megatron):
+    cell i runs min(K-i-1, M) forwards to warm up, then alternates a
+    forward and a backward, then drains its backwards; it holds at most
+    min(K-i, M) steps' activations. Needs cells without state between
+    steps (`recurrent=False`).
+  ListSchedule: the ticks of per-cell action orders, each action as early
+    as its dependencies allow (how OneFOneBSchedule gets its ticks).
   SplitPhases: a schedule whose forwards all come before its backwards, as
     the forward's and the backward's ordered action lists.
   CheckSchedule / InFlight: the rules above, and the activations a cell
     holds (steps forwarded but not yet back-propagated) at the worst tick.
 
 Example:
+  OneFOneBSchedule(2, 2)
+  # [[F(0, 0)], [F(0, 1), F(1, 0)], [B(1, 0)], [B(0, 0), F(1, 1)],
+  #  [B(1, 1)], [B(0, 1)]]
   GPipeSchedule(2, 2)
   # [[F(0, 0)], [F(0, 1), F(1, 0)], [F(1, 1)],
   #  [B(1, 1)], [B(0, 1), B(1, 0)], [B(0, 0)]]
@@ -84,6 +94,81 @@ def GPipeSchedule(num_cells, num_steps):
   return ([[Action(FORWARD, i, j) for i, j in tick] for tick in wave] +
           [[Action(BACKWARD, i, j) for i, j in tick]
            for tick in reversed(wave)])
+
+
+def ListSchedule(orders, num_steps, recurrent=False):
+  """Ticks of per-cell action orders, each action as early as it can run.
+
+  At each tick every cell runs the next action of its order if everything
+  it needs (see the module docstring) ran at an earlier tick.
+
+  Args:
+    orders: K lists of `Action`s: what cell i runs, in order.
+    num_steps: M.
+    recurrent: whether cells carry state from step to step.
+
+  Returns:
+    The list of ticks.
+
+  Raises:
+    ValueError: if the orders deadlock (no cell can run its next action).
+  """
+  num_cells = len(orders)
+  done = set()
+  pos = [0] * num_cells
+  ticks = []
+  while any(p < len(o) for p, o in zip(pos, orders)):
+    tick = [o[p] for p, o in zip(pos, orders) if p < len(o) and all(
+        need in done for need in _Needs(o[p], num_cells, num_steps,
+                                        recurrent))]
+    if not tick:
+      stuck = [str(o[p]) for p, o in zip(pos, orders) if p < len(o)]
+      raise ValueError(f'ListSchedule: deadlock after {len(ticks)} ticks; '
+                       f'the next actions {stuck} all wait for each other.')
+    for action in tick:
+      pos[action.cell] += 1
+    done.update(tick)
+    ticks.append(tick)
+  return ticks
+
+
+def OneFOneBOrder(cell, num_cells, num_steps):
+  """Cell `cell`'s actions under 1F1B: warm-up forwards, then F and B in
+  turn, then the remaining backwards."""
+  warm = min(num_cells - cell - 1, num_steps)
+  order = [Action(FORWARD, cell, j) for j in range(warm)]
+  for j in range(num_steps - warm):
+    order += [Action(FORWARD, cell, warm + j), Action(BACKWARD, cell, j)]
+  order += [Action(BACKWARD, cell, j)
+            for j in range(num_steps - warm, num_steps)]
+  return order
+
+
+def OneFOneBSchedule(num_cells, num_steps):
+  """1F1B: after a warm-up each cell alternates a forward and a backward.
+
+  Args:
+    num_cells: K >= 1.
+    num_steps: M >= 1.
+
+  Returns:
+    The ticks of `ListSchedule` over the cells' `OneFOneBOrder`s; valid
+    for cells without state between steps (`CheckSchedule(...,
+    recurrent=False)`); cell i holds at most min(K - i, M) steps in flight
+    (`InFlight`).
+  """
+  _CheckSizes('OneFOneBSchedule', num_cells, num_steps)
+  return ListSchedule([OneFOneBOrder(i, num_cells, num_steps)
+                       for i in range(num_cells)], num_steps)
+
+
+def CellOrders(ticks, num_cells):
+  """Per cell, its actions in the order the ticks run them."""
+  orders = [[] for _ in range(num_cells)]
+  for tick in ticks:
+    for action in tick:
+      orders[action.cell].append(Action(*action))
+  return orders
 
 
 def SplitPhases(ticks):

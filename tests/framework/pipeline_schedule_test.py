@@ -64,6 +64,51 @@ class GPipeScheduleTest(tf.test.TestCase):
       ps.GPipeSchedule(2, 0)
 
 
+class OneFOneBScheduleTest(tf.test.TestCase):
+
+  def testExhaustiveSmall(self):
+    for k, m in itertools.product(range(1, 6), range(1, 9)):
+      with self.subTest(k=k, m=m):
+        ticks = ps.OneFOneBSchedule(k, m)
+        ps.CheckSchedule(ticks, k, m, recurrent=False)
+        # As long as GPipe's in unit-time ticks, with K - i steps in flight
+        # instead of M.
+        self.assertLen(ticks, 2 * (m + k - 1))
+        self.assertEqual([min(k - i, m) for i in range(k)],
+                         ps.InFlight(ticks, k))
+        for i, order in enumerate(ps.CellOrders(ticks, k)):
+          warm = min(k - i - 1, m)
+          self.assertEqual([F] * warm, [a.kind for a in order[:warm]])
+          steady = order[warm:warm + 2 * (m - warm)]
+          self.assertEqual([F, B] * (m - warm), [a.kind for a in steady])
+          self.assertEqual([a.step for a in order if a.kind == F],
+                           list(range(m)))
+          self.assertEqual([a.step for a in order if a.kind == B],
+                           list(range(m)))
+
+  def testHandWrittenTable(self):
+    self.assertEqual(_Hand1F1B(), ps.OneFOneBSchedule(2, 4))
+    self.assertEqual('[[F(0, 0)], [F(0, 1), F(1, 0)], [B(1, 0)], '
+                     '[B(0, 0), F(1, 1)], [B(1, 1)], [B(0, 1)]]',
+                     str(ps.OneFOneBSchedule(2, 2)))
+
+  def testListScheduleOfGPipeOrdersIsGPipe(self):
+    for k, m in itertools.product(range(1, 4), range(1, 5)):
+      gpipe = ps.GPipeSchedule(k, m)
+      self.assertEqual(gpipe, ps.ListSchedule(ps.CellOrders(gpipe, k), m,
+                                              recurrent=True))
+
+  def testDeadlockAndBadSizes(self):
+    a = ps.Action
+    with self.assertRaisesRegex(
+        ValueError, r"ListSchedule: deadlock after 1 ticks; the next "
+        r"actions \['B\(0, 0\)', 'F\(1, 1\)'\] all wait"):
+      ps.ListSchedule([[a(F, 0, 0), a(B, 0, 0), a(F, 0, 1), a(B, 0, 1)],
+                       [a(F, 1, 1), a(F, 1, 0), a(B, 1, 0), a(B, 1, 1)]], 2)
+    with self.assertRaisesRegex(ValueError, 'OneFOneBSchedule: num_cells=0'):
+      ps.OneFOneBSchedule(0, 2)
+
+
 class CheckScheduleTest(tf.test.TestCase):
 
   def testWavefrontIsAForwardSchedule(self):
