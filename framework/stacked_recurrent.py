@@ -19,9 +19,9 @@ The forward and the backward of every (cell, step) are built under
 gradients: no op of cell i lands on another device (TF's own while-loop
 gradient would put them all on device 0).
 
-Code: `_Pipeline` holds what a call fixes (the K traced cells, the layout
-of the flat arguments); `_ForwardPass.Forward(i, j)` runs an F action and
-keeps what the backward needs; `_BackwardPass.Backward(i, j)` runs a B
+Code: `Pipeline` holds what a call fixes (the K traced cells, the layout
+of the flat arguments); `ForwardPass.Forward(i, j)` runs an F action and
+keeps what the backward needs; `BackwardPass.Backward(i, j)` runs a B
 action: it sums the gradients flowing into (i, j)'s output, back-propagates
 through the cell and hands the gradients on to (i, j-1) and (i-1, j).
 `_RunForwardThenBackward` is the executor: a tf.custom_gradient whose
@@ -56,17 +56,12 @@ Measured (bench/gpipe_memory.py, d 256 Transformer, batch 32, M=8): peak
 tensor memory of a training step grows by 10 MiB per layer with W=1 (K=1
 and K=4), 18 MiB (K=1) and 13 MiB (K=4) with W=2, 33 MiB unpipelined.
 
-1F1B (not built yet): after a warm-up each cell alternates a forward and a
-backward, so it holds at most K - i steps' activations instead of M; this
-needs cells that ignore their previous state (as PipeliningLayer's do),
-since B(i, j) otherwise waits for B(i, j+1). Behind a tf.custom_gradient no
-backward can start before the caller's whole forward, so it needs a second
-executor: given a per-step loss function, it walks the table once, seeds
-(K-1, j)'s output gradient from the loss right after F(K-1, j)
-(`_BackwardPass.Add`) and returns the loss with the gradients it computed.
-It reuses `_Pipeline`, `_ForwardPass.Forward` and `_BackwardPass.Backward`
-as they are; its table is checked by `pipeline_schedule.CheckSchedule(...,
-recurrent=False)` and `InFlight`.
+1F1B: `pipeline_loss.PipelineLoss` runs a second executor over these
+units: cells without state between steps and a per-step loss in the last
+cell, so each step's backward can start as soon as its forward leaves the
+last cell; it walks any tick table (GPipeSchedule or OneFOneBSchedule) in
+one pass, chaining each cell's actions with the `after` arguments of
+`ForwardPass.Forward` and `BackwardPass.Backward`.
 
 Example:
   acc, finals = StackedRecurrent(
@@ -110,7 +105,7 @@ def _NumSteps(inputs, owner):
   return m, True
 
 
-def _CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
+def CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
                backward_window):
   """Raises ValueError for mismatched per-cell lists or a bad knob."""
   k = len(devices)
@@ -129,7 +124,7 @@ def _CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
                      f'{REMAT_MODES}.')
 
 
-class _Pipeline:
+class Pipeline:
   """What one call fixes before it runs: K traced cells, flat layouts.
 
   The executor's tf.custom_gradient takes and returns flat lists of tensors.
@@ -140,10 +135,19 @@ class _Pipeline:
   """
 
   def __init__(self, devices, cell_fns, thetas, init_states, inputs,
-               step_seed, remat, backward_window, owner):
+               step_seed, remat, backward_window, owner, side_inputs=None):
     self.devices = list(devices)
     self.k = len(devices)
     self.m, self.stacked = _NumSteps(inputs, owner)
+    # Side inputs: the last cell's, per step (e.g. a loss's labels); no
+    # gradient flows to them.
+    self.side = None
+    if side_inputs is not None:
+      if not self.stacked or (tf.nest.flatten(side_inputs) and
+                              _NumSteps(side_inputs, owner)[0] != self.m):
+        raise ValueError(f'{owner}: side_inputs need [M={self.m}, ...] '
+                         'leaves, stacked like the inputs.')
+      self.side = side_inputs
     seed = None
     if step_seed is not None:
       seed = step_seed_lib.CheckStepSeed(step_seed, owner)
@@ -171,12 +175,20 @@ class _Pipeline:
       in_template = (tf.nest.pack_sequence_as(x_struct, x_step) if i == 0
                      else tf.nest.pack_sequence_as(init_states[i - 1],
                                                    self._init_flat[i - 1]))
+      if self.side is not None and i == self.k - 1:
+        in_template = (in_template, tf.nest.map_structure(
+            lambda x: tf.TensorSpec(x.shape[1:], x.dtype), self.side))
       self.programs.append(cell_program.CellProgram(
           cell_fns[i],
           tf.nest.pack_sequence_as(thetas[i], self._theta_flat[i]),
           tf.nest.pack_sequence_as(init_states[i], self._init_flat[i]),
           in_template, device=devices[i], has_seed=seed is not None,
           owner=f'{owner} cell {i}'))
+
+  def NumInputs(self, i):
+    """Leaves of cell i's input that come from the previous cell (or the
+    pipeline's inputs), side inputs excluded."""
+    return self.nx if i == 0 else self.nss[i - 1]
 
   def Keep(self, j):
     """Whether the forward of step j keeps its activations (no re-run)."""
@@ -215,7 +227,7 @@ class _Pipeline:
     return acc_state, finals
 
 
-class _ForwardPass:
+class ForwardPass:
   """One run's forward: each (cell, step)'s output and kept activations.
 
   `Forward(i, j)` is the forward unit of a schedule; `CellGradients(i, j,
@@ -240,17 +252,38 @@ class _ForwardPass:
     for i, theta in enumerate(thetas):
       with cluster_lib.DeviceScope(pipe.devices[i]):
         self._thetas.append([tf.identity(x) for x in theta])
+    self.side = None
+    if pipe.side is not None:
+      with cluster_lib.DeviceScope(pipe.devices[-1]):
+        per_leaf = [tf.unstack(tf.stop_gradient(x), num=m)
+                    for x in cell_program.ToTensors(pipe.side)]
+        self.side = [[leaf[j] for leaf in per_leaf] for j in range(m)]
     self.out = [[None] * m for _ in range(pipe.k)]   # [cell][step] leaves.
     self._kept = {}   # (cell, step) -> gradient function of kept activations.
+    self._after = {}   # (cell, step) -> control inputs of its forward.
 
   def _Args(self, i, j):
     """(theta, previous state, inputs, seed) of cell i at step j."""
     x = self.step_inputs[j] if i == 0 else self.out[i - 1][j]
     s = self._inits[i] if j == 0 else self.out[i][j - 1]
+    if self.side is not None and i == self.pipe.k - 1:
+      x = list(x) + self.side[j]
+    after = self._after.get((i, j))
+    if after:
+      with cluster_lib.DeviceScope(self.pipe.devices[i]):
+        with tf.control_dependencies(after):
+          x = [tf.identity(a) for a in x]
     return self._thetas[i], s, x, self.pipe.seeds[j]
 
-  def Forward(self, i, j):
-    """F(i, j): runs cell i on step j; keeps its activations if `Keep(j)`."""
+  def Forward(self, i, j, after=()):
+    """F(i, j): runs cell i on step j; keeps its activations if `Keep(j)`.
+
+    `after`: ops the step's inputs wait for (in a graph), here and in a
+    re-run.
+    """
+    if after and not tf.executing_eagerly():
+      with cluster_lib.DeviceScope(self.pipe.devices[i]):
+        self._after[(i, j)] = list(after)
     program = self.pipe.programs[i]
     if self.pipe.Keep(j):
       self._kept[(i, j)], self.out[i][j] = program.ForwardKeep(
@@ -265,7 +298,7 @@ class _ForwardPass:
     return self.pipe.programs[i].Backward(*self._Args(i, j), d_out)
 
   def Results(self):
-    """The flat results (see `_Pipeline`); stacks on the last device."""
+    """The flat results (see `Pipeline`); stacks on the last device."""
     pipe = self.pipe
     last = [self.out[-1][j] for j in range(pipe.m)]
     if pipe.stacked:
@@ -276,8 +309,8 @@ class _ForwardPass:
     return acc + [x for cell in self.out for x in cell[-1]]
 
 
-class _BackwardPass:
-  """One backward walk over a `_ForwardPass`: the gradients in flight.
+class BackwardPass:
+  """One backward walk over a `ForwardPass`: the gradients in flight.
 
   `Add(i, j, n, g)` adds a term to the gradient of leaf n of (cell i, step
   j)'s output; `Backward(i, j)` is the backward unit of a schedule: it sums
@@ -300,7 +333,7 @@ class _BackwardPass:
       self._pending.setdefault((i, j, n), []).append(g)
 
   def AddResultGradients(self, dys):
-    """Adds the gradients of the flat results (see `_Pipeline`)."""
+    """Adds the gradients of the flat results (see `Pipeline`)."""
     pipe = self._pipe
     k, m, ns_last = pipe.k, pipe.m, pipe.nss[-1]
     n_acc = ns_last if pipe.stacked else m * ns_last
@@ -320,7 +353,7 @@ class _BackwardPass:
         self.Add(i, m - 1, n, d_final[offset + n])
       offset += pipe.nss[i]
 
-  def _OutputGradients(self, i, j):
+  def _OutputGradients(self, i, j, after):
     """The summed d_out of (i, j)'s float leaves, or None if none flows."""
     terms = [self._pending.pop((i, j, n), None)
              for n in range(self._pipe.nss[i])]
@@ -335,28 +368,42 @@ class _BackwardPass:
       # Step j's re-run starts once the backward w steps before it (in this
       # cell's order) is done, so a cell holds the activations of at most
       # w steps.
-      with tf.control_dependencies(done[-w]):
+      after = list(after) + done[-w]
+    if after and not tf.executing_eagerly():
+      with tf.control_dependencies(after):
         d_out = [tf.identity(d) for d in d_out]
     return d_out
 
-  def Backward(self, i, j):
-    """B(i, j): back-propagates through cell i at step j."""
+  def Backward(self, i, j, after=()):
+    """B(i, j): back-propagates through cell i at step j.
+
+    Args:
+      i, j: the cell and the step.
+      after: ops the backward waits for (in a graph).
+
+    Returns:
+      Ops that mark this backward done (in a graph; [] eagerly or when no
+      gradient flows into (i, j)).
+    """
     device = self._pipe.devices[i]
     with cluster_lib.DeviceScope(device):
-      d_out = self._OutputGradients(i, j)
+      d_out = self._OutputGradients(i, j, after)
     if d_out is None:
-      return   # Nothing flows back into this (cell, step).
+      return []   # Nothing flows back into this (cell, step).
     g_th, g_s, g_x = self._fwd.CellGradients(i, j, d_out)
+    g_x = g_x[:self._pipe.NumInputs(i)]   # Side inputs get no gradient.
+    done = []
     with cluster_lib.DeviceScope(device):
       self._d_thetas[i] = [
           a if g is None else (tf.identity(g) if a is None else a + g)
           for a, g in zip(self._d_thetas[i], g_th)]
-      if self._pipe.backward_window and not tf.executing_eagerly():
+      if not tf.executing_eagerly():
         # Ops that consume the gradients: a control dependency on the
         # outputs of an inlined function call itself would not wait.
-        self._done[i].append(
-            [g for g in self._d_thetas[i] if g is not None] +
-            [tf.identity(g) for g in g_s + g_x if g is not None])
+        done = ([g for g in self._d_thetas[i] if g is not None] +
+                [tf.identity(g) for g in g_s + g_x if g is not None])
+        if self._pipe.backward_window:
+          self._done[i].append(done)
     for n, g in enumerate(g_s):
       if j > 0:
         self.Add(i, j - 1, n, g)
@@ -367,9 +414,10 @@ class _BackwardPass:
         self.Add(i - 1, j, n, g)
       else:
         self._d_inputs[j][n] = g
+    return done
 
   def Results(self):
-    """Gradients of the flat arguments (see `_Pipeline`), None if none."""
+    """Gradients of the flat arguments (see `Pipeline`), None if none."""
     pipe = self._pipe
     grads = [g for cell in self._d_thetas for g in cell]
     grads += [g for cell in self._d_inits for g in cell]
@@ -394,14 +442,14 @@ def _RunForwardThenBackward(pipe, forward, backward, args):
   executor needs a schedule whose forwards all precede its backwards.
 
   Returns:
-    (flat results, gradient function), see `_Pipeline` for the layouts.
+    (flat results, gradient function), see `Pipeline` for the layouts.
   """
-  fwd = _ForwardPass(pipe, args)
+  fwd = ForwardPass(pipe, args)
   for action in forward:
     fwd.Forward(action.cell, action.step)
 
   def _Grad(*dys, variables=None):
-    bwd = _BackwardPass(fwd)
+    bwd = BackwardPass(fwd)
     bwd.AddResultGradients(dys)
     for action in backward:
       bwd.Backward(action.cell, action.step)
@@ -443,9 +491,9 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
     step M-1.
   """
   owner = f'StackedRecurrent {name!r}'
-  _CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
+  CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
              backward_window)
-  pipe = _Pipeline(devices, cell_fns, thetas, init_states, inputs, step_seed,
+  pipe = Pipeline(devices, cell_fns, thetas, init_states, inputs, step_seed,
                    remat, backward_window, owner)
   forward, backward = pipeline_schedule.SplitPhases(
       pipeline_schedule.GPipeSchedule(pipe.k, pipe.m))
