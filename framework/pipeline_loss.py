@@ -108,7 +108,8 @@ def _RunTable(pipe, ticks, loss_index, args):
   grads = bwd.Results()
   devices = ([d for i, d in enumerate(pipe.devices) for _ in range(pipe.nts[i])]
              + [d for i, d in enumerate(pipe.devices)
-                for _ in range(pipe.nss[i])] + [pipe.devices[0]] * pipe.nx)
+                for _ in range(pipe.nss[i])] +
+             [pipe.devices[0]] * (pipe.nx if pipe.stacked else m * pipe.nx))
 
   def _Grad(dy, *unused_dys, variables=None):
     scaled = []

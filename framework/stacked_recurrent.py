@@ -139,15 +139,15 @@ class Pipeline:
     self.devices = list(devices)
     self.k = len(devices)
     self.m, self.stacked = _NumSteps(inputs, owner)
-    # Side inputs: the last cell's, per step (e.g. a loss's labels); no
-    # gradient flows to them.
-    self.side = None
-    if side_inputs is not None:
-      if not self.stacked or (tf.nest.flatten(side_inputs) and
-                              _NumSteps(side_inputs, owner)[0] != self.m):
-        raise ValueError(f'{owner}: side_inputs need [M={self.m}, ...] '
-                         'leaves, stacked like the inputs.')
-      self.side = side_inputs
+    # Side inputs: the last cell's, per step (e.g. a loss's labels), given
+    # like `inputs`; no gradient flows to them.
+    self.side = side_inputs
+    self.side_stacked = None
+    if side_inputs is not None and tf.nest.flatten(side_inputs):
+      m, self.side_stacked = _NumSteps(side_inputs, owner)
+      if m != self.m:
+        raise ValueError(f'{owner}: side_inputs have {m} steps; the inputs '
+                         f'have M={self.m}.')
     seed = None
     if step_seed is not None:
       seed = step_seed_lib.CheckStepSeed(step_seed, owner)
@@ -176,14 +176,30 @@ class Pipeline:
                      else tf.nest.pack_sequence_as(init_states[i - 1],
                                                    self._init_flat[i - 1]))
       if self.side is not None and i == self.k - 1:
-        in_template = (in_template, tf.nest.map_structure(
-            lambda x: tf.TensorSpec(x.shape[1:], x.dtype), self.side))
+        in_template = (in_template, self._SideTemplate())
       self.programs.append(cell_program.CellProgram(
           cell_fns[i],
           tf.nest.pack_sequence_as(thetas[i], self._theta_flat[i]),
           tf.nest.pack_sequence_as(init_states[i], self._init_flat[i]),
           in_template, device=devices[i], has_seed=seed is not None,
           owner=f'{owner} cell {i}'))
+
+  def _SideTemplate(self):
+    if not self.side_stacked:   # A list of M structures (or empty).
+      return self.side if self.side_stacked is None else self.side[0]
+    return tf.nest.map_structure(
+        lambda x: tf.TensorSpec(x.shape[1:], x.dtype), self.side)
+
+  def SideSteps(self):
+    """The side inputs' flat leaves per step (on the caller's device)."""
+    if self.side_stacked is None:
+      return [[] for _ in range(self.m)]
+    if not self.side_stacked:
+      return [[tf.stop_gradient(x) for x in cell_program.ToTensors(step)]
+              for step in self.side]
+    per_leaf = [tf.unstack(tf.stop_gradient(x), num=self.m)
+                for x in cell_program.ToTensors(self.side)]
+    return [[leaf[j] for leaf in per_leaf] for j in range(self.m)]
 
   def NumInputs(self, i):
     """Leaves of cell i's input that come from the previous cell (or the
@@ -255,9 +271,7 @@ class ForwardPass:
     self.side = None
     if pipe.side is not None:
       with cluster_lib.DeviceScope(pipe.devices[-1]):
-        per_leaf = [tf.unstack(tf.stop_gradient(x), num=m)
-                    for x in cell_program.ToTensors(pipe.side)]
-        self.side = [[leaf[j] for leaf in per_leaf] for j in range(m)]
+        self.side = pipe.SideSteps()
     self.out = [[None] * m for _ in range(pipe.k)]   # [cell][step] leaves.
     self._kept = {}   # (cell, step) -> gradient function of kept activations.
     self._after = {}   # (cell, step) -> control inputs of its forward.

@@ -50,8 +50,10 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import microbatch
+from cadence.framework import pipeline_loss
 from cadence.framework import shapes
 from cadence.framework import stacked_recurrent
+from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import validation
 from cadence.layers import combinators
 from cadence.layers import gpipe_partition
@@ -264,6 +266,11 @@ class PipeliningLayer(SeqLayer):
              'cell hold activations in the backward (1: one at a time; 2: '
              'the next re-run overlaps the current back-propagation; None: '
              'unbounded); see framework/stacked_recurrent.py.')
+    p.Define('schedule', 'gpipe', "'gpipe': all forwards, then all "
+             "backwards; '1f1b': after a warm-up each cell alternates a "
+             'forward and a backward, so it holds at most K micro-batches of '
+             'activations (needs the per-micro-batch loss: FPropLoss; see '
+             'framework/pipeline_loss.py).')
     return p
 
   def __init__(self, params):
@@ -279,6 +286,8 @@ class PipeliningLayer(SeqLayer):
     validation.CheckInt(owner, 'batch_dim', p.batch_dim, low=0)
     validation.CheckOneOf(owner, 'remat', p.remat,
                           stacked_recurrent.REMAT_MODES)
+    validation.CheckOneOf(owner, 'schedule', p.schedule,
+                          tuple(pipeline_loss.SCHEDULES))
     validation.CheckOptionalInt(owner, 'backward_window', p.backward_window)
     validation.CheckBool(owner, 'nested_map_fprop', p.nested_map_fprop)
 
@@ -372,30 +381,20 @@ class PipeliningLayer(SeqLayer):
       out.append(in_specs)
     return out
 
-  @tf.autograph.experimental.do_not_convert
-  def FPropCells(self, cells, *inputs, step_seed=None):
-    """Runs `cells` (a list of PipelineCell) as this layer's pipeline.
+  def _Sequential(self, cells, inputs, step_seed):
+    """The cells one after the other on the whole batch (inference)."""
+    out = inputs
+    for cell in cells:
+      th = cell.theta if step_seed is None else base_layer.WithStepSeed(
+          cell.theta, step_seed)
+      out = cell.fprop(th, *combinators.AsTuple(out))
+    return out
 
-    Cell i runs on `CellDevice(i)`. With is_inference and one device per
-    split the cells run one after the other on the whole batch.
-
-    Args:
-      cells: K PipelineCells.
-      *inputs: the first cell's inputs (see FProp).
-      step_seed: the step seed of the whole batch, or None.
-
-    Returns:
-      The last cell's outputs for the whole batch, as FProp.
+  def _MicroBatches(self, cells, inputs):
+    """Checks the inputs; returns (M, per-cell output specs, M input parts).
     """
     p = self.params
     owner = validation.Owner(self)
-    if p.is_inference and len(self._devices) == 1:
-      out = inputs
-      for cell in cells:
-        th = cell.theta if step_seed is None else base_layer.WithStepSeed(
-            cell.theta, step_seed)
-        out = cell.fprop(th, *combinators.AsTuple(out))
-      return out
     if p.nested_map_fprop and (len(inputs) != 1 or
                                not isinstance(inputs[0], NestedMap)):
       raise ValueError(f'{owner}: nested_map_fprop=True needs exactly one '
@@ -412,29 +411,167 @@ class PipeliningLayer(SeqLayer):
           f'{owner}: every input needs the same static batch dim at '
           f'batch_dim={bd}; got shapes {[x.shape.as_list() for x in leaves]}.')
     m, size = self.MicroBatching(p, batches.pop(), owner)
-
     specs = self._StateSpecs(cells, state, size)
+    dtype = p.state_dtype or leaves[0].dtype
+    with cluster_lib.DeviceScope(self._devices[0]):
+      parts = microbatch.Split(
+          state.Transform(lambda x: tf.cast(x, dtype)), m, bd)
+    return m, specs, parts
+
+  def _CellFn(self, cell):
+    """A PipelineCell as a function of (theta, micro-batch state)."""
+    def _Fn(th, cell_inputs):
+      return self._ToState(cell.fprop(th, *self._FromState(cell_inputs)))
+    return _Fn
+
+  @tf.autograph.experimental.do_not_convert
+  def FPropCells(self, cells, *inputs, step_seed=None):
+    """Runs `cells` (a list of PipelineCell) as this layer's pipeline.
+
+    Cell i runs on `CellDevice(i)`. With is_inference and one device per
+    split the cells run one after the other on the whole batch. The
+    schedule is GPipe's whatever `schedule` says: a 1F1B schedule needs the
+    loss inside the pipeline (`FPropLoss`); a training step's FProp with
+    schedule='1f1b' is an error.
+
+    Args:
+      cells: K PipelineCells.
+      *inputs: the first cell's inputs (see FProp).
+      step_seed: the step seed of the whole batch, or None.
+
+    Returns:
+      The last cell's outputs for the whole batch, as FProp.
+    """
+    p = self.params
+    if p.is_inference and len(self._devices) == 1:
+      return self._Sequential(cells, inputs, step_seed)
+    if p.schedule != 'gpipe' and not p.is_inference:
+      raise ValueError(
+          f'{validation.Owner(self)}: schedule={p.schedule!r} runs each '
+          "micro-batch's backward inside the pipeline, so it needs the "
+          'loss: call FPropLoss(cells, loss, *inputs, side_inputs=...) '
+          "(or set schedule='gpipe').")
+    m, specs, mb_inputs = self._MicroBatches(cells, inputs)
+    del m
     init_states = []
     for i, spec in enumerate(specs):
       with cluster_lib.DeviceScope(self.CellDevice(i)):
         init_states.append(spec.Transform(
             lambda s: tf.zeros(s.shape, s.dtype)))
-    dtype = p.state_dtype or leaves[0].dtype
-    with cluster_lib.DeviceScope(self._devices[0]):
-      mb_inputs = microbatch.Split(
-          state.Transform(lambda x: tf.cast(x, dtype)), m, bd)
-
-    def _CellFn(cell):
-      def _Fn(th, state_prev, cell_inputs):
-        del state_prev   # A cell sees each micro-batch independently.
-        return self._ToState(cell.fprop(th, *self._FromState(cell_inputs)))
-      return _Fn
-
+    cell_fns = [lambda th, unused_state, x, fn=self._CellFn(c): fn(th, x)
+                for c in cells]
     acc, _ = stacked_recurrent.StackedRecurrent(
-        [self.CellDevice(i) for i in range(len(cells))],
-        [_CellFn(c) for c in cells], [_StripSeed(c.theta) for c in cells],
-        init_states, mb_inputs, step_seed=step_seed, remat=p.remat,
+        [self.CellDevice(i) for i in range(len(cells))], cell_fns,
+        [_StripSeed(c.theta) for c in cells], init_states, mb_inputs,
+        step_seed=step_seed, remat=p.remat,
         backward_window=p.backward_window, name=self.path)
     with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
-      out = microbatch.Concat(acc, bd)
+      out = microbatch.Concat(acc, p.batch_dim)
     return self._Outputs(out)
+
+  # --- the loss inside the pipeline ------------------------------------------
+
+  def _LossFn(self, loss):
+    """`loss` as the end of the last cell: (theta, (outputs, side)) ->
+    its NestedMap, every leaf but `loss` without gradient."""
+    owner = validation.Owner(self)
+
+    def _Fn(th, xs):
+      outputs, side = xs
+      res = loss.fprop(th, self._Outputs(outputs), side)
+      if not isinstance(res, NestedMap) or pipeline_loss.LOSS_KEY not in res:
+        raise ValueError(f'{owner}: the loss function must return a '
+                         f'NestedMap with a scalar {pipeline_loss.LOSS_KEY!r}'
+                         f'; got {type(res).__name__} {res!r}.')
+      return res.Transform(tf.convert_to_tensor).Pack([
+          x if k == pipeline_loss.LOSS_KEY else tf.stop_gradient(x)
+          for k, x in res.Transform(tf.convert_to_tensor).FlattenItems()])
+    return _Fn
+
+  def _Combine(self, parts):
+    """Per-micro-batch loss NestedMaps -> scalars summed, the rest
+    concatenated along batch_dim."""
+    bd = self.params.batch_dim
+    return parts[0].Pack([
+        tf.add_n(list(xs)) if xs[0].shape.rank == 0 else
+        (tf.concat(xs, bd) if len(xs) > 1 else xs[0])
+        for xs in zip(*[part.Flatten() for part in parts])])
+
+  @tf.autograph.experimental.do_not_convert
+  def FPropLoss(self, cells, loss, *inputs, side_inputs, step_seed=None):
+    """Runs `cells`, then `loss` on each micro-batch, as this `schedule`.
+
+    The loss runs on the last cell's device right after it, on the
+    micro-batch's outputs and its slice of `side_inputs` (e.g. labels),
+    with the micro-batch's seed: with schedule='1f1b' each micro-batch's
+    backward starts as soon as its loss is known (framework/
+    pipeline_loss.py). Same math as running the cells and the loss on each
+    micro-batch in turn with `MicroBatchSeed(step_seed, j)` and summing.
+
+    Args:
+      cells: K PipelineCells.
+      loss: a PipelineCell whose fprop(theta, outputs, side) returns a
+        NestedMap holding `loss`, a float scalar: the micro-batch's summed
+        loss; other scalars (metric sums) and tensors with the batch at
+        `batch_dim` (per-example values) may come along. theta: the loss's
+        weights (e.g. a softmax's); meta is not used.
+      *inputs: the first cell's inputs (see FProp).
+      side_inputs: a NestedMap of tensors with the batch at `batch_dim`,
+        cut into micro-batches like the inputs; no gradient flows to them.
+      step_seed: the step seed of the whole batch, or None.
+
+    Returns:
+      A NestedMap like the loss function's: scalars summed over the
+      micro-batches, other tensors concatenated along batch_dim. Only
+      `loss` carries a gradient (to the cells', the loss's weights and the
+      inputs).
+    """
+    p = self.params
+    bd = p.batch_dim
+    loss_fn = self._LossFn(loss)
+    if p.is_inference:   # The cells' outputs, then the loss on each part.
+      outputs = self._ToState(self.FPropCells(cells, *inputs,
+                                              step_seed=step_seed))
+      m = self.MicroBatching(p, outputs.Flatten()[0].shape[bd])[0]
+      parts = zip(microbatch.Split(outputs, m, bd),
+                  microbatch.Split(side_inputs, m, bd))
+      with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
+        return self._Combine([loss_fn(
+            loss.theta if step_seed is None else base_layer.WithStepSeed(
+                loss.theta, step_seed_lib.MicroBatchSeed(step_seed, j)),
+            part) for j, part in enumerate(parts)])
+    m, specs, mb_inputs = self._MicroBatches(cells, inputs)
+    with cluster_lib.DeviceScope(self._devices[0]):
+      side_parts = microbatch.Split(side_inputs, m, bd)
+    last, last_fn = cells[-1], self._CellFn(cells[-1])
+    thetas = [_StripSeed(c.theta) for c in cells[:-1]] + [NestedMap(
+        cell=_StripSeed(last.theta), loss=_StripSeed(loss.theta))]
+    cell_fns = [self._CellFn(c) for c in cells[:-1]] + [
+        lambda th, xs: loss_fn(th.loss, (last_fn(th.cell, xs[0]), xs[1]))]
+    template = self._LossTemplate(loss_fn, thetas[-1].loss, specs[-1],
+                                  side_parts[0], step_seed)
+    total, per_step = pipeline_loss.PipelineLoss(
+        [self.CellDevice(i) for i in range(len(cells))], cell_fns, thetas,
+        specs[:-1] + [template], mb_inputs, side_parts, step_seed=step_seed,
+        schedule=p.schedule, remat=p.remat, name=self.path)
+    with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
+      out = self._Combine([per_step.Transform(lambda x, j=j: x[j])
+                           for j in range(m)])
+    out[pipeline_loss.LOSS_KEY] = total
+    return out
+
+  def _LossTemplate(self, loss_fn, theta, out_spec, side, step_seed):
+    """TensorSpecs of the loss function's NestedMap for one micro-batch."""
+    def _Spec(x):
+      return tf.TensorSpec(x.shape, x.dtype)
+
+    def _Trace(th, out, sd, seed):
+      if seed is not None:
+        th = base_layer.WithStepSeed(th, seed)
+      return loss_fn(th, (out, sd))
+
+    seed_spec = None if step_seed is None else tf.TensorSpec([2], tf.int64)
+    fn = tf.function(_Trace, autograph=False).get_concrete_function(
+        tf.nest.map_structure(_Spec, theta), out_spec,
+        tf.nest.map_structure(_Spec, side), seed_spec)
+    return tf.nest.map_structure(_Spec, fn.structured_outputs)

@@ -123,6 +123,10 @@ def _Inputs(kind, batch_dim, nested):
   return tuple(xs), tuple(in_shapes)
 
 
+def microbatch_parts(x, m, batch_dim):
+  return tf.split(x, m, axis=batch_dim) if m > 1 else [x]
+
+
 def _Loss(outputs):
   """A weighted mean of every float output (fixed pseudo-random weights).
 
@@ -409,6 +413,135 @@ class PipeliningLayerTest(tf.test.TestCase):
         ValueError, r"PipeliningLayer 'pipe': cell 0 \(NoMeta "
         r"'pipe.cells\[0\]'\) has no FPropMeta.*inputs \[\[4, 4\]\]"):
       pipe.FProp(pipe.theta, tf.ones([8, 4]))
+
+
+def _LossCell(nested, batch_dim, channels):
+  """A PipelineCell loss: a weighted squared error against side.y, with a
+  weight vector of its own (so the loss's weights get gradients too)."""
+  v = tf.Variable(tf.linspace(0.5, 1.5, channels))
+
+  def _Fprop(theta, outputs, side):
+    x = outputs.x if nested else tf.nest.flatten(outputs)[0]
+    axes = [a for a in range(x.shape.rank) if a != batch_dim]
+    err = tf.reduce_sum((x * theta.v - side.y) ** 2, axis=axes,
+                        keepdims=True)          # The batch at batch_dim.
+    return NestedMap(loss=tf.reduce_sum(err), err=err,
+                     count=tf.cast(tf.size(err), tf.float32))
+
+  return gpipe.PipelineCell(fprop=_Fprop, theta=NestedMap(v=v), meta=None)
+
+
+class FPropLossTest(tf.test.TestCase):
+  """PipeliningLayer.FPropLoss (GPipe and 1F1B) against the sequential
+  model run on each micro-batch with its seed."""
+
+  def _Check(self, kind, k, m, batch_dim, nested, schedule, remat='never',
+             dropout=0.0, use_function=False):
+    inputs, in_shapes = _Inputs(kind, batch_dim, nested)
+    layers = (_ConvLayers(batch_dim, nested) if kind == 'conv' else
+              _TransformerLayers(batch_dim, nested, dropout, num=max(k, 2)))
+    cells = gpipe.PartitionSequentialLayers(layers, k, *in_shapes)
+    with _Cluster(k):
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells, num_micro_batches=m,
+          batch_dim=batch_dim, nested_map_fprop=nested, schedule=schedule,
+          remat=remat).Instantiate()
+    x = inputs[0].x if nested else inputs[0]
+    loss = _LossCell(nested, batch_dim, x.shape[-1])
+    side = NestedMap(y=tf.random.stateless_normal(x.shape, [k, m]))
+    seed = step_seed.MakeStepSeed(5)
+    theta = base_layer.WithStepSeed(pipe.theta, seed)
+
+    def _Pipelined():
+      out = pipe.FPropLoss(pipe._OwnCells(theta), loss, *inputs,  # pylint: disable=protected-access
+                           side_inputs=side, step_seed=seed)
+      return 0.5 * out.loss, [out.err, out.count]
+
+    def _Sequential():
+      parts = [microbatch_parts(t, m, batch_dim)
+               for t in tf.nest.flatten(inputs)]
+      sides = microbatch_parts(side.y, m, batch_dim)
+      res = []
+      for j in range(m):
+        th = base_layer.WithStepSeed(theta, step_seed.MicroBatchSeed(seed, j))
+        xs = _AsTuple(tf.nest.pack_sequence_as(inputs, [p[j] for p in parts]))
+        for cell, cell_theta in zip(pipe.children.cells, th.cells):
+          xs = _AsTuple(cell.FProp(cell_theta, *xs))
+        res.append(loss.fprop(loss.theta, xs[0] if nested else xs,
+                              NestedMap(y=sides[j])))
+      return 0.5 * tf.add_n([r.loss for r in res]), [
+          tf.concat([r.err for r in res], batch_dim),
+          tf.add_n([r.count for r in res])]
+
+    wrt = pipe.vars.Flatten() + [loss.theta.v] + tf.nest.flatten(inputs)
+    if use_function:
+      _Pipelined = tf.function(_Pipelined)  # pylint: disable=invalid-name
+    def _ZeroIfNone(out_grads):   # An unconnected input: None or zeros.
+      out, grads = out_grads
+      return out, [tf.zeros_like(x) if g is None else g
+                   for g, x in zip(grads, wrt)]
+
+    got = _ZeroIfNone(test_utils.LossAndGrads(_Pipelined, wrt))
+    want = _ZeroIfNone(test_utils.LossAndGrads(_Sequential, wrt))
+    self.assertAllClose(want, got, atol=1e-5, rtol=1e-5)
+    return pipe, loss, side, inputs, got
+
+  def testConvGridMatchesSequential(self):
+    for k, m, bd in itertools.product((1, 2, 4), (1, 2, 4, 8), (0, 1)):
+      with self.subTest(k=k, m=m, batch_dim=bd):
+        self._Check('conv', k, m, bd, nested=bd == 1, schedule='1f1b')
+
+  def testSchedulesRematAndDropout(self):
+    for k, m, bd, nested, schedule, remat in [
+        (2, 4, 0, False, '1f1b', 'always'), (4, 8, 1, True, 'gpipe',
+                                             'except_last'),
+        (4, 4, 0, True, '1f1b', 'except_last'), (1, 4, 1, False, '1f1b',
+                                                 'never')]:
+      with self.subTest(k=k, m=m, schedule=schedule, remat=remat):
+        self._Check('transformer', k, m, bd, nested, schedule, remat,
+                    dropout=0.3)
+
+  def testInFunctionAndInference(self):
+    self._Check('transformer', 2, 4, 1, True, '1f1b', dropout=0.3,
+                use_function=True)
+    pipe, loss, side, inputs, got = self._Check('transformer', 2, 4, 0, False,
+                                                '1f1b')
+    # Inference (forward only) gives the same loss and metrics.
+    for devices in (1, 2):
+      with _Cluster(devices):
+        inference = pipe.params.Copy().Set(is_inference=True).Instantiate()
+      seed = step_seed.MakeStepSeed(5)
+      theta = base_layer.WithStepSeed(pipe.theta, seed)
+      out = inference.FPropLoss(inference._OwnCells(theta), loss, *inputs,  # pylint: disable=protected-access
+                                side_inputs=side, step_seed=seed)
+      self.assertAllClose(got[0], [0.5 * out.loss, [out.err, out.count]],
+                          atol=1e-5)
+
+  def testErrors(self):
+    layers = _ConvLayers(0, False)
+    inputs, in_shapes = _Inputs('conv', 0, False)
+    cells = gpipe.PartitionSequentialLayers(layers, 2, *in_shapes)
+    with _Cluster(2):
+      with self.assertRaisesRegex(
+          ValueError, r"PipeliningLayer 'pipe': schedule='1F1B' must be one "
+          r"of 'gpipe', '1f1b'. Did you mean '1f1b'\?"):
+        gpipe.PipeliningLayer.Params().Set(
+            name='pipe', cell_tpl=cells, schedule='1F1B').Instantiate()
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells, num_micro_batches=2,
+          schedule='1f1b').Instantiate()
+    with self.assertRaisesRegex(
+        ValueError, r"PipeliningLayer 'pipe': schedule='1f1b' runs each "
+        r"micro-batch's backward inside the pipeline, so it needs the loss: "
+        r'call FPropLoss'):
+      pipe.FProp(pipe.theta, *inputs)
+    bad = gpipe.PipelineCell(fprop=lambda th, out, side: out, theta=NestedMap(),
+                             meta=None)
+    with self.assertRaisesRegex(
+        ValueError, r"PipeliningLayer 'pipe': the loss function must return a "
+        r"NestedMap with a scalar 'loss'; got"):
+      pipe.FPropLoss(pipe._OwnCells(pipe.theta), bad, *inputs,  # pylint: disable=protected-access
+                     side_inputs=NestedMap())
 
 
 _PLACEMENT_SCRIPT = textwrap.dedent("""
