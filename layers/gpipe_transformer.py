@@ -58,8 +58,9 @@ class GPipeTransformerStack(transformer.TransformerStack):
              'b_c .. b_{c+1}-1, with b_0 = 0 and b_K = L).')
     p.Define('pipeline_tpl', gpipe.PipeliningLayer.Params(), 'The '
              'pipeline\'s settings (num_micro_batches, micro_batch_size, '
-             'remat, backward_window, state_dtype); cell_tpl and before_tpl '
-             'stay empty: the stack gives the pipeline its cells.')
+             'schedule, remat, backward_window, state_dtype); cell_tpl and '
+             'before_tpl stay empty: the stack gives the pipeline its '
+             'cells.')
     return p
 
   @classmethod
@@ -166,6 +167,41 @@ class GPipeTransformerStack(transformer.TransformerStack):
         self._Cells(theta), inputs, paddings,
         step_seed=theta.get(base_layer.STEP_SEED_KEY))
     return out
+
+  @property
+  def loss_inside(self):
+    """Whether a training step must hand the pipeline its loss
+    (`FPropLoss`): the pipeline's schedule interleaves backwards."""
+    pipe = self.pipeline.params
+    return pipe.schedule != 'gpipe' and not pipe.is_inference
+
+  @tf.autograph.experimental.do_not_convert
+  def FPropLoss(self, theta, inputs, paddings, loss, side_inputs):
+    """The stack, then `loss` on each micro-batch, inside the pipeline.
+
+    What a 1F1B schedule needs (`PipeliningLayer.FPropLoss`): the loss of
+    micro-batch j runs on the last cell's device right after the stack.
+
+    Args:
+      theta: the stack's theta (its step seed seeds the micro-batches).
+      inputs: [batch, time, dim]; paddings: [batch, time].
+      loss: a gpipe.PipelineCell whose fprop(theta, outputs [mb, time,
+        dim], side) returns a NestedMap with a scalar `loss` (the
+        micro-batch's sum), other scalars (sums) and [mb, ...] tensors.
+      side_inputs: NestedMap of [batch, ...] tensors (e.g. labels), cut
+        into micro-batches; the loss's `side`.
+
+    Returns:
+      The loss's NestedMap: scalars summed over micro-batches, tensors
+      concatenated; only `loss` has a gradient.
+    """
+    on_outputs = gpipe.PipelineCell(
+        fprop=lambda th, outs, side: loss.fprop(th, outs[0], side),
+        theta=loss.theta, meta=loss.meta)
+    return self.pipeline.FPropLoss(
+        self._Cells(theta), on_outputs, inputs, paddings,
+        side_inputs=side_inputs,
+        step_seed=theta.get(base_layer.STEP_SEED_KEY))
 
   @classmethod
   def CellFlops(cls, p, inputs):

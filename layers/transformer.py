@@ -227,6 +227,12 @@ class TransformerStack(base_layer.BaseLayer):
     """Where a task puts what reads the stack; None: the device in scope."""
     return None
 
+  @property
+  def loss_inside(self):
+    """Whether a training step must hand the stack its loss (`FPropLoss`
+    of a pipelined stack with a 1F1B schedule); never for this stack."""
+    return False
+
   @staticmethod
   def FinalLnParams(p):
     """Params of the final norm of stack params `p`."""

@@ -85,6 +85,8 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
   DROPOUT_PROB = 0.1
   SPLITS = 4
   NUM_MICRO_BATCHES = 32
+  SCHEDULE = 'gpipe'          # or '1f1b': activations of K micro-batches.
+  REMAT = 'except_last'       # 'never' with '1f1b': no re-run forwards.
   SOFTMAX_MAX_ALLOC = 128 * 1024 * 1024   # logits computed at once
   LEARNING_RATE = 1.0                     # x the rsqrt schedule
   WARMUP_STEPS = 4000
@@ -124,7 +126,8 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
         entropy_per_sentence=self.ENTROPY_PER_SENTENCE, random_seed=1)
     p.stack_tpl = gpipe_transformer.GPipeTransformerStack.Params().Set(
         num_layers=self.NUM_LAYERS, splits=self.SPLITS)
-    p.stack_tpl.pipeline_tpl.num_micro_batches = self.NUM_MICRO_BATCHES
+    p.stack_tpl.pipeline_tpl.Set(num_micro_batches=self.NUM_MICRO_BATCHES,
+                                 schedule=self.SCHEDULE, remat=self.REMAT)
     p.stack_tpl.transformer_tpl.Set(
         num_heads=self.NUM_HEADS, hidden_dim=self.HIDDEN_DIM,
         atten_dropout_prob=self.DROPOUT_PROB,

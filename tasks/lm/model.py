@@ -230,53 +230,100 @@ class LanguageModel(base_model.BaseTask):
 
   # --- forward -------------------------------------------------------------
 
-  def _Encode(self, theta, ids, paddings):
-    """ids [b, t] int, paddings [b, t] -> final-norm outputs [b, t, d]."""
+  def _Embed(self, theta, ids, paddings):
+    """ids [b, t] int, paddings [b, t] -> the stack's inputs [b, t, d] and
+    paddings [b, t] in their dtype."""
     c = self.children
     with cluster_lib.DeviceScope(self._first_device):
       x = c.emb.FProp(theta.emb, ids)                         # [b, t, d]
       x += c.pos_emb.FProp(theta.pos_emb, seq_length=tf.shape(ids)[1])[None]
-      paddings = tf.cast(paddings, x.dtype)
-    return c.stack.FProp(theta.stack, x, paddings)
+      return x, tf.cast(paddings, x.dtype)
+
+  def _Encode(self, theta, ids, paddings):
+    """ids [b, t] int, paddings [b, t] -> final-norm outputs [b, t, d]."""
+    return self.children.stack.FProp(theta.stack,
+                                     *self._Embed(theta, ids, paddings))
 
   def ComputePredictions(self, theta, input_batch):
     """NestedMap(encoded=[b, t, d]) of a batch of ids and paddings."""
     return NestedMap(encoded=self._Encode(theta, input_batch.ids,
                                           input_batch.paddings))
 
-  def ComputeLoss(self, theta, predictions, input_batch):
-    """Metrics of the module docstring; per_example xent and tokens [b]."""
+  def _LossSums(self, softmax_theta, encoded, batch):
+    """The sums behind the metrics, of a batch or a micro-batch.
+
+    Args:
+      softmax_theta: the softmax's theta.
+      encoded: [b, t, d], the stack's outputs.
+      batch: NestedMap with labels and weights [b, t] (and optionally
+        sentence_weights [b, t]).
+
+    Returns:
+      NestedMap of scalars: loss (the summed training xent, label smoothing
+      included), nll, tokens, sentence_nll, sentences; and [b] tensors xent
+      and num_tokens (per example).
+    """
     p = self.params
-    labels = input_batch.labels
-    with cluster_lib.DeviceScope(self._last_device):
-      out = self.children.softmax.FProp(theta.softmax, predictions.encoded,
-                                        labels, input_batch.weights)
+    labels = batch.labels
+    out = self.children.softmax.FProp(softmax_theta, encoded, labels,
+                                      batch.weights)
     weights = out.per_example_weight                           # [b, t]
     if p.label_smoothing:
       nll = -tf.gather(out.log_probs, labels, batch_dims=2)    # [b, t]
     else:
       nll = out.per_example_xent
-    total_nll = tf.reduce_sum(nll * weights)
-    num_tokens = out.total_weight
     # Per sentence: only sentences whole in their row (see the docstring).
-    sentence_weights = input_batch.get('sentence_weights')
+    sentence_weights = batch.get('sentence_weights')
     sentence_weights = weights if sentence_weights is None else tf.cast(
         sentence_weights, weights.dtype)
-    num_sentences = tf.reduce_sum(
-        sentence_weights * tf.cast(tf.equal(labels, p.eos_id), weights.dtype))
-    nats_per_sentence = tf.math.divide_no_nan(
-        tf.reduce_sum(nll * sentence_weights), num_sentences)
+    return NestedMap(
+        loss=out.total_xent, nll=tf.reduce_sum(nll * weights),
+        tokens=out.total_weight,
+        sentence_nll=tf.reduce_sum(nll * sentence_weights),
+        sentences=tf.reduce_sum(sentence_weights * tf.cast(
+            tf.equal(labels, p.eos_id), weights.dtype)),
+        xent=tf.reduce_sum(nll * weights, axis=1),
+        num_tokens=tf.reduce_sum(weights, axis=1))
+
+  def _Metrics(self, sums):
+    """(metrics, per_example) of the module docstring from `_LossSums`."""
+    tokens, sentences = sums.tokens, sums.sentences
+    nats_per_sentence = tf.math.divide_no_nan(sums.sentence_nll, sentences)
     metrics = NestedMap(
-        loss=(out.avg_xent, num_tokens),
-        log_pplx=(tf.math.divide_no_nan(total_nll, num_tokens), num_tokens),
-        tokens_per_batch=(num_tokens, tf.constant(1.0, num_tokens.dtype)),
-        nats_per_sentence=(nats_per_sentence, num_sentences))
+        loss=(tf.math.divide_no_nan(sums.loss, tokens), tokens),
+        log_pplx=(tf.math.divide_no_nan(sums.nll, tokens), tokens),
+        tokens_per_batch=(tokens, tf.constant(1.0, tokens.dtype)),
+        nats_per_sentence=(nats_per_sentence, sentences))
     if self._entropy_per_sentence is not None:
       metrics.excess_nats_per_sentence = (
-          nats_per_sentence - self._entropy_per_sentence, num_sentences)
-    per_example = NestedMap(xent=tf.reduce_sum(nll * weights, axis=1),
-                            num_tokens=tf.reduce_sum(weights, axis=1))
-    return metrics, per_example
+          nats_per_sentence - self._entropy_per_sentence, sentences)
+    return metrics, NestedMap(xent=sums.xent, num_tokens=sums.num_tokens)
+
+  def ComputeLoss(self, theta, predictions, input_batch):
+    """Metrics of the module docstring; per_example xent and tokens [b]."""
+    with cluster_lib.DeviceScope(self._last_device):
+      return self._Metrics(self._LossSums(theta.softmax, predictions.encoded,
+                                          input_batch))
+
+  def FPropTower(self, theta, input_batch):
+    """BaseTask's; with a 1F1B stack (`stack.loss_inside`) the softmax and
+    the cross-entropy of each micro-batch run inside the pipeline
+    (GPipeTransformerStack.FPropLoss), metrics summed over micro-batches:
+    the same metrics and gradients."""
+    stack = self.children.stack
+    if not stack.loss_inside:
+      return super().FPropTower(theta, input_batch)
+    x, paddings = self._Embed(theta, input_batch.ids, input_batch.paddings)
+    side = NestedMap(labels=input_batch.labels, weights=input_batch.weights)
+    if 'sentence_weights' in input_batch:
+      side.sentence_weights = input_batch.sentence_weights
+    loss = gpipe_transformer.gpipe.PipelineCell(
+        fprop=self._LossSums, theta=theta.softmax, meta=None)
+    sums = stack.FPropLoss(theta.stack, x, paddings, loss, side)
+    with cluster_lib.DeviceScope(self._last_device):
+      metrics, per_example = self._Metrics(sums)
+    return base_model.CheckMetrics(metrics, validation.Owner(self)), \
+        per_example
 
   # --- decoding --------------------------------------------------------------
 

@@ -23,14 +23,15 @@ from cadence.tests import test_utils
 VOCAB, DIM, T, B = 40, 16, 6, 8
 
 
-def _Params(splits=None, num_micro_batches=1, **kwargs):
+def _Params(splits=None, num_micro_batches=1, schedule='gpipe', **kwargs):
   """LM params; with `splits`, a GPipe stack of that partition."""
   p = model.LanguageModel.Params().Set(
       name='lm', vocab_size=VOCAB, model_dim=DIM, random_seed=3)
   if splits is not None:
     p.stack_tpl = gpipe_transformer.GPipeTransformerStack.Params().Set(
         splits=splits)
-    p.stack_tpl.pipeline_tpl.num_micro_batches = num_micro_batches
+    p.stack_tpl.pipeline_tpl.Set(num_micro_batches=num_micro_batches,
+                                 schedule=schedule)
   p.stack_tpl.num_layers = 3
   p.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=32)
   return p.Set(**kwargs)
@@ -189,13 +190,19 @@ class LanguageModelTest(tf.test.TestCase):
       self.assertAllClose(g0[key], g1[key], atol=1e-6, msg=key)
 
   def testSplitsGiveTheSameLossAndGradients(self):
+    # GPipe and 1F1B (the softmax and cross-entropy of each micro-batch
+    # inside the pipeline) against the plain stack.
     batch = _Batch(b=8)
-    plain = _Build(_Params())
+    plain = _Build(_Params(label_smoothing=0.1))
     self.assertIsInstance(plain.children.stack,
                           model.transformer.TransformerStack)
     results = {}
-    for splits, m in ((1, 1), (2, 4), ([1], 2)):
-      task = _Build(_Params(splits=splits, num_micro_batches=m), 2)
+    for splits, m, schedule in ((1, 1, 'gpipe'), (2, 4, 'gpipe'),
+                                ([1], 2, 'gpipe'), (2, 4, '1f1b'),
+                                (1, 8, '1f1b')):
+      task = _Build(_Params(splits=splits, num_micro_batches=m,
+                            schedule=schedule, label_smoothing=0.1), 2)
+      self.assertEqual(schedule == '1f1b', task.stack.loss_inside)
       if splits != 1:
         self.assertEqual(task.stack.num_cells, 2)
         self.assertIn('CPU:1', task.children.softmax.vars.w.device)
@@ -204,10 +211,10 @@ class LanguageModelTest(tf.test.TestCase):
                        [k for k, _ in plain.vars.FlattenItems()])
       for a, b in zip(task.vars.Flatten(), plain.vars.Flatten()):
         self.assertAllEqual(a, b)
-      results[str(splits), m] = _LossAndGrads(task, batch)
+      results[str(splits), m, schedule] = _LossAndGrads(task, batch)
     m_ref, g_ref = _LossAndGrads(plain, batch)
     for key, (m, g) in results.items():
-      self.assertAllClose(m.loss[0], m_ref.loss[0], atol=1e-6, msg=key)
+      self.assertAllClose(m, m_ref, atol=1e-5, msg=key)
       self.assertEqual(sorted(g), sorted(g_ref))
       for name in g_ref:
         self.assertAllClose(g[name], g_ref[name], atol=1e-5,
