@@ -88,9 +88,10 @@ def _RunTable(pipe, ticks, loss_index, args):
   k, m, last = pipe.k, pipe.m, pipe.k - 1
   graph = not tf.executing_eagerly()
   marks = [[] for _ in range(k)]   # What each cell's next action waits for.
-  for tick in ticks:
-    for kind, i, j in tick:
-      if kind == pipeline_schedule.FORWARD:
+  for action in [a for tick in ticks for a in tick]:
+    i, j = action.cell, action.step
+    with tf.name_scope(action.scope):   # Profiles name each op's action.
+      if action.kind == pipeline_schedule.FORWARD:
         fwd.Forward(i, j, after=marks[i])
         out = fwd.out[i][j]
         if i == last:   # d loss_j / d loss_j: the step's backward can start.

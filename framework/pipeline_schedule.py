@@ -39,9 +39,14 @@ Example:
   #  [B(1, 1)], [B(0, 1), B(1, 0)], [B(0, 0)]]
 """
 import collections
+import re
 
 FORWARD = 'F'
 BACKWARD = 'B'
+# The name scope an executor gives the ops of an action, so that a profile
+# of a step says which (kind, cell, step) each op belonged to.
+_SCOPE = 'pipeline_action'
+_SCOPE_RE = re.compile(_SCOPE + r'_([FB])_(\d+)_(\d+)(?:_\d+)?/')
 
 
 class Action(collections.namedtuple('Action', ['kind', 'cell', 'step'])):
@@ -52,6 +57,31 @@ class Action(collections.namedtuple('Action', ['kind', 'cell', 'step'])):
     return f'{self.kind}({self.cell}, {self.step})'
 
   __repr__ = __str__
+
+  @property
+  def scope(self):
+    """The name scope of this action's ops, e.g. 'pipeline_action_F_0_3'."""
+    return f'{_SCOPE}_{self.kind}_{self.cell}_{self.step}'
+
+
+def ActionOfOp(op_name):
+  """The `Action` whose scope an op's name holds (the outermost), or None.
+
+  The outermost: a backward's ops may be named after the forward ops they
+  differentiate. A tape's gradient ops are named 'gradient_tape/' + the
+  forward op's name whatever the scope they are built in: those of a
+  forward scope belong to that (cell, step)'s backward.
+
+  Example: ActionOfOp('model/pipeline_action_B_1_2/MatMul') == B(1, 2);
+  ActionOfOp('gradient_tape/pipeline_action_F_1_2/MatMul') == B(1, 2).
+  """
+  found = _SCOPE_RE.search(op_name)
+  if not found:
+    return None
+  kind, cell, step = found.groups()
+  if op_name[:found.start()].endswith('gradient_tape/'):
+    kind = BACKWARD
+  return Action(kind, int(cell), int(step))
 
 
 def _CheckSizes(owner, num_cells, num_steps):

@@ -460,13 +460,15 @@ def _RunForwardThenBackward(pipe, forward, backward, args):
   """
   fwd = ForwardPass(pipe, args)
   for action in forward:
-    fwd.Forward(action.cell, action.step)
+    with tf.name_scope(action.scope):   # Profiles name each op's action.
+      fwd.Forward(action.cell, action.step)
 
   def _Grad(*dys, variables=None):
     bwd = BackwardPass(fwd)
     bwd.AddResultGradients(dys)
     for action in backward:
-      bwd.Backward(action.cell, action.step)
+      with tf.name_scope(action.scope):
+        bwd.Backward(action.cell, action.step)
     if variables:
       return bwd.Results(), [None] * len(variables)
     return bwd.Results()

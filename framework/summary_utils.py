@@ -4,9 +4,10 @@ Each job writes to its own folder below the logdir (`train/`, `eval_dev/`,
 `decoder_test/`), so TensorBoard shows one run per job. The summaries are
 written with the core `tf.summary.write` op and TensorBoard's plugin
 metadata ('scalars', 'text'), so the tensorboard package is not needed to
-write them (tensorflow-cpu does not install it). `SummaryWriter` is a
-thin owner of one `tf.summary` file writer; `ReadScalars` / `ReadTexts` read
-event files back (tests and benchmarks use them).
+write them (tensorflow-cpu does not install it); images likewise ('images',
+PNG-encoded). `SummaryWriter` is a thin owner of one `tf.summary` file
+writer; `ReadScalars` / `ReadTexts` / `ReadImages` read event files back
+(tests and benchmarks use them).
 
 Example:
   writer = SummaryWriter('/tmp/logdir/train')
@@ -41,6 +42,7 @@ class SummaryWriter:
     self._writer = tf.summary.create_file_writer(logdir)
     self._scalar_metadata = _Metadata('scalars')
     self._text_metadata = _Metadata('text')
+    self._image_metadata = _Metadata('images')
 
   @property
   def logdir(self):
@@ -65,6 +67,16 @@ class SummaryWriter:
     with self._writer.as_default(step=int(step)):
       tf.summary.write(tag, tf.constant(text, tf.string),
                        metadata=self._text_metadata)
+
+  def WriteImage(self, step, tag, image):
+    """Writes an image summary at `step` from an RGB uint8 array [h, w, 3]
+    (TensorBoard's image format: width, height, then the PNG bytes)."""
+    image = np.asarray(image, np.uint8)
+    png = tf.io.encode_png(image)
+    data = tf.stack([tf.constant(str(image.shape[1])),
+                     tf.constant(str(image.shape[0])), png])
+    with self._writer.as_default(step=int(step)):
+      tf.summary.write(tag, data, metadata=self._image_metadata)
 
   def Flush(self):
     self._writer.flush()
@@ -106,7 +118,8 @@ def ReadTexts(logdir):
   out = {}
   for event in _Events(logdir):
     for value in event.summary.value:
-      if not value.HasField('tensor'):
+      if (not value.HasField('tensor') or
+          value.metadata.plugin_data.plugin_name == 'images'):
         continue
       array = tf.make_ndarray(value.tensor)
       if array.dtype.kind not in 'SUO':
@@ -115,6 +128,20 @@ def ReadTexts(logdir):
       if isinstance(text, bytes):
         text = text.decode('utf-8', 'replace')
       out.setdefault(value.tag, []).append((int(event.step), str(text)))
+  return out
+
+
+def ReadImages(logdir):
+  """Reads the image summaries in `logdir`: tag -> list of (step, RGB uint8
+  array [h, w, 3])."""
+  out = {}
+  for event in _Events(logdir):
+    for value in event.summary.value:
+      if (value.metadata.plugin_data.plugin_name == 'images' and
+          value.HasField('tensor')):
+        png = tf.make_ndarray(value.tensor)[2]
+        out.setdefault(value.tag, []).append(
+            (int(event.step), tf.io.decode_png(png, channels=3).numpy()))
   return out
 
 

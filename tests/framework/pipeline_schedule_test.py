@@ -109,6 +109,22 @@ class OneFOneBScheduleTest(tf.test.TestCase):
       ps.OneFOneBSchedule(0, 2)
 
 
+class ActionScopeTest(tf.test.TestCase):
+
+  def testScopeRoundTrip(self):
+    a = ps.Action(B, 1, 12)
+    self.assertEqual('pipeline_action_B_1_12', a.scope)
+    self.assertEqual(a, ps.ActionOfOp(f'train/{a.scope}/PartitionedCall/Mul'))
+    # TF uniquifies a repeated scope with a suffix; the outermost counts
+    # (gradient ops carry their forward op's name).
+    self.assertEqual(a, ps.ActionOfOp(
+        'pipeline_action_B_1_12_1/gradient_tape/pipeline_action_F_1_12/Mul'))
+    self.assertEqual(ps.Action(B, 0, 3), ps.ActionOfOp(
+        'gradient_tape/pipeline_action_F_0_3/MatMul_1/MatMul'))
+    self.assertIsNone(ps.ActionOfOp('pipeline_action_F_0_3'))
+    self.assertIsNone(ps.ActionOfOp('dense/MatMul'))
+
+
 class CheckScheduleTest(tf.test.TestCase):
 
   def testWavefrontIsAForwardSchedule(self):
