@@ -27,7 +27,9 @@ flags.DEFINE_string('logdir', '', 'Folder of checkpoints, summaries and '
                     'params.txt.')
 flags.DEFINE_enum('mode', 'sync', list(trainer_lib.MODES), 'sync: run --job; '
                   'inspect_params: print (and write) the params text; '
-                  'inspect_model: print variables and FLOPs.')
+                  'inspect_model: print variables and FLOPs; '
+                  'inspect_pipeline: profile one training step and print '
+                  '(and write to --logdir) its pipeline timeline.')
 flags.DEFINE_string('job', 'trainer_and_evaler', 'trainer, '
                     'trainer_and_evaler (train, and eval Dev after each '
                     'checkpoint), evaler_<dataset> or decoder_<dataset> '

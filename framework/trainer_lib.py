@@ -31,6 +31,7 @@ from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import eval_programs
 from cadence.framework import inspect_lib
+from cadence.framework import inspect_pipeline
 from cadence.framework import model_registry
 from cadence.framework import programs
 
@@ -38,7 +39,7 @@ EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_TRAINING_STOPPED = 3
 
-MODES = ('sync', 'inspect_params', 'inspect_model')
+MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline')
 _JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
               'decoder_<dataset>')
 
@@ -333,7 +334,23 @@ def _BuildJob(options, cluster):
   return _CheckpointJob(options, params, strategy, kind, dataset)
 
 
+def _InspectPipeline(options):
+  """Profiles one training step and prints (and writes) its timeline."""
+  params = LoadParams(options, 'Train')
+  try:
+    timeline = inspect_pipeline.InspectPipeline(params, options.logdir or None)
+  except inspect_pipeline.NoPipelineError as e:
+    raise UserError(f'--mode=inspect_pipeline: {e}') from None
+  sys.stdout.write(timeline.Report())
+  if options.logdir:
+    sys.stdout.write(f'Chart and summary: '
+                     f'{os.path.join(options.logdir, "inspect_pipeline")}\n')
+  sys.stdout.flush()
+
+
 def _Inspect(options):
+  if options.mode == 'inspect_pipeline':
+    return _InspectPipeline(options)
   params = LoadParams(options, 'Train')
   text = ParamsText(params) if not options.logdir else WriteParams(
       params, os.path.join(options.logdir, 'params.txt'))
