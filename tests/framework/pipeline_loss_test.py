@@ -134,7 +134,8 @@ class PipelineLossTest(tf.test.TestCase):
       pipeline_loss.PipelineLoss(*args[:3], templates, *args[4:])
     with self.assertRaisesRegex(ValueError, r"remat='sometimes'"):
       pipeline_loss.PipelineLoss(*args, remat='sometimes')
-    with self.assertRaisesRegex(ValueError, r'side_inputs need \[M=2, ...\]'):
+    with self.assertRaisesRegex(ValueError, 'side_inputs have 1 steps; the '
+                                'inputs have M=2'):
       pipeline_loss.PipelineLoss(*args[:5], NestedMap(y=self.side.y[:1]))
 
 
