@@ -15,11 +15,12 @@ Each optimizer is a pure per-variable rule, `_Update(var, grad, slots, lr, t)
 
 Why not the Keras optimizers: Keras 3 does update raw tf.Variables, but its
 `apply_gradients` does a `merge_call` under tf.distribute, which cannot sit
-inside the `tf.cond` that skips a non-finite step; and its checkpoint keys are
+inside a `tf.cond` that skips a non-finite step; and its checkpoint keys are
 slot indices (`_variables/3`) plus a second copy of every model variable. Here
-the skip is a `tf.cond` inside each variable's own update (valid in replica
-and cross-replica context alike), the checkpoint keys are variable paths, and
-each rule is a few lines that the tests check against numpy.
+each variable's own update writes back its old values when skipping (a
+`tf.where`, valid in replica and cross-replica context alike), the checkpoint
+keys are variable paths, and each rule is a few lines that the tests check
+against numpy.
 
 Example:
   v = tf.Variable([1.0, 2.0])
@@ -188,21 +189,23 @@ class BaseOptimizer:
       ctx.merge_call(_CrossReplica, args=(lr, skip, grads))
 
   def _ApplyOne(self, var, grad, slots, lr, skip, num_updates):
-    """Updates one variable (one device's copy) and its slots."""
+    """Updates one variable (one device's copy) and its slots.
 
-    def _Do():
-      dtype = var.dtype
-      t = tf.cast(num_updates + 1, dtype)
-      new_var, new_slots = self._Update(
-          var.read_value(), tf.cast(grad, dtype),
-          {k: s.read_value() for k, s in slots.items()},
-          tf.cast(lr, dtype), t)
-      ops = [var.assign(new_var)]
-      ops += [slots[k].assign(new_slots[k]) for k in slots]
-      with tf.control_dependencies(ops):
-        return tf.constant(True)
-
-    return tf.cond(skip, lambda: tf.constant(False), _Do)
+    A skipped step writes back the values it read (`tf.where`, bit for bit)
+    rather than branching: a `tf.cond` per variable traces two branch
+    functions each, which made tracing the Tiny LM's train step (69
+    variables) ~15% slower.
+    """
+    dtype = var.dtype
+    t = tf.cast(num_updates + 1, dtype)
+    old_var = var.read_value()
+    old_slots = {k: s.read_value() for k, s in slots.items()}
+    new_var, new_slots = self._Update(old_var, tf.cast(grad, dtype),
+                                      old_slots, tf.cast(lr, dtype), t)
+    ops = [var.assign(tf.where(skip, old_var, new_var))]
+    ops += [slots[k].assign(tf.where(skip, old_slots[k], new_slots[k]))
+            for k in slots]
+    return tf.group(ops)
 
 
 class SGD(BaseOptimizer):
