@@ -12,6 +12,7 @@ from cadence.framework import model_registry
 from cadence.framework import optimizer
 from cadence.framework import programs
 from cadence.framework import summary_utils
+from cadence.framework import train_report
 from cadence.tasks.synthetic import regression
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'
@@ -55,7 +56,7 @@ class TrainProgramTest(tf.test.TestCase):
     self.assertAllClose(scalars['learning_rate'][-1][1], 0.01)
     self.assertEqual(scalars['skipped_steps_total'][-1][1], 0)
     # Utilisation: examples/s x train FLOPs per example / peak.
-    one = programs.InputShapes(program._input.Dataset(), 1)  # pylint: disable=protected-access
+    one = train_report.InputShapes(program._input.Dataset(), 1)  # pylint: disable=protected-access
     flops = 3 * regression.RegressionModel.FPropMeta(program.task.params,
                                                      one).flops
     step, mfu = scalars['mfu'][-1]
