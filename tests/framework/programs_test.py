@@ -176,8 +176,12 @@ class EvalProgramsTest(tf.test.TestCase):
   def testDecodeWritesOutputAndMetrics(self):
     task = self._EvalTask('Test')
     logdir = self.get_temp_dir()
-    results = eval_programs.DecodeProgram(task, 'Test', logdir).Run(
-        5, task.theta)
+    # A decode program can read the input generator of an eval program.
+    evaler = eval_programs.EvalProgram(task, 'Test', logdir)
+    decoder = eval_programs.DecodeProgram(
+        task, 'Test', logdir, input_generator=evaler.input_generator)
+    self.assertIs(decoder.input_generator, evaler.input_generator)
+    results = decoder.Run(5, task.theta)
     out = os.path.join(logdir, 'decoder_test', 'decoder_out-00000005.txt')
     lines = open(out).read().splitlines()
     self.assertLen(lines, 64)  # eval.decoder_samples
