@@ -5,9 +5,11 @@
   python trainer.py --model=... --logdir=... --job=evaler_dev
 
 The flags are defined here and nowhere else; everything else lives in
-`framework/trainer_lib.py` (set-up and jobs) and `framework/programs.py`
-(the loops). Exit codes: 0 done, 2 a user error (one message on stderr),
-3 training stopped (too many skipped steps or non-finite weights).
+`framework/trainer_lib.py` (set-up, jobs, logs), `framework/programs.py`
+(the train loop) and `framework/eval_programs.py` (eval and decode). Exit
+codes: 0 done (also for a run that had already finished: one line says
+so), 2 a user error (one message on stderr), 3 training stopped (too many
+skipped steps or non-finite weights).
 """
 import os
 import sys
@@ -45,8 +47,9 @@ flags.DEFINE_integer('worker_split_size', 1, 'Devices per model split (the '
                      'of logical CPUs created.')
 flags.DEFINE_integer('worker_gpus', 0, 'GPUs to use with --run_locally=gpu '
                      '(0: all visible).')
-flags.DEFINE_float('peak_tflops', 0.0, 'Peak TFLOP/s of the devices for the '
-                   'FLOPs utilisation summary; 0 measures it once.')
+flags.DEFINE_float('peak_tflops', 0.0, 'Peak TFLOP/s of one device for the '
+                   'FLOPs utilisation summary (mfu divides by it x the '
+                   'devices a step runs on); 0 measures it once.')
 
 FLAGS = flags.FLAGS
 

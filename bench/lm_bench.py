@@ -16,7 +16,8 @@ compiled with tf.function, on batches already in memory:
 Steps are timed in interleaved rounds; the table gives the median step time,
 tokens/s (b x t positions a second) and the ratio to plain TF. Achieved
 FLOP/s = 3 x FPropMeta's forward FLOPs a step / step time; the peak is a
-float32 1024^3 matmul chain measured in this run (programs.MeasurePeakFlops),
+float32 1024^3 matmul chain measured in this run
+(train_report.MeasurePeakFlops),
 and MFU their ratio. The input pipeline alone (the Train `Dataset()` the
 trainer iterates) must deliver at least 5x the fastest model's tokens/s.
 
@@ -44,7 +45,7 @@ tf.config.set_logical_device_configuration(
 from cadence.framework import base_layer  # pylint: disable=g-import-not-at-top
 from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
 from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
-from cadence.framework import programs  # pylint: disable=g-import-not-at-top
+from cadence.framework import train_report  # pylint: disable=g-import-not-at-top
 from cadence.framework import shapes  # pylint: disable=g-import-not-at-top
 from cadence.framework import step_seed  # pylint: disable=g-import-not-at-top
 from cadence.framework.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
@@ -266,7 +267,7 @@ def main():
       params.task, NestedMap(ids=shapes.Shape([b, t]),
                              labels=shapes.Shape([b, t])))
   train_flops = 3 * meta.flops
-  peak = programs.MeasurePeakFlops()
+  peak = train_report.MeasurePeakFlops()
   input_rate = _InputRate(generator, args.input_batches)
 
   tokens = b * t

@@ -17,12 +17,24 @@
 2. Time from command start to the first train step: `python -m
    cadence.trainer --job=trainer --max_steps=1`, wall time from Popen to
    the "First step done" log line, beside `python -c "import tensorflow"`.
+3. (`--lm`) The same for the README's main job, `trainer.py
+   --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny
+   --worker_split_size=2` (trainer_and_evaler, a fresh logdir, stopped at
+   the "First step done" line), in interleaved repeats, with the CPU seconds
+   the process used; with `--baseline_root DIR` (a checkout of another
+   revision, e.g. `git archive main | tar -x -C /tmp/base/cadence`) the same
+   command of that checkout too, and the ratio of the medians.
 
 Run:
-  cd /work/main && /work/venv/bin/python bench/trainer_bench.py [--repeats 3]
+  cd /work/main && .venv/bin/python bench/trainer_bench.py [--repeats 3]
+  .venv/bin/python bench/trainer_bench.py --lm --repeats 5 \
+      --baseline_root /tmp/base/cadence
 """
 import argparse
 import os
+import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -115,6 +127,72 @@ def StartupSeconds():
     return first, time.perf_counter() - start
 
 
+def LmStartupSeconds(root, baseline=False):
+  """(wall, CPU) seconds from Popen to the Tiny LM's 'First step done'.
+
+  Runs the README's main job of the checkout `root` in a fresh logdir and
+  kills it after the first step. A `baseline` checkout must be a folder
+  named `cadence`: its parent goes first on PYTHONPATH, so the package is
+  imported from there and not from the installed one.
+  """
+  logdir = tempfile.mkdtemp(prefix='trainer_bench_lm_')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  if baseline:
+    env['PYTHONPATH'] = os.pathsep.join(
+        [os.path.dirname(root)] +
+        [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  start = time.perf_counter()
+  proc = subprocess.Popen(
+      [sys.executable, 'trainer.py',
+       '--model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny',
+       f'--logdir={logdir}', '--worker_split_size=2'],
+      cwd=root, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+      text=True)
+  first, tail = None, []
+  for line in proc.stderr:
+    tail = (tail + [line])[-20:]
+    if 'First step done' in line:
+      first = time.perf_counter() - start
+      proc.send_signal(signal.SIGKILL)
+      break
+  proc.wait()
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  shutil.rmtree(logdir, ignore_errors=True)
+  if first is None:
+    raise RuntimeError(f'{root}: no "First step done" line:\n' +
+                       ''.join(tail))
+  return first, (after.ru_utime + after.ru_stime - before.ru_utime -
+                 before.ru_stime)
+
+
+def LmStartup(repeats, baseline_root=None):
+  """Prints the Tiny LM start-up table (see the module docstring, 3.)."""
+  roots = {'this checkout': _ROOT}
+  if baseline_root:
+    baseline_root = os.path.abspath(baseline_root)
+    if os.path.basename(baseline_root) != 'cadence':
+      raise ValueError(f'--baseline_root={baseline_root!r}: the checkout '
+                       "must be a folder named 'cadence' (the package).")
+    roots = {'baseline': baseline_root, **roots}
+  runs = {name: [] for name in roots}
+  for r in range(repeats):   # Interleaved, alternating the order.
+    for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+      runs[name].append(LmStartupSeconds(roots[name], name == 'baseline'))
+  print('\n| Tiny LM main job | start -> first step done (s, median) | CPU s '
+        '(median) | runs (s) |')
+  print('| --- | --- | --- | --- |')
+  medians = {}
+  for name, results in runs.items():
+    medians[name] = statistics.median(w for w, _ in results)
+    print(f'| {name} ({roots[name]}) | {medians[name]:.2f} | '
+          f'{statistics.median(c for _, c in results):.2f} | '
+          f'{", ".join(f"{w:.1f}" for w, _ in results)} |')
+  if baseline_root:
+    print(f'\nthis checkout / baseline: '
+          f'{medians["this checkout"] / medians["baseline"]:.2f}')
+
+
 def ImportSeconds():
   start = time.perf_counter()
   subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True,
@@ -128,7 +206,14 @@ def main():
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--steps', type=int, default=4000,
                       help='Steps per tiny run (the wide one runs 1/4).')
+  parser.add_argument('--lm', action='store_true',
+                      help='Only the Tiny LM start-up table (3.).')
+  parser.add_argument('--baseline_root', default=None,
+                      help='With --lm: a checkout to compare against.')
   args = parser.parse_args()
+  if args.lm:
+    LmStartup(args.repeats, args.baseline_root)
+    return
   tf.get_logger().setLevel('ERROR')
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)

@@ -175,13 +175,20 @@ class BaseInputGenerator:
       raise InputError(
           f'{type(self).__name__} {p.name!r}: file_pattern '
           f'{p.file_pattern!r} matches {len(files)} file(s), all empty.')
-    files = files[p.input_shard_index::p.num_input_shards]
+    files = self._ShardFiles(files)
     if not files:
       raise InputError(
           f'{type(self).__name__} {p.name!r}: input shard '
           f'{p.input_shard_index} of {p.num_input_shards} gets none of the '
           f'files of {p.file_pattern!r}; use fewer input shards.')
     return files
+
+  def _ShardFiles(self, files):
+    """This input shard's share of the sorted files: every
+    `num_input_shards`-th from `input_shard_index`. A subclass that shards
+    its batches instead (LmInput) returns all of them."""
+    p = self._params
+    return files[p.input_shard_index::p.num_input_shards]
 
   # --- properties --------------------------------------------------------
 

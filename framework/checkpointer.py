@@ -12,8 +12,9 @@ or Inf: `Save` checks first and refuses (returns None), so the latest
 checkpoint is always a good one to resume from.
 
 Example:
-  ckpt = Checkpointer('/tmp/run/train', dict(model=VarsByPath(vars_by_path),
-                      global_step=step_var), max_to_keep=3)
+  ckpt = Checkpointer('/tmp/run/train', dict(
+      model=KeyedVariables(TaskVariables(task)), global_step=step_var),
+      max_to_keep=3)
   ckpt.Restore()            # None on a fresh run, else the restored step.
   ckpt.Save(step=100)       # '/tmp/run/train/ckpt-100'
 """
@@ -29,16 +30,34 @@ _CKPT_NAME = 'ckpt'
 _STEP_RE = re.compile(r'-(\d+)$')
 
 
-class VarsByPath(tf.Module):
-  """A trackable dict of variables keyed by path, for stable checkpoint keys.
+def TaskVariables(task, var_map=None):
+  """{'<task path>.<key>': variable}: the full variable paths of a task.
+
+  Args:
+    task: a BaseTask (or any BaseLayer).
+    var_map: a NestedMap of variables keyed like `task.vars`, or a dict
+      {key: variable} (e.g. the EMA copies); default: `task.vars`.
 
   Example:
-    VarsByPath({'reg.w': w_var, 'reg.b': b_var})
+    TaskVariables(task)   # {'regression.net.fc[0].w': <tf.Variable>, ...}
+  """
+  var_map = task.vars if var_map is None else var_map
+  items = (var_map.FlattenItems() if hasattr(var_map, 'FlattenItems') else
+           var_map.items())
+  return {f'{task.path}.{k}': v for k, v in items}
+
+
+class KeyedVariables(tf.Module):
+  """A trackable dict of variables whose checkpoint keys are its keys.
+
+  Example:
+    KeyedVariables({'reg.w': w_var, 'reg.b': b_var})
+    # keys model/vars/reg..w/... in tf.train.Checkpoint(model=...)
   """
 
-  def __init__(self, vars_by_path, name=None):
+  def __init__(self, variables, name=None):
     super().__init__(name=name)
-    self.vars = dict(vars_by_path)
+    self.vars = dict(variables)
 
 
 def StepOf(checkpoint_path):
@@ -143,7 +162,10 @@ class Checkpointer:
     path = checkpoint_path or self._manager.latest_checkpoint
     if not path:
       return None
-    status = self._checkpoint.read(path)
+    # `restore`, not `read`: the manager's saves hold the checkpoint's
+    # `save_counter`, which `read` leaves unrestored (TensorFlow then warns
+    # "deleted with unrestored values" when the status goes away).
+    status = self._checkpoint.restore(path)
     if expect_partial:
       status.expect_partial()
     else:

@@ -2,8 +2,17 @@
 
 A *model split* is the group of devices that together hold one copy of the
 model: a pipelined model puts its K cells on the K devices of a split. With
-D devices and `worker_split_size` S, there are D / S splits; data
-parallelism (the distribution issue) replicates across splits.
+D devices and `worker_split_size` S, there are D / S splits, and each split
+is one data-parallel replica (Lingvo's split id): replica r runs on
+`DevicesInModelSplit(r)`, stage s of it on the split's device s.
+
+The cluster also knows the *current replica*: `cluster.WithReplica(r)` is
+the same cluster with replica r current, and layers built or run inside
+`with cluster.WithReplica(r):` place themselves on `ReplicaDevices()`, the
+devices of replica r (replica 0 when none was chosen).
+
+Every local device is checked when the cluster is built: a device that
+does not exist here is an error then, not a hang at the first step.
 
 The current cluster is scoped, never a hidden global that FProp mutates:
 `with cluster:` makes it `Cluster.Current()` for the code inside, and the
@@ -22,7 +31,10 @@ Example:
   with cluster:
     assert Cluster.Current() is cluster
     layer = PipeliningLayer.Params().Set(...).Instantiate()
+  with cluster.WithReplica(1):
+    Cluster.Current().ReplicaDevices()    # ['/device:CPU:2', '/device:CPU:3']
 """
+import copy
 import contextlib
 
 import tensorflow as tf
@@ -90,6 +102,25 @@ class Cluster:
       raise ValueError(
           f'Cluster: worker_split_size={size!r} must be an int >= 1 that '
           f'divides the number of devices {len(self._devices)}.')
+    self._CheckLocalDevicesExist()
+    self._replica = 0
+
+  def _CheckLocalDevicesExist(self):
+    """Raises ValueError naming any local device that TF does not have."""
+    local = {}
+    for device in tf.config.list_logical_devices():
+      spec = tf.DeviceSpec.from_string(device.name)
+      local[spec.replace(job=None, replica=None, task=None).to_string()] = True
+    for device in self._devices:
+      spec = tf.DeviceSpec.from_string(device)
+      if spec.job not in (None, 'localhost'):
+        continue  # A remote device: its own process checks it.
+      short = spec.replace(job=None, replica=None, task=None).to_string()
+      if short not in local:
+        raise ValueError(
+            f'Cluster: device {device!r} does not exist in this process; '
+            f'the devices are {sorted(local)}. On CPU, --run_locally=cpu '
+            'creates --worker_replicas x --worker_split_size logical CPUs.')
 
   @staticmethod
   def _DevicesFromType(p):
@@ -141,6 +172,24 @@ class Cluster:
   def split_devices(self):
     """List (per split) of the split's device lists."""
     return [self.DevicesInModelSplit(s) for s in range(self.num_splits)]
+
+  @property
+  def replica(self):
+    """The current replica (model split) index; 0 unless chosen."""
+    return self._replica
+
+  def WithReplica(self, replica):
+    """This cluster with `replica` current; enter it with `with`."""
+    if not 0 <= replica < self.num_splits:
+      raise ValueError(f'Cluster: replica={replica} is out of range; there '
+                       f'are {self.num_splits} model splits.')
+    view = copy.copy(self)
+    view._replica = replica  # pylint: disable=protected-access
+    return view
+
+  def ReplicaDevices(self):
+    """The devices of the current replica: one per pipeline stage."""
+    return self.DevicesInModelSplit(self._replica)
 
   def DevicesInModelSplit(self, split=0):
     """The devices of model split `split`."""

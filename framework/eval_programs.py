@@ -9,6 +9,10 @@ its summaries at the checkpoint's global step into
 `logdir/eval_<dataset>` or `logdir/decoder_<dataset>`; the decoder also
 writes its text output to `decoder_<dataset>/decoder_out-<step>.txt`.
 
+Programs of one dataset can share its input generator (`input_generator`),
+so the trainer's in-process eval and final decode read Dev once. The first
+`Run` of a program traces and compiles its step and says so in the log.
+
 `RunOnCheckpoints` is the evaler's outer loop: it waits for checkpoints in
 `logdir/train` and handles each new one once, in order, until the one at
 `max_steps`.
@@ -23,7 +27,6 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import checkpointer as checkpointer_lib
-from cadence.framework import programs
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
 from cadence.framework.nested_map import NestedMap
@@ -42,15 +45,29 @@ def _NumBatches(generator, samples, num_replicas, field):
 
 
 class _InferenceProgram:
-  """What the eval and decode programs share: input, writer, strategy."""
+  """What the eval and decode programs share: input, writer, strategy.
+
+  Args:
+    task: the task, built with is_inference=True (its params.input is the
+      dataset's).
+    dataset_name: 'Dev', 'Test', ...: names the output folder.
+    logdir: the experiment's logdir.
+    strategy: a tf.distribute strategy (default: the default strategy).
+    input_generator: the generator of `task.params.input`, if one is
+      already built (e.g. shared by an eval and a decode program); default:
+      built here.
+  """
 
   _SUBDIR = ''
   _SAMPLES_FIELD = ''
+  _WHAT = ''
 
-  def __init__(self, task, dataset_name, logdir, strategy=None):
+  def __init__(self, task, dataset_name, logdir, strategy=None,
+               input_generator=None):
     self._task = task
     self._strategy = strategy or tf.distribute.get_strategy()
-    self._input = task.params.input.Instantiate()
+    self._input = input_generator or task.params.input.Instantiate()
+    self._dataset_name = dataset_name
     self._dir = os.path.join(logdir, f'{self._SUBDIR}_{dataset_name.lower()}')
     self._writer = summary_utils.SummaryWriter(self._dir)
     self._samples = task.params.eval.Get(self._SAMPLES_FIELD)
@@ -62,6 +79,16 @@ class _InferenceProgram:
   def logdir(self):
     """The folder this program writes to."""
     return self._dir
+
+  @property
+  def input_generator(self):
+    """The input generator this program reads (to share with another)."""
+    return self._input
+
+  def _LogFirstRun(self, step_fn, step):
+    if not step_fn.experimental_get_tracing_count():
+      logging.info('%s %s at step %d: compiling the %s step first...',
+                   self._WHAT, self._dataset_name, step, self._SUBDIR)
 
   def _Batches(self):
     dataset = self._input.Dataset(
@@ -85,9 +112,11 @@ class EvalProgram(_InferenceProgram):
 
   _SUBDIR = 'eval'
   _SAMPLES_FIELD = 'samples_per_summary'
+  _WHAT = 'Evaluating'
 
-  def __init__(self, task, dataset_name, logdir, strategy=None):
-    super().__init__(task, dataset_name, logdir, strategy)
+  def __init__(self, task, dataset_name, logdir, strategy=None,
+               input_generator=None):
+    super().__init__(task, dataset_name, logdir, strategy, input_generator)
     self._eval_step = tf.function(self._EvalStep, autograph=False)
 
   def _ReplicaEval(self, theta, batch):
@@ -112,6 +141,7 @@ class EvalProgram(_InferenceProgram):
     Returns:
       dict metric name -> weighted average (plus `num_samples`).
     """
+    self._LogFirstRun(self._eval_step, step)
     start = time.perf_counter()
     theta = self._Theta(theta, step)
     sums = None
@@ -146,9 +176,11 @@ class DecodeProgram(_InferenceProgram):
 
   _SUBDIR = 'decoder'
   _SAMPLES_FIELD = 'decoder_samples'
+  _WHAT = 'Decoding'
 
-  def __init__(self, task, dataset_name, logdir, strategy=None):
-    super().__init__(task, dataset_name, logdir, strategy)
+  def __init__(self, task, dataset_name, logdir, strategy=None,
+               input_generator=None):
+    super().__init__(task, dataset_name, logdir, strategy, input_generator)
     self._decode_step = tf.function(self._DecodeStep, autograph=False)
 
   def _DecodeStep(self, theta, batch):
@@ -165,6 +197,7 @@ class DecodeProgram(_InferenceProgram):
     Returns:
       dict decoder metric name -> value.
     """
+    self._LogFirstRun(self._decode_step, step)
     start = time.perf_counter()
     theta = self._Theta(theta, step)
     metrics = self._task.CreateDecoderMetrics()
@@ -205,15 +238,15 @@ class CheckpointState:
     self._task = task
     self._global_step = tf.Variable(tf.constant(0, tf.int64),
                                     trainable=False, name='global_step')
-    objects = dict(model=checkpointer_lib.VarsByPath(
-        programs.VarsByPath(task)), global_step=self._global_step)
+    objects = dict(model=checkpointer_lib.KeyedVariables(
+        checkpointer_lib.TaskVariables(task)), global_step=self._global_step)
     self._ema = None
     if task.params.train.ema_decay:
       trainable = task.InstantiateLearner().trainable
       self._ema = {path: tf.Variable(tf.zeros_like(v), trainable=False,
                                      name='ema') for path, v in trainable}
-      objects['ema'] = checkpointer_lib.VarsByPath(
-          {f'{task.path}.{k}': v for k, v in self._ema.items()})
+      objects['ema'] = checkpointer_lib.KeyedVariables(
+          checkpointer_lib.TaskVariables(task, self._ema))
     self._checkpointer = checkpointer_lib.Checkpointer(
         train_dir, objects, remove_temp=False)
 

@@ -1,4 +1,4 @@
-"""The train, eval and decode programs: each a tf.function step and its loop.
+"""The train program: its compiled loop of steps, the Python loop, checkpoints.
 
 `TrainProgram` owns the training state (learner, global step, input
 position, skip counters, EMA) and its checkpoints. Its compiled unit is a
@@ -19,11 +19,13 @@ checkpoint stays the last good one. Everything runs under the given
 step goes through `strategy.run` and the metrics are reduced across
 replicas, so a MirroredStrategy plugs in unchanged.
 
-`EvalProgram` and `DecodeProgram` run a task (built with
-`is_inference=True`) over a fresh pass of a dataset with a given theta and
-write summaries (and decoded text) for one global step.
+The Python loop (`Run`) restores the latest checkpoint, runs the compiled
+loop from boundary to boundary, and at each boundary writes the train
+summaries, logs a progress line and saves a checkpoint (then calls the
+`on_checkpoint` callbacks, e.g. the in-process eval). What those summaries
+and lines hold (rates, FLOPs, MFU) is framework/train_report.py; the eval
+and decode programs are framework/eval_programs.py.
 """
-import math
 import os
 import time
 
@@ -32,77 +34,14 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import checkpointer as checkpointer_lib
-from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
+from cadence.framework import train_report
 from cadence.framework.nested_map import NestedMap
 
 
 class TrainingStopped(RuntimeError):
   """Training cannot go on (too many skipped steps, non-finite weights)."""
-
-
-def VarsByPath(task, var_map=None):
-  """{'<task path>.<key>': variable} of `var_map` (default: task.vars)."""
-  var_map = task.vars if var_map is None else var_map
-  return {f'{task.path}.{k}': v for k, v in var_map.FlattenItems()}
-
-
-def InputShapes(dataset, batch_size=None):
-  """NestedMap of `shapes.Shape` of a dataset's batch (None: unknown dims).
-
-  Args:
-    dataset: a dataset of NestedMap batches.
-    batch_size: if set, replaces dim 0 of every field.
-  """
-
-  def _Shape(spec):
-    shape = shapes.Shape(spec.shape)
-    return shape.WithDim(0, batch_size) if batch_size and shape.rank else shape
-
-  return NestedMap(dataset.element_spec).Transform(_Shape)
-
-
-def TrainFlopsPerExample(task, dataset, batch_size):
-  """Train FLOPs per example: 3x (forward + backward) FPropMeta's forward.
-
-  The forward is costed on one batch of `batch_size` examples (the
-  per-replica batch: what FPropMeta's checks, e.g. a pipeline's
-  micro-batching, expect) and divided by it, so batches of any size get
-  their FLOPs as examples x this. Returns None when the task has no
-  FPropMeta or another dim is unknown.
-  """
-  try:
-    meta = type(task).FPropMeta(task.params, InputShapes(dataset, batch_size))
-  except NotImplementedError:
-    return None
-  return None if meta.flops is None else 3 * meta.flops / batch_size
-
-
-def MeasurePeakFlops(device=None, n=None, repeats=5):
-  """FLOP/s of an n x n float32 matmul chain on `device`: a peak estimate.
-
-  n defaults to 1024 on CPU and 8192 when a GPU is visible.
-  """
-  if n is None:
-    n = 8192 if tf.config.list_logical_devices('GPU') else 1024
-  with tf.device(device):
-    a = tf.random.stateless_normal([n, n], seed=[1, 2])
-    b = tf.random.stateless_normal([n, n], seed=[3, 4])
-
-    @tf.function
-    def _Chain(a, b):
-      for _ in range(4):
-        a = tf.matmul(a, b) * 1e-3
-      return tf.reduce_sum(a)
-
-    _Chain(a, b).numpy()  # Compile.
-    best = float('inf')
-    for _ in range(repeats):
-      start = time.perf_counter()
-      _Chain(a, b).numpy()
-      best = min(best, time.perf_counter() - start)
-  return 4 * 2 * n ** 3 / best
 
 
 def _Reduce(strategy, op, value):
@@ -113,28 +52,6 @@ def _FirstLeaf(batch):
   return NestedMap(batch).Flatten()[0]
 
 
-class _Window:
-  """Sums of the train loop's outputs since the last report."""
-
-  def __init__(self):
-    self.Reset(time.perf_counter())
-
-  def Reset(self, now):
-    self.start, self.steps, self.examples, self.sums = now, 0, 0.0, {}
-
-  def Add(self, out):
-    """Adds the {stat name: float} sums of one loop call."""
-    self.steps += int(out.get('steps', 0))
-    self.examples += out.get('examples', 0.0)
-    for key, value in out.items():
-      if key not in ('steps', 'examples', 'learning_rate', 'consecutive'):
-        self.sums[key] = self.sums.get(key, 0.0) + value
-
-  def Rates(self, now):
-    secs = max(now - self.start, 1e-9)
-    return self.steps / secs, self.examples / secs
-
-
 class TrainProgram:
   """Trains one task; see the module docstring.
 
@@ -143,8 +60,9 @@ class TrainProgram:
     logdir: the experiment's logdir; checkpoints and summaries go to
       `logdir/train`.
     strategy: a tf.distribute strategy (default: the default strategy).
-    peak_flops: the devices' peak FLOP/s for the utilisation summary; None
-      measures it once with a matmul probe.
+    peak_flops: one device's peak FLOP/s for the utilisation summary (mfu
+      divides by it x `train_report.NumStepDevices`, the devices a step
+      runs on); None measures it once with a matmul probe.
     on_checkpoint: callables `fn(step)` run after each checkpoint save.
     start_time: `time.time()` at process start, for the first-step log.
 
@@ -160,6 +78,7 @@ class TrainProgram:
     self._p = task.params.train
     self._strategy = strategy or tf.distribute.get_strategy()
     self._peak_flops = peak_flops
+    self._num_devices = train_report.NumStepDevices(self._strategy)
     self._on_checkpoint = list(on_checkpoint)
     self._start_time = start_time
     self._train_dir = os.path.join(logdir, 'train')
@@ -180,14 +99,15 @@ class TrainProgram:
         self._ema = {path: tf.Variable(v.read_value(), trainable=False,
                                        name='ema')
                      for path, v in self._learner.trainable}
-    objects = dict(model=checkpointer_lib.VarsByPath(VarsByPath(task)),
+    objects = dict(model=checkpointer_lib.KeyedVariables(
+        checkpointer_lib.TaskVariables(task)),
                    optimizer=self._learner.checkpointables,
                    global_step=self._global_step,
                    input_position=self._input_position,
                    skipped_steps=self._skipped_total)
     if self._ema is not None:
-      objects['ema'] = checkpointer_lib.VarsByPath(
-          {f'{task.path}.{k}': v for k, v in self._ema.items()})
+      objects['ema'] = checkpointer_lib.KeyedVariables(
+          checkpointer_lib.TaskVariables(task, self._ema))
     self._checkpointer = checkpointer_lib.Checkpointer(
         self._train_dir, objects, max_to_keep=self._p.save_max_to_keep)
     self._writer = summary_utils.SummaryWriter(self._train_dir)
@@ -383,27 +303,32 @@ class TrainProgram:
         'Lower the learning rate, clip gradients or check the input data, '
         'then rerun the same command to resume from it.')
 
-  def _Summaries(self, window, now, example_flops, learning_rate=None):
-    steps_per_sec, examples_per_sec = window.Rates(now)
-    sums = window.sums
-    ok = sums.get('ok_steps', 0.0)
-    scalars = {}
-    for key, value in sums.items():
-      if key.startswith('metrics.') and key.endswith('.vw'):
-        name = key[len('metrics.'):-len('.vw')]
-        weight = sums[f'metrics.{name}.w']
-        scalars[name] = value / weight if weight else float('nan')
-    scalars.update(
-        grad_norm=sums.get('grad_norm', 0.0) / ok if ok else float('nan'),
-        skipped_steps=sums.get('skipped_steps', 0.0),
-        skipped_steps_total=int(self._skipped_total.numpy()),
-        steps_per_sec=steps_per_sec, examples_per_sec=examples_per_sec,
-        learning_rate=learning_rate)
-    if example_flops and self._peak_flops:
-      achieved = example_flops * examples_per_sec
-      scalars['model_tflops_per_sec'] = achieved / 1e12
-      scalars['mfu'] = achieved / self._peak_flops
-    return scalars
+  def _Summaries(self, window, now, example_flops, learning_rate):
+    peak = (self._peak_flops * self._num_devices if self._peak_flops else
+            None)
+    return train_report.Scalars(
+        window, now, example_flops=example_flops, peak_flops=peak,
+        learning_rate=learning_rate,
+        skipped_steps_total=int(self._skipped_total.numpy()))
+
+  def _FirstStep(self, iterator):
+    """Runs the first loop call (one step, compiling the loop); logs it."""
+    logging.info('Compiling the train step (tracing the model, then '
+                 'optimising its graph); the first step runs with it...')
+    start = time.perf_counter()
+    out = self._RunLoop(iterator, 1)
+    since = (None if self._start_time is None else
+             time.time() - self._start_time)
+    logging.info('%s', train_report.FirstStepLine(
+        self.global_step, train_report.LoopLoss(out),
+        time.perf_counter() - start, since))
+    return out
+
+  def _MeasurePeakFlops(self):
+    self._peak_flops = train_report.MeasurePeakFlops()
+    logging.info('Peak %.3g FLOP/s per device (a float32 matmul probe) x %d '
+                 'device(s) for the model FLOPs utilisation.',
+                 self._peak_flops, self._num_devices)
 
   def Run(self):
     """Trains to `train.max_steps`, resuming from the latest checkpoint.
@@ -425,25 +350,21 @@ class TrainProgram:
     dataset = self._input.Dataset(
         start_batch=int(self._input_position.numpy()),
         num_replicas=self._strategy.num_replicas_in_sync)
-    flops = TrainFlopsPerExample(self._task, dataset,
-                                 self._input.GlobalBatchSize())
+    flops = train_report.TrainFlopsPerExample(
+        self._task, dataset, self._input.GlobalBatchSize())
     iterator = iter(self._strategy.experimental_distribute_dataset(dataset))
-    summary_window, log_window = _Window(), _Window()
+    summary_window, log_window = train_report.Window(), train_report.Window()
     first = True
     while step < p.max_steps:
-      n = 1 if first else self._NextBoundary(step) - step
-      out = self._RunLoop(iterator, n)
+      if first:
+        out = self._FirstStep(iterator)
+      else:
+        out = self._RunLoop(iterator, self._NextBoundary(step) - step)
       step = self.global_step
       now = time.perf_counter()
       if first:
-        self._LogFirstStep(step, out)
         if flops and self._peak_flops is None and step < p.max_steps:
-          # Measured once, outside the timed windows.
-          self._peak_flops = MeasurePeakFlops() * (
-              self._strategy.num_replicas_in_sync)
-          logging.info('Peak %.3g FLOP/s (measured by a float32 matmul '
-                       'probe) for the model FLOPs utilisation.',
-                       self._peak_flops)
+          self._MeasurePeakFlops()  # Once, outside the timed windows.
         now = time.perf_counter()
         summary_window.Reset(now)
         log_window.Reset(now)
@@ -463,7 +384,8 @@ class TrainProgram:
         summary_window.Reset(time.perf_counter())
       if (step % p.log_interval_steps == 0 or step == p.max_steps) and (
           log_window.steps):
-        self._LogProgress(step, log_window, now)
+        logging.info('%s', train_report.ProgressLine(step, p.max_steps,
+                                                     log_window, now))
         log_window.Reset(time.perf_counter())
       if step % p.save_interval_steps == 0 or step == p.max_steps:
         self._writer.Flush()
@@ -473,26 +395,3 @@ class TrainProgram:
     self._writer.Flush()
     logging.info('Training finished at step %d.', step)
     return step
-
-  def _LogFirstStep(self, step, out):
-    since = ''
-    if self._start_time is not None:
-      since = f', {time.time() - self._start_time:.2f} s after start'
-    weight = out.get('metrics.loss.w', 0.0)
-    loss = out['metrics.loss.vw'] / weight if weight else float('nan')
-    logging.info('First step done (global step %d, loss %.6g%s).', step, loss,
-                 since)
-
-  def _LogProgress(self, step, window, now):
-    steps_per_sec, examples_per_sec = window.Rates(now)
-    sums = window.sums
-    weight = sums.get('metrics.loss.w', 0.0)
-    loss = sums.get('metrics.loss.vw', 0.0) / weight if weight else math.nan
-    eta = ((self._p.max_steps - step) / steps_per_sec
-           if steps_per_sec else None)
-    skipped = int(sums.get('skipped_steps', 0))
-    logging.info(
-        'step %d/%d  loss %.6g  %.1f steps/s  %.0f examples/s  ETA %s%s',
-        step, self._p.max_steps, loss, steps_per_sec, examples_per_sec,
-        summary_utils.FormatDuration(eta),
-        f'  ({skipped} skipped)' if skipped else '')

@@ -15,19 +15,32 @@ that only before any op runs), then the params (registry, file override,
 text override, --max_steps), then `params.txt`, the cluster, the strategy
 and the job's programs; any user error up to there exits with 2. Then the
 job runs: `trainer`, `trainer_and_evaler` (eval on Dev after each
-checkpoint, in process), `evaler_<dataset>` or `decoder_<dataset>` (each new
-checkpoint of `logdir/train`, until the one at max_steps).
+checkpoint, in process, and a decode of Dev with the final weights),
+`evaler_<dataset>` or `decoder_<dataset>` (each new checkpoint of
+`logdir/train`, until the one at max_steps).
+
+A job that already finished (a checkpoint at max_steps in `logdir/train`,
+and for trainer_and_evaler its final decode written; for an evaler or
+decoder, every checkpoint up to max_steps handled) builds nothing: it logs
+one line saying so and exits 0, leaving the logdir as it was.
+
+Logs: TensorFlow's own INFO records (e.g. the checkpoint saver's timings at
+every save) are dropped (`TensorFlowInfoFilter`; --verbosity=1 keeps them),
+and its warnings go through absl's handler once.
 """
 import dataclasses
 import difflib
+import logging as py_logging
 import os
 import sys
+import time
 
 from absl import logging
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
+from cadence.framework import checkpointer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import eval_programs
 from cadence.framework import inspect_lib
@@ -176,6 +189,52 @@ def InferenceParams(params):
   return params
 
 
+# --- logs ---------------------------------------------------------------------
+
+
+_TF_DIR = os.path.dirname(os.path.abspath(tf.__file__)) + os.sep
+
+
+class TensorFlowInfoFilter(py_logging.Filter):
+  """Drops TensorFlow's own INFO and DEBUG records; keeps its warnings.
+
+  TensorFlow's records come through its 'tensorflow' logger and, from
+  modules that use absl logging directly, through absl's logger: e.g. the
+  checkpoint saver's 'Sharding callback duration: 117 microseconds' at
+  every save. A record is TensorFlow's when its logger is 'tensorflow' or
+  its source file lies in the tensorflow package. With absl's
+  --verbosity=1 (debug) every record passes.
+
+  Example:
+    logging.get_absl_logger().addFilter(TensorFlowInfoFilter())
+  """
+
+  def filter(self, record):
+    if (record.levelno >= py_logging.WARNING or
+        logging.get_verbosity() >= logging.DEBUG):
+      return True
+    return not (record.name.split('.')[0] == 'tensorflow' or
+                record.pathname.startswith(_TF_DIR))
+
+
+def ConfigureLogging():
+  """Filters TensorFlow's INFO records and prints its warnings once.
+
+  The filter goes on the 'tensorflow' and absl loggers. TensorFlow gives
+  its logger a stderr handler of its own when it is imported before absl
+  installs its handler on the root logger (as in trainer.py), so each of
+  its warnings was printed twice; with a root handler in place,
+  TensorFlow's records go to that one only. Idempotent.
+  """
+  tf_logger = tf.get_logger()
+  for logger in (tf_logger, logging.get_absl_logger()):
+    if not any(isinstance(f, TensorFlowInfoFilter) for f in logger.filters):
+      logger.addFilter(TensorFlowInfoFilter())
+  if py_logging.getLogger().handlers:
+    for handler in list(tf_logger.handlers):
+      tf_logger.removeHandler(handler)
+
+
 # --- devices ------------------------------------------------------------------
 
 
@@ -254,9 +313,15 @@ class _TrainerJob:
   """trainer / trainer_and_evaler: the train program (+ in-process eval)."""
 
   def __init__(self, options, params, strategy, with_eval):
+    start = time.perf_counter()
     with strategy.scope():
       self._model = params.Instantiate()
     task = self._model.task
+    variables = checkpointer.TaskVariables(task).values()
+    logging.info('Built the model: %d variables, %s parameters (%.1f s).',
+                 len(variables),
+                 f'{sum(v.shape.num_elements() for v in variables):,}',
+                 time.perf_counter() - start)
     on_checkpoint = []
     self._decode = None
     if with_eval and _HasDataset(options, 'Dev'):
@@ -268,10 +333,11 @@ class _TrainerJob:
       on_checkpoint.append(
           lambda step: self._eval.Run(step, self._program.EmaTheta()))
       # A local run ends by decoding Dev once with the final weights, so one
-      # command shows training, eval and samples.
-      if _ImplementsDecode(eval_task):
-        self._decode = eval_programs.DecodeProgram(eval_task, 'Dev',
-                                                   options.logdir, strategy)
+      # command shows training, eval and samples. It reads the eval's Dev.
+      if _ImplementsDecode(type(eval_task)):
+        self._decode = eval_programs.DecodeProgram(
+            eval_task, 'Dev', options.logdir, strategy,
+            input_generator=self._eval.input_generator)
     elif with_eval:
       logging.warning('%s defines no Dev() dataset: training without eval.',
                       options.model)
@@ -281,13 +347,48 @@ class _TrainerJob:
         on_checkpoint=on_checkpoint, start_time=options.start_time)
 
   def Run(self):
-    self._program.Run()
+    step = self._program.Run()
     if self._decode is not None:
-      self._decode.Run(self._program.global_step, self._program.EmaTheta())
+      logging.info('Decoding Dev with the final weights (step %d)...', step)
+      self._decode.Run(step, self._program.EmaTheta())
 
 
-def _ImplementsDecode(task):
-  return type(task).Decode is not base_model.BaseTask.Decode
+def _ImplementsDecode(task_cls):
+  return task_cls.Decode is not base_model.BaseTask.Decode
+
+
+def _Finished(options, params, kind, sub):
+  """The one-line message of a job that already finished, or None.
+
+  Reads only the logdir's state files: trainer jobs, the latest checkpoint
+  (and for trainer_and_evaler the final decode's output, when Dev is
+  decoded); evaler/decoder jobs, their `last_step.txt`.
+  """
+  max_steps = params.task.train.max_steps
+  if kind in ('trainer', 'trainer_and_evaler'):
+    train_dir = os.path.join(options.logdir, 'train')
+    paths = checkpointer.ListCheckpoints(train_dir)
+    step = checkpointer.StepOf(paths[-1]) if paths else None
+    if step is None or step < max_steps:
+      return None
+    if (kind == 'trainer_and_evaler' and _HasDataset(options, 'Dev') and
+        _ImplementsDecode(params.task.cls) and not tf.io.gfile.exists(
+            os.path.join(options.logdir, 'decoder_dev',
+                         f'decoder_out-{step:08d}.txt'))):
+      return None   # Stopped before its final decode: resume to decode.
+    return (f'The run is finished: {train_dir} holds the checkpoint of step '
+            f'{step} (max_steps {max_steps}); nothing to do. Raise '
+            '--max_steps to train on, or use a new --logdir to start over.')
+  state = os.path.join(options.logdir, sub, 'last_step.txt')
+  if not tf.io.gfile.exists(state):
+    return None
+  with tf.io.gfile.GFile(state) as f:
+    text = f.read().strip()
+  if not text or int(text) < max_steps:
+    return None
+  return (f'The {options.job} job is finished: it handled every checkpoint '
+          f'up to step {text} (max_steps {max_steps}, {state}); nothing to '
+          'do.')
 
 
 class _CheckpointJob:
@@ -317,12 +418,17 @@ class _CheckpointJob:
 
 
 def _BuildJob(options, cluster):
+  """The job of `options`, or a message (str) when it already finished."""
   kind, dataset = _ParseJob(options.job)
   params = LoadParams(options, dataset or 'Train')
   if not options.logdir:
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
       f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
+  finished = _Finished(options, params, kind, sub)
+  if finished:
+    return finished
+  logging.info('%r', cluster)
   path = os.path.join(options.logdir, sub, 'params.txt')
   WriteParams(params, path)
   logging.info('Model %s, job %s; params written to %s.', options.model,
@@ -348,7 +454,8 @@ def _InspectPipeline(options):
   sys.stdout.flush()
 
 
-def _Inspect(options):
+def _Inspect(options, cluster):
+  logging.info('%r', cluster)
   if options.mode == 'inspect_pipeline':
     return _InspectPipeline(options)
   params = LoadParams(options, 'Train')
@@ -369,15 +476,15 @@ def _Fail(code, message):
 
 def Main(options):
   """Runs the trainer for `options`; returns the exit code."""
+  ConfigureLogging()
   try:
     cluster = ConfigureDevices(options)
-    logging.info('%r', cluster)
     if options.mode not in MODES:
       raise UserError(f'--mode={options.mode!r} is not one of '
                       f'{", ".join(MODES)}.')
     with cluster:
       if options.mode != 'sync':
-        _Inspect(options)
+        _Inspect(options, cluster)
         return EXIT_OK
       job = _BuildJob(options, cluster)
   except UserError as e:
@@ -386,6 +493,9 @@ def Main(options):
     kind = ('Input' if isinstance(e, base_input_generator.InputError) else
             'Bad params')
     return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
+  if isinstance(job, str):
+    logging.info('%s', job)
+    return EXIT_OK
   try:
     with cluster:
       job.Run()

@@ -148,7 +148,7 @@ class SeqLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    self._devices = cluster_lib.Cluster.Current().DevicesInModelSplit(0)
+    self._devices = cluster_lib.Cluster.Current().ReplicaDevices()
     for field in ('before_tpl', 'cell_tpl'):
       if not isinstance(p.Get(field), (list, tuple)):
         raise validation.Error(validation.Owner(self), field, p.Get(field),

@@ -41,6 +41,25 @@ def _Steps(logdir, sub, tag='loss'):
       os.path.join(logdir, sub)).get(tag, [])]
 
 
+def _Files(logdir):
+  """{path below logdir: (size, mtime)} of every file."""
+  out = {}
+  for folder, _, names in os.walk(logdir):
+    for name in names:
+      path = os.path.join(folder, name)
+      stat = os.stat(path)
+      out[os.path.relpath(path, logdir)] = (stat.st_size, stat.st_mtime_ns)
+  return out
+
+
+def _LogLines(err):
+  """The lines Python logged to stderr: absl's ('I1123 05:47:45.43 12
+  trainer_lib.py:480] ...') and TensorFlow's own ('WARNING:tensorflow:')."""
+  return [line for line in err.splitlines()
+          if re.match(r'^[DIWEF]\d{4} [\d:.]+ +\d+ \S+\.py:\d+\] ', line) or
+          line.startswith(('INFO:', 'WARNING:tensorflow', 'ERROR:'))]
+
+
 class TrainerTest(tf.test.TestCase):
 
   def testTrainEvalThenEvalerAndDecoderJobs(self):
@@ -48,8 +67,13 @@ class TrainerTest(tf.test.TestCase):
     code, _, err = _Finish(_Start(f'--model={_KEY}', f'--logdir={logdir}',
                                   '--max_steps=200'))
     self.assertEqual(code, 0, err[-3000:])
-    self.assertRegex(err, r'First step done \(global step 1, loss [\d.]+, '
-                     r'[\d.]+ s after start\)')
+    self.assertIn('Compiling the train step', err)
+    self.assertRegex(err, r'First step done \(global step 1, loss [\d.]+\) '
+                     r'in [\d.]+ s, compiling the train step included; '
+                     r'[\d.]+ s after start\.')
+    self.assertIn('Decoding Dev with the final weights (step 200)...', err)
+    # TensorFlow's INFO records (the saver's at each save) are filtered.
+    self.assertNotIn('Sharding callback duration', err)
     self.assertRegex(err, r'step 100/200  loss [\d.e-]+  [\d.]+ steps/s  '
                      r'\d+ examples/s  ETA \d+:\d\d:\d\d')
     with open(os.path.join(logdir, 'params.txt')) as f:
@@ -77,6 +101,27 @@ class TrainerTest(tf.test.TestCase):
       lines = f.read().splitlines()
     self.assertLen(lines, 64)
     self.assertRegex(lines[0], r'^target=-?[\d.]+ prediction=-?[\d.]+$')
+
+    # Rerunning finished jobs builds nothing, writes nothing and says so.
+    before = _Files(logdir)
+    trainer = _Start(f'--model={_KEY}', f'--logdir={logdir}',
+                     '--max_steps=200')
+    evaler = _Start(f'--model={_KEY}', f'--logdir={logdir}',
+                    '--max_steps=200', '--job=evaler_test')
+    finished = {
+        trainer: rf'The run is finished: {logdir}/train holds the checkpoint '
+                 r'of step 200 \(max_steps 200\); nothing to do\.',
+        evaler: r'The evaler_test job is finished: it handled every '
+                r'checkpoint up to step 200 \(max_steps 200, '
+                rf'{logdir}/eval_test/last_step.txt\); nothing to do\.'}
+    for proc, message in finished.items():
+      code, out, err = _Finish(proc)
+      self.assertEqual(code, 0, err[-3000:])
+      self.assertEqual(out, '')
+      lines = _LogLines(err)
+      self.assertLen(lines, 1, err[-3000:])
+      self.assertRegex(lines[0], message)
+    self.assertEqual(_Files(logdir), before)
 
   def testKillAndResumeEqualsUninterrupted(self):
     whole = os.path.join(self.get_temp_dir(), 'whole')

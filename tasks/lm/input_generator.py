@@ -2,19 +2,24 @@
 
 Data layout (one-billion-words style): text files, one sentence per line,
 sharded files matched by `file_pattern` (`/data/train-*-of-00010`), a
-held-out set for Dev/Test with its own pattern. Every file of this worker's
-share (`num_input_shards` / `input_shard_index` split the sorted files) is
-read once, at construction: lines are stripped, empty lines skipped and
+held-out set for Dev/Test with its own pattern. Every file is read once, at
+construction: lines are stripped, empty lines skipped and
 counted, undecodable UTF-8 replaced (U+FFFD) and counted, and every sentence
 becomes `BOS ids EOS` in one flat int32 array in memory (4 bytes a token;
 the embedded corpus takes ~5 MB, the full one-billion-words corpus ~4 GB, so
 point the pattern at a subset of its shards on a small machine).
 
 Batches are then a pure function of the batch index: epoch `e` visits the
-sentences in the permutation drawn from (random_seed, shard, e), and batch
-`i` holds rows `i*B .. i*B+B-1` of that endless stream (`B` = batch_size x
+sentences in the permutation drawn from (random_seed, e), and batch `i`
+holds rows `i*B .. i*B+B-1` of that endless stream (`B` = batch_size x
 num_replicas). Resuming at the global step costs one permutation, never a
 replay of the skipped batches.
+
+Input shards split batches, not files: with `num_input_shards` S, shard h's
+batch i is batch i*S + h of the one stream. So S hosts together read
+exactly the batches one host would (global batch i of S hosts x R replicas
+= rows of batch i with num_replicas=S*R), whatever S is, and their batches
+are disjoint; every host reads every file.
 
 Two ways to cut sequences of `max_seq_len` tokens:
   * padded (`packed=False`): one sentence per row, `ids = BOS w1 .. wn`,
@@ -176,6 +181,9 @@ class LmInput(base_input_generator.BaseInputGenerator):
     if not validation.IsInt(p.random_seed, 0):
       raise self._Error('random_seed', p.random_seed, 'must be an int >= 0.')
 
+  def _ShardFiles(self, files):
+    return files   # Shards split batches (see the module docstring).
+
   def _Load(self):
     """Reads and tokenises this shard's files into one flat array."""
     p = self._params
@@ -239,8 +247,11 @@ class LmInput(base_input_generator.BaseInputGenerator):
     return self._lengths.size
 
   def NumBatchesPerEpoch(self, num_replicas=1):
-    """Batches of a single pass (`repeat=False`), the last one partial."""
-    return -(-self._NumRows() // self.GlobalBatchSize(num_replicas))
+    """This shard's batches of a single pass (`repeat=False`), the last one
+    partial."""
+    p = self._params
+    total = -(-self._NumRows() // self.GlobalBatchSize(num_replicas))
+    return max(0, -(-(total - p.input_shard_index) // p.num_input_shards))
 
   # --- batches as numpy --------------------------------------------------
 
@@ -252,7 +263,7 @@ class LmInput(base_input_generator.BaseInputGenerator):
     p = self._params
     n = self._lengths.size
     if p.shuffle:
-      rng = np.random.default_rng([p.random_seed, p.input_shard_index, epoch])
+      rng = np.random.default_rng([p.random_seed, epoch])
       order = rng.permutation(n)
     else:
       order = np.arange(n)
@@ -315,7 +326,9 @@ class LmInput(base_input_generator.BaseInputGenerator):
     The pure function behind `Dataset`: same params and index, same batch.
 
     Args:
-      batch_index: int >= 0, the input position (the global step).
+      batch_index: int >= 0, the input position (the global step) in this
+        shard's batches: batch batch_index * num_input_shards +
+        input_shard_index of the stream.
       num_replicas: the batch holds `num_replicas * batch_size` rows.
 
     Returns:
@@ -324,7 +337,8 @@ class LmInput(base_input_generator.BaseInputGenerator):
     """
     p = self._params
     b = self.GlobalBatchSize(num_replicas)
-    rows = np.arange(b, dtype=np.int64) + int(batch_index) * b
+    index = int(batch_index) * p.num_input_shards + p.input_shard_index
+    rows = np.arange(b, dtype=np.int64) + index * b
     tokens, inside = (self._PackedRows if p.packed else self._PaddedRows)(rows)
     # Position j is real iff its label (token j + 1) is.
     valid = inside[:, 1:]

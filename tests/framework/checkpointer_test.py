@@ -1,4 +1,5 @@
 """Tests for cadence.framework.checkpointer."""
+import gc
 import os
 
 import numpy as np
@@ -10,7 +11,7 @@ from cadence.framework import checkpointer
 def _State(value=0.0):
   w = tf.Variable(tf.fill([2, 3], value), name='w')
   step = tf.Variable(tf.constant(0, tf.int64), name='step')
-  return w, step, dict(model=checkpointer.VarsByPath({'net.w': w}),
+  return w, step, dict(model=checkpointer.KeyedVariables({'net.w': w}),
                        global_step=step)
 
 
@@ -39,6 +40,19 @@ class CheckpointerTest(tf.test.TestCase):
     values = checkpointer.ReadValues(os.path.join(directory, 'ckpt-20'))
     self.assertEqual(list(values), ['model/vars/net..w/.ATTRIBUTES/'
                                     'VARIABLE_VALUE'])
+
+  def testRestoreLeavesNoValueUnrestored(self):
+    directory = self.get_temp_dir()
+    checkpointer.Checkpointer(directory, _State(1.0)[2]).Save(1)
+    # TensorFlow warns when a restore status with unrestored checkpoint
+    # values (e.g. the manager's save_counter) is garbage collected.
+    with self.assertNoLogs('tensorflow', level='WARNING'):
+      w, _, objects = _State()
+      ckpt = checkpointer.Checkpointer(directory, objects)
+      self.assertEqual(ckpt.Restore(), 1)
+      del ckpt, objects
+      gc.collect()
+    self.assertAllEqual(w, np.full([2, 3], 1.0))
 
   def testRefusesNonFiniteWeights(self):
     directory = self.get_temp_dir()

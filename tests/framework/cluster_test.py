@@ -89,6 +89,28 @@ class ClusterTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, r'split=2 is out of range; there '
                                 r'are 2 model splits'):
       c.DevicesInModelSplit(2)
+    with self.assertRaisesRegex(ValueError, r'replica=2 is out of range'):
+      c.WithReplica(2)
+
+  def testUnknownDeviceIsAnErrorAtConstruction(self):
+    for devices in (['/cpu:0', '/cpu:9'], ['/gpu:0']):
+      with self.subTest(devices=devices):
+        with self.assertRaisesRegex(
+            ValueError, r"Cluster: device '/device:[CG]PU:\d' does not exist "
+            r"in this process; the devices are \['/device:CPU:0', "):
+          Cluster.Params().Set(devices=devices).Instantiate()
+
+  def testCurrentReplicaChoosesTheSplit(self):
+    c = _Cpus(4, 2)
+    self.assertEqual(0, c.replica)
+    self.assertEqual(['/device:CPU:0', '/device:CPU:1'], c.ReplicaDevices())
+    with c.WithReplica(1):
+      current = Cluster.Current()
+      self.assertEqual(1, current.replica)
+      self.assertEqual(['/device:CPU:2', '/device:CPU:3'],
+                       current.ReplicaDevices())
+      self.assertEqual(c.devices, current.devices)
+    self.assertEqual(0, c.replica)   # The view did not change the cluster.
 
 
 if __name__ == '__main__':

@@ -12,6 +12,7 @@ from cadence.framework import model_registry
 from cadence.framework import optimizer
 from cadence.framework import programs
 from cadence.framework import summary_utils
+from cadence.framework import train_report
 from cadence.tasks.synthetic import regression
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'
@@ -55,7 +56,7 @@ class TrainProgramTest(tf.test.TestCase):
     self.assertAllClose(scalars['learning_rate'][-1][1], 0.01)
     self.assertEqual(scalars['skipped_steps_total'][-1][1], 0)
     # Utilisation: examples/s x train FLOPs per example / peak.
-    one = programs.InputShapes(program._input.Dataset(), 1)  # pylint: disable=protected-access
+    one = train_report.InputShapes(program._input.Dataset(), 1)  # pylint: disable=protected-access
     flops = 3 * regression.RegressionModel.FPropMeta(program.task.params,
                                                      one).flops
     step, mfu = scalars['mfu'][-1]
@@ -175,8 +176,12 @@ class EvalProgramsTest(tf.test.TestCase):
   def testDecodeWritesOutputAndMetrics(self):
     task = self._EvalTask('Test')
     logdir = self.get_temp_dir()
-    results = eval_programs.DecodeProgram(task, 'Test', logdir).Run(
-        5, task.theta)
+    # A decode program can read the input generator of an eval program.
+    evaler = eval_programs.EvalProgram(task, 'Test', logdir)
+    decoder = eval_programs.DecodeProgram(
+        task, 'Test', logdir, input_generator=evaler.input_generator)
+    self.assertIs(decoder.input_generator, evaler.input_generator)
+    results = decoder.Run(5, task.theta)
     out = os.path.join(logdir, 'decoder_test', 'decoder_out-00000005.txt')
     lines = open(out).read().splitlines()
     self.assertLen(lines, 64)  # eval.decoder_samples

@@ -4,13 +4,16 @@ The command line itself (exit codes, stderr, SIGKILL) is tested through
 real subprocesses in tests/trainer_test.py.
 """
 import io
+import logging as py_logging
 import os
 import sys
 from unittest import mock
 
+from absl import logging
 import tensorflow as tf
 
 from cadence.framework import inspect_lib
+from cadence.framework import programs
 from cadence.framework import summary_utils
 from cadence.framework import trainer_lib
 
@@ -145,6 +148,67 @@ class InspectTest(tf.test.TestCase):
                                        logdir=self.get_temp_dir()))
     self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
     self.assertRegex(err.getvalue(), r"^Error: --job='bogus' is not one of")
+
+
+class _Records(py_logging.Handler):
+
+  def __init__(self):
+    super().__init__()
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
+class LoggingTest(tf.test.TestCase):
+
+  def _Record(self, level, message, name='tensorflow', path=__file__):
+    return py_logging.LogRecord(name, level, path, 1, message, None, None)
+
+  def testFilterDropsTensorFlowInfoUnlessDebug(self):
+    keep = trainer_lib.TensorFlowInfoFilter().filter
+    saver = os.path.join(os.path.dirname(tf.__file__), 'python',
+                         'checkpoint', 'functional_saver.py')
+    # TensorFlow's saver logs through absl; its source file gives it away.
+    noise = self._Record(py_logging.INFO, 'Sharding callback duration: 117 '
+                         'microseconds', name='absl', path=saver)
+    self.assertFalse(keep(noise))
+    self.assertFalse(keep(self._Record(py_logging.INFO, 'x')))
+    self.assertFalse(keep(self._Record(py_logging.DEBUG, 'x')))
+    self.assertTrue(keep(self._Record(py_logging.WARNING, 'a warning')))
+    self.assertTrue(keep(self._Record(py_logging.WARNING, 'w', name='absl',
+                                      path=saver)))
+    ours = self._Record(py_logging.INFO, 'Saved checkpoint', name='absl',
+                        path=programs.__file__)
+    self.assertTrue(keep(ours))
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity(logging.DEBUG)
+    try:
+      self.assertTrue(keep(noise))
+    finally:
+      logging.set_verbosity(verbosity)
+
+  def testTensorFlowRecordsReachTheRootHandlerOnceWithoutInfo(self):
+    tf_logger = tf.get_logger()
+    root, level = py_logging.getLogger(), tf_logger.level
+    own, records = _Records(), _Records()   # TF's own handler; absl's.
+    tf_logger.addHandler(own)
+    root.addHandler(records)
+    tf_logger.setLevel(py_logging.INFO)
+    try:
+      trainer_lib.ConfigureLogging()
+      trainer_lib.ConfigureLogging()   # Idempotent: one filter.
+      tf_logger.info('Sharding callback duration: 117 microseconds')
+      tf_logger.warning('Value in checkpoint could not be found')
+    finally:
+      root.removeHandler(records)
+      tf_logger.removeHandler(own)
+      tf_logger.setLevel(level)
+    self.assertEqual(records.messages,
+                     ['Value in checkpoint could not be found'])
+    self.assertEqual(own.messages, [])
+    self.assertLen([f for f in tf_logger.filters
+                    if isinstance(f, trainer_lib.TensorFlowInfoFilter)], 1)
 
 
 if __name__ == '__main__':

@@ -229,21 +229,36 @@ class LmInputTest(tf.test.TestCase):
       self.assertCountEqual(epochs[-1], sentences)
     self.assertNotEqual(epochs[0], epochs[1])  # Reshuffled each epoch.
 
-  def testShardsSplitTheFiles(self):
+  def testShardsSplitBatchesOfOneStream(self):
+    # Shard h of S reads batches h, h+S, ... of the stream every shard
+    # count sees, so S shards of B rows x R replicas read exactly what one
+    # reader of S*R*B rows reads: disjoint, covering, resumable.
     pattern, sentences = self._Corpus('shards', num_files=4, per_file=6)
-    seen = []
-    for index in range(2):
-      gen = self._Params(pattern, batch_size=6, max_seq_len=400,
+    one = self._Params(pattern, batch_size=3, max_seq_len=400).Instantiate()
+    shards = [self._Params(pattern, batch_size=3, max_seq_len=400,
+                           num_input_shards=2, input_shard_index=h
+                           ).Instantiate() for h in range(2)]
+    for shard in shards:
+      self.assertLen(shard.files, 4)   # Every shard reads every file.
+    for step in (0, 1, 7, 123):
+      whole = one.InputBatchAt(step, num_replicas=4).ids
+      parts = [shard.InputBatchAt(step, num_replicas=2).ids
+               for shard in shards]
+      self.assertAllEqual(whole, np.concatenate(parts))
+      resumed = [next(iter(shard.Dataset(start_batch=step, num_replicas=2)))
+                 for shard in shards]
+      self.assertAllEqual(whole, np.concatenate([r.ids for r in resumed]))
+    # A single pass: the shards' batches are disjoint and cover the data.
+    rows = []
+    for h in range(2):
+      gen = self._Params(pattern, batch_size=5, max_seq_len=400,
                          packed=False, repeat=False, num_input_shards=2,
-                         input_shard_index=index).Instantiate()
-      self.assertEqual([os.path.basename(f) for f in gen.files],
-                       [f'train-{i:05d}-of-00004' for i in (index, index + 2)])
-      rows = [gen.tokenizer.Decode(r) for b in gen.Dataset()
-              for r in b.ids.numpy()]
-      self.assertLen(rows, 12)
-      seen.append(set(rows))
-    self.assertEmpty(seen[0] & seen[1])
-    self.assertEqual(seen[0] | seen[1], set(sentences))
+                         input_shard_index=h).Instantiate()
+      rows.append([gen.tokenizer.Decode(r) for b in gen.Dataset()
+                   for r, w in zip(b.ids.numpy(), b.weights.numpy())
+                   if w.any()])
+    self.assertEmpty(set(rows[0]) & set(rows[1]))
+    self.assertCountEqual(rows[0] + rows[1], sentences)
 
   # --- bad data ----------------------------------------------------------
 
