@@ -23,7 +23,9 @@ def _Validate(layer):
   validation.CheckNumber(owner, 'epsilon', p.epsilon, low=0, low_open=True)
 
 
-def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
+def _Meta(cls, p, inputs, flops_per_element, flops_per_row, kept=2):
+  """FLOPs, out_shapes and act_bytes: `kept` tensors of the input's size,
+  in the compute dtype (float32, or float64), that the backward reads."""
   shape = shapes.AsShape(inputs)
   if shape.rank == 0 or (shape[-1] is not None and shape[-1] != p.input_dim):
     raise ValueError(
@@ -32,7 +34,9 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
   n = shapes.Mul(*shape[:-1])
   flops = shapes.Mul(
       n, flops_per_element * p.input_dim + flops_per_row)
-  return NestedMap(flops=flops, out_shapes=(shape,))
+  size = 8 if tf.as_dtype(p.fprop_dtype or p.dtype) == tf.float64 else 4
+  return NestedMap(flops=flops, out_shapes=(shape,),
+                   act_bytes=shapes.Mul(kept * size, shape.num_elements()))
 
 
 def _ComputeDtype(layer):
@@ -94,7 +98,8 @@ class LayerNorm(base_layer.BaseLayer):
     FLOPs = N * (7 * input_dim + 3): per element the mean's sum, centring,
     square, the variance's sum, normalising multiply, scale and bias; per
     row the two divisions by input_dim and rsqrt(var + eps) (counted 1).
-    None if N is unknown. out_shapes: (inputs shape,).
+    None if N is unknown. out_shapes: (inputs shape,). act_bytes: the
+    centred and the normalised inputs (float32) the backward reads.
     """
     return _Meta(cls, p, inputs, 7, 3)
 
@@ -144,4 +149,4 @@ class RMSNorm(base_layer.BaseLayer):
     multiply and scale; per row the division by input_dim and rsqrt(ms +
     eps) (counted 1). None if N is unknown. out_shapes: (inputs shape,).
     """
-    return _Meta(cls, p, inputs, 4, 2)
+    return _Meta(cls, p, inputs, 4, 2)  # act: the inputs and normalised.

@@ -238,6 +238,9 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     the leading dims; None if N is unknown. The chunked backward's
     recomputation is not counted (FPropMeta is the forward).
     out_shapes: ([..., num_classes] logits, [...] per_example_xent).
+    act_bytes: what the backward reads: the inputs, and unless chunked
+    (softmax_max_alloc) two [N, num_classes] float32 tensors (the logits'
+    softmax and log-softmax).
     """
     del class_ids, class_weights  # Shapes follow from inputs.
     shape = shapes.AsShape(inputs)
@@ -250,5 +253,12 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     per_row = (2 * p.input_dim * c + c + _XENT_FLOPS_PER_LOGIT * c +
                _XENT_FLOPS_PER_ROW)
     lead = shape[:-1]
-    return NestedMap(flops=shapes.Mul(lead.num_elements(), per_row),
-                     out_shapes=(lead + (c,), lead))
+    rows = lead.num_elements()
+    size = tf.as_dtype(p.fprop_dtype or p.dtype).size
+    act = shapes.Mul(rows, p.input_dim * size)
+    if not p.softmax_max_alloc:
+      act = shapes.Add(act, shapes.Mul(
+          rows, 2 * c * _XentDtype(tf.as_dtype(p.fprop_dtype or
+                                               p.dtype)).size))
+    return NestedMap(flops=shapes.Mul(rows, per_row),
+                     out_shapes=(lead + (c,), lead), act_bytes=act)

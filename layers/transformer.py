@@ -8,6 +8,8 @@ Batch-major: inputs [batch, time, dim], paddings [batch, time] (1.0 = pad).
 Padded positions are computed like any other (their outputs are garbage the
 caller masks); they are never attended to.
 """
+import tensorflow as tf
+
 from cadence.framework import base_layer
 from cadence.framework import hyperparams
 from cadence.framework import shapes
@@ -135,7 +137,31 @@ class TransformerLayer(base_layer.BaseLayer):
     for sub in cls._SubParams(p).values():
       sub = base_layer.InheritParams(p, sub)
       flops = shapes.Add(flops, sub.cls.FPropMeta(sub, shape).flops)
-    return NestedMap(flops=flops, out_shapes=(shape,))
+    return NestedMap(flops=flops, out_shapes=(shape,),
+                     act_bytes=cls.ActBytes(p, shape))
+
+  @classmethod
+  def ActBytes(cls, p, inputs):
+    """Bytes of the tensors the backward of one layer reads, inputs [b, t,
+    d] (None if b or t is unknown).
+
+    10 b*t*d (the two norms' centred and normalised inputs, q, k, v, the
+    attention context, the two residual sums feeding the norms) + b*h*t*t
+    (the attention probabilities) + b*t*f (the feed-forward activation)
+    elements; in training a residual dropout adds 4 b*t*d (the two masks
+    and outputs), an attention dropout 2 b*h*t*t, a feed-forward dropout 2
+    b*t*f. Held to pipeline_memory.SavedBytes of the real gradient by the
+    tests.
+    """
+    b, t, d = shapes.AsShape(inputs)
+    if b is None or t is None:
+      return None
+    train = not p.is_inference
+    btd, bhtt, btf = b * t * d, b * p.num_heads * t * t, b * t * p.hidden_dim
+    n = (btd * (10 + (4 if train and p.residual_dropout_prob else 0)) +
+         bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
+         btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
+    return n * tf.as_dtype(p.fprop_dtype or p.dtype).size
 
 
 class GPipeTransformerLayer(TransformerLayer):
@@ -291,12 +317,26 @@ class TransformerStack(base_layer.BaseLayer):
     return flops
 
   @classmethod
+  def LayersActBytes(cls, p, inputs, num_layers, final_ln):
+    """Bytes the backward of `num_layers` layers (+ the final norm if
+    `final_ln`) of stack params `p` reads, on inputs [batch, time, dim]."""
+    shape = shapes.AsShape(inputs)
+    tpl = base_layer.InheritParams(p, p.transformer_tpl)
+    act = shapes.Mul(num_layers, tpl.cls.ActBytes(tpl, shape))
+    if final_ln:
+      ln = base_layer.InheritParams(p, cls.FinalLnParams(p))
+      act = shapes.Add(act, ln.cls.FPropMeta(ln, shape).act_bytes)
+    return act
+
+  @classmethod
   def FPropMeta(cls, p, inputs, paddings=None):
-    """num_layers * TransformerLayer flops + the final norm's; out (inputs,).
-    """
+    """num_layers * TransformerLayer flops + the final norm's; out (inputs,);
+    act_bytes likewise."""
     del paddings
     cls.CheckStackParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     return NestedMap(flops=cls.LayersFlops(p, shape, p.num_layers,
                                            p.final_layer_norm),
-                     out_shapes=(shape,))
+                     out_shapes=(shape,),
+                     act_bytes=cls.LayersActBytes(p, shape, p.num_layers,
+                                                  p.final_layer_norm))

@@ -1,0 +1,112 @@
+"""Tests for cadence.framework.pipeline_memory and the layers' act_bytes."""
+import itertools
+
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import pipeline_memory
+from cadence.framework import shapes
+from cadence.framework import step_seed
+from cadence.framework.nested_map import NestedMap
+from cadence.layers import normalization
+from cadence.layers import softmax
+from cadence.layers import transformer
+
+
+def _Saved(params, input_specs):
+  """SavedBytes of a layer's FProp (with a step seed) on input_specs."""
+  layer = params.Instantiate()
+  leaves = tf.nest.flatten(layer.theta)
+  n = len(input_specs)
+
+  def _Fn(*args):
+    theta = tf.nest.pack_sequence_as(layer.theta, list(args[n:]))
+    theta = base_layer.WithStepSeed(theta, step_seed.MakeStepSeed(1))
+    out = layer.FProp(theta, *args[:n])
+    return out.total_xent if isinstance(out, NestedMap) else out
+
+  return pipeline_memory.SavedBytes(
+      _Fn, input_specs, [tf.TensorSpec(v.shape, v.dtype) for v in leaves])
+
+
+class ActBytesTest(tf.test.TestCase):
+  """FPropMeta's act_bytes equal what TF's gradient really reads."""
+
+  def testTransformerLayer(self):
+    for (b, t, d, h, f), drops in itertools.product(
+        [(4, 8, 16, 2, 32), (2, 12, 24, 4, 40)],
+        [(0, 0, 0), (0.1, 0.1, 0.1), (0.1, 0, 0), (0, 0.1, 0)]):
+      p = transformer.TransformerLayer.Params().Set(
+          name='x', input_dim=d, hidden_dim=f, num_heads=h,
+          mask_self_atten=True, residual_dropout_prob=drops[0],
+          atten_dropout_prob=drops[1], relu_dropout_prob=drops[2])
+      with self.subTest(shape=(b, t, d, h, f), drops=drops):
+        want = _Saved(p, [tf.TensorSpec([b, t, d])])
+        got = p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes
+        # Small tensors ([b, t, 1] inverse deviations, a [t, t] mask) are
+        # left out.
+        self.assertAllClose(want, got, rtol=0.02)
+    p.is_inference = True
+    self.assertEqual(4 * (10 * b * t * d + b * h * t * t + b * t * f),
+                     p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
+
+  def testNormAndSoftmax(self):
+    for norm in (normalization.LayerNorm, normalization.RMSNorm):
+      ln = norm.Params().Set(name='ln', input_dim=64)
+      self.assertAllClose(
+          _Saved(ln, [tf.TensorSpec([4, 8, 64])]),
+          ln.cls.FPropMeta(ln, shapes.Shape([4, 8, 64])).act_bytes, rtol=0.02)
+    for smoothing, max_alloc in ((0.0, 0), (0.1, 0), (0.0, 256)):
+      sm = softmax.SimpleFullSoftmax.Params().Set(
+          name='sm', input_dim=128, num_classes=64, label_smoothing=smoothing,
+          softmax_max_alloc=max_alloc)
+      with self.subTest(smoothing=smoothing, max_alloc=max_alloc):
+        want = _Saved(sm, [tf.TensorSpec([4, 8, 128]),
+                           tf.TensorSpec([4, 8], tf.int32)])
+        got = sm.cls.FPropMeta(sm, shapes.Shape([4, 8, 128])).act_bytes
+        # Left out: per row the labels, the log-normaliser (chunked).
+        self.assertAllClose(want, got, rtol=0.04)
+
+  def testUnknownBatch(self):
+    p = transformer.TransformerLayer.Params().Set(
+        name='x', input_dim=8, hidden_dim=16, num_heads=2)
+    self.assertIsNone(p.cls.FPropMeta(p, shapes.Shape([None, 4, 8])).act_bytes)
+
+
+class StageMemoryTest(tf.test.TestCase):
+
+  def testKeptMicroBatches(self):
+    k, m = 4, 8
+    for schedule, remat, window, act, out in [
+        ('gpipe', 'never', 1, [8] * 4, [8] * 4),
+        ('gpipe', 'always', 1, [1] * 4, [8] * 4),
+        ('gpipe', 'always', 2, [2] * 4, [8] * 4),
+        ('gpipe', 'always', None, [8] * 4, [8] * 4),
+        ('gpipe', 'except_last', 1, [1] * 4, [8] * 4),
+        ('1f1b', 'never', 1, [4, 3, 2, 1], [4, 3, 2, 1]),
+        ('1f1b', 'always', 1, [1] * 4, [4, 3, 2, 1]),
+        ('1f1b', 'except_last', 1, [2, 2, 2, 1], [4, 3, 2, 1])]:
+      with self.subTest(schedule=schedule, remat=remat, window=window):
+        self.assertEqual((act, out), pipeline_memory.KeptMicroBatches(
+            schedule, remat, k, m, window))
+    with self.assertRaisesRegex(ValueError, "schedule='2f2b'; expected one "
+                                r"of \['1f1b', 'gpipe'\]"):
+      pipeline_memory.KeptMicroBatches('2f2b', 'never', 2, 2)
+    with self.assertRaisesRegex(ValueError, "remat='some'; expected"):
+      pipeline_memory.KeptMicroBatches('gpipe', 'some', 2, 2)
+
+  def testStages(self):
+    cells = [NestedMap(act=100, out=10), NestedMap(act=200, out=20)]
+    stages = pipeline_memory.StageMemory('1f1b', 'never', 4, cells,
+                                         params=[1000, 2000],
+                                         slots_per_param=2)
+    self.assertEqual(pipeline_memory.Stage(1000, 1000, 2000, 2 * 110, 100),
+                     stages[0])
+    self.assertEqual(2000 + 2000 + 4000 + 220 + 200, stages[1].total)
+    plain = pipeline_memory.StageMemory(None, None, 1, cells[:1], [1000], 0,
+                                        grads=[500])
+    self.assertEqual([pipeline_memory.Stage(1000, 500, 0, 100, 100)], plain)
+
+
+if __name__ == '__main__':
+  tf.test.main()
