@@ -10,9 +10,13 @@ in a few seconds and a few hundred MB). The FLOPs come from the task's
 is opened and no tokenizer is trained.
 
 The report lists every variable (path, shape, dtype, device), the parameter
-count, the forward FLOPs of one batch with the task's `breakdown`, and per
-device the variables' parameters and bytes, next to each pipeline cell's
-FLOP share (`partitions`) when the task has them.
+count, the forward FLOPs of one batch with the task's `breakdown`, per
+device the variables' parameters and bytes, and per pipeline stage its
+parameters, forward FLOPs and their share of the step (`partitions`), and
+the memory it needs at the step's peak (framework/pipeline_memory.py:
+weights, gradients, optimizer slots, activations for the schedule and
+remat; from the task's FPropMeta `memory`), with whether it fits a given
+device memory.
 
 Example:
   print(ModelReport(model_registry.GetParams('lm.one_billion_wds.'
@@ -22,6 +26,7 @@ Example:
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import pipeline_memory
 
 
 def _Count(shape):
@@ -98,15 +103,84 @@ def FlopsReport(meta, batch_size):
     rows = [('layer', 'forward FLOPs', 'share')]
     rows += [(name, _Flops(f), _Share(f, meta.flops)) for name, f in breakdown]
     lines.append(_Table(rows))
-  partitions = meta.get('partitions') or []
-  if partitions:
-    known = [f for f in partitions if f is not None]
-    total = sum(known) if len(known) == len(partitions) else None
-    rows = [('pipeline cell', 'forward FLOPs', 'share')]
-    rows += [(f'cell {i}', _Flops(f), _Share(f, total))
-             for i, f in enumerate(partitions)]
-    lines.append(_Table(rows))
   return ''.join(lines)
+
+
+def _Short(device):
+  """'CPU:1' of '/job:localhost/replica:0/task:0/device:CPU:1'."""
+  spec = tf.DeviceSpec.from_string(device or '')
+  return f'{spec.device_type}:{spec.device_index}' if spec.device_type else ''
+
+
+def _CellWeights(rows, devices, num_cells, optimizer):
+  """Per cell [parameters, their bytes, gradient bytes, slot bytes] of its
+  device's variables (a device's variables count in its first cell;
+  unplaced ones, or all of an unpipelined model's, in cell 0)."""
+  cell_of = {}
+  for i in range(num_cells):
+    cell_of.setdefault(_Short(devices[i % len(devices)]), i)
+  out = [[0, 0, 0, 0] for _ in range(num_cells)]
+  for _, shape, dtype, device in rows:
+    cell = out[cell_of.get(_Short(device), 0) if num_cells > 1 else 0]
+    n = _Count(shape)
+    cell[0] += n
+    cell[1] += n * dtype.size
+    if dtype.is_floating:
+      cell[2] += n * dtype.size
+      cell[3] += sum(_Count(s) for s in optimizer.SlotShapes(shape).values()
+                     ) * dtype.size
+  return out
+
+
+def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
+  """Per pipeline stage: parameters, forward FLOPs and their share of the
+  step, and the memory estimate at the step's peak (pipeline_memory).
+
+  Args:
+    meta: the task's FPropMeta (with `memory`, and `partitions` when
+      pipelined), or None.
+    rows: the variables, as _VarRows gives them.
+    optimizer: the learner's optimizer (its slot shapes).
+    devices: the model split's devices; cell i runs on devices[i % D].
+    device_memory_gib: if set, each stage says whether it fits.
+  """
+  memory = meta.get('memory') if meta is not None else None
+  if memory is None:
+    return ('Memory per stage: not available (the task has no FPropMeta '
+            '`memory`, or the batch size is unknown).\n')
+  k = len(memory.cells)
+  weights = _CellWeights(rows, devices, k, optimizer)
+  stages = pipeline_memory.StageMemory(
+      memory, [w[1] for w in weights], [w[3] for w in weights],
+      grads=[w[2] for w in weights])
+  flops = meta.get('partitions') or [meta.flops]
+  known = [f for f in flops if f is not None]
+  total_flops = sum(known) if len(known) == len(flops) else None
+  what = ('unpipelined' if memory.schedule is None else
+          f'schedule {memory.schedule}, remat {memory.remat}, '
+          f'{memory.num_micro_batches} micro-batches, backward_window '
+          f'{memory.backward_window}')
+  table = [('stage', 'device', 'parameters', 'forward FLOPs', 'share',
+            'weights+grads+slots', 'activations', 'peak')]
+  if device_memory_gib:
+    table[0] += (f'fits {device_memory_gib:g} GiB',)
+  limit = (device_memory_gib or 0) * 2**30
+  for i, (stage, w) in enumerate(zip(stages, weights)):
+    row = (f'cell {i}', devices[i % len(devices)], f'{w[0]:,}',
+           _Flops(flops[i]), _Share(flops[i], total_flops),
+           _Bytes(stage.params + stage.grads + stage.slots),
+           _Bytes(stage.activations + stage.transient), _Bytes(stage.total))
+    if device_memory_gib:
+      row += ('yes' if stage.total <= limit else 'NO',)
+    table.append(row)
+  peak = max(s.total for s in stages)
+  verdict = ''
+  if device_memory_gib:
+    verdict = (f'; {"fits" if peak <= limit else "does NOT fit"} '
+               f'{device_memory_gib:g} GiB per device')
+  return (f'Memory per stage at the step\'s peak (estimate, {what}; '
+          f'framework/pipeline_memory.py):\n' + _Table(table) +
+          f'largest stage {_Bytes(peak)}{verdict}\n')
 
 
 def _Meta(task_cls, params, batch_size):
@@ -143,11 +217,23 @@ def BuildSymbolically(params):
   return model, graph
 
 
-def ModelReport(params):
-  """The variable, device and FLOP report of the model of `params`.
+def TaskStageReport(task, device_memory_gib=None):
+  """StageReport of a built task (its variables, FPropMeta on its input's
+  batch shapes and optimizer) on the current cluster's devices."""
+  p = task.params
+  batch = getattr(p.input, 'batch_size', None) if p.input else None
+  return StageReport(_Meta(type(task), p, batch), _VarRows(task),
+                     p.train.learner.optimizer.Instantiate(),
+                     cluster_lib.Cluster.Current().DevicesInModelSplit(0),
+                     device_memory_gib)
+
+
+def ModelReport(params, device_memory_gib=None):
+  """The variable, device, FLOP and stage report of the model of `params`.
 
   Built without weights or data (see the module docstring); the current
-  `cluster.Cluster` decides the devices, as in training.
+  `cluster.Cluster` decides the devices, as in training. With
+  `device_memory_gib`, each stage says whether it fits.
   """
   model, _ = BuildSymbolically(params)
   task = model.task
@@ -157,4 +243,5 @@ def ModelReport(params):
   header = (f'Model {params.name} (task {type(task).__name__} '
             f'{task.path!r}; built without weights or data)\n')
   return (header + VariableReport(rows) + '\nPer device:\n' +
-          DeviceReport(rows) + '\n' + FlopsReport(meta, batch))
+          DeviceReport(rows) + '\n' + FlopsReport(meta, batch) + '\n' +
+          TaskStageReport(task, device_memory_gib))

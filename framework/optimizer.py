@@ -83,6 +83,11 @@ class BaseOptimizer:
   def _Validate(self):
     """Raises ValueError for bad params; subclasses extend."""
 
+  def SlotShapes(self, shape):
+    """{slot name: shape} of the slots a variable of static `shape` gets
+    (memory estimates read it; nothing is built)."""
+    return self._SlotShapes(shape)
+
   # -- rule (subclasses) --
   def _SlotShapes(self, shape):
     """{slot name: shape} for a variable of static `shape`."""

@@ -12,8 +12,12 @@ A stage (device) holds, at its peak:
                micro-batches as the schedule and `remat` keep at once, plus
                the cell's outputs (`out` bytes a micro-batch) that wait for
                the backward;
-  transient:   the largest temporaries of one micro-batch's backward (the
-               gradients flowing through the cell), taken as one more `act`.
+  transient:   the temporaries of one micro-batch's backward (the gradients
+               flowing through a layer), taken as the largest layer's act.
+
+Validated against TF's allocator (bench/gpipe_memory.py): within 25% of
+the measured peak for the bench Transformer (L = 4, 8, 16) and the Tiny
+LM; see StageMemory for the two moments of a step that compete.
 
 How many micro-batches' activations a cell keeps (W = backward_window,
 in flight = pipeline_schedule.InFlight: M for GPipe, min(K-i, M) for 1F1B):
@@ -31,9 +35,11 @@ the forward tensors a function's gradient graph reads (buffers shared by
 reshapes counted once); the tests hold the formulas to it.
 
 Example:
-  stages = StageMemory(schedule='1f1b', remat='never', num_micro_batches=8,
-                       cells=[NestedMap(act=30 << 20, out=2 << 20)] * 4,
-                       params=[100 << 20] * 4, slots_per_param=2)
+  memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=8,
+                     backward_window=1, cells=[NestedMap(
+                         act=30 << 20, out=2 << 20, transient=8 << 20,
+                         outside=0)] * 4)
+  stages = StageMemory(memory, params=[100 << 20] * 4, slots=[200 << 20] * 4)
   [s.total for s in stages]   # bytes per stage
 """
 import collections
@@ -50,7 +56,7 @@ _ALIASES = frozenset(['Reshape', 'Identity', 'ExpandDims', 'Squeeze',
 
 
 class Stage(collections.namedtuple(
-    'Stage', ['params', 'grads', 'slots', 'activations', 'transient'])):
+    'Stage', ['params', 'slots', 'grads', 'activations', 'transient'])):
   """Bytes one stage holds at its peak; see the module docstring."""
   __slots__ = ()
 
@@ -85,38 +91,58 @@ def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
   return act, flight
 
 
-def StageMemory(schedule, remat, num_micro_batches, cells, params,
-                slots_per_param, grads=None, backward_window=1):
-  """The `Stage` bytes of each cell's device; see the module docstring.
+def _ForwardKept(remat, num_micro_batches):
+  """Micro-batches whose activations GPipe keeps when its forward ends."""
+  return {'never': num_micro_batches, 'except_last': 1, 'always': 0}[remat]
+
+
+def StageMemory(memory, params, slots, grads=None):
+  """The `Stage` of each cell's device: its bytes at the step's peak.
+
+  Two moments compete, the larger counts:
+    backward: params, slots, all of the stage's gradients (a pipeline has
+      them all after its first micro-batch's backward; an unpipelined model
+      none yet: its peak is where the backward starts), the activations
+      and outputs kept (KeptMicroBatches) and one layer's transient;
+    outside: (GPipe's last stage) params, slots, what the forward keeps and
+      the loss on the whole batch with its gradient (`outside` bytes
+      twice), before the pipeline's backward starts.
 
   Args:
-    schedule: 'gpipe' or '1f1b'; None for an unpipelined model (one cell,
-      one micro-batch: the whole batch).
-    remat: the pipeline's remat mode.
-    num_micro_batches: M.
-    cells: K NestedMaps(act=bytes a micro-batch's backward keeps, out=bytes
-      of the cell's output for a micro-batch).
+    memory: NestedMap(schedule ('gpipe', '1f1b' or None: unpipelined),
+      remat, num_micro_batches, backward_window, cells=K NestedMaps(act:
+      bytes a micro-batch's backward reads, out: bytes of its output,
+      transient: the largest layer's act, outside: bytes of what runs on
+      the whole batch outside the pipeline after this cell)), as a task's
+      FPropMeta gives it.
     params: K ints, bytes of each cell's variables.
-    slots_per_param: optimizer slot bytes per parameter byte.
+    slots: K ints, bytes of each cell's optimizer slots.
     grads: K ints, bytes of the trained variables' gradients (default:
       params).
-    backward_window: the pipeline's backward_window.
 
   Returns:
     K `Stage`s.
   """
-  k = len(cells)
+  cells = memory.cells
+  k, m = len(cells), memory.num_micro_batches
   grads = params if grads is None else grads
-  if schedule is None:
-    act, out = [1] * k, [0] * k
+  if memory.schedule is None:
+    act, out, grad_share = [1] * k, [0] * k, 0
   else:
-    act, out = KeptMicroBatches(schedule, remat, k, num_micro_batches,
-                                backward_window)
-  return [Stage(params=params[i], grads=grads[i],
-                slots=int(slots_per_param * grads[i]),
-                activations=act[i] * c.act + out[i] * c.out,
-                transient=c.act)
-          for i, c in enumerate(cells)]
+    act, out = KeptMicroBatches(memory.schedule, memory.remat, k, m,
+                                memory.backward_window)
+    grad_share = 1
+  stages = []
+  for i, c in enumerate(cells):
+    backward = Stage(params[i], slots[i], grad_share * grads[i],
+                     act[i] * c.act + out[i] * c.out, c.transient)
+    stage = backward
+    if c.outside and memory.schedule is not None:
+      kept = _ForwardKept(memory.remat, m) * c.act + out[i] * c.out
+      outside = Stage(params[i], slots[i], 0, kept + c.outside, c.outside)
+      stage = max(backward, outside, key=lambda s: s.total)
+    stages.append(stage)
+  return stages
 
 
 def SavedBytes(fn, input_specs, theta_specs=()):

@@ -213,6 +213,25 @@ class GPipeTransformerStack(transformer.TransformerStack):
             for c in range(last + 1)]
 
   @classmethod
+  def CellMemory(cls, p, inputs):
+    """Per cell, NestedMap(act, out, transient) in bytes on one micro-batch
+    of inputs [micro_batch, time, dim]: what its backward reads
+    (act_bytes), its outputs (the activations and the paddings passed on)
+    and one layer's act_bytes (the gradients in flight through a layer);
+    see framework/pipeline_memory.py."""
+    bounds = cls.Boundaries(p)
+    last = len(bounds) - 2
+    b, t, d = shapes.AsShape(inputs)
+    size = tf.as_dtype(p.fprop_dtype or p.dtype).size
+    layer = base_layer.InheritParams(p, p.transformer_tpl)
+    return [NestedMap(
+        act=cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],
+                               c == last and p.final_layer_norm),
+        out=b * t * (d + 1) * size,
+        transient=layer.cls.ActBytes(layer, inputs))
+            for c in range(last + 1)]
+
+  @classmethod
   def FPropMeta(cls, p, inputs, paddings):
     """TransformerStack's; also checks the micro-batching of the batch."""
     gpipe.PipeliningLayer.CheckBatch(

@@ -36,6 +36,9 @@ _CASES = [
     (f'{_PIPE}.remat=sometimes',
      rf"\(params '{_PIPE}'\): remat='sometimes' must be one of "
      r"'except_last', 'always', 'never'\."),
+    (f'{_PIPE}.schedule=1F1B',
+     rf"\(params '{_PIPE}'\): schedule='1F1B' must be one of 'gpipe', "
+     r"'1f1b'\. Did you mean '1f1b'\?"),
     (f'{_PIPE}.backward_window=0',
      rf"\(params '{_PIPE}'\): backward_window=0 must be None or an int >= 1"),
     (f'{_STACK}.splits=5',

@@ -499,7 +499,8 @@ class LanguageModel(base_model.BaseTask):
     Returns:
       NestedMap(flops, out_shapes=(), breakdown=[(part, flops)],
       partitions=[flops per pipeline cell, the embedding counted in the
-      first and the softmax in the last]); built from params alone.
+      first and the softmax in the last], memory=the activation memory per
+      cell, see `_MemoryMeta`); built from params alone.
     """
     p = params
     cls.CheckParams(p, validation.Owner(p))
@@ -529,7 +530,54 @@ class LanguageModel(base_model.BaseTask):
       parts[0] = shapes.Add(parts[0], shapes.Add(emb, pos))
       parts[-1] = shapes.Add(parts[-1], sm)
       out.partitions = parts
+    out.memory = cls._MemoryMeta(c, x)
     return out
+
+  @classmethod
+  def _MemoryMeta(cls, c, x):
+    """What `pipeline_memory.StageMemory` needs of the activations.
+
+    Args:
+      c: the children's params (inherited).
+      x: the stack's input shape [b, t, d].
+
+    Returns:
+      NestedMap(schedule, remat, num_micro_batches, backward_window,
+      cells=[NestedMap(act, out, transient, outside)]) as
+      `pipeline_memory.StageMemory` takes it: per cell the bytes its
+      backward reads for one micro-batch (the softmax's in the last cell
+      with 1F1B, where it runs inside the pipeline), of its output for one
+      micro-batch, of its largest layer's, and of what runs outside the
+      pipeline on the whole batch (the softmax with GPipe); the unpipelined
+      stack is one cell with the whole batch. None if the batch is unknown.
+    """
+    if x[0] is None:
+      return None
+    stack = c.stack
+    softmax = c.softmax.cls.FPropMeta(c.softmax, x).act_bytes
+    if not issubclass(stack.cls, gpipe_transformer.GPipeTransformerStack):
+      layer = base_model.base_layer.InheritParams(stack, stack.transformer_tpl)
+      return NestedMap(
+          schedule=None, remat=None, num_micro_batches=1,
+          backward_window=None, cells=[NestedMap(
+              act=stack.cls.FPropMeta(stack, x).act_bytes + softmax, out=0,
+              transient=max(layer.cls.ActBytes(layer, x), softmax),
+              outside=0)])
+    pipe = stack.pipeline_tpl
+    m, size = pipe.cls.MicroBatching(pipe, x[0])
+    mb = x.WithDim(0, size)
+    cells = stack.cls.CellMemory(stack, mb)
+    for cell in cells:
+      cell.outside = 0
+    if pipe.schedule == '1f1b':
+      loss = c.softmax.cls.FPropMeta(c.softmax, mb).act_bytes
+      cells[-1].act += loss
+      cells[-1].transient = max(cells[-1].transient, loss)
+    else:
+      cells[-1].outside = softmax
+    return NestedMap(schedule=pipe.schedule, remat=pipe.remat,
+                     num_micro_batches=m,
+                     backward_window=pipe.backward_window, cells=cells)
 
 
 def _InGrammar(sentence):

@@ -20,7 +20,7 @@ class ModelReportTest(tf.test.TestCase):
     params.input.data_dir = data_dir
     with cluster_lib.Cluster.Params().Set(num_devices=4,
                                           worker_split_size=4).Instantiate():
-      report = inspect_lib.ModelReport(params)
+      report = inspect_lib.ModelReport(params, device_memory_gib=16)
     self.assertFalse(os.path.exists(data_dir))   # Nothing read or written.
     # The published model: 32 layers of d 2048, ff 8192, a 32k vocabulary.
     d, h, v, layers = 2048, 8192, 32000, 32
@@ -46,7 +46,17 @@ class ModelReportTest(tf.test.TestCase):
         params.task, params.input.cls.BatchShapes(params.input))
     self.assertIn(f'Forward FLOPs per batch of 32: {meta.flops:,}', report)
     for i, flops in enumerate(meta.partitions):
-      self.assertRegex(report, rf'cell {i} +{flops:,} ')
+      self.assertRegex(report, rf'cell {i} +/device:CPU:{i} +[\d,]+ +'
+                       rf'{flops:,} ')
+    # Memory per stage: weights, gradients and Adam's two slots (4 x the
+    # parameters' bytes), the activations of GPipe with remat; it fits 16
+    # GiB.
+    self.assertIn('Memory per stage at the step\'s peak (estimate, schedule '
+                  'gpipe, remat except_last, 32 micro-batches', report)
+    params_1 = 8 * per_layer
+    self.assertRegex(report, rf'cell 1 +/device:CPU:1 +{params_1:,} +[\d,]+ '
+                     rf'+[\d.]+% +{16 * params_1 / 2**30:.2f} GiB')
+    self.assertIn('fits 16 GiB per device', report)
 
 
 if __name__ == '__main__':

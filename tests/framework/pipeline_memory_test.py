@@ -96,16 +96,28 @@ class StageMemoryTest(tf.test.TestCase):
       pipeline_memory.KeptMicroBatches('gpipe', 'some', 2, 2)
 
   def testStages(self):
-    cells = [NestedMap(act=100, out=10), NestedMap(act=200, out=20)]
-    stages = pipeline_memory.StageMemory('1f1b', 'never', 4, cells,
-                                         params=[1000, 2000],
-                                         slots_per_param=2)
-    self.assertEqual(pipeline_memory.Stage(1000, 1000, 2000, 2 * 110, 100),
+    cells = [NestedMap(act=100, out=10, transient=30, outside=0),
+             NestedMap(act=200, out=20, transient=50, outside=0)]
+    memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
+                       backward_window=1, cells=cells)
+    stages = pipeline_memory.StageMemory(memory, [1000, 2000], [2000, 4000])
+    # 1F1B: cell 0 keeps 2 micro-batches, cell 1 one.
+    self.assertEqual(pipeline_memory.Stage(1000, 2000, 1000, 2 * 110, 30),
                      stages[0])
-    self.assertEqual(2000 + 2000 + 4000 + 220 + 200, stages[1].total)
-    plain = pipeline_memory.StageMemory(None, None, 1, cells[:1], [1000], 0,
-                                        grads=[500])
-    self.assertEqual([pipeline_memory.Stage(1000, 500, 0, 100, 100)], plain)
+    self.assertEqual(2000 + 4000 + 2000 + 220 + 50, stages[1].total)
+    # GPipe with the loss outside: its moment wins when it is larger.
+    cells[1].outside = 5000
+    memory.schedule, memory.remat = 'gpipe', 'except_last'
+    stages = pipeline_memory.StageMemory(memory, [1000, 2000], [0, 0])
+    self.assertEqual(pipeline_memory.Stage(1000, 0, 1000, 100 + 4 * 10, 30),
+                     stages[0])
+    self.assertEqual(pipeline_memory.Stage(2000, 0, 0, 200 + 4 * 20 + 5000,
+                                           5000), stages[1])
+    # Unpipelined: the peak is where the backward starts, before gradients.
+    plain = NestedMap(schedule=None, remat=None, num_micro_batches=1,
+                      backward_window=None, cells=cells[:1])
+    self.assertEqual([pipeline_memory.Stage(1000, 500, 0, 100, 30)],
+                     pipeline_memory.StageMemory(plain, [1000], [500]))
 
 
 if __name__ == '__main__':
