@@ -51,6 +51,11 @@ flags.DEFINE_float('peak_tflops', 0.0, 'Peak TFLOP/s of one device for the '
                    'FLOPs utilisation summary (mfu divides by it x the '
                    'devices a step runs on); 0 measures it once.')
 
+flags.DEFINE_float('device_memory_gib', 0.0, 'Memory per device in GiB: the '
+                   'memory estimate per pipeline stage (inspect_model, and '
+                   'the trainer\'s start-up log) says whether each stage '
+                   'fits; 0: no check.')
+
 FLAGS = flags.FLAGS
 
 
@@ -65,6 +70,7 @@ def main(argv):
       model_params_file_override=FLAGS.model_params_file_override,
       max_steps=FLAGS.max_steps, worker_split_size=FLAGS.worker_split_size,
       worker_gpus=FLAGS.worker_gpus, peak_tflops=FLAGS.peak_tflops,
+      device_memory_gib=FLAGS.device_memory_gib,
       start_time=_START_TIME)
   return trainer_lib.Main(options)
 

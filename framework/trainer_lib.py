@@ -75,6 +75,7 @@ class TrainerOptions:
   worker_split_size: int = 1
   worker_gpus: int = 0
   peak_tflops: float = 0.0
+  device_memory_gib: float = 0.0
   start_time: float = None
 
 
@@ -322,6 +323,8 @@ class _TrainerJob:
                  len(variables),
                  f'{sum(v.shape.num_elements() for v in variables):,}',
                  time.perf_counter() - start)
+    logging.info('%s', inspect_lib.TaskStageReport(
+        task, options.device_memory_gib).rstrip())
     on_checkpoint = []
     self._decode = None
     if with_eval and _HasDataset(options, 'Dev'):
@@ -464,7 +467,8 @@ def _Inspect(options, cluster):
   if options.mode == 'inspect_params':
     sys.stdout.write(text)
   else:
-    sys.stdout.write(inspect_lib.ModelReport(params))
+    sys.stdout.write(inspect_lib.ModelReport(params,
+                                             options.device_memory_gib))
   sys.stdout.flush()
 
 
@@ -482,6 +486,11 @@ def Main(options):
     if options.mode not in MODES:
       raise UserError(f'--mode={options.mode!r} is not one of '
                       f'{", ".join(MODES)}.')
+    memory = options.device_memory_gib
+    if isinstance(memory, bool) or not isinstance(memory, (int, float)) or (
+        not memory >= 0):
+      raise UserError(f'--device_memory_gib={memory!r} must be a number >= '
+                      '0 (GiB of memory per device; 0: no check).')
     with cluster:
       if options.mode != 'sync':
         _Inspect(options, cluster)

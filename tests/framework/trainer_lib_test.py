@@ -148,6 +148,13 @@ class InspectTest(tf.test.TestCase):
                                        logdir=self.get_temp_dir()))
     self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
     self.assertRegex(err.getvalue(), r"^Error: --job='bogus' is not one of")
+    with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
+      code = trainer_lib.Main(_Options(mode='inspect_model',
+                                       device_memory_gib=-1))
+    self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
+    self.assertEqual('Error: --device_memory_gib=-1 must be a number >= 0 '
+                     '(GiB of memory per device; 0: no check).\n',
+                     err.getvalue())
 
 
 class _Records(py_logging.Handler):
