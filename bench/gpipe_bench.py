@@ -1,4 +1,4 @@
-"""Step time of the GPipe Transformer against the same model unpipelined.
+"""Step time of the pipelined Transformer against the same model unpipelined.
 
 Model (the DESIGN.md benchmark): token embedding (vocab 1024, d 256), 8
 pre-LN causal Transformer layers (4 heads, feed-forward 1024), softmax
@@ -7,7 +7,11 @@ SGD update, compiled with tf.function.
 
   unpipelined: transformer.TransformerStack on /device:CPU:0;
   pipelined:   gpipe_transformer.GPipeTransformerStack with `splits`=K cells
-               on K logical CPUs and M micro-batches (remat 'except_last').
+               on K logical CPUs and M micro-batches, for each variant
+               schedule:remat of --variants (schedule 'gpipe' or '1f1b': with
+               1f1b the softmax and cross-entropy of each micro-batch run
+               inside the pipeline, GPipeTransformerStack.FPropLoss; remat as
+               PipeliningLayer.remat).
 
 Both start from the same weights (identical variable paths). The script
 configures 4 logical CPUs at start; they share this machine's cores, so the
@@ -15,12 +19,17 @@ table measures the pipeline's overhead, not a speed-up. Each configuration
 is warmed up, then timed in interleaved rounds; the tables give the median
 step time as a ratio to the unpipelined median, wall-clock and CPU time of
 the process (the latter is less sensitive to other load on a shared
-machine). Targets: <= 1.35 at K=1, <= 1.5 everywhere. Lingvo 0.14.2's GPipe
-on this machine: 7x at K=1, M=4; 11x at K=2, M=8.
+machine). Target: every cell <= 1.25x. Lingvo 0.14.2's GPipe on this
+machine: 7x at K=1, M=4; 11x at K=2, M=8.
+
+Then one step of each pipelined configuration runs under the TF profiler
+(framework/pipeline_timeline.py): the measured bubble (idle share of the
+devices' time between the first and the last pipeline action) next to the
+ideal (K-1)/(M+K-1).
 
 Run:
-  cd /work/main && /work/venv/bin/python bench/gpipe_bench.py [--rounds 5]
-      [--remat except_last|always|never] [--backward_window 1|2|None]
+  cd /work/main && .venv/bin/python bench/gpipe_bench.py [--rounds 5]
+      [--variants gpipe:except_last,1f1b:never] [--backward_window 1|2|None]
 """
 import argparse
 import os
@@ -37,8 +46,11 @@ tf.config.set_logical_device_configuration(
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import nested_map
+from cadence.framework import pipeline_timeline
 from cadence.framework import step_seed
 from cadence.layers import embedding
+from cadence.layers import gpipe
 from cadence.layers import gpipe_transformer
 from cadence.layers import softmax
 from cadence.layers import transformer
@@ -84,15 +96,25 @@ class _Model(tf.Module):
                        self.softmax.vars.Flatten())
     self.Step = tf.function(self._Step, autograph=False)
 
+  def _Loss(self, softmax_theta, x, side):
+    out = self.softmax.FProp(softmax_theta, x, side.labels)
+    return nested_map.NestedMap(loss=out.total_xent, tokens=out.total_weight)
+
   def _Step(self, ids, labels, paddings, step):
     seed = step_seed.MakeStepSeed(step)
     with tf.GradientTape() as tape:
       with tf.device(self.first_device):
         x = self.emb.FProp(self.emb.theta, ids)
       theta = base_layer.WithStepSeed(self.stack.theta, seed)
-      x = self.stack.FProp(theta, x, paddings)
-      with tf.device(self.last_device):
-        loss = self.softmax.FProp(self.softmax.theta, x, labels).avg_xent
+      side = nested_map.NestedMap(labels=labels)
+      if self.stack.loss_inside:   # 1F1B: the loss per micro-batch inside.
+        sums = self.stack.FPropLoss(theta, x, paddings, gpipe.PipelineCell(
+            fprop=self._Loss, theta=self.softmax.theta, meta=None), side)
+      else:
+        x = self.stack.FProp(theta, x, paddings)
+        with tf.device(self.last_device):
+          sums = self._Loss(self.softmax.theta, x, side)
+      loss = sums.loss / sums.tokens
     grads = tape.gradient(loss, self.train_vars)
     for v, g in zip(self.train_vars, grads):
       if isinstance(g, tf.IndexedSlices):     # The embedding table.
@@ -102,29 +124,49 @@ class _Model(tf.Module):
     return loss
 
 
+def _Table(title, table, base, variants):
+  print(f'\n{title}: pipelined / unpipelined ({base * 1000:.0f} ms); ms in '
+        'brackets')
+  print(f'{"":18}' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
+  for variant in variants:
+    for k in (1, 2, 4):
+      cells = []
+      for m in (1, 4, 8):
+        t = statistics.median(table[(variant, k, m)])
+        cells.append(f'{t / base:6.2f}x ({t * 1000:4.0f})')
+      print(f'{variant:>13} K={k}' + ''.join(f'{c:>16}' for c in cells))
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=5,
                       help='Interleaved timing rounds.')
   parser.add_argument('--steps', type=int, default=3,
                       help='Steps per configuration per round.')
-  parser.add_argument('--remat', default='except_last',
-                      help='PipeliningLayer.remat of the pipelined models.')
+  parser.add_argument('--variants', default='gpipe:except_last,1f1b:never',
+                      help='Comma-separated schedule:remat pairs.')
   parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
   args = parser.parse_args()
   window = (None if args.backward_window == 'None' else
             int(args.backward_window))
-  overrides = dict(remat=args.remat, backward_window=window)
+  variants = args.variants.split(',')
 
   ids = tf.random.stateless_uniform([BATCH, SEQ], [1, 2], maxval=VOCAB,
                                     dtype=tf.int32)
   labels = tf.roll(ids, -1, axis=1)
   paddings = tf.zeros([BATCH, SEQ])
-  configs = [(None, 1)] + [(k, m) for k in (1, 2, 4) for m in (1, 4, 8)]
+  configs = [('plain', None, 1)] + [
+      (v, k, m) for v in variants for k in (1, 2, 4) for m in (1, 4, 8)]
   models = {}
   for cfg in configs:
-    models[cfg] = _Model(*cfg, **(overrides if cfg[0] else {}))
+    variant, k, m = cfg
+    overrides = {}
+    if k:
+      schedule, remat = variant.split(':')
+      overrides = dict(schedule=schedule, remat=remat,
+                       backward_window=window)
+    models[cfg] = _Model(k, m, **overrides)
     t0 = time.perf_counter()
     for s in range(2):   # Trace and warm up.
       models[cfg].Step(ids, labels, paddings, tf.constant(s, tf.int64))
@@ -141,18 +183,25 @@ def main():
         float(step(ids, labels, paddings, tf.constant(s, tf.int64)))
       times[cfg].append((time.perf_counter() - t0) / args.steps)
       cpu[cfg].append((time.process_time() - c0) / args.steps)
+  print(f'\n{args.rounds} rounds x {args.steps} steps; medians; '
+        f'backward_window={window}')
   for what, table in (('wall-clock', times), ('CPU (process) time', cpu)):
-    base = statistics.median(table[(None, 1)])
-    print(f'\nunpipelined step, {what}: {base * 1000:.0f} ms (median of '
-          f'{args.rounds} rounds x {args.steps} steps)')
-    print(f'pipelined / unpipelined, {what} (ms in brackets); {overrides}:')
-    print('      ' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
+    _Table(what, table, statistics.median(table[configs[0]]), variants)
+  print('\nbubble of one profiled step: measured (ideal (K-1)/(M+K-1))')
+  print(f'{"":18}' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
+  for variant in variants:
     for k in (1, 2, 4):
       cells = []
       for m in (1, 4, 8):
-        t = statistics.median(table[(k, m)])
-        cells.append(f'{t / base:6.2f}x ({t * 1000:4.0f})')
-      print(f'K={k}:  ' + ''.join(f'{c:>16}' for c in cells))
+        step = models[(variant, k, m)].Step
+        ops = pipeline_timeline.ProfileOps(lambda: float(step(  # pylint: disable=cell-var-from-loop
+            ids, labels, paddings, tf.constant(0, tf.int64))))
+        devices = [f'/device:CPU:{i}' for i in range(k)]
+        timeline = pipeline_timeline.Timeline(ops, devices)
+        cells.append(f'{timeline.measured_bubble:.2f} '
+                     f'({timeline.ideal_bubble:.2f})')
+      print(f'{variant:>13} K={k}' + ''.join(f'{c:>16}' for c in cells),
+            flush=True)
 
 
 if __name__ == '__main__':
