@@ -1,22 +1,41 @@
-"""Cutting a sequence of layers into pipeline cells of near-equal FLOPs.
+"""Cutting a sequence of layers into pipeline cells of near-equal cost.
 
 `PartitionSequentialLayers` flattens a SequentialLayer / FeatureExtractionLayer
-nest into its leaf layers, costs each with `FPropMeta` and cuts the list into
-K contiguous groups whose largest FLOP count is as small as possible
-(`BalancedPartition`, an exact dynamic programme). Each group becomes a
+nest into its leaf layers, costs each and cuts the list into K contiguous
+groups whose largest cost is as small as possible (`BalancedPartition`, an
+exact dynamic programme). Each group becomes a
 `combinators.FeatureExtractionLayer`, the cell type of layers/gpipe.py.
+
+The cost of a layer (`cost`):
+  'flops':    its FPropMeta FLOPs (static; the default);
+  'measured': the median time of its forward + backward (a tf.function of
+              FProp and the gradients of its weights and inputs) on the
+              target device, after warm-up runs, on random float inputs of
+              its shapes. FLOPs understate layers bound by memory traffic
+              (elementwise ops, normalisations, softmaxes); time does not.
+              Each cell's share of both is logged side by side.
 
 Example:
   cells = PartitionSequentialLayers(stack_params, 4, Shape([8, 128, 512]))
   # -> 4 FeatureExtractionLayer params 'cell0'..'cell3'
+  cells = PartitionSequentialLayers(stack_params, 4, Shape([8, 128, 512]),
+                                    cost='measured')
 """
+import statistics
+import time
+
 from absl import logging
+import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
 from cadence.framework import shapes
+from cadence.framework import step_seed
+from cadence.framework import validation
 from cadence.layers import combinators
 
 NestedMap = base_layer.NestedMap
+COSTS = ('flops', 'measured')
 
 
 def BalancedPartition(costs, num_parts):
@@ -70,8 +89,50 @@ def _FlattenLayers(params):
   return [params.Copy()]
 
 
-def PartitionSequentialLayers(params, num_partitions, *shapes_in):
-  """Cuts a sequence of layers into cells of near-equal FLOPs.
+def MeasureLayer(layer_params, in_shapes, device=None, runs=5, warmup=2):
+  """Median seconds of a layer's forward + backward on `device`.
+
+  Args:
+    layer_params: the layer's params (built here, with random weights).
+    in_shapes: its input shapes (a tuple; NestedMaps of shapes allowed),
+      fully defined; the inputs are random float32.
+    device: where it runs; None: the current cluster's first device.
+    runs: timed runs (the median counts); warmup: untimed runs first.
+  """
+  device = device or cluster_lib.Cluster.Current().DevicesInModelSplit(0)[0]
+
+  def _Random(shape):
+    return tf.random.stateless_normal(
+        shapes.AsShape(shape).ToTensorShape(), [1, 2])
+
+  with tf.device(device):
+    layer = layer_params.Instantiate()
+    inputs = tuple(s.Transform(_Random) if isinstance(s, NestedMap) else
+                   _Random(s) for s in in_shapes)
+    theta = base_layer.WithStepSeed(layer.theta, step_seed.MakeStepSeed(0))
+
+    @tf.function(autograph=False)
+    def _Step(xs):
+      sources = layer.vars.Flatten() + tf.nest.flatten(xs)
+      with tf.GradientTape() as tape:
+        tape.watch(tf.nest.flatten(xs))
+        out = layer.FProp(theta, *xs)
+        loss = tf.add_n([tf.reduce_sum(o) for o in tf.nest.flatten(out)
+                         if o.dtype.is_floating])
+      return [g for g in tape.gradient(loss, sources) if g is not None]
+
+    times = []
+    for i in range(warmup + runs):
+      start = time.perf_counter()
+      tf.nest.map_structure(lambda g: g.numpy(), _Step(inputs))
+      if i >= warmup:
+        times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def PartitionSequentialLayers(params, num_partitions, *shapes_in,
+                              cost='flops', device=None):
+  """Cuts a sequence of layers into cells of near-equal cost.
 
   Args:
     params: a layer's params, a SequentialLayer (nested and repeated ones are
@@ -79,13 +140,18 @@ def PartitionSequentialLayers(params, num_partitions, *shapes_in):
     num_partitions: K, the number of cells.
     *shapes_in: the first layer's input shapes (fully defined); a NestedMap
       of shapes for layers that take a NestedMap.
+    cost: 'flops' or 'measured' (see the module docstring).
+    device: where 'measured' times the layers; None: the current
+      cluster's first device.
 
   Returns:
     K FeatureExtractionLayer params named 'cell0' .. 'cell{K-1}' whose
-    `sub` lists run the flat layers in order; the largest cell's FLOPs are
-    as small as a contiguous cut allows. Each cell's FLOP share is logged.
+    `sub` lists run the flat layers in order; the largest cell's cost is
+    as small as a contiguous cut allows. Each cell's FLOP share (and
+    measured-time share) is logged.
   """
   owner = 'PartitionSequentialLayers'
+  validation.CheckOneOf(owner, 'cost', cost, COSTS)
   layers = _FlattenLayers(params)
   if not isinstance(num_partitions, int) or not (
       1 <= num_partitions <= len(layers)):
@@ -97,7 +163,7 @@ def PartitionSequentialLayers(params, num_partitions, *shapes_in):
   if len(set(names)) != len(names) or not all(names):
     for i, lp in enumerate(layers):
       lp.name = f'{lp.name or "layer"}_{i}'
-  costs = []
+  flops, times = [], []
   in_shapes = tuple(s if isinstance(s, NestedMap) else shapes.AsShape(s)
                     for s in shapes_in)
   for i, lp in enumerate(layers):
@@ -108,16 +174,21 @@ def PartitionSequentialLayers(params, num_partitions, *shapes_in):
           f'{owner}: layer {i} ({lp.name!r}) has uncountable FLOPs for input '
           f'shapes {combinators.FmtShapes(in_shapes)}; pass fully defined '
           'shapes.')
-    costs.append(meta.flops)
+    flops.append(meta.flops)
+    if cost == 'measured':
+      times.append(MeasureLayer(lp, in_shapes, device))
     in_shapes = tuple(meta.out_shapes)
-  bounds = BalancedPartition(costs, num_partitions)
-  total = sum(costs) or 1
+  bounds = BalancedPartition(times or flops, num_partitions)
   cells = []
   for i in range(num_partitions):
     a, b = bounds[i], bounds[i + 1]
-    share = sum(costs[a:b]) / total
-    logging.info('%s: cell %d: layers %d..%d (%d), %.1f%% of %d FLOPs', owner,
-                 i, a, b - 1, b - a, 100 * share, total)
+    line = (f'{owner}: cell {i}: layers {a}..{b - 1} ({b - a}), '
+            f'{100 * sum(flops[a:b]) / (sum(flops) or 1):.1f}% of '
+            f'{sum(flops)} FLOPs')
+    if times:
+      line += (f', {100 * sum(times[a:b]) / sum(times):.1f}% of '
+               f'{1000 * sum(times):.1f} ms measured')
+    logging.info('%s', line)
     cells.append(combinators.FeatureExtractionLayer.Params().Set(
         name=f'cell{i}', sub=layers[a:b]))
   return cells

@@ -88,6 +88,37 @@ class PartitionSequentialLayersTest(tf.test.TestCase):
       y = c(y)
     self.assertAllClose(seq(x), y, atol=1e-6)
 
+  def testMeasuredBalancesWhatFlopsUnderstate(self):
+    # Layer 0's FPropMeta counts its projection only, not its 200
+    # elementwise ops: by FLOPs all four layers cost the same (cut 2 + 2);
+    # by measured time layer 0 costs more than the other three together.
+    class Heavy(linear.ProjectionLayer):
+
+      def FProp(self, theta, inputs):
+        y = super().FProp(theta, inputs)
+        for _ in range(200):
+          y = tf.sin(y) * 0.9
+        return y
+
+    layers = ([Heavy.Params().Set(name='heavy', input_dim=64, output_dim=64)]
+              + [self._Proj(f'p{i}', 64, 64) for i in range(3)])
+    cuts = {}
+    for cost in gpipe.COSTS:
+      with self.assertLogs('absl', level='INFO') as logs:
+        cells = gpipe.PartitionSequentialLayers(layers, 2, Shape([256, 64]),
+                                                cost=cost)
+      cuts[cost] = [len(c.sub) for c in cells]
+      if cost == 'measured':   # Time shares beside the FLOP shares.
+        self.assertRegex(logs.output[0], r'cell 0: layers 0\.\.0 \(1\), '
+                         r'25\.0% of \d+ FLOPs, \d+\.\d% of [\d.]+ ms '
+                         'measured')
+    self.assertEqual({'flops': [2, 2], 'measured': [1, 3]}, cuts)
+    with self.assertRaisesRegex(
+        ValueError, "PartitionSequentialLayers: cost='time' must be one of "
+        "'flops', 'measured'"):
+      gpipe.PartitionSequentialLayers(layers, 2, Shape([256, 64]),
+                                      cost='time')
+
   def testDuplicateNamesAreMadeUnique(self):
     cells = gpipe.PartitionSequentialLayers(
         [self._Proj('p', 4, 4)] * 3, 3, Shape([2, 4]))
