@@ -47,13 +47,16 @@ tf.config.set_logical_device_configuration(
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import nested_map
+from cadence.framework import pipeline_memory
 from cadence.framework import pipeline_timeline
+from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import embedding
 from cadence.layers import gpipe
 from cadence.layers import gpipe_transformer
 from cadence.layers import softmax
 from cadence.layers import transformer
+from cadence.tasks.lm import model as lm_model
 
 VOCAB, DIM, HEADS, HIDDEN, LAYERS, SEQ, BATCH = 1024, 256, 4, 1024, 8, 64, 32
 
@@ -95,6 +98,23 @@ class _Model(tf.Module):
     self.train_vars = (self.emb.vars.Flatten() + self.stack.vars.Flatten() +
                        self.softmax.vars.Flatten())
     self.Step = tf.function(self._Step, autograph=False)
+
+  def EstimateBytes(self):
+    """The memory estimate of a step (framework/pipeline_memory.py), summed
+    over the stages: this model is the LM task's without positions, so its
+    FPropMeta `memory` applies; SGD has no slots."""
+    p = lm_model.LanguageModel.Params().Set(
+        name='lm', vocab_size=VOCAB, model_dim=DIM,
+        stack_tpl=self.stack.params.Copy())
+    memory = lm_model.LanguageModel.FPropMeta(p, nested_map.NestedMap(
+        ids=shapes.Shape([BATCH, SEQ]))).memory
+    k = len(memory.cells)
+    params = [0] * k
+    for v in self.train_vars:
+      index = int(v.device.rsplit(':', 1)[-1]) if k > 1 else 0
+      params[index] += v.shape.num_elements() * v.dtype.size
+    return sum(s.total for s in pipeline_memory.StageMemory(
+        memory, params, [0] * k))
 
   def _Loss(self, softmax_theta, x, side):
     out = self.softmax.FProp(softmax_theta, x, side.labels)

@@ -1,33 +1,40 @@
-"""Peak memory of a training step vs depth: plain vs GPipe (M=8).
+"""Peak memory of a training step vs depth: plain vs pipelined, measured
+and estimated.
 
 The model of bench/gpipe_bench.py (d 256, 4 heads, ff 1024, seq 64, batch
-32, vocab 1024) with L = 4, 8, 16, 32 layers. Each configuration runs in a
-fresh subprocess: build, 3 training steps (forward + backward + SGD, one
-tf.function), then two numbers:
+32, vocab 1024) with L = 4, 8, 16, 32 layers, plain and pipelined (K cells,
+M micro-batches, each --variants schedule:remat). Each configuration runs in
+a fresh subprocess: build, 3 training steps (forward + backward + SGD, one
+tf.function), then
 
   tensor peak: the peak bytes of live tensors during the last step, from
     TF's BFC allocator stats (the child sets TF_CPU_ALLOCATOR_USE_BFC=true
-    so that CPU tensors go through an allocator that counts);
+    so that CPU tensors go through an allocator that counts; all logical
+    CPUs share it, so for K > 1 it is the sum over devices);
+  estimate: framework/pipeline_memory.py's estimate from FPropMeta and the
+    schedule, before running, summed over the stages (each stage's own
+    peak: an upper bound of the process's when stages peak at different
+    times);
   peak RSS: `ru_maxrss` of the process (also counts the TF runtime, the
-    compiled graphs, whose size grows with L*M for the pipeline since each
-    micro-batch calls the cells' functions, and allocator pools that are
-    never returned).
+    compiled graphs and allocator pools that are never returned).
 
 Activations are what differ between the models:
   plain:      L * (activations of a layer on the full batch);
-  pipelined:  M * boundary + (L / K) * (activations of a layer on one
-              micro-batch) per device: the backward re-runs one cell on one
-              micro-batch at a time (backward_window=1), the last
-              micro-batch keeps its forward activations (remat
-              'except_last') but is back-propagated first.
-Weights, gradients and optimizer updates grow with L in every model. All
-logical devices share this process, so for K > 1 the numbers are summed
-over devices. The script prints a table and the least-squares slopes
-(MiB per layer).
+  GPipe:      M outputs + (L / K) layers' activations of one micro-batch per
+              device (remat re-runs one micro-batch at a time);
+  1F1B never: min(K - i, M) micro-batches' activations of (L / K) layers
+              on device i, no re-run.
+Weights and gradients grow with L in every model. The script prints tables
+and the least-squares slopes (MiB per layer), and the issue's targets: a
+pipelined tensor slope <= 1.5 x plain slope / M, an RSS slope below the
+plain one. With --tiny_lm it measures and estimates the Tiny LM's training
+step (Adam) as well.
 
 Run:
-  cd /work/main && /work/venv/bin/python bench/gpipe_memory.py
-      [--layers 4,8,16,32] [--splits 1,4] [--backward_window 1|2|None]
+  cd /work/main && .venv/bin/python bench/gpipe_memory.py
+      [--layers 4,8,16,32] [--splits 1,2,4] [--micro_batches 8]
+      [--variants gpipe:except_last,1f1b:never] [--backward_window 1]
+      [--tiny_lm]
 """
 import argparse
 import json
@@ -43,8 +50,7 @@ sys.path.insert(0, {bench_dir!r})
 import gpipe_bench as gb
 import tensorflow as tf
 gb.LAYERS = {layers}
-model = gb._Model({splits}, {micro_batches},
-                  **({overrides!r} if {splits!r} else {{}}))
+model = gb._Model({splits}, {micro_batches}, **{overrides!r})
 ids = tf.random.stateless_uniform([gb.BATCH, gb.SEQ], [1, 2], maxval=gb.VOCAB,
                                   dtype=tf.int32)
 labels = tf.roll(ids, -1, axis=1)
@@ -54,18 +60,55 @@ for s in range(3):
   float(model.Step(ids, labels, pads, tf.constant(s, tf.int64)))
 print(json.dumps(dict(
     tensor_mib=tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**20,
+    estimate_mib=model.EstimateBytes() / 2**20,
+    rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+"""
+
+_TINY_LM = r"""
+import os, json, resource, sys
+os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
+import tensorflow as tf
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices('CPU')[0],
+    [tf.config.LogicalDeviceConfiguration()] * 2)
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import inspect_lib
+from cadence.framework import inspect_pipeline
+from cadence.framework import model_registry
+from cadence.framework.nested_map import NestedMap
+params = model_registry.GetParams(
+    'lm.one_billion_wds.OneBWdsGPipeTransformerTiny', 'Train')
+params.task.stack_tpl.pipeline_tpl.Set(schedule={schedule!r},
+                                       remat={remat!r})
+with cluster_lib.Cluster.Params().Set(num_devices=2,
+                                      worker_split_size=2).Instantiate():
+  task = params.Instantiate().task
+  batch = NestedMap(next(iter(task.params.input.Instantiate().Dataset())))
+  step = inspect_pipeline.TrainStep(task)
+  for s in range(3):
+    tf.config.experimental.reset_memory_stats('CPU:0')
+    float(step(batch, tf.constant(s, tf.int64)))
+  estimate = sum(s.total for s in inspect_lib.TaskStages(task))
+print(json.dumps(dict(
+    tensor_mib=tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**20,
+    estimate_mib=estimate / 2**20,
     rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
 
-def _Measure(layers, splits, micro_batches, overrides):
-  code = _CHILD.format(bench_dir=os.path.dirname(os.path.abspath(__file__)),
-                       layers=layers, splits=splits,
-                       micro_batches=micro_batches, overrides=overrides)
+def _Run(code):
   env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC='true')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                       text=True, check=True, env=env)
+                       text=True, check=False, env=env)
+  if out.returncode:
+    raise RuntimeError(out.stderr[-3000:])
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _Measure(layers, splits, micro_batches, overrides):
+  return _Run(_CHILD.format(
+      bench_dir=os.path.dirname(os.path.abspath(__file__)), layers=layers,
+      splits=splits, micro_batches=micro_batches, overrides=overrides))
 
 
 def _Slope(xs, ys):
@@ -80,33 +123,67 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--layers', default='4,8,16,32',
                       help='Comma-separated numbers of layers.')
-  parser.add_argument('--splits', default='1,4',
+  parser.add_argument('--splits', default='1,2,4',
                       help='Comma-separated K of the pipelined models.')
+  parser.add_argument('--micro_batches', type=int, default=8,
+                      help='M of the pipelined models.')
+  parser.add_argument('--variants', default='gpipe:except_last,1f1b:never',
+                      help='Comma-separated schedule:remat pairs.')
   parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
+  parser.add_argument('--tiny_lm', action='store_true',
+                      help='Also measure and estimate the Tiny LM.')
   args = parser.parse_args()
   window = (None if args.backward_window == 'None' else
             int(args.backward_window))
-  overrides = dict(backward_window=window)
   depths = [int(x) for x in args.layers.split(',')]
-  models = [('plain', None, 1)] + [
-      (f'GPipe K={k} M=8', int(k), 8) for k in args.splits.split(',')]
+  m = args.micro_batches
+  models = [('plain', None, 1, {})]
+  for variant in args.variants.split(','):
+    schedule, remat = variant.split(':')
+    for k in args.splits.split(','):
+      models.append((f'{schedule} {remat} K={k} M={m}', int(k), m, dict(
+          schedule=schedule, remat=remat, backward_window=window)))
   table = {}
-  for name, splits, m in models:
+  for name, splits, mbs, overrides in models:
     for n in depths:
-      table[(name, n)] = _Measure(n, splits, m, overrides)
-      print(f'{name:>14}  L={n:<3} tensor peak '
-            f'{table[(name, n)]["tensor_mib"]:7.0f} MiB, peak RSS '
-            f'{table[(name, n)]["rss_mib"]:7.0f} MiB', flush=True)
+      table[(name, n)] = r = _Measure(n, splits, mbs, overrides)
+      print(f'{name:>26}  L={n:<3} tensor peak {r["tensor_mib"]:7.0f} MiB '
+            f'(estimate {r["estimate_mib"]:7.0f}), peak RSS '
+            f'{r["rss_mib"]:7.0f} MiB', flush=True)
+  slopes = {}
   for key, title in (('tensor_mib', 'tensor peak (MiB) of a training step'),
+                     ('estimate_mib', 'estimate (MiB), before running'),
                      ('rss_mib', 'peak RSS (MiB) of the process')):
-    print(f'\n{title}; pipelined: {overrides}')
-    print(f'{"L":>14}' + ''.join(f'{n:>9}' for n in depths) +
-          f'{"slope MiB/layer":>18}')
-    for name, _, _ in models:
+    print(f'\n{title}; backward_window={window}')
+    print(f'{"L":>26}' + ''.join(f'{n:>8}' for n in depths) +
+          f'{"slope MiB/layer":>17}')
+    for name, _, _, _ in models:
       ys = [table[(name, n)][key] for n in depths]
-      print(f'{name:>14}' + ''.join(f'{y:9.0f}' for y in ys) +
-            f'{_Slope(depths, ys):18.1f}')
+      slopes[(name, key)] = _Slope(depths, ys)
+      print(f'{name:>26}' + ''.join(f'{y:8.0f}' for y in ys) +
+            f'{slopes[(name, key)]:17.1f}')
+  print('\nestimate / measured tensor peak')
+  for name, _, _, _ in models:
+    print(f'{name:>26}' + ''.join(
+        f'{table[(name, n)]["estimate_mib"] / table[(name, n)]["tensor_mib"]:8.2f}'
+        for n in depths))
+  plain_t, plain_r = slopes[('plain', 'tensor_mib')], slopes[('plain',
+                                                              'rss_mib')]
+  print(f'\ntargets: tensor slope <= 1.5 x {plain_t:.1f} / {m} = '
+        f'{1.5 * plain_t / m:.1f} MiB/layer; RSS slope < {plain_r:.1f}')
+  for name, _, _, _ in models[1:]:
+    t, r = slopes[(name, 'tensor_mib')], slopes[(name, 'rss_mib')]
+    print(f'{name:>26}  tensor {t:5.1f} '
+          f'{"ok" if t <= 1.5 * plain_t / m else "over"}   RSS {r:5.1f} '
+          f'{"ok" if r < plain_r else "over"}')
+  if args.tiny_lm:
+    print('\nTiny LM (Adam, K=2, M=4), MiB: measured tensor peak, estimate')
+    for variant in args.variants.split(','):
+      schedule, remat = variant.split(':')
+      r = _Run(_TINY_LM.format(schedule=schedule, remat=remat))
+      print(f'{variant:>26}  {r["tensor_mib"]:7.1f}  {r["estimate_mib"]:7.1f}'
+            f'  ratio {r["estimate_mib"] / r["tensor_mib"]:.2f}', flush=True)
 
 
 if __name__ == '__main__':

@@ -132,6 +132,12 @@ def _CellWeights(rows, devices, num_cells, optimizer):
   return out
 
 
+def _Stages(memory, weights):
+  return pipeline_memory.StageMemory(
+      memory, [w[1] for w in weights], [w[3] for w in weights],
+      grads=[w[2] for w in weights])
+
+
 def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
   """Per pipeline stage: parameters, forward FLOPs and their share of the
   step, and the memory estimate at the step's peak (pipeline_memory).
@@ -150,9 +156,7 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
             '`memory`, or the batch size is unknown).\n')
   k = len(memory.cells)
   weights = _CellWeights(rows, devices, k, optimizer)
-  stages = pipeline_memory.StageMemory(
-      memory, [w[1] for w in weights], [w[3] for w in weights],
-      grads=[w[2] for w in weights])
+  stages = _Stages(memory, weights)
   flops = meta.get('partitions') or [meta.flops]
   known = [f for f in flops if f is not None]
   total_flops = sum(known) if len(known) == len(flops) else None
@@ -217,15 +221,30 @@ def BuildSymbolically(params):
   return model, graph
 
 
+def _TaskArgs(task):
+  """(meta, rows, optimizer, devices) of a built task for StageReport."""
+  p = task.params
+  batch = getattr(p.input, 'batch_size', None) if p.input else None
+  return (_Meta(type(task), p, batch), _VarRows(task),
+          p.train.learner.optimizer.Instantiate(),
+          cluster_lib.Cluster.Current().DevicesInModelSplit(0))
+
+
 def TaskStageReport(task, device_memory_gib=None):
   """StageReport of a built task (its variables, FPropMeta on its input's
   batch shapes and optimizer) on the current cluster's devices."""
-  p = task.params
-  batch = getattr(p.input, 'batch_size', None) if p.input else None
-  return StageReport(_Meta(type(task), p, batch), _VarRows(task),
-                     p.train.learner.optimizer.Instantiate(),
-                     cluster_lib.Cluster.Current().DevicesInModelSplit(0),
-                     device_memory_gib)
+  return StageReport(*_TaskArgs(task), device_memory_gib)
+
+
+def TaskStages(task):
+  """The pipeline_memory.Stages of a built task (as TaskStageReport), or
+  None when its FPropMeta has no `memory`."""
+  meta, rows, optimizer, devices = _TaskArgs(task)
+  memory = meta.get('memory') if meta is not None else None
+  if memory is None:
+    return None
+  return _Stages(memory, _CellWeights(rows, devices, len(memory.cells),
+                                      optimizer))
 
 
 def ModelReport(params, device_memory_gib=None):
