@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import remat_policy
 from cadence.framework.nested_map import NestedMap
 
 # Op types that draw random numbers from hidden state (kernel or resource).
@@ -120,6 +121,7 @@ class CellProgram:
     self._CheckGraph(self._fwd.graph)
     self._bwd = None
     self._bwd_mask = None   # [bool] per (theta, state, inputs) float leaf.
+    self._keep = {}   # policy -> (forward, backward, grad mask) or None.
 
   # --- structure helpers ---------------------------------------------------
 
@@ -266,20 +268,93 @@ class CellProgram:
     with cluster_lib.DeviceScope(self._device):
       return list(self._fwd(*args))
 
-  def ForwardKeep(self, theta, state, inputs, seed=None):
-    """One step under a tape on `device`; returns (grad_fn, new state).
+  def _KeepFunctions(self, policy):
+    """(forward, backward, grad mask) that keep `policy`'s tensors, or None.
+
+    One trace of the cell's forward and gradient (a v1 graph function) is
+    cut in two (`prune`): the forward returns the new state and the tensors
+    remat_policy.KeptTensors picks; the backward takes them (and the
+    step's inputs and d_out) and recomputes the rest. None when the cell
+    captures variables or runs stateful ops, which a cut graph could drop.
+    """
+    if policy in self._keep:
+      return self._keep[policy]
+    n_in = len(self._specs)
+    d_specs = [_Spec(x) for x in self._state_flat if IsDifferentiable(x)]
+    mask = []
+
+    def _FwdBwd(*flat):
+      theta, state, inputs, seed = self._Split(list(flat[:n_in]))
+      with cluster_lib.DeviceScope(self._device):
+        grads_fn, out = self.TapeForward(theta, state, inputs, seed)
+        grads = grads_fn(list(flat[n_in:]))
+      mask[:] = [g is not None for g in grads]
+      return out, [g for g in grads if g is not None]
+
+    traced = tf.compat.v1.wrap_function(_FwdBwd, self._specs + d_specs)
+    graph = traced.graph
+    n_out = len(self._state_flat)
+    outputs = traced.outputs[:n_out]
+    forward = remat_policy.ForwardOps(outputs)
+    if graph.captures or any(op._is_stateful for op in forward):  # pylint: disable=protected-access
+      self._keep[policy] = None
+      return None
+    args = traced.inputs[:n_in]
+    kept = remat_policy.KeptTensors(graph, outputs,
+                                    [t.op for t in args[:self._n[0]]], policy)
+    fwd = traced.prune(feeds=args, fetches=outputs + kept)
+    cut = traced.prune(feeds=args + kept + traced.inputs[n_in:],
+                       fetches=traced.outputs[n_out:])
+    n_keep = len(args) + len(kept)
+
+    def _Bwd(*flat):
+      # The recomputation waits for the output gradients: inlined into the
+      # caller's graph, it would otherwise run as soon as the forward ends
+      # and hold what it recomputes (control dependencies on d_out).
+      d_out = flat[n_keep:]
+      with tf.control_dependencies(d_out):
+        held = [tf.identity(x) for x in flat[:n_keep]]
+      return cut(*(held + list(d_out)))
+
+    bwd = tf.function(_Bwd, autograph=False).get_concrete_function(
+        *[_Spec(x) for x in args + kept + traced.inputs[n_in:]])
+    self._keep[policy] = (fwd, bwd, mask, len(kept))
+    return self._keep[policy]
+
+  def ForwardKeep(self, theta, state, inputs, seed=None, policy='all'):
+    """One step that keeps activations; returns (grad_fn, new state).
 
     `grad_fn(d_out)` (once) gives what `Backward` gives, computed from the
-    kept activations on `device` instead of by re-running the cell.
+    kept activations on `device` instead of by re-running the cell: all of
+    them (policy 'all'), or those remat_policy.KeptTensors' `policy` picks,
+    the backward recomputing the rest. Eagerly (or for a cell that cannot
+    be cut, see `_KeepFunctions`) a GradientTape keeps all of them.
     """
-    with cluster_lib.DeviceScope(self._device):
-      grads_fn, out = self.TapeForward(theta, state, inputs, seed)
-
-    def _GradFn(d_out):
+    keep = None if tf.executing_eagerly() else self._KeepFunctions(policy)
+    if keep is None:
       with cluster_lib.DeviceScope(self._device):
-        return self._Unpack(grads_fn(d_out))
+        grads_fn, out = self.TapeForward(theta, state, inputs, seed)
 
-    return _GradFn, out
+      def _GradFn(d_out):
+        with cluster_lib.DeviceScope(self._device):
+          return self._Unpack(grads_fn(d_out))
+
+      return _GradFn, out
+    fwd, bwd, mask, _ = keep
+    args = list(theta) + list(state) + list(inputs)
+    if self._has_seed:
+      args.append(seed)
+    n_out = len(self._state_flat)
+    with cluster_lib.DeviceScope(self._device):
+      res = fwd(*args)
+    out, kept = list(res[:n_out]), list(res[n_out:])
+
+    def _GradFnKept(d_out):
+      with cluster_lib.DeviceScope(self._device):
+        got = iter(bwd(*(args + kept + list(d_out))))
+      return self._Unpack([next(got) if m else None for m in mask])
+
+    return _GradFnKept, out
 
   def _Unpack(self, grads):
     """Float-leaf grads -> (d_theta, d_state, d_inputs) per flat leaf."""

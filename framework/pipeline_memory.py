@@ -23,6 +23,10 @@ How many micro-batches' activations a cell keeps (W = backward_window,
 in flight = pipeline_schedule.InFlight: M for GPipe, min(K-i, M) for 1F1B):
 
   remat 'never':       in flight;
+  remat 'selective':   in flight, but only `act_weights` bytes of each (the
+                       products with a weight, remat_policy 'weights'),
+                       and one micro-batch's whole `act` recomputed in the
+                       backward (its transient);
   remat 'always':      min(W, in flight) (the backward re-runs them);
   remat 'except_last': min(W + 1, in flight) for 1F1B (the last
                        micro-batch's forward overlaps re-runs), 1 for GPipe
@@ -47,6 +51,7 @@ import collections
 import tensorflow as tf
 
 from cadence.framework import pipeline_schedule
+from cadence.framework import remat_policy
 
 _SCHEDULES = {'gpipe': pipeline_schedule.GPipeSchedule,
               '1f1b': pipeline_schedule.OneFOneBSchedule}
@@ -78,7 +83,7 @@ def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
   flight = pipeline_schedule.InFlight(
       _SCHEDULES[schedule](num_cells, num_micro_batches), num_cells)
   w = backward_window or num_micro_batches
-  if remat == 'never':
+  if remat in ('never', 'selective'):
     act = flight
   elif remat == 'always':
     act = [min(w, f) for f in flight]
@@ -87,13 +92,14 @@ def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
            [1] * num_cells)
   else:
     raise ValueError(f'KeptMicroBatches: remat={remat!r}; expected '
-                     "'never', 'always' or 'except_last'.")
+                     "'never', 'selective', 'always' or 'except_last'.")
   return act, flight
 
 
 def _ForwardKept(remat, num_micro_batches):
   """Micro-batches whose activations GPipe keeps when its forward ends."""
-  return {'never': num_micro_batches, 'except_last': 1, 'always': 0}[remat]
+  return {'never': num_micro_batches, 'selective': num_micro_batches,
+          'except_last': 1, 'always': 0}[remat]
 
 
 def StageMemory(memory, params, slots, grads=None):
@@ -111,10 +117,11 @@ def StageMemory(memory, params, slots, grads=None):
   Args:
     memory: NestedMap(schedule ('gpipe', '1f1b' or None: unpipelined),
       remat, num_micro_batches, backward_window, cells=K NestedMaps(act:
-      bytes a micro-batch's backward reads, out: bytes of its output,
-      transient: the largest layer's act, outside: bytes of what runs on
-      the whole batch outside the pipeline after this cell)), as a task's
-      FPropMeta gives it.
+      bytes a micro-batch's backward reads, act_weights: of them, those
+      remat 'selective' keeps, out: bytes of its output, transient: the
+      largest layer's act, outside: bytes of what runs on the whole batch
+      outside the pipeline after this cell)), as a task's FPropMeta gives
+      it.
     params: K ints, bytes of each cell's variables.
     slots: K ints, bytes of each cell's optimizer slots.
     grads: K ints, bytes of the trained variables' gradients (default:
@@ -133,31 +140,36 @@ def StageMemory(memory, params, slots, grads=None):
                                 memory.backward_window)
     grad_share = 1
   stages = []
+  selective = memory.remat == 'selective'
   for i, c in enumerate(cells):
+    per = c.act_weights if selective else c.act
     backward = Stage(params[i], slots[i], grad_share * grads[i],
-                     act[i] * c.act + out[i] * c.out, c.transient)
+                     act[i] * per + out[i] * c.out,
+                     c.act if selective else c.transient)
     stage = backward
     if c.outside and memory.schedule is not None:
-      kept = _ForwardKept(memory.remat, m) * c.act + out[i] * c.out
+      kept = _ForwardKept(memory.remat, m) * per + out[i] * c.out
       outside = Stage(params[i], slots[i], 0, kept + c.outside, c.outside)
       stage = max(backward, outside, key=lambda s: s.total)
     stages.append(stage)
   return stages
 
 
-def SavedBytes(fn, input_specs, theta_specs=()):
-  """Bytes of forward tensors the gradient of `fn(*inputs, *theta)` reads.
+def SavedBytes(fn, input_specs, theta_specs=(), policy='all'):
+  """Bytes of the forward tensors the gradient of `fn(*inputs, *theta)`
+  needs: those it keeps under remat_policy `policy` and the inputs it (or
+  the recomputation) reads; theta (weights, counted as parameters) and
+  constants not. A reshape counts as its input (one buffer).
 
   Traces `fn` (nothing runs) under a tape and differentiates its float
-  outputs w.r.t. every float input and theta leaf; counts each forward
-  tensor a gradient op reads once (a reshape counts as its input), the
-  inputs included, theta (weights, counted as parameters) and constants
-  not.
+  outputs w.r.t. every float input and theta leaf.
 
   Args:
     fn: fn(*inputs, *theta) -> a nest of tensors.
     input_specs: tf.TensorSpecs of the inputs.
     theta_specs: tf.TensorSpecs of the weights.
+    policy: 'all' (what a GradientTape keeps) or 'weights' (selective
+      recomputation), see remat_policy.
   """
   specs = list(input_specs) + list(theta_specs)
 
@@ -174,24 +186,14 @@ def SavedBytes(fn, input_specs, theta_specs=()):
   concrete = tf.function(_Traced, autograph=False).get_concrete_function(
       *specs)
   graph = concrete.graph
-  weights = set(t.op for t in graph.inputs[len(input_specs):len(specs)])
-  num_targets = len(concrete.structured_outputs[0])
-  # The forward: the ancestors of the targets (the outputs before the
-  # gradients).
-  forward, todo = set(), [t.op for t in graph.outputs[:num_targets]]
-  while todo:
-    op = todo.pop()
-    if op not in forward:
-      forward.add(op)
-      todo += [t.op for t in op.inputs] + list(op.control_inputs)
+  weights = [t.op for t in graph.inputs[len(input_specs):len(specs)]]
+  kept, read = remat_policy.Walk(
+      graph, graph.outputs[:len(concrete.structured_outputs[0])], weights,
+      policy)
   saved = {}
-  for op in graph.get_operations():
-    if op in forward:
-      continue
-    for t in op.inputs:
-      while t.op.type in _ALIASES and t.op.inputs:
-        t = t.op.inputs[0]
-      if (t.op in forward and t.op not in weights and t.op.type != 'Const'
-          and t.shape.is_fully_defined()):
-        saved[t.name] = t.shape.num_elements() * t.dtype.size
+  for t in kept + [t for t in read if t.op not in weights]:
+    while t.op.type in _ALIASES and t.op.inputs:
+      t = t.op.inputs[0]
+    if t.shape.is_fully_defined() and t.op not in weights:
+      saved[t.ref()] = t.shape.num_elements() * t.dtype.size
   return sum(saved.values())

@@ -36,7 +36,11 @@ picks which (cell, step) pairs are re-run:
     activations are kept from the forward and used at once (its backward
     starts right after the forward ends); as torchgpipe does;
   'always': every pair is re-run;
-  'never': none (plain back-propagation; activations of all steps live).
+  'never': none (plain back-propagation; activations of all steps live);
+  'selective': none is re-run whole: each step keeps only the outputs of
+    its matrix products with a weight, and the backward recomputes the rest
+    (attention scores, norms, activations, dropout masks) from them
+    (framework/remat_policy.py 'weights'; eagerly it keeps all, as 'never').
 
 Ordering, so that the memory bound holds in a graph (tf.function), where the
 executor runs any op whose inputs are ready:
@@ -79,7 +83,7 @@ from cadence.framework import cluster as cluster_lib
 from cadence.framework import pipeline_schedule
 from cadence.framework import step_seed as step_seed_lib
 
-REMAT_MODES = ('except_last', 'always', 'never')
+REMAT_MODES = ('except_last', 'always', 'never', 'selective')
 
 # The forward's tick table; it lives with the other schedules.
 WavefrontSchedule = pipeline_schedule.WavefrontSchedule
@@ -207,9 +211,14 @@ class Pipeline:
     return self.nx if i == 0 else self.nss[i - 1]
 
   def Keep(self, j):
-    """Whether the forward of step j keeps its activations (no re-run)."""
-    return self.remat == 'never' or (self.remat == 'except_last' and
-                                     j == self.m - 1)
+    """The remat_policy of what the forward of step j keeps for its
+    backward, or None: nothing (the backward re-runs the cell)."""
+    if self.remat == 'selective':
+      return 'weights'
+    if self.remat == 'never' or (self.remat == 'except_last' and
+                                 j == self.m - 1):
+      return 'all'
+    return None
 
   def FlatArgs(self):
     return ([x for t in self._theta_flat for x in t] +
@@ -299,9 +308,10 @@ class ForwardPass:
       with cluster_lib.DeviceScope(self.pipe.devices[i]):
         self._after[(i, j)] = list(after)
     program = self.pipe.programs[i]
-    if self.pipe.Keep(j):
+    policy = self.pipe.Keep(j)
+    if policy:
       self._kept[(i, j)], self.out[i][j] = program.ForwardKeep(
-          *self._Args(i, j))
+          *self._Args(i, j), policy=policy)
     else:
       self.out[i][j] = program.Forward(*self._Args(i, j))
 

@@ -214,11 +214,12 @@ class GPipeTransformerStack(transformer.TransformerStack):
 
   @classmethod
   def CellMemory(cls, p, inputs):
-    """Per cell, NestedMap(act, out, transient) in bytes on one micro-batch
-    of inputs [micro_batch, time, dim]: what its backward reads
-    (act_bytes), its outputs (the activations and the paddings passed on)
-    and one layer's act_bytes (the gradients in flight through a layer);
-    see framework/pipeline_memory.py."""
+    """Per cell, NestedMap(act, act_weights, out, transient) in bytes on one
+    micro-batch of inputs [micro_batch, time, dim]: what its backward reads
+    (act_bytes), what it keeps with remat 'selective', its outputs (the
+    activations and the paddings passed on) and one layer's act_bytes (the
+    gradients in flight through a layer); see
+    framework/pipeline_memory.py."""
     bounds = cls.Boundaries(p)
     last = len(bounds) - 2
     b, t, d = shapes.AsShape(inputs)
@@ -227,6 +228,9 @@ class GPipeTransformerStack(transformer.TransformerStack):
     return [NestedMap(
         act=cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],
                                c == last and p.final_layer_norm),
+        act_weights=cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],
+                                       c == last and p.final_layer_norm,
+                                       'weights'),
         out=b * t * (d + 1) * size,
         transient=layer.cls.ActBytes(layer, inputs))
             for c in range(last + 1)]

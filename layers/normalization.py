@@ -25,7 +25,9 @@ def _Validate(layer):
 
 def _Meta(cls, p, inputs, flops_per_element, flops_per_row, kept=2):
   """FLOPs, out_shapes and act_bytes: `kept` tensors of the input's size,
-  in the compute dtype (float32, or float64), that the backward reads."""
+  in the compute dtype (float32, or float64), that the backward reads;
+  act_bytes_weights: the input alone (remat_policy 'weights' recomputes the
+  norm from it)."""
   shape = shapes.AsShape(inputs)
   if shape.rank == 0 or (shape[-1] is not None and shape[-1] != p.input_dim):
     raise ValueError(
@@ -36,7 +38,8 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row, kept=2):
       n, flops_per_element * p.input_dim + flops_per_row)
   size = 8 if tf.as_dtype(p.fprop_dtype or p.dtype) == tf.float64 else 4
   return NestedMap(flops=flops, out_shapes=(shape,),
-                   act_bytes=shapes.Mul(kept * size, shape.num_elements()))
+                   act_bytes=shapes.Mul(kept * size, shape.num_elements()),
+                   act_bytes_weights=shapes.Mul(size, shape.num_elements()))
 
 
 def _ComputeDtype(layer):

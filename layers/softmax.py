@@ -240,7 +240,8 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     out_shapes: ([..., num_classes] logits, [...] per_example_xent).
     act_bytes: what the backward reads: the inputs, and unless chunked
     (softmax_max_alloc) two [N, num_classes] float32 tensors (the logits'
-    softmax and log-softmax).
+    softmax and log-softmax); act_bytes_weights: the inputs and the logits
+    (remat_policy 'weights' recomputes the rest from them).
     """
     del class_ids, class_weights  # Shapes follow from inputs.
     shape = shapes.AsShape(inputs)
@@ -255,10 +256,11 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     lead = shape[:-1]
     rows = lead.num_elements()
     size = tf.as_dtype(p.fprop_dtype or p.dtype).size
-    act = shapes.Mul(rows, p.input_dim * size)
+    act = weights = shapes.Mul(rows, p.input_dim * size)
     if not p.softmax_max_alloc:
-      act = shapes.Add(act, shapes.Mul(
-          rows, 2 * c * _XentDtype(tf.as_dtype(p.fprop_dtype or
-                                               p.dtype)).size))
+      xent_size = _XentDtype(tf.as_dtype(p.fprop_dtype or p.dtype)).size
+      act = shapes.Add(act, shapes.Mul(rows, 2 * c * xent_size))
+      weights = shapes.Add(weights, shapes.Mul(rows, c * size))
     return NestedMap(flops=shapes.Mul(rows, per_row),
-                     out_shapes=(lead + (c,), lead), act_bytes=act)
+                     out_shapes=(lead + (c,), lead), act_bytes=act,
+                     act_bytes_weights=weights)

@@ -138,29 +138,36 @@ class TransformerLayer(base_layer.BaseLayer):
       sub = base_layer.InheritParams(p, sub)
       flops = shapes.Add(flops, sub.cls.FPropMeta(sub, shape).flops)
     return NestedMap(flops=flops, out_shapes=(shape,),
-                     act_bytes=cls.ActBytes(p, shape))
+                     act_bytes=cls.ActBytes(p, shape),
+                     act_bytes_weights=cls.ActBytes(p, shape, 'weights'))
 
   @classmethod
-  def ActBytes(cls, p, inputs):
-    """Bytes of the tensors the backward of one layer reads, inputs [b, t,
-    d] (None if b or t is unknown).
+  def ActBytes(cls, p, inputs, policy='all'):
+    """Bytes of the tensors the backward of one layer needs kept, inputs
+    [b, t, d] (None if b or t is unknown), by remat_policy `policy`.
 
-    10 b*t*d (the two norms' centred and normalised inputs, q, k, v, the
-    attention context, the two residual sums feeding the norms) + b*h*t*t
-    (the attention probabilities) + b*t*f (the feed-forward activation)
-    elements; in training a residual dropout adds 4 b*t*d (the two masks
-    and outputs), an attention dropout 2 b*h*t*t, a feed-forward dropout 2
-    b*t*f. Held to pipeline_memory.SavedBytes of the real gradient by the
-    tests.
+    'all' (what it reads): 10 b*t*d (the two norms' centred and normalised
+    inputs, q, k, v, the attention context, the two residual sums feeding
+    the norms) + b*h*t*t (the attention probabilities) + b*t*f (the
+    feed-forward activation) elements; in training a residual dropout adds
+    4 b*t*d (the two masks and outputs), an attention dropout 2 b*h*t*t, a
+    feed-forward dropout 2 b*t*f.
+    'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
+    output projections) + b*t*f (the first feed-forward product); with a
+    residual dropout in training, the input too (b*t*d).
+    Held to pipeline_memory.SavedBytes of the real gradient by the tests.
     """
     b, t, d = shapes.AsShape(inputs)
     if b is None or t is None:
       return None
     train = not p.is_inference
     btd, bhtt, btf = b * t * d, b * p.num_heads * t * t, b * t * p.hidden_dim
-    n = (btd * (10 + (4 if train and p.residual_dropout_prob else 0)) +
-         bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
-         btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
+    if policy == 'weights':
+      n = btd * (6 if train and p.residual_dropout_prob else 5) + btf
+    else:
+      n = (btd * (10 + (4 if train and p.residual_dropout_prob else 0)) +
+           bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
+           btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
     return n * tf.as_dtype(p.fprop_dtype or p.dtype).size
 
 
@@ -317,15 +324,18 @@ class TransformerStack(base_layer.BaseLayer):
     return flops
 
   @classmethod
-  def LayersActBytes(cls, p, inputs, num_layers, final_ln):
+  def LayersActBytes(cls, p, inputs, num_layers, final_ln, policy='all'):
     """Bytes the backward of `num_layers` layers (+ the final norm if
-    `final_ln`) of stack params `p` reads, on inputs [batch, time, dim]."""
+    `final_ln`) of stack params `p` needs kept on inputs [batch, time, dim],
+    by remat_policy `policy` ('all' or 'weights')."""
     shape = shapes.AsShape(inputs)
     tpl = base_layer.InheritParams(p, p.transformer_tpl)
-    act = shapes.Mul(num_layers, tpl.cls.ActBytes(tpl, shape))
+    act = shapes.Mul(num_layers, tpl.cls.ActBytes(tpl, shape, policy))
     if final_ln:
       ln = base_layer.InheritParams(p, cls.FinalLnParams(p))
-      act = shapes.Add(act, ln.cls.FPropMeta(ln, shape).act_bytes)
+      meta = ln.cls.FPropMeta(ln, shape)
+      act = shapes.Add(act, meta.act_bytes if policy == 'all' else
+                       meta.act_bytes_weights)
     return act
 
   @classmethod

@@ -35,7 +35,7 @@ _CASES = [
      r'!= batch 32'),
     (f'{_PIPE}.remat=sometimes',
      rf"\(params '{_PIPE}'\): remat='sometimes' must be one of "
-     r"'except_last', 'always', 'never'\."),
+     r"'except_last', 'always', 'never', 'selective'\."),
     (f'{_PIPE}.schedule=1F1B',
      rf"\(params '{_PIPE}'\): schedule='1F1B' must be one of 'gpipe', "
      r"'1f1b'\. Did you mean '1f1b'\?"),

@@ -543,13 +543,14 @@ class LanguageModel(base_model.BaseTask):
 
     Returns:
       NestedMap(schedule, remat, num_micro_batches, backward_window,
-      cells=[NestedMap(act, out, transient, outside)]) as
+      cells=[NestedMap(act, act_weights, out, transient, outside)]) as
       `pipeline_memory.StageMemory` takes it: per cell the bytes its
       backward reads for one micro-batch (the softmax's in the last cell
-      with 1F1B, where it runs inside the pipeline), of its output for one
-      micro-batch, of its largest layer's, and of what runs outside the
-      pipeline on the whole batch (the softmax with GPipe); the unpipelined
-      stack is one cell with the whole batch. None if the batch is unknown.
+      with 1F1B, where it runs inside the pipeline), of them those remat
+      'selective' keeps, of its output for one micro-batch, of its largest
+      layer's, and of what runs outside the pipeline on the whole batch (the
+      softmax with GPipe); the unpipelined stack is one cell with the whole
+      batch. None if the batch is unknown.
     """
     if x[0] is None:
       return None
@@ -557,10 +558,11 @@ class LanguageModel(base_model.BaseTask):
     softmax = c.softmax.cls.FPropMeta(c.softmax, x).act_bytes
     if not issubclass(stack.cls, gpipe_transformer.GPipeTransformerStack):
       layer = base_model.base_layer.InheritParams(stack, stack.transformer_tpl)
+      act = stack.cls.FPropMeta(stack, x).act_bytes + softmax
       return NestedMap(
           schedule=None, remat=None, num_micro_batches=1,
           backward_window=None, cells=[NestedMap(
-              act=stack.cls.FPropMeta(stack, x).act_bytes + softmax, out=0,
+              act=act, act_weights=act, out=0,
               transient=max(layer.cls.ActBytes(layer, x), softmax),
               outside=0)])
     pipe = stack.pipeline_tpl
@@ -570,9 +572,10 @@ class LanguageModel(base_model.BaseTask):
     for cell in cells:
       cell.outside = 0
     if pipe.schedule == '1f1b':
-      loss = c.softmax.cls.FPropMeta(c.softmax, mb).act_bytes
-      cells[-1].act += loss
-      cells[-1].transient = max(cells[-1].transient, loss)
+      loss = c.softmax.cls.FPropMeta(c.softmax, mb)
+      cells[-1].act += loss.act_bytes
+      cells[-1].act_weights += loss.act_bytes_weights
+      cells[-1].transient = max(cells[-1].transient, loss.act_bytes)
     else:
       cells[-1].outside = softmax
     return NestedMap(schedule=pipe.schedule, remat=pipe.remat,

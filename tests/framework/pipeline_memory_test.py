@@ -1,6 +1,4 @@
 """Tests for cadence.framework.pipeline_memory and the layers' act_bytes."""
-import itertools
-
 import tensorflow as tf
 
 from cadence.framework import base_layer
@@ -13,7 +11,7 @@ from cadence.layers import softmax
 from cadence.layers import transformer
 
 
-def _Saved(params, input_specs):
+def _Saved(params, input_specs, policy='all'):
   """SavedBytes of a layer's FProp (with a step seed) on input_specs."""
   layer = params.Instantiate()
   leaves = tf.nest.flatten(layer.theta)
@@ -26,26 +24,36 @@ def _Saved(params, input_specs):
     return out.total_xent if isinstance(out, NestedMap) else out
 
   return pipeline_memory.SavedBytes(
-      _Fn, input_specs, [tf.TensorSpec(v.shape, v.dtype) for v in leaves])
+      _Fn, input_specs, [tf.TensorSpec(v.shape, v.dtype) for v in leaves],
+      policy)
+
+
+def _Check(test, params, input_specs, meta, rtol=0.02):
+  """act_bytes and act_bytes_weights of `meta` against SavedBytes."""
+  for policy, got in (('all', meta.act_bytes),
+                      ('weights', meta.act_bytes_weights)):
+    with test.subTest(policy=policy):
+      test.assertAllClose(_Saved(params, input_specs, policy), got,
+                          rtol=rtol)
 
 
 class ActBytesTest(tf.test.TestCase):
   """FPropMeta's act_bytes equal what TF's gradient really reads."""
 
   def testTransformerLayer(self):
-    for (b, t, d, h, f), drops in itertools.product(
-        [(4, 8, 16, 2, 32), (2, 12, 24, 4, 40)],
-        [(0, 0, 0), (0.1, 0.1, 0.1), (0.1, 0, 0), (0, 0.1, 0)]):
+    small, other = (4, 8, 16, 2, 32), (2, 12, 24, 4, 40)
+    for (b, t, d, h, f), drops in [
+        (small, (0, 0, 0)), (small, (0.1, 0, 0)), (small, (0, 0.1, 0)),
+        (small, (0, 0, 0.1)), (other, (0.1, 0.1, 0.1))]:
       p = transformer.TransformerLayer.Params().Set(
           name='x', input_dim=d, hidden_dim=f, num_heads=h,
           mask_self_atten=True, residual_dropout_prob=drops[0],
           atten_dropout_prob=drops[1], relu_dropout_prob=drops[2])
       with self.subTest(shape=(b, t, d, h, f), drops=drops):
-        want = _Saved(p, [tf.TensorSpec([b, t, d])])
-        got = p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes
         # Small tensors ([b, t, 1] inverse deviations, a [t, t] mask) are
         # left out.
-        self.assertAllClose(want, got, rtol=0.02)
+        _Check(self, p, [tf.TensorSpec([b, t, d])],
+               p.cls.FPropMeta(p, shapes.Shape([b, t, d])))
     p.is_inference = True
     self.assertEqual(4 * (10 * b * t * d + b * h * t * t + b * t * f),
                      p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
@@ -53,19 +61,17 @@ class ActBytesTest(tf.test.TestCase):
   def testNormAndSoftmax(self):
     for norm in (normalization.LayerNorm, normalization.RMSNorm):
       ln = norm.Params().Set(name='ln', input_dim=64)
-      self.assertAllClose(
-          _Saved(ln, [tf.TensorSpec([4, 8, 64])]),
-          ln.cls.FPropMeta(ln, shapes.Shape([4, 8, 64])).act_bytes, rtol=0.02)
+      _Check(self, ln, [tf.TensorSpec([4, 8, 64])],
+             ln.cls.FPropMeta(ln, shapes.Shape([4, 8, 64])))
     for smoothing, max_alloc in ((0.0, 0), (0.1, 0), (0.0, 256)):
       sm = softmax.SimpleFullSoftmax.Params().Set(
           name='sm', input_dim=128, num_classes=64, label_smoothing=smoothing,
           softmax_max_alloc=max_alloc)
       with self.subTest(smoothing=smoothing, max_alloc=max_alloc):
-        want = _Saved(sm, [tf.TensorSpec([4, 8, 128]),
-                           tf.TensorSpec([4, 8], tf.int32)])
-        got = sm.cls.FPropMeta(sm, shapes.Shape([4, 8, 128])).act_bytes
         # Left out: per row the labels, the log-normaliser (chunked).
-        self.assertAllClose(want, got, rtol=0.04)
+        _Check(self, sm, [tf.TensorSpec([4, 8, 128]),
+                          tf.TensorSpec([4, 8], tf.int32)],
+               sm.cls.FPropMeta(sm, shapes.Shape([4, 8, 128])), rtol=0.04)
 
   def testUnknownBatch(self):
     p = transformer.TransformerLayer.Params().Set(
@@ -85,7 +91,8 @@ class StageMemoryTest(tf.test.TestCase):
         ('gpipe', 'except_last', 1, [1] * 4, [8] * 4),
         ('1f1b', 'never', 1, [4, 3, 2, 1], [4, 3, 2, 1]),
         ('1f1b', 'always', 1, [1] * 4, [4, 3, 2, 1]),
-        ('1f1b', 'except_last', 1, [2, 2, 2, 1], [4, 3, 2, 1])]:
+        ('1f1b', 'except_last', 1, [2, 2, 2, 1], [4, 3, 2, 1]),
+        ('1f1b', 'selective', 1, [4, 3, 2, 1], [4, 3, 2, 1])]:
       with self.subTest(schedule=schedule, remat=remat, window=window):
         self.assertEqual((act, out), pipeline_memory.KeptMicroBatches(
             schedule, remat, k, m, window))
@@ -96,8 +103,10 @@ class StageMemoryTest(tf.test.TestCase):
       pipeline_memory.KeptMicroBatches('gpipe', 'some', 2, 2)
 
   def testStages(self):
-    cells = [NestedMap(act=100, out=10, transient=30, outside=0),
-             NestedMap(act=200, out=20, transient=50, outside=0)]
+    cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
+                       outside=0),
+             NestedMap(act=200, act_weights=80, out=20, transient=50,
+                       outside=0)]
     memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
                        backward_window=1, cells=cells)
     stages = pipeline_memory.StageMemory(memory, [1000, 2000], [2000, 4000])
@@ -105,6 +114,11 @@ class StageMemoryTest(tf.test.TestCase):
     self.assertEqual(pipeline_memory.Stage(1000, 2000, 1000, 2 * 110, 30),
                      stages[0])
     self.assertEqual(2000 + 4000 + 2000 + 220 + 50, stages[1].total)
+    # Selective: act_weights of each micro-batch, one whole act recomputed.
+    memory.remat = 'selective'
+    stages = pipeline_memory.StageMemory(memory, [1000, 2000], [2000, 4000])
+    self.assertEqual(pipeline_memory.Stage(1000, 2000, 1000, 2 * 50, 100),
+                     stages[0])
     # GPipe with the loss outside: its moment wins when it is larger.
     cells[1].outside = 5000
     memory.schedule, memory.remat = 'gpipe', 'except_last'

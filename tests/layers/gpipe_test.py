@@ -502,8 +502,12 @@ class FPropLossTest(tf.test.TestCase):
                     dropout=0.3)
 
   def testInFunctionAndInference(self):
-    self._Check('transformer', 2, 4, 1, True, '1f1b', dropout=0.3,
-                use_function=True)
+    # In a graph, 'never' and 'selective' keep what remat_policy picks
+    # (the dropout masks are recomputed with 'selective').
+    for remat in ('never', 'selective'):
+      with self.subTest(remat=remat):
+        self._Check('transformer', 2, 4, 1, True, '1f1b', remat=remat,
+                    dropout=0.3, use_function=True)
     pipe, loss, side, inputs, got = self._Check('transformer', 2, 4, 0, False,
                                                 '1f1b')
     # Inference (forward only) gives the same loss and metrics.
