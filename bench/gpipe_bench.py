@@ -22,7 +22,8 @@ the process (the latter is less sensitive to other load on a shared
 machine). Target: every cell <= 1.25x. Lingvo 0.14.2's GPipe on this
 machine: 7x at K=1, M=4; 11x at K=2, M=8.
 
-Then one step of each pipelined configuration runs under the TF profiler
+Then one step of each pipelined configuration (rebuilt with trace_actions,
+so that the profile names each op's action) runs under the TF profiler
 (framework/pipeline_timeline.py): the measured bubble (idle share of the
 devices' time between the first and the last pipeline action) next to the
 ideal (K-1)/(M+K-1).
@@ -144,6 +145,13 @@ class _Model(tf.Module):
     return loss
 
 
+def Overrides(variant, window):
+  """PipeliningLayer settings of a 'schedule:remat[:traced]' variant."""
+  schedule, remat, *traced = variant.split(':')
+  return dict(schedule=schedule, remat=remat, backward_window=window,
+              trace_actions=traced == ['traced'])
+
+
 def _Table(title, table, base, variants):
   print(f'\n{title}: pipelined / unpipelined ({base * 1000:.0f} ms); ms in '
         'brackets')
@@ -164,7 +172,8 @@ def main():
   parser.add_argument('--steps', type=int, default=3,
                       help='Steps per configuration per round.')
   parser.add_argument('--variants', default='gpipe:except_last,1f1b:never',
-                      help='Comma-separated schedule:remat pairs.')
+                      help='Comma-separated schedule:remat pairs; schedule:remat:traced '
+      'inlines the cells per call (trace_actions).')
   parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
   args = parser.parse_args()
@@ -183,9 +192,7 @@ def main():
     variant, k, m = cfg
     overrides = {}
     if k:
-      schedule, remat = variant.split(':')
-      overrides = dict(schedule=schedule, remat=remat,
-                       backward_window=window)
+      overrides = Overrides(variant, window)
     models[cfg] = _Model(k, m, **overrides)
     t0 = time.perf_counter()
     for s in range(2):   # Trace and warm up.
@@ -213,7 +220,11 @@ def main():
     for k in (1, 2, 4):
       cells = []
       for m in (1, 4, 8):
-        step = models[(variant, k, m)].Step
+        # The cells inlined per call, so that the profile names each op's
+        # action (trace_actions).
+        overrides = dict(Overrides(variant, window), trace_actions=True)
+        step = _Model(k, m, **overrides).Step
+        float(step(ids, labels, paddings, tf.constant(0, tf.int64)))
         ops = pipeline_timeline.ProfileOps(lambda: float(step(  # pylint: disable=cell-var-from-loop
             ids, labels, paddings, tf.constant(0, tf.int64))))
         devices = [f'/device:CPU:{i}' for i in range(k)]

@@ -42,6 +42,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpipe_bench  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _CHILD = r"""
 import os, json, resource, sys
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
@@ -128,7 +131,8 @@ def main():
   parser.add_argument('--micro_batches', type=int, default=8,
                       help='M of the pipelined models.')
   parser.add_argument('--variants', default='gpipe:except_last,1f1b:never',
-                      help='Comma-separated schedule:remat pairs.')
+                      help='Comma-separated schedule:remat pairs; schedule:remat:traced '
+      'inlines the cells per call (trace_actions).')
   parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
   parser.add_argument('--tiny_lm', action='store_true',
@@ -140,10 +144,9 @@ def main():
   m = args.micro_batches
   models = [('plain', None, 1, {})]
   for variant in args.variants.split(','):
-    schedule, remat = variant.split(':')
     for k in args.splits.split(','):
-      models.append((f'{schedule} {remat} K={k} M={m}', int(k), m, dict(
-          schedule=schedule, remat=remat, backward_window=window)))
+      models.append((f'{variant} K={k} M={m}', int(k), m,
+                     gpipe_bench.Overrides(variant, window)))
   table = {}
   for name, splits, mbs, overrides in models:
     for n in depths:
@@ -180,7 +183,7 @@ def main():
   if args.tiny_lm:
     print('\nTiny LM (Adam, K=2, M=4), MiB: measured tensor peak, estimate')
     for variant in args.variants.split(','):
-      schedule, remat = variant.split(':')
+      schedule, remat = variant.split(':')[:2]
       r = _Run(_TINY_LM.format(schedule=schedule, remat=remat))
       print(f'{variant:>26}  {r["tensor_mib"]:7.1f}  {r["estimate_mib"]:7.1f}'
             f'  ratio {r["estimate_mib"] / r["tensor_mib"]:.2f}', flush=True)

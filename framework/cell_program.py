@@ -47,6 +47,10 @@ STATEFUL_RANDOM_OPS = frozenset([
 ])
 
 
+# One body per traced function, called per step (not inlined per call).
+_NOINLINE = {'_noinline': True}
+
+
 def IsDifferentiable(x):
   """True for floating (and complex) tensors, the ones gradients flow to."""
   return x.dtype.is_floating or x.dtype.is_complex
@@ -96,9 +100,15 @@ class CellProgram:
     has_seed: whether calls pass a step seed ([2] int64), attached to theta
       with `base_layer.WithStepSeed` before `cell_fn` sees it.
     owner: a name for error messages, e.g. "Recurrent 'rnn'".
+    inline: False (default): each call runs the one traced body (the
+      caller's graph stays small; the body's ops are not named in the
+      caller's scope); True: each call inlines a copy of the cell's ops into
+      the caller's graph, named in its scope (what a profile of pipeline
+      actions needs, pipeline_timeline).
   """
 
-  def __init__(self, cell_fn, theta, state, inputs, device, has_seed, owner):
+  def __init__(self, cell_fn, theta, state, inputs, device, has_seed, owner,
+               inline=False):
     self._cell_fn = cell_fn
     self._theta = theta
     self._state = state
@@ -106,6 +116,9 @@ class CellProgram:
     self._device = device
     self._has_seed = has_seed
     self._owner = owner
+    # Called functions keep one body per cell (a small graph); inlined ones
+    # put a copy of the cell's ops, named in the caller's scope, per call.
+    self._attributes = None if inline else _NOINLINE
     self._theta_flat = tf.nest.flatten(theta)
     self._state_flat = tf.nest.flatten(state)
     self._inputs_flat = tf.nest.flatten(inputs)
@@ -116,8 +129,7 @@ class CellProgram:
     if has_seed:
       specs.append(tf.TensorSpec([2], tf.int64))
     self._specs = specs
-    self._fwd = tf.function(
-        self._FwdFlat, autograph=False).get_concrete_function(*specs)
+    self._fwd = self._Function(self._FwdFlat, specs)
     self._CheckGraph(self._fwd.graph)
     self._bwd = None
     self._bwd_mask = None   # [bool] per (theta, state, inputs) float leaf.
@@ -187,6 +199,13 @@ class CellProgram:
 
   # --- traced functions ----------------------------------------------------
 
+  def _Function(self, fn, specs):
+    """fn traced on specs, called or inlined as `inline` says."""
+    return tf.function(
+        fn, autograph=False,
+        experimental_attributes=self._attributes).get_concrete_function(
+            *specs)
+
   def _FwdFlat(self, *flat):
     theta, state, inputs, seed = self._Split(list(flat))
     with cluster_lib.DeviceScope(self._device):
@@ -249,9 +268,7 @@ class CellProgram:
   def _EnsureBackward(self):
     if self._bwd is None:
       d_specs = [_Spec(x) for x in self._state_flat if IsDifferentiable(x)]
-      self._bwd = tf.function(
-          self._BwdFlat, autograph=False).get_concrete_function(
-              *(self._specs + d_specs))
+      self._bwd = self._Function(self._BwdFlat, self._specs + d_specs)
 
   # --- calls ---------------------------------------------------------------
 
@@ -302,7 +319,8 @@ class CellProgram:
     args = traced.inputs[:n_in]
     kept = remat_policy.KeptTensors(graph, outputs,
                                     [t.op for t in args[:self._n[0]]], policy)
-    fwd = traced.prune(feeds=args, fetches=outputs + kept)
+    fwd_cut = traced.prune(feeds=args, fetches=outputs + kept)
+    fwd = self._Function(lambda *a: fwd_cut(*a), [_Spec(x) for x in args])
     cut = traced.prune(feeds=args + kept + traced.inputs[n_in:],
                        fetches=traced.outputs[n_out:])
     n_keep = len(args) + len(kept)
@@ -316,8 +334,8 @@ class CellProgram:
         held = [tf.identity(x) for x in flat[:n_keep]]
       return cut(*(held + list(d_out)))
 
-    bwd = tf.function(_Bwd, autograph=False).get_concrete_function(
-        *[_Spec(x) for x in args + kept + traced.inputs[n_in:]])
+    bwd = self._Function(
+        _Bwd, [_Spec(x) for x in args + kept + traced.inputs[n_in:]])
     self._keep[policy] = (fwd, bwd, mask, len(kept))
     return self._keep[policy]
 

@@ -49,6 +49,17 @@ def TrainStep(task):
   return tf.function(_Step, autograph=False)
 
 
+def TraceActions(params):
+  """A copy of model params with every pipeline's `trace_actions` on (the
+  cells inlined per call, so that the profile names each op's action)."""
+  params = params.Copy()
+  for line in str(params).splitlines():
+    key = line.split(' : ', 1)[0]
+    if key.rsplit('.', 1)[-1] == 'trace_actions':
+      params.Set(**{key: True})
+  return params
+
+
 def InspectPipeline(params, logdir=None):
   """Profiles one training step of the model of `params`; see the module
   docstring.
@@ -60,7 +71,7 @@ def InspectPipeline(params, logdir=None):
   Returns:
     The pipeline_timeline.Timeline of the step.
   """
-  model = params.Instantiate()
+  model = TraceActions(params).Instantiate()
   task = model.task
   batch = next(iter(task.params.input.Instantiate().Dataset()))
   batch = NestedMap(batch)

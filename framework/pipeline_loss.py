@@ -130,7 +130,7 @@ def _RunTable(pipe, ticks, loss_index, args):
 @tf.autograph.experimental.do_not_convert
 def PipelineLoss(devices, cell_fns, thetas, out_templates, inputs,
                  side_inputs, step_seed=None, schedule='1f1b',
-                 remat='never', name='PipelineLoss'):
+                 remat='never', name='PipelineLoss', trace_actions=False):
   """Runs K cells over M steps ending in a per-step loss; see the module
   docstring.
 
@@ -151,6 +151,8 @@ def PipelineLoss(devices, cell_fns, thetas, out_templates, inputs,
     remat: one of stacked_recurrent.REMAT_MODES; 'never' keeps each
       step's activations until its backward (1F1B bounds them by K).
     name: used in error messages.
+    trace_actions: as StackedRecurrent's (inline the cells per call, so a
+      profile names each op's action).
 
   Returns:
     (loss, per_step): loss, the sum over steps of the last cell's `loss`
@@ -176,7 +178,8 @@ def PipelineLoss(devices, cell_fns, thetas, out_templates, inputs,
   stateless = [lambda th, unused_s, x, fn=fn: fn(th, x) for fn in cell_fns]
   pipe = stacked_recurrent.Pipeline(devices, stateless, thetas, init_states,
                                     inputs, step_seed, remat, None, owner,
-                                    side_inputs=side_inputs)
+                                    side_inputs=side_inputs,
+                                    trace_actions=trace_actions)
   ticks = SCHEDULES[schedule](pipe.k, pipe.m)
 
   @tf.custom_gradient

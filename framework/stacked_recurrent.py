@@ -139,7 +139,8 @@ class Pipeline:
   """
 
   def __init__(self, devices, cell_fns, thetas, init_states, inputs,
-               step_seed, remat, backward_window, owner, side_inputs=None):
+               step_seed, remat, backward_window, owner, side_inputs=None,
+               trace_actions=False):
     self.devices = list(devices)
     self.k = len(devices)
     self.m, self.stacked = _NumSteps(inputs, owner)
@@ -186,7 +187,7 @@ class Pipeline:
           tf.nest.pack_sequence_as(thetas[i], self._theta_flat[i]),
           tf.nest.pack_sequence_as(init_states[i], self._init_flat[i]),
           in_template, device=devices[i], has_seed=seed is not None,
-          owner=f'{owner} cell {i}'))
+          owner=f'{owner} cell {i}', inline=trace_actions))
 
   def _SideTemplate(self):
     if not self.side_stacked:   # A list of M structures (or empty).
@@ -489,7 +490,8 @@ def _RunForwardThenBackward(pipe, forward, backward, args):
 @tf.autograph.experimental.do_not_convert
 def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
                      step_seed=None, remat='except_last',
-                     backward_window=1, name='StackedRecurrent'):
+                     backward_window=1, name='StackedRecurrent',
+                     trace_actions=False):
   """Runs K cells on K devices as a pipeline; see the module docstring.
 
   Args:
@@ -509,6 +511,10 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
       waits for the backward of step j+W of cell i, so a cell holds the
       activations of at most W steps (see the module docstring).
     name: used in error messages.
+    trace_actions: inline the cells' traced functions into the caller's
+      graph per call, so that a profile names each op's action
+      (pipeline_timeline); by default each call runs the cell's one traced
+      body (a smaller graph, faster tracing).
 
   Returns:
     (acc_state, final_states): acc_state is the last cell's output per step,

@@ -266,6 +266,12 @@ class PipeliningLayer(SeqLayer):
              'cell hold activations in the backward (1: one at a time; 2: '
              'the next re-run overlaps the current back-propagation; None: '
              'unbounded); see framework/stacked_recurrent.py.')
+    p.Define('trace_actions', False, 'Inline the cells\' traced functions '
+             'into the step\'s graph per (cell, micro-batch) call, so that a '
+             'profile names the action of every op (framework/'
+             'pipeline_timeline.py, --mode=inspect_pipeline sets it); by '
+             'default each call runs the cell\'s one traced body (a smaller '
+             'graph, faster tracing).')
     p.Define('schedule', 'gpipe', "'gpipe': all forwards, then all "
              "backwards; '1f1b': after a warm-up each cell alternates a "
              'forward and a backward, so it holds at most K micro-batches of '
@@ -290,6 +296,7 @@ class PipeliningLayer(SeqLayer):
                           tuple(pipeline_loss.SCHEDULES))
     validation.CheckOptionalInt(owner, 'backward_window', p.backward_window)
     validation.CheckBool(owner, 'nested_map_fprop', p.nested_map_fprop)
+    validation.CheckBool(owner, 'trace_actions', p.trace_actions)
 
   def _CellsGivenByOwner(self):
     return True
@@ -464,7 +471,8 @@ class PipeliningLayer(SeqLayer):
         [self.CellDevice(i) for i in range(len(cells))], cell_fns,
         [_StripSeed(c.theta) for c in cells], init_states, mb_inputs,
         step_seed=step_seed, remat=p.remat,
-        backward_window=p.backward_window, name=self.path)
+        backward_window=p.backward_window, name=self.path,
+        trace_actions=p.trace_actions)
     with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
       out = microbatch.Concat(acc, p.batch_dim)
     return self._Outputs(out)
@@ -553,7 +561,8 @@ class PipeliningLayer(SeqLayer):
     total, per_step = pipeline_loss.PipelineLoss(
         [self.CellDevice(i) for i in range(len(cells))], cell_fns, thetas,
         specs[:-1] + [template], mb_inputs, side_parts, step_seed=step_seed,
-        schedule=p.schedule, remat=p.remat, name=self.path)
+        schedule=p.schedule, remat=p.remat, name=self.path,
+        trace_actions=p.trace_actions)
     with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
       out = self._Combine([per_step.Transform(lambda x, j=j: x[j])
                            for j in range(m)])

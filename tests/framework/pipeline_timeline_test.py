@@ -111,7 +111,7 @@ class TimelineTest(tf.test.TestCase):
             _DEVICES, [_Cell, _Last], [NestedMap(w=w) for w in ws],
             [NestedMap(h=tf.TensorSpec([32, 64])),
              NestedMap(loss=tf.TensorSpec([]))], NestedMap(h=xs),
-            NestedMap(), schedule='1f1b')
+            NestedMap(), schedule='1f1b', trace_actions=True)
       return tape.gradient(loss, ws)
 
     xs = tf.random.stateless_normal([m, 32, 64], [1, 1])
