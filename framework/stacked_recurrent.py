@@ -60,6 +60,11 @@ Measured (bench/gpipe_memory.py, d 256 Transformer, batch 32, M=8): peak
 tensor memory of a training step grows by 10 MiB per layer with W=1 (K=1
 and K=4), 18 MiB (K=1) and 13 MiB (K=4) with W=2, 33 MiB unpipelined.
 
+Each cell is traced once (cell_program.CellProgram) and called per step, one
+body per cell; `trace_actions` inlines a copy per call instead, named in the
+action's scope (`pipeline_schedule.Action.scope`), so that a profile says
+which action each op belonged to (pipeline_timeline).
+
 1F1B: `pipeline_loss.PipelineLoss` runs a second executor over these
 units: cells without state between steps and a per-step loss in the last
 cell, so each step's backward can start as soon as its forward leaves the

@@ -16,6 +16,19 @@ micro-batches at a time (with remat='except_last', the last micro-batch
 keeps its forward activations instead of re-running; it is back-propagated
 first).
 
+Schedules (`schedule`): 'gpipe' runs every forward, then every backward
+(behind one custom gradient: FProp works under any tape); '1f1b' (PipeDream-
+flush) lets each cell alternate the forward of a new micro-batch with the
+backward of an old one, so a cell holds at most K micro-batches'
+activations instead of M. Each micro-batch's backward must then start as
+soon as its forward leaves the last cell, so the loss moves inside the
+pipeline: the owner calls `FPropLoss(cells, loss, *inputs, side_inputs=)`
+with a per-micro-batch loss (framework/pipeline_loss.py), e.g. the LM's
+softmax and cross-entropy on that micro-batch's labels; the losses and
+metric sums come back summed over micro-batches, and `tape.gradient` of the
+total equals the sequential model's. `remat` 'selective' keeps only the
+outputs of products with a weight (framework/remat_policy.py).
+
 Two ways to give a PipeliningLayer its cells:
   * `cell_tpl`: the layer builds the cells as its children `cells[i]`
     (Lingvo's form; `PartitionSequentialLayers` makes such a list);
