@@ -5,6 +5,7 @@ is the package `cadence`; tests/ is not installed).
 
   Rand(shape, seed)            numpy uniform(-1, 1) values, reproducible
   Seeded(layer, step)          a layer's theta carrying a step seed
+  DenseThetas(k, d, rng)       k NestedMap(w [d, d], b [d]) of variables
   LossAndGrads(fn, wrt)        fn() under a tape: its outputs and the
                                gradients of the first one
   RunPython(script, *args)     `python -c script` in a subprocess, checked
@@ -22,6 +23,8 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import step_seed
 
+NestedMap = base_layer.NestedMap
+
 # A subprocess's environment with TF's C++ INFO lines hidden.
 QUIET_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 
@@ -37,6 +40,15 @@ def Seeded(layer, step=0, seed=None):
   if seed is None:
     seed = step_seed.MakeStepSeed(step)
   return base_layer.WithStepSeed(layer.theta, seed)
+
+
+def DenseThetas(k, d, rng):
+  """k thetas NestedMap(w=[d, d], b=[d]) of normal(0, 1) tf.Variables drawn
+  from the numpy RandomState `rng` (cells of pipeline tests)."""
+  return [NestedMap(
+      w=tf.Variable(rng.normal(size=[d, d]).astype(np.float32)),
+      b=tf.Variable(rng.normal(size=[d]).astype(np.float32)))
+      for _ in range(k)]
 
 
 def LossAndGrads(fn, wrt):

@@ -44,10 +44,7 @@ class PipelineLossTest(tf.test.TestCase):
 
   def _Setup(self, k, m):
     rng = np.random.RandomState(k * 10 + m)
-    self.thetas = [
-        NestedMap(w=tf.Variable(rng.normal(size=[_D, _D]).astype(np.float32)),
-                  b=tf.Variable(rng.normal(size=[_D]).astype(np.float32)))
-        for _ in range(k)]
+    self.thetas = test_utils.DenseThetas(k, _D, rng)
     self.xs = NestedMap(h=tf.constant(rng.normal(size=[m, _B, _D]),
                                       tf.float32), n=tf.range(m))
     self.side = NestedMap(
@@ -90,11 +87,6 @@ class PipelineLossTest(tf.test.TestCase):
                           per_step.n]
     return _Fn
 
-  def _AssertClose(self, want, got):
-    self.assertEqual(len(want), len(got))
-    for w, g in zip(want, got):
-      self.assertAllClose(w, g, atol=1e-5, rtol=1e-5)
-
   def testMatchesSequentialGrid(self):
     for k, m in itertools.product((1, 2, 4), (1, 2, 4, 8)):
       self._Setup(k, m)
@@ -102,8 +94,8 @@ class PipelineLossTest(tf.test.TestCase):
       for schedule, remat in (('1f1b', 'never'), ('1f1b', 'always'),
                               ('gpipe', 'except_last')):
         with self.subTest(k=k, m=m, schedule=schedule, remat=remat):
-          self._AssertClose(want, self._Run(self._Pipelined(k, schedule,
-                                                            remat)))
+          self.assertAllClose(want, self._Run(self._Pipelined(
+              k, schedule, remat)), atol=1e-5, rtol=1e-5)
 
   def testMatchesSequentialInFunction(self):
     for k, m, schedule, remat in ((2, 4, '1f1b', 'never'),
@@ -115,7 +107,7 @@ class PipelineLossTest(tf.test.TestCase):
       got = tf.function(lambda: self._Run(  # pylint: disable=cell-var-from-loop
           self._Pipelined(k, schedule, remat)))()
       with self.subTest(k=k, m=m, schedule=schedule, remat=remat):
-        self._AssertClose(want, got)
+        self.assertAllClose(want, got, atol=1e-5, rtol=1e-5)
 
   def testBadArguments(self):
     self._Setup(2, 2)

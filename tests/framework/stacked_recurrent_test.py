@@ -73,10 +73,7 @@ class StackedRecurrentTest(tf.test.TestCase):
 
   def _Setup(self, k, m):
     rng = np.random.RandomState(k * 10 + m)
-    self.thetas = [
-        NestedMap(w=tf.Variable(rng.normal(size=[_D, _D]).astype(np.float32)),
-                  b=tf.Variable(rng.normal(size=[_D]).astype(np.float32)))
-        for _ in range(k)]
+    self.thetas = test_utils.DenseThetas(k, _D, rng)
     self.inits = [NestedMap(h=tf.constant(rng.normal(size=[_B, _D]),
                                           tf.float32),
                             n=tf.constant(i)) for i in range(k)]
