@@ -4,7 +4,9 @@ A stage (device) holds, at its peak:
 
   params:      its variables;
   grads:       one gradient per trained variable (they accumulate over the
-               micro-batches and live until the update);
+               micro-batches and live until the update), twice with
+               several micro-batches: a micro-batch's backward returns its
+               gradients while the sum so far is alive;
   slots:       the optimizer's slot variables (Adam: 2 per parameter);
   activations: what the backward of its cell keeps: `act` bytes per
                micro-batch (a layer's FPropMeta `act_bytes`: the tensors
@@ -106,10 +108,11 @@ def StageMemory(memory, params, slots, grads=None):
   """The `Stage` of each cell's device: its bytes at the step's peak.
 
   Two moments compete, the larger counts:
-    backward: params, slots, all of the stage's gradients (a pipeline has
-      them all after its first micro-batch's backward; an unpipelined model
-      none yet: its peak is where the backward starts), the activations
-      and outputs kept (KeptMicroBatches) and one layer's transient;
+    backward: params, slots, the stage's gradients (a pipeline has them all
+      after its first micro-batch's backward, and twice while it adds a
+      micro-batch's; an unpipelined model none yet: its peak is where the
+      backward starts), the activations and outputs kept
+      (KeptMicroBatches) and one layer's transient;
     outside: (GPipe's last stage) params, slots, what the forward keeps and
       the loss on the whole batch with its gradient (`outside` bytes
       twice), before the pipeline's backward starts.
@@ -138,7 +141,7 @@ def StageMemory(memory, params, slots, grads=None):
   else:
     act, out = KeptMicroBatches(memory.schedule, memory.remat, k, m,
                                 memory.backward_window)
-    grad_share = 1
+    grad_share = 2 if m > 1 else 1
   stages = []
   selective = memory.remat == 'selective'
   for i, c in enumerate(cells):

@@ -110,20 +110,20 @@ class StageMemoryTest(tf.test.TestCase):
     memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
                        backward_window=1, cells=cells)
     stages = pipeline_memory.StageMemory(memory, [1000, 2000], [2000, 4000])
-    # 1F1B: cell 0 keeps 2 micro-batches, cell 1 one.
-    self.assertEqual(pipeline_memory.Stage(1000, 2000, 1000, 2 * 110, 30),
+    # 1F1B: cell 0 keeps 2 micro-batches, cell 1 one; the gradients twice.
+    self.assertEqual(pipeline_memory.Stage(1000, 2000, 2000, 2 * 110, 30),
                      stages[0])
-    self.assertEqual(2000 + 4000 + 2000 + 220 + 50, stages[1].total)
+    self.assertEqual(2000 + 4000 + 4000 + 220 + 50, stages[1].total)
     # Selective: act_weights of each micro-batch, one whole act recomputed.
     memory.remat = 'selective'
     stages = pipeline_memory.StageMemory(memory, [1000, 2000], [2000, 4000])
-    self.assertEqual(pipeline_memory.Stage(1000, 2000, 1000, 2 * 50, 100),
+    self.assertEqual(pipeline_memory.Stage(1000, 2000, 2000, 2 * 50, 100),
                      stages[0])
     # GPipe with the loss outside: its moment wins when it is larger.
     cells[1].outside = 5000
     memory.schedule, memory.remat = 'gpipe', 'except_last'
     stages = pipeline_memory.StageMemory(memory, [1000, 2000], [0, 0])
-    self.assertEqual(pipeline_memory.Stage(1000, 0, 1000, 100 + 4 * 10, 30),
+    self.assertEqual(pipeline_memory.Stage(1000, 0, 2000, 100 + 4 * 10, 30),
                      stages[0])
     self.assertEqual(pipeline_memory.Stage(2000, 0, 0, 200 + 4 * 20 + 5000,
                                            5000), stages[1])
