@@ -228,9 +228,32 @@ class StageAllReduce:
       index = [i for i, st in enumerate(self._stage) if st == s]
       if not index:
         continue
+      # One destination for the whole stage (its devices in every replica),
+      # so the cross-device ops batch (and pack) the stage's values.
+      destination = values[index[0]]
       reduced = ops.batch_reduce(
-          tf.distribute.ReduceOp.MEAN, [(values[i], values[i]) for i in index])
+          tf.distribute.ReduceOp.MEAN,
+          [(values[i], destination) for i in index])
       for i, red in zip(index, reduced):
         for r, part in enumerate(strategy.experimental_local_results(red)):
           out[r][i] = part
     return out
+
+
+def CopyFromFirst(tasks, learners):
+  """Sets every replica's variables and optimizer state to replica 0's.
+
+  Checkpoints hold one copy (replica 0's); after a restore this makes the
+  other copies equal to it again. Eager; each assignment runs on the
+  destination variable's device.
+  """
+  first = dict(tasks[0].vars.FlattenItems())
+  first_state = learners[0].checkpointables
+  for task, learner in zip(tasks[1:], learners[1:]):
+    for path, var in task.vars.FlattenItems():
+      var.assign(first[path])
+    state = learner.checkpointables
+    for path, slots in state.slots.items():
+      for name, slot in slots.items():
+        slot.assign(first_state.slots[path][name])
+    state.num_updates.assign(first_state.num_updates)

@@ -8,6 +8,8 @@ is the package `cadence`; tests/ is not installed).
   LossAndGrads(fn, wrt)        fn() under a tape: its outputs and the
                                gradients of the first one
   RunPython(script, *args)     `python -c script` in a subprocess, checked
+  StartPython / FinishPython   the same in two halves, so independent
+                               subprocesses run at the same time
   OpDevices(script, op_types)  where each op type ran, from TF's placement
                                log of a script
 """
@@ -73,6 +75,24 @@ def RunPython(script, *args, env=None, timeout=300):
     raise AssertionError(f'subprocess exited {proc.returncode}:\n'
                          f'{proc.stderr[-4000:]}')
   return proc
+
+
+def StartPython(script, *args, env=None):
+  """Starts `python -c script args...`; finish it with FinishPython."""
+  return subprocess.Popen(
+      [sys.executable, '-c', script] + [str(a) for a in args],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=QUIET_ENV if env is None else env)
+
+
+def FinishPython(proc, timeout=600):
+  """Waits for a StartPython process; returns its stdout, or fails with its
+  stderr tail if it failed."""
+  out, err = proc.communicate(timeout=timeout)
+  if proc.returncode:
+    raise AssertionError(f'subprocess exited {proc.returncode}:\n'
+                         f'{err[-4000:]}')
+  return out
 
 
 def OpDevices(script, op_types, timeout=300):

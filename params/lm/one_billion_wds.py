@@ -84,6 +84,7 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
   HIDDEN_DIM = 8192
   DROPOUT_PROB = 0.1
   SPLITS = 4
+  WORKER_SPLIT_SIZE = SPLITS   # One device per pipeline stage.
   NUM_MICRO_BATCHES = 32
   SOFTMAX_MAX_ALLOC = 128 * 1024 * 1024   # logits computed at once
   LEARNING_RATE = 1.0                     # x the rsqrt schedule
@@ -166,6 +167,7 @@ class OneBWdsGPipeTransformerTiny(OneBWdsGPipeTransformer):
   HIDDEN_DIM = 512
   DROPOUT_PROB = 0.0          # The corpus is effectively unlimited.
   SPLITS = 2
+  WORKER_SPLIT_SIZE = SPLITS
   NUM_MICRO_BATCHES = 4
   SOFTMAX_MAX_ALLOC = 0
   LEARNING_RATE = 0.4
