@@ -8,7 +8,10 @@ returns the process exit code:
      missing or empty input files, an unknown --job. One readable message on
      stderr, no traceback;
   3  training stopped: too many consecutive skipped steps or non-finite
-     weights (the message names the last good checkpoint).
+     weights (the message names the last good checkpoint);
+  4  a peer host of a multi-host job failed (the collectives broke off);
+     rerun the same command on every host to resume from the latest
+     checkpoint.
 
 The set-up runs in a fixed order: devices, the cluster and the strategy
 first (framework/distribution.py; TensorFlow allows logical devices and
@@ -53,6 +56,11 @@ from cadence.framework import replicas
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_TRAINING_STOPPED = 3
+EXIT_PEER_FAILED = 4
+
+# What a multi-host step raises when a peer host dies or drops off.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                tf.errors.CancelledError, tf.errors.DeadlineExceededError)
 
 MODES = ('sync', 'inspect_params', 'inspect_model')
 _JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
@@ -481,4 +489,18 @@ def Main(options):
       job.Run()
   except programs.TrainingStopped as e:
     return _Fail(EXIT_TRAINING_STOPPED, str(e))
+  except _PEER_ERRORS as e:
+    if setup.num_workers == 1:
+      raise
+    lines = [l.strip() for l in str(e).splitlines() if l.strip() and
+             not l.strip().startswith(('Graph execution error', 'Detected',
+                                       'File ', 'Traceback', '[['))]
+    first = lines[0] if lines else type(e).__name__
+    latest = checkpointer.ListCheckpoints(os.path.join(options.logdir,
+                                                       'train'))
+    return _Fail(EXIT_PEER_FAILED, (
+        f'a peer host of this {setup.num_workers}-host job failed or left '
+        f'({type(e).__name__}: {first[:200]}); this host stops. The latest '
+        f'checkpoint is {latest[-1] if latest else "none"}: rerun the same '
+        'command on every host to resume from it.'))
   return EXIT_OK
