@@ -131,6 +131,46 @@ class TransparencyTest(tf.test.TestCase):
         self.assertGreater(errors['moved'], 1e-3)   # Dropout changed them.
 
 
+_PLACEMENT = textwrap.dedent("""
+    import tempfile
+    import tensorflow as tf
+    tf.debugging.set_log_device_placement(True)
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices('CPU')[0],
+        [tf.config.LogicalDeviceConfiguration()] * 4)
+    from cadence.framework import cluster as cluster_lib
+    from cadence.framework import model_registry, programs, replicas
+    p = model_registry.GetParams(%(key)r, 'Train')
+    # Cell 0 (fc0, fc1) applies Tanh, cell 1 (fc2, fc3) Sigmoid.
+    p.task.activation = ['TANH', 'TANH', 'SIGMOID']
+    p.task.train.Set(max_steps=1, save_interval_steps=1,
+                     summary_interval_steps=1, log_interval_steps=1)
+    cluster = cluster_lib.Cluster.Params().Set(
+        num_devices=4, worker_split_size=2).Instantiate()
+    strategy = tf.distribute.MirroredStrategy(['/device:CPU:0',
+                                               '/device:CPU:2'])
+    with cluster:
+      tasks = replicas.BuildReplicas(p, cluster)
+      programs.TrainProgram(tasks, tempfile.mkdtemp(), strategy,
+                            peak_flops=1e12, cluster=cluster).Run()
+""") % dict(key=_KEY)
+
+
+class PlacementTest(tf.test.TestCase):
+
+  def testReplicaRStageSRunsOnDeviceRTimesKPlusS(self):
+    # Replica r's ops carry MirroredStrategy's 'replica_r/' name scope (none
+    # for replica 0); stage 0's activation is Tanh, stage 1's Sigmoid, and
+    # their gradients TanhGrad / SigmoidGrad (the backward).
+    stage_of = {'Tanh': 0, 'TanhGrad': 0, 'Sigmoid': 1, 'SigmoidGrad': 1}
+    devices = test_utils.OpDevices(
+        _PLACEMENT, stage_of, group=lambda n: int('replica_1/' in n))
+    self.assertCountEqual([(op, r) for op in stage_of for r in (0, 1)],
+                          devices)
+    for (op, r), placed in devices.items():
+      self.assertEqual({f'CPU:{r * 2 + stage_of[op]}'}, placed, (op, r))
+
+
 class BuildReplicasTest(tf.test.TestCase):
 
   def testEachStageLivesOnItsDeviceOfEachReplica(self):
