@@ -127,6 +127,10 @@ class TrainProgram:
     for learner in self._learners:
       learner.Build()
     self._learner = self._learners[0]
+    # Variables the replicas update themselves (counters, moving statistics)
+    # and combine after every step (ON_WRITE) or before reads (ON_READ).
+    self._on_write = replicas.SyncedVariables(task, on_read=False)
+    self._on_read = replicas.SyncedVariables(task, on_read=True)
     self._reducer = None
     if local * num_workers > 1:
       device_type = tf.DeviceSpec.from_string(
@@ -135,8 +139,11 @@ class TrainProgram:
                               self._p.allreduce_bytes_per_pack, num_workers,
                               device_type, f"{task.path}'s train")
       self._reducer = replicas.StageAllReduce(
-          self._cluster, self._tasks, [k for k, _ in self._learner.trainable],
-          self._p.allreduce, self._p.allreduce_bytes_per_pack, num_workers)
+          self._cluster, self._tasks,
+          [k for k, _ in self._learner.trainable + self._on_write +
+           self._on_read],
+          self._p.allreduce, self._p.allreduce_bytes_per_pack, num_workers,
+          strategy=self._strategy)
       logging.info('%d replica(s) (%d on this host) x %d stage(s); '
                    'gradients all-reduced by %s stage by stage (%s bytes a '
                    'stage).', local * num_workers, local,
@@ -169,6 +176,13 @@ class TrainProgram:
         remove_temp=self._is_chief)
     self._writer = (summary_utils.SummaryWriter(self._train_dir)
                     if self._is_chief else summary_utils.NullWriter())
+    # ON_READ variables: their value at the last combine, beside them.
+    self._on_read_base = []
+    for _, var in self._on_read:
+      with tf.device(var.device):
+        self._on_read_base.append(tf.Variable(var.read_value(),
+                                              trainable=False))
+    self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
     self._train_loop = tf.function(self._TrainLoop, autograph=False)
     self._stat_keys = []  # Names of the loop's stats, set when it traces.
 
@@ -211,6 +225,8 @@ class TrainProgram:
     replica = tf.get_static_value(ctx.replica_id_in_sync_group)
     local = replica % len(self._tasks)
     task, learner = self._tasks[local], self._learners[local]
+    on_write = self._ReplicaSynced(local, self._on_write)
+    before = [v.read_value() for v in on_write]
     seed = step_seed.MakeStepSeed(step, task.params.random_seed or 0)
     if ctx.num_replicas_in_sync > 1:  # Each replica its own dropout masks.
       seed = step_seed.MicroBatchSeed(seed, replica)
@@ -225,6 +241,8 @@ class TrainProgram:
                          tf.constant(1.0, loss.dtype))
     grads = learner.ComputeGradients(tape, loss)
     return NestedMap(
+        synced_before=before,
+        synced=replicas.ReplicaValues(on_write, before, replica),
         grads=[_OnDevice(g, v.device) for g, (_, v) in
                zip(grads.Flatten(), learner.trainable)],
         loss=tf.cast(loss, tf.float32),
@@ -232,6 +250,43 @@ class TrainProgram:
         metrics=NestedMap({k: NestedMap(
             vw=tf.cast(v, tf.float32) * tf.cast(w, tf.float32),
             w=tf.cast(w, tf.float32)) for k, (v, w) in metrics.items()}))
+
+  def _ReplicaSynced(self, local, synced):
+    """Replica `local`'s copies of the variables of `synced` (path, var)."""
+    variables = dict(self._tasks[local].vars.FlattenItems())
+    return [variables[path] for path, _ in synced]
+
+  def _Combine(self, synced, per_replica_sent, per_replica_before):
+    """Gives every copy of `synced` variables their combined value."""
+    if not synced or self._reducer is None:
+      return
+    combined = replicas.CombineCopies(
+        self._strategy, self._reducer, [p for p, _ in synced],
+        [v.aggregation for _, v in synced], per_replica_sent,
+        per_replica_before)
+    for local, values in enumerate(combined):
+      for var, value in zip(self._ReplicaSynced(local, synced), values):
+        with tf.device(var.device):
+          var.assign(value)
+
+  def _CombineOnRead(self):
+    """Combines the ON_READ variables' copies (before they are read)."""
+
+    def _Send():
+      ctx = tf.distribute.get_replica_context()
+      replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+      local = replica % len(self._tasks)
+      before = [b.read_value() for b in self._on_read_base]
+      return NestedMap(
+          before=before,
+          sent=replicas.ReplicaValues(
+              self._ReplicaSynced(local, self._on_read), before, replica))
+
+    per_replica = self._strategy.run(_Send)
+    self._Combine(self._on_read, per_replica.sent, per_replica.before)
+    for base, (_, var) in zip(self._on_read_base, self._on_read):
+      with tf.device(base.device):
+        base.assign(var)
 
   def _Apply(self, step, per_replica):
     """All-reduces the replicas' gradients and updates every copy alike.
@@ -246,7 +301,8 @@ class TrainProgram:
       grads = [per_replica.grads]
       loss = per_replica.loss
     else:
-      grads = self._reducer.Mean(s, per_replica.grads)
+      grads = self._reducer.Mean(
+          s, per_replica.grads, [k for k, _ in self._learner.trainable])
       loss = _Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss)
     stats = None
     for learner, replica_grads in zip(self._learners, grads):
@@ -262,6 +318,8 @@ class TrainProgram:
     per_replica = self._strategy.run(self._ReplicaStep,
                                      args=(next(iterator), step))
     stats = self._Apply(step, per_replica)
+    self._Combine(self._on_write, per_replica.synced,
+                  per_replica.synced_before)
     s = self._strategy
     Sum = tf.distribute.ReduceOp.SUM
     skipped = tf.cast(stats.skipped, tf.bool)
@@ -369,6 +427,8 @@ class TrainProgram:
     return nxt
 
   def _Save(self, step):
+    if self._on_read and self._reducer is not None:
+      self._combine_on_read()   # Every host: it all-reduces.
     if not self._is_chief:  # The chief writes the job's checkpoints.
       for fn in self._on_checkpoint:
         fn(step)
