@@ -42,11 +42,24 @@ flags.DEFINE_string('model_params_override', '', "Params text ('key : "
 flags.DEFINE_string('model_params_file_override', '', 'A file of Params '
                     'text applied before --model_params_override.')
 flags.DEFINE_integer('max_steps', None, 'Overrides task.train.max_steps.')
-flags.DEFINE_integer('worker_split_size', 1, 'Devices per model split (the '
-                     'pipeline stages of one model copy); on cpu, the number '
-                     'of logical CPUs created.')
+flags.DEFINE_integer('worker_replicas', 1, 'Data-parallel replicas on this '
+                     'host.')
+flags.DEFINE_integer('worker_split_size', None, 'Devices per replica (its '
+                     'pipeline stages); default: the experiment\'s '
+                     'WORKER_SPLIT_SIZE. On cpu, worker_replicas x '
+                     'worker_split_size logical CPUs are created.')
 flags.DEFINE_integer('worker_gpus', 0, 'GPUs to use with --run_locally=gpu '
                      '(0: all visible).')
+flags.DEFINE_integer('steps_per_loop', 0, 'At most this many train steps per '
+                     'call of the compiled loop (0: up to the next summary, '
+                     'log or checkpoint).')
+flags.DEFINE_string('cluster_spec', '', "Several hosts, Lingvo's form: "
+                    "'worker=host:port,host:port@ps=host:port' (else "
+                    '$TF_CONFIG); with --task_type and --task_index.')
+flags.DEFINE_string('task_type', 'worker', 'This host\'s job in '
+                    '--cluster_spec.')
+flags.DEFINE_integer('task_index', 0, 'This host\'s index in its '
+                     '--cluster_spec job.')
 flags.DEFINE_float('peak_tflops', 0.0, 'Peak TFLOP/s of one device for the '
                    'FLOPs utilisation summary (mfu divides by it x the '
                    'devices a step runs on); 0 measures it once.')
@@ -68,8 +81,11 @@ def main(argv):
       run_locally=FLAGS.run_locally,
       model_params_override=FLAGS.model_params_override,
       model_params_file_override=FLAGS.model_params_file_override,
-      max_steps=FLAGS.max_steps, worker_split_size=FLAGS.worker_split_size,
-      worker_gpus=FLAGS.worker_gpus, peak_tflops=FLAGS.peak_tflops,
+      max_steps=FLAGS.max_steps, worker_replicas=FLAGS.worker_replicas,
+      worker_split_size=FLAGS.worker_split_size,
+      worker_gpus=FLAGS.worker_gpus, steps_per_loop=FLAGS.steps_per_loop,
+      cluster_spec=FLAGS.cluster_spec, task_type=FLAGS.task_type,
+      task_index=FLAGS.task_index, peak_tflops=FLAGS.peak_tflops,
       device_memory_gib=FLAGS.device_memory_gib,
       start_time=_START_TIME)
   return trainer_lib.Main(options)

@@ -250,7 +250,15 @@ class BaseLayer(tf.Module):
       value = weight_init.InitialValue(init, var_params.shape, dtype, seed)
     except ValueError as e:
       raise ValueError(f"{type(self).__name__} '{var_path}': {e}") from None
-    var = tf.Variable(value, name=name, trainable=var_params.trainable)
+    if var_params.trainable and (
+        var_params.aggregation != tf.VariableAggregation.NONE):
+      raise ValueError(
+          f"{type(self).__name__} '{var_path}': aggregation="
+          f'{var_params.aggregation} needs trainable=False; the learner '
+          'keeps trained variables equal across replicas.')
+    var = tf.Variable(value, name=name, trainable=var_params.trainable,
+                      aggregation=var_params.aggregation,
+                      synchronization=var_params.synchronization)
     self._variables_by_name[name] = var
     return var
 

@@ -48,6 +48,14 @@ def _TrainParams():
            'non-finite (or above grad_norm_to_clip_to_zero).')
   p.Define('debug_nan_steps', [], 'Testing aid: global steps whose loss is '
            'multiplied by NaN, exercising the skip path.')
+  p.Define('allreduce', 'auto', 'How gradients of data-parallel replicas '
+           'are all-reduced, stage by stage (framework/replicas.py): ring '
+           '(collective ops; across hosts), nccl (GPUs), hierarchical_copy, '
+           'one_device (sum on one device, broadcast), or auto (nccl on '
+           'GPUs, else ring).')
+  p.Define('allreduce_bytes_per_pack', 0, 'Pack gradients into chunks of '
+           'about this many bytes for the all-reduce, an int >= 0 (0: no '
+           'packing).')
   return p
 
 

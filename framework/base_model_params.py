@@ -24,6 +24,11 @@ from cadence.framework import base_model
 class SingleTaskModelParams:
   """Base of single-task experiments; see the module docstring."""
 
+  # Devices per model split (the pipeline stages of one replica) when
+  # --worker_split_size is not given; a pipelined experiment sets its stage
+  # count here.
+  WORKER_SPLIT_SIZE = 1
+
   def Train(self):
     """Input generator params of the training data."""
     raise NotImplementedError(f'{type(self).__name__} must define Train().')

@@ -15,10 +15,12 @@ above `grad_norm_to_clip_to_zero`, else clips to
 `clip_gradient_norm_to_value` and applies the optimizer with learning rate
 `learning_rate * lr_schedule.Value(step)`.
 
-Distribution: call `Build()` under `strategy.scope()`, and the step inside
-`strategy.run`. `ComputeGradients` averages the gradients over the replicas
-(all-reduce MEAN, so each replica's loss is the mean over its own examples),
-so the norm, the skip decision and the update agree on every replica.
+Distribution (framework/replicas.py): each replica's copy of the task has
+its own learner. `ComputeGradients` returns the replica's own gradients;
+the train program all-reduces them across replicas (MEAN: each replica's
+loss is the mean over its own examples) and gives every copy's
+`ApplyGradients` the same reduced gradients and the same skip decision, so
+the copies stay equal.
 """
 import re
 
@@ -172,21 +174,17 @@ class Learner:
 
     Returns:
       NestedMap like `trainable_vars`; variables unconnected to the loss get
-      zeros. Averaged over replicas when called in a replica context of a
-      strategy with more than one replica.
+      zeros. This replica's own gradients: not reduced across replicas.
     """
     variables = [v for _, v in self._trainable]
     grads = tape.gradient(
         loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    ctx = tf.distribute.get_replica_context()
-    if ctx is not None and ctx.num_replicas_in_sync > 1 and grads:
-      grads = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, grads)
     w = self._params.l2_regularizer_weight
     if w:
       grads = [g + tf.cast(w, g.dtype) * v for g, v in zip(grads, variables)]
     return self._var_map.Pack(grads)
 
-  def ApplyGradients(self, step, grads, loss=None):
+  def ApplyGradients(self, step, grads, loss=None, skip=None):
     """Clips and applies `grads`, or skips the step; returns stats.
 
     Args:
@@ -194,6 +192,8 @@ class Learner:
       grads: NestedMap from `ComputeGradients` (same keys as
         `trainable_vars`).
       loss: optional scalar loss; a non-finite loss also skips the step.
+      skip: optional bool scalar: the skip decision, taken elsewhere (the
+        first replica's), instead of this learner's own.
 
     Returns:
       NestedMap(grad_norm=float32 global norm before clipping,
@@ -210,13 +210,14 @@ class Learner:
           [tf.cast(g, tf.float32) for g in grad_list])
     else:
       grad_norm = tf.constant(0.0, tf.float32)
-    skip = tf.logical_not(tf.math.is_finite(grad_norm))
-    if loss is not None:
-      skip = tf.logical_or(skip, tf.logical_not(
-          tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32)))))
     p = self._params
-    if p.grad_norm_to_clip_to_zero:
-      skip = tf.logical_or(skip, grad_norm > p.grad_norm_to_clip_to_zero)
+    if skip is None:
+      skip = tf.logical_not(tf.math.is_finite(grad_norm))
+      if loss is not None:
+        skip = tf.logical_or(skip, tf.logical_not(
+            tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32)))))
+      if p.grad_norm_to_clip_to_zero:
+        skip = tf.logical_or(skip, grad_norm > p.grad_norm_to_clip_to_zero)
     if p.clip_gradient_norm_to_value and grad_list:
       grad_list, _ = tf.clip_by_global_norm(
           grad_list, p.clip_gradient_norm_to_value, use_norm=grad_norm)

@@ -7,9 +7,8 @@ derives from them, e.g. Adam's bias-corrected step size), computed once per
 `Apply` and dtype rather than once per variable; plus the machinery that
 applies it:
 
-  * `Build(variables)` creates the slot variables eagerly (call it before any
-    `tf.function` traces, and under `strategy.scope()` when distributed, so
-    the slots are mirrored like the variables they belong to).
+  * `Build(variables)` creates the slot variables eagerly, each on its
+    variable's device (call it before any `tf.function` traces).
   * `Apply(lr, grads_and_vars, skip=None)` updates every variable and its
     slots. `lr` may be a tensor that changes every step (no retracing).
     When the boolean tensor `skip` is true nothing changes, bit for bit: not
@@ -22,9 +21,8 @@ Why not the Keras optimizers: Keras 3 does update raw tf.Variables, but its
 inside a `tf.cond` that skips a non-finite step; and its checkpoint keys are
 slot indices (`_variables/3`) plus a second copy of every model variable. Here
 each variable's own update writes back its old values when skipping (a
-`tf.where`, valid in replica and cross-replica context alike), the checkpoint
-keys are variable paths, and each rule is a few lines that the tests check
-against numpy.
+`tf.where`), on the variable's device, the checkpoint keys are variable
+paths, and each rule is a few lines that the tests check against numpy.
 
 Example:
   v = tf.Variable([1.0, 2.0])
@@ -149,7 +147,6 @@ class BaseOptimizer:
         the slots in checkpoints (default: the variable's name).
     """
     state = self.checkpointables
-    strategy = tf.distribute.get_strategy()
     with tf.init_scope():
       if state.num_updates is None:
         state.num_updates = tf.Variable(
@@ -163,7 +160,7 @@ class BaseOptimizer:
         while path in state.slots:
           path, n = f'{base}_{n}', n + 1
         slots = {}
-        with strategy.extended.colocate_vars_with(var):
+        with tf.device(var.device):
           for slot_name, shape in self._SlotShapes(var.shape).items():
             slots[slot_name] = tf.Variable(
                 tf.zeros(shape, var.dtype), trainable=False,
@@ -174,9 +171,10 @@ class BaseOptimizer:
   def Apply(self, lr, grads_and_vars, skip=None):
     """Updates each variable from its gradient, unless `skip` is true.
 
-    Callable eagerly, in a tf.function, and in replica or cross-replica
-    context of a tf.distribute strategy (the gradients must already be the
-    same on every replica, e.g. all-reduced).
+    Callable eagerly and in a tf.function. The variables are plain ones,
+    each updated on its own device (replicas keep their own copies, see
+    framework/replicas.py: every copy's optimizer applies the same reduced
+    gradients).
 
     Args:
       lr: the learning rate, a float or a float scalar tensor.
@@ -193,32 +191,17 @@ class BaseOptimizer:
     grads = [g for g, _ in pairs]
     variables = [v for _, v in pairs]
 
-    def _CrossReplica(strategy, lr, skip, grads):
-      scalars = {}   # (device, dtype) -> _StepScalars, shared by variables.
-
-      def _Update(var, grad, slots, lr, skip, num_updates):
-        # Runs once per device copy of `var`, with that device's lr.
-        key = (var.device, var.dtype)
+    scalars = {}   # (device, dtype) -> _StepScalars, shared by variables.
+    t = self.num_updates + 1
+    for g, v in zip(grads, variables):
+      # The update runs where the variable (and its slots) live.
+      with tf.device(v.device):
+        key = (v.device, v.dtype)
         if key not in scalars:
-          scalars[key] = self._StepScalars(
-              tf.cast(lr, var.dtype), tf.cast(num_updates + 1, var.dtype))
-        return self._ApplyOne(var, grad, slots, scalars[key], skip)
-
-      for g, v in zip(grads, variables):
-        strategy.extended.update(
-            v, _Update, args=(g, self.Slots(v), lr, skip, self.num_updates),
-            group=False)
-      strategy.extended.update(
-          self.num_updates,
-          lambda n, skip: n.assign_add(tf.cast(~skip, tf.int64)),
-          args=(skip,),
-          group=False)
-
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None:  # Cross-replica context.
-      _CrossReplica(tf.distribute.get_strategy(), lr, skip, grads)
-    else:
-      ctx.merge_call(_CrossReplica, args=(lr, skip, grads))
+          scalars[key] = self._StepScalars(tf.cast(lr, v.dtype),
+                                           tf.cast(t, v.dtype))
+        self._ApplyOne(v, g, self.Slots(v), scalars[key], skip)
+    self.num_updates.assign_add(tf.cast(~skip, tf.int64))
 
   def _ApplyOne(self, var, grad, slots, step, skip):
     """Updates one variable (one device's copy) and its slots.

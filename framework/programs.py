@@ -1,23 +1,28 @@
 """The train program: its compiled loop of steps, the Python loop, checkpoints.
 
-`TrainProgram` owns the training state (learner, global step, input
-position, skip counters, EMA) and its checkpoints. Its compiled unit is a
-*loop* of train steps: one `tf.function` runs up to `n` steps in a
-`tf.while_loop` (n = the steps to the next summary, log line or checkpoint),
-so Python runs once per interval instead of once per step. Each step:
+`TrainProgram` owns the training state (one learner per replica copy of the
+task, global step, input position, skip counters, EMA) and its
+checkpoints. Its compiled unit is a *loop* of train steps: one `tf.function`
+runs up to `n` steps in a `tf.while_loop` (n = the steps to the next
+summary, log line or checkpoint, at most --steps_per_loop), so Python runs
+once per interval instead of once per step. Each step:
 
-  batch = next(iterator)
+  batch = next(iterator)                  one per local replica
   seed  = step_seed.MakeStepSeed(global_step, random_seed)
-  strategy.run: metrics = task.FPropTower(WithStepSeed(theta, seed), batch)
-                learner.ApplyGradients(...)  (skipped if non-finite)
+  strategy.run (each replica r, on its copy of the task):
+        metrics = task_r.FPropTower(WithStepSeed(theta_r, seed_r), batch_r)
+        grads_r = learner_r.ComputeGradients(...)
+  grads = all-reduced stage by stage (framework/replicas.py)
+  every learner_r.ApplyGradients(grads)   the same update, the same skip
   global_step += 1; input_position += 1; EMA update unless skipped
 
-The loop stops early once `max_consecutive_skips` steps in a row were
-skipped; `Run` then raises `TrainingStopped` without saving, so the latest
-checkpoint stays the last good one. Everything runs under the given
-`tf.distribute` strategy: variables are created in its scope, the replica
-step goes through `strategy.run` and the metrics are reduced across
-replicas, so a MirroredStrategy plugs in unchanged.
+(one replica: no all-reduce; replica r > 0 draws its dropout with
+MicroBatchSeed(seed, r)). The loop stops early once `max_consecutive_skips`
+steps in a row were skipped; `Run` then raises `TrainingStopped` without
+saving, so the latest checkpoint stays the last good one. A checkpoint holds
+replica 0's copy; after a restore every copy is set from it. On several
+hosts (MultiWorkerMirroredStrategy) host 0 writes checkpoints and
+summaries; every host reads the same checkpoints.
 
 The Python loop (`Run`) restores the latest checkpoint, runs the compiled
 loop from boundary to boundary, and at each boundary writes the train
@@ -34,6 +39,8 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import checkpointer as checkpointer_lib
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import replicas
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
 from cadence.framework import train_report
@@ -52,11 +59,23 @@ def _FirstLeaf(batch):
   return NestedMap(batch).Flatten()[0]
 
 
+def _OnDevice(grad, device):
+  """`grad` (a tensor or IndexedSlices) as an op on `device`: the output of
+  a function call reports the caller's device, and tf.distribute batches
+  (and packs) an all-reduce only when the values say they share devices."""
+  with tf.device(device):
+    if isinstance(grad, tf.IndexedSlices):
+      return tf.IndexedSlices(tf.identity(grad.values),
+                              tf.identity(grad.indices), grad.dense_shape)
+    return tf.identity(grad)
+
+
 class TrainProgram:
   """Trains one task; see the module docstring.
 
   Args:
-    task: the BaseTask, built under `strategy.scope()`.
+    tasks: the task, or one task per local replica of `strategy`
+      (`replicas.BuildReplicas`), each on its model split.
     logdir: the experiment's logdir; checkpoints and summaries go to
       `logdir/train`.
     strategy: a tf.distribute strategy (default: the default strategy).
@@ -65,18 +84,36 @@ class TrainProgram:
       runs on); None measures it once with a matmul probe.
     on_checkpoint: callables `fn(step)` run after each checkpoint save.
     start_time: `time.time()` at process start, for the first-step log.
+    cluster: the Cluster the replicas were built on (default: the current
+      one); it says which device holds which pipeline stage.
+    num_workers: hosts training together (MultiWorkerMirroredStrategy).
+    worker_index: this host's index among them; host 0 (the chief) writes
+      checkpoints and summaries.
+    steps_per_loop: at most this many steps per call of the compiled loop
+      (0: up to the next summary, log or checkpoint boundary).
 
   Example:
-    with strategy.scope():
-      task = task_params.Instantiate()
-    TrainProgram(task, '/tmp/run', strategy).Run()
+    tasks = replicas.BuildReplicas(model_params, cluster)
+    TrainProgram(tasks, '/tmp/run', strategy).Run()
   """
 
-  def __init__(self, task, logdir, strategy=None, peak_flops=None,
-               on_checkpoint=(), start_time=None):
-    self._task = task
+  def __init__(self, tasks, logdir, strategy=None, peak_flops=None,
+               on_checkpoint=(), start_time=None, cluster=None, num_workers=1,
+               worker_index=0, steps_per_loop=0):
+    self._tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks]
+    task = self._task = self._tasks[0]
     self._p = task.params.train
     self._strategy = strategy or tf.distribute.get_strategy()
+    self._cluster = cluster or cluster_lib.Cluster.Current()
+    self._num_workers = num_workers
+    self._is_chief = worker_index == 0
+    self._steps_per_loop = steps_per_loop
+    local = self._strategy.num_replicas_in_sync // num_workers
+    if len(self._tasks) != local:
+      raise ValueError(
+          f'TrainProgram: got {len(self._tasks)} task copies for the '
+          f'strategy\'s {local} local replica(s); build one per replica '
+          '(replicas.BuildReplicas).')
     self._peak_flops = peak_flops
     self._num_devices = train_report.NumStepDevices(self._strategy)
     self._on_checkpoint = list(on_checkpoint)
@@ -86,19 +123,49 @@ class TrainProgram:
       raise ValueError(f"TrainProgram: task '{task.path}' has no input "
                        'params; build it from model_registry.GetParams(key, '
                        "'Train') (SingleTaskModel sets task.input).")
-    self._input = task.params.input.Instantiate()
-    with self._strategy.scope():
-      self._learner = task.InstantiateLearner()
-      self._learner.Build()
-      self._global_step = self._Counter('global_step')
-      self._input_position = self._Counter('input_position')
-      self._skipped_total = self._Counter('skipped_steps')
-      self._consecutive = self._Counter('consecutive_skips')
-      self._ema = None
-      if self._p.ema_decay:
-        self._ema = {path: tf.Variable(v.read_value(), trainable=False,
-                                       name='ema')
-                     for path, v in self._learner.trainable}
+    input_p = task.params.input.Copy()
+    if num_workers > 1:  # Each host reads its own share of the batches.
+      input_p.Set(num_input_shards=num_workers, input_shard_index=worker_index)
+    self._input = input_p.Instantiate()
+    # One learner (optimizer slots beside the variables) per replica copy.
+    self._learners = [t.InstantiateLearner() for t in self._tasks]
+    for learner in self._learners:
+      learner.Build()
+    self._learner = self._learners[0]
+    # Variables the replicas update themselves (counters, moving statistics)
+    # and combine after every step (ON_WRITE) or before reads (ON_READ).
+    self._on_write = replicas.SyncedVariables(task, on_read=False)
+    self._on_read = replicas.SyncedVariables(task, on_read=True)
+    self._reducer = None
+    if local * num_workers > 1:
+      device_type = tf.DeviceSpec.from_string(
+          self._cluster.devices[0]).device_type
+      replicas.CheckAllReduce(self._p.allreduce,
+                              self._p.allreduce_bytes_per_pack, num_workers,
+                              device_type, f"{task.path}'s train")
+      self._reducer = replicas.StageAllReduce(
+          self._cluster, self._tasks,
+          [k for k, _ in self._learner.trainable + self._on_write +
+           self._on_read],
+          self._p.allreduce, self._p.allreduce_bytes_per_pack, num_workers,
+          strategy=self._strategy)
+      logging.info('%d replica(s) (%d on this host) x %d stage(s); '
+                   'gradients all-reduced by %s stage by stage (%s bytes a '
+                   'stage).', local * num_workers, local,
+                   self._cluster.num_devices_per_split, self._reducer.mode,
+                   ', '.join(f'{b:,}' for b in self._reducer.stage_bytes))
+    # Plain variables, updated in the cross-replica context of each step.
+    self._global_step = self._Counter('global_step')
+    self._input_position = self._Counter('input_position')
+    self._skipped_total = self._Counter('skipped_steps')
+    self._consecutive = self._Counter('consecutive_skips')
+    self._ema = None
+    if self._p.ema_decay:
+      self._ema = {}
+      for path, v in self._learner.trainable:
+        with tf.device(v.device):
+          self._ema[path] = tf.Variable(v.read_value(), trainable=False,
+                                        name='ema')
     objects = dict(model=checkpointer_lib.KeyedVariables(
         checkpointer_lib.TaskVariables(task)),
                    optimizer=self._learner.checkpointables,
@@ -108,15 +175,25 @@ class TrainProgram:
     if self._ema is not None:
       objects['ema'] = checkpointer_lib.KeyedVariables(
           checkpointer_lib.TaskVariables(task, self._ema))
+    # Every host restores from logdir/train; the chief alone writes there.
     self._checkpointer = checkpointer_lib.Checkpointer(
-        self._train_dir, objects, max_to_keep=self._p.save_max_to_keep)
-    self._writer = summary_utils.SummaryWriter(self._train_dir)
+        self._train_dir, objects, max_to_keep=self._p.save_max_to_keep,
+        remove_temp=self._is_chief)
+    self._writer = (summary_utils.SummaryWriter(self._train_dir)
+                    if self._is_chief else summary_utils.NullWriter())
+    # ON_READ variables: their value at the last combine, beside them.
+    self._on_read_base = []
+    for _, var in self._on_read:
+      with tf.device(var.device):
+        self._on_read_base.append(tf.Variable(var.read_value(),
+                                              trainable=False))
+    self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
     self._train_loop = tf.function(self._TrainLoop, autograph=False)
     self._stat_keys = []  # Names of the loop's stats, set when it traces.
 
-  def _Counter(self, name):
-    return tf.Variable(tf.constant(0, tf.int64), trainable=False, name=name,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  @staticmethod
+  def _Counter(name):
+    return tf.Variable(tf.constant(0, tf.int64), trainable=False, name=name)
 
   # --- properties ------------------------------------------------------------
 
@@ -148,40 +225,109 @@ class TrainProgram:
   # --- the compiled loop -----------------------------------------------------
 
   def _ReplicaStep(self, batch, step):
-    """One step on one replica: forward, backward, update."""
-    seed = step_seed.MakeStepSeed(step, self._task.params.random_seed or 0)
+    """Forward and backward on one replica: its loss, metrics, gradients."""
     ctx = tf.distribute.get_replica_context()
-    if ctx.num_replicas_in_sync > 1:
-      seed = step_seed.MicroBatchSeed(seed, ctx.replica_id_in_sync_group)
-    theta = base_layer.WithStepSeed(self._task.theta, seed)
+    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+    local = replica % len(self._tasks)
+    task, learner = self._tasks[local], self._learners[local]
+    on_write = self._ReplicaSynced(local, self._on_write)
+    before = [v.read_value() for v in on_write]
+    seed = step_seed.MakeStepSeed(step, task.params.random_seed or 0)
+    if ctx.num_replicas_in_sync > 1:  # Each replica its own dropout masks.
+      seed = step_seed.MicroBatchSeed(seed, replica)
+    theta = base_layer.WithStepSeed(task.theta, seed)
     with tf.GradientTape() as tape:
-      metrics, _ = self._task.FPropTower(theta, batch)
+      metrics, _ = task.FPropTower(theta, batch)
       loss = metrics.loss[0]
       if self._p.debug_nan_steps:
         poison = tf.reduce_any(tf.equal(
             step, tf.constant(self._p.debug_nan_steps, tf.int64)))
         loss *= tf.where(poison, tf.constant(float('nan'), loss.dtype),
                          tf.constant(1.0, loss.dtype))
-    grads = self._learner.ComputeGradients(tape, loss)
-    stats = self._learner.ApplyGradients(step, grads, loss=loss)
-    out = NestedMap(
-        grad_norm=tf.cast(stats.grad_norm, tf.float32),
-        skipped=tf.cast(stats.skipped, tf.float32),
-        learning_rate=tf.cast(stats.learning_rate, tf.float32),
+    grads = learner.ComputeGradients(tape, loss)
+    return NestedMap(
+        synced_before=before,
+        synced=replicas.ReplicaValues(on_write, before, replica),
+        grads=[_OnDevice(g, v.device) for g, (_, v) in
+               zip(grads.Flatten(), learner.trainable)],
+        loss=tf.cast(loss, tf.float32),
         examples=tf.cast(tf.shape(_FirstLeaf(batch))[0], tf.float32),
         metrics=NestedMap({k: NestedMap(
             vw=tf.cast(v, tf.float32) * tf.cast(w, tf.float32),
             w=tf.cast(w, tf.float32)) for k, (v, w) in metrics.items()}))
-    return out
+
+  def _ReplicaSynced(self, local, synced):
+    """Replica `local`'s copies of the variables of `synced` (path, var)."""
+    variables = dict(self._tasks[local].vars.FlattenItems())
+    return [variables[path] for path, _ in synced]
+
+  def _Combine(self, synced, per_replica_sent, per_replica_before):
+    """Gives every copy of `synced` variables their combined value."""
+    if not synced or self._reducer is None:
+      return
+    combined = replicas.CombineCopies(
+        self._strategy, self._reducer, [p for p, _ in synced],
+        [v.aggregation for _, v in synced], per_replica_sent,
+        per_replica_before)
+    for local, values in enumerate(combined):
+      for var, value in zip(self._ReplicaSynced(local, synced), values):
+        with tf.device(var.device):
+          var.assign(value)
+
+  def _CombineOnRead(self):
+    """Combines the ON_READ variables' copies (before they are read)."""
+
+    def _Send():
+      ctx = tf.distribute.get_replica_context()
+      replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+      local = replica % len(self._tasks)
+      before = [b.read_value() for b in self._on_read_base]
+      return NestedMap(
+          before=before,
+          sent=replicas.ReplicaValues(
+              self._ReplicaSynced(local, self._on_read), before, replica))
+
+    per_replica = self._strategy.run(_Send)
+    self._Combine(self._on_read, per_replica.sent, per_replica.before)
+    for base, (_, var) in zip(self._on_read_base, self._on_read):
+      with tf.device(base.device):
+        base.assign(var)
+
+  def _Apply(self, step, per_replica):
+    """All-reduces the replicas' gradients and updates every copy alike.
+
+    Returns:
+      The first copy's learner stats (grad_norm, skipped, learning_rate):
+      the same on every copy, which all apply the same gradients and skip
+      together (on the replicas' mean loss).
+    """
+    s = self._strategy
+    if self._reducer is None:
+      grads = [per_replica.grads]
+      loss = per_replica.loss
+    else:
+      grads = self._reducer.Mean(
+          s, per_replica.grads, [k for k, _ in self._learner.trainable])
+      loss = _Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss)
+    stats = None
+    for learner, replica_grads in zip(self._learners, grads):
+      replica_stats = learner.ApplyGradients(
+          step, learner.trainable_vars.Pack(replica_grads), loss=loss,
+          skip=None if stats is None else stats.skipped)
+      stats = stats or replica_stats
+    return stats
 
   def _Step(self, iterator):
     """One step in cross-replica context; returns summable float stats."""
     step = self._global_step.read_value()
     per_replica = self._strategy.run(self._ReplicaStep,
                                      args=(next(iterator), step))
+    stats = self._Apply(step, per_replica)
+    self._Combine(self._on_write, per_replica.synced,
+                  per_replica.synced_before)
     s = self._strategy
-    Sum, Mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
-    skipped = _Reduce(s, Sum, per_replica.skipped) > 0
+    Sum = tf.distribute.ReduceOp.SUM
+    skipped = tf.cast(stats.skipped, tf.bool)
     ok = 1.0 - tf.cast(skipped, tf.float32)
 
     def _Kept(x):  # Skipped steps do not count in the averages.
@@ -191,8 +337,8 @@ class TrainProgram:
         steps=tf.constant(1.0),
         ok_steps=ok,
         skipped_steps=1.0 - ok,
-        grad_norm=_Kept(_Reduce(s, Mean, per_replica.grad_norm)),
-        learning_rate=_Reduce(s, Mean, per_replica.learning_rate),
+        grad_norm=_Kept(tf.cast(stats.grad_norm, tf.float32)),
+        learning_rate=tf.cast(stats.learning_rate, tf.float32),
         examples=_Reduce(s, Sum, per_replica.examples),
         metrics=per_replica.metrics.Transform(
             lambda x: _Kept(_Reduce(s, Sum, x))))
@@ -212,7 +358,8 @@ class TrainProgram:
     keep = tf.where(skipped, 1.0, decay)
     for path, v in self._learner.trainable:
       ema = self._ema[path]
-      ema.assign(keep * ema + (1.0 - keep) * tf.cast(v, ema.dtype))
+      with tf.device(ema.device):
+        ema.assign(keep * ema + (1.0 - keep) * tf.cast(v, ema.dtype))
 
   def _TrainLoop(self, iterator, num_steps):
     """Runs up to `num_steps` steps (fewer if too many are skipped).
@@ -258,15 +405,39 @@ class TrainProgram:
 
   # --- the Python loop -------------------------------------------------------
 
+  def _ReplicaBatches(self, start):
+    """This host's batches from step `start`, one element per local replica.
+
+    The input (this host's shard, see __init__) makes host batches of
+    local replicas x batch_size rows; each is cut into consecutive
+    per-replica batches, which tf.distribute hands to the local replicas in
+    order. So R replicas train on exactly the rows one replica would with
+    R x batch_size, and resuming at a step is exact.
+    """
+    local = len(self._tasks)
+    dataset = self._input.Dataset(start_batch=start, num_replicas=local)
+    if local == 1:
+      return dataset
+    return dataset.map(lambda batch: NestedMap(batch).Transform(
+        lambda x: tf.stack(tf.split(x, local)))).unbatch()
+
   def _NextBoundary(self, step):
     p = self._p
     nxt = p.max_steps
     for interval in (p.summary_interval_steps, p.log_interval_steps,
                      p.save_interval_steps):
       nxt = min(nxt, (step // interval + 1) * interval)
+    if self._steps_per_loop:
+      nxt = min(nxt, step + self._steps_per_loop)
     return nxt
 
   def _Save(self, step):
+    if self._on_read and self._reducer is not None:
+      self._combine_on_read()   # Every host: it all-reduces.
+    if not self._is_chief:  # The chief writes the job's checkpoints.
+      for fn in self._on_checkpoint:
+        fn(step)
+      return None
     path = self._checkpointer.Save(step)
     if path is None:
       raise TrainingStopped(
@@ -288,6 +459,8 @@ class TrainProgram:
       logging.info('Restored %s: global step %d, input position %d.',
                    self._checkpointer.latest_checkpoint, self.global_step,
                    int(self._input_position.numpy()))
+      # The checkpoint holds one copy: every replica starts from it.
+      replicas.CopyFromFirst(self._tasks, self._learners)
     self._consecutive.assign(0)
 
   def _StopForSkips(self, step):
@@ -347,12 +520,11 @@ class TrainProgram:
       logging.info('Global step %d >= max_steps %d: nothing to train.', step,
                    p.max_steps)
       return step
-    dataset = self._input.Dataset(
-        start_batch=int(self._input_position.numpy()),
-        num_replicas=self._strategy.num_replicas_in_sync)
+    dataset = self._ReplicaBatches(int(self._input_position.numpy()))
     flops = train_report.TrainFlopsPerExample(
         self._task, dataset, self._input.GlobalBatchSize())
-    iterator = iter(self._strategy.experimental_distribute_dataset(dataset))
+    iterator = iter(self._strategy.distribute_datasets_from_function(
+        lambda unused_ctx: dataset))
     summary_window, log_window = train_report.Window(), train_report.Window()
     first = True
     while step < p.max_steps:

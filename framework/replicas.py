@@ -55,8 +55,7 @@ from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g
 from cadence.framework import validation
 
 ALLREDUCE_MODES = ('auto', 'ring', 'nccl', 'hierarchical_copy', 'one_device')
-# Group keys of the stage groups start here, clear of those a strategy's own
-# cross-device ops take (they start at 1).
+# Group keys of a reducer without a strategy's allocator start here.
 _STAGE_GROUP_KEY_START = 10000
 
 
@@ -149,20 +148,25 @@ class StageAllReduce:
 
   Args to the constructor:
     cluster: the Cluster of the local replicas.
-    tasks: the local replicas' tasks (`BuildReplicas`), whose trained
-      variables (`paths`, in order) define the stages.
-    paths: the variable paths that are reduced, in the order `Mean` gets
-      their values (the learner's trainable order).
+    tasks: the local replicas' tasks (`BuildReplicas`); the devices of the
+      variables at `paths` define the stages.
+    paths: the variable paths whose values may be reduced (gradients of the
+      trained ones, values of synchronised ones).
     mode: one of ALLREDUCE_MODES ('auto' resolved here).
     bytes_per_pack: pack size in bytes (0: no packing).
     num_workers: hosts; the collective groups span all of them.
+    strategy: the strategy running the replicas. TF's collective runtime
+      keys every collective by (group, instance) for the whole process, so
+      the stage groups take their keys from the strategy's own allocator:
+      reducers of one strategy (and the strategy itself) never clash.
   """
 
   def __init__(self, cluster, tasks, paths, mode='auto', bytes_per_pack=0,
-               num_workers=1):
+               num_workers=1, strategy=None):
     self._num_local = len(tasks)
     self._num_workers = num_workers
     self._paths = list(paths)
+    self._index = {p: i for i, p in enumerate(self._paths)}
     var_maps = [dict(task.vars.FlattenItems()) for task in tasks]
     # Stage of each path, the same in every replica (checked).
     self._stage = []
@@ -178,8 +182,11 @@ class StageAllReduce:
     if mode == 'auto':
       mode = 'nccl' if device_type == 'GPU' and num_workers == 1 else 'ring'
     self._mode = mode
-    keys = cross_device_utils.CollectiveKeys(
-        group_key_start=_STAGE_GROUP_KEY_START)
+    # A MirroredStrategy or MultiWorkerMirroredStrategy keeps one (private)
+    # allocator; without one, this reducer's own.
+    keys = getattr(getattr(strategy, 'extended', None), '_collective_keys',
+                   None) or cross_device_utils.CollectiveKeys(
+                       group_key_start=_STAGE_GROUP_KEY_START)
     self._ops = []
     self.stage_bytes = []
     for s in range(num_stages):
@@ -199,38 +206,140 @@ class StageAllReduce:
     return self._mode
 
   @property
+  def num_local(self):
+    """The replicas on this host."""
+    return self._num_local
+
+  @property
   def active(self):
     """False when there is one replica in all: nothing to reduce."""
     return self._num_local * self._num_workers > 1
 
-  def Mean(self, strategy, values):
-    """Means of corresponding values over every replica (of every host).
+  def Mean(self, strategy, values, paths=None):
+    """Means of corresponding values over every replica (of every host)."""
+    return self.Reduce(strategy, tf.distribute.ReduceOp.MEAN, values, paths)
+
+  def Reduce(self, strategy, reduce_op, values, paths=None):
+    """Reduces corresponding values over every replica (of every host).
 
     Call it in the cross-replica context of `strategy`.
 
     Args:
       strategy: the strategy that ran the replicas.
-      values: one per path (in the constructor's order): the per-replica
-        values `strategy.run` returned (a plain tensor with one local
-        replica).
+      reduce_op: tf.distribute.ReduceOp.MEAN or SUM.
+      values: one per path: the per-replica values `strategy.run` returned
+        (a plain tensor with one local replica).
+      paths: the paths of `values` (default: the constructor's, in order).
 
     Returns:
       A list (per local replica) of lists (per path) of reduced tensors,
       each on its replica's stage device.
     """
-    if len(values) != len(self._paths):
+    paths = self._paths if paths is None else list(paths)
+    if len(values) != len(paths):
       raise ValueError(f'StageAllReduce: got {len(values)} values for '
-                       f'{len(self._paths)} paths.')
+                       f'{len(paths)} paths.')
     if not self.active:
       return [list(values)]
+    stage = [self._stage[self._index[p]] for p in paths]
     out = [[None] * len(values) for _ in range(self._num_local)]
     for s, ops in enumerate(self._ops):
-      index = [i for i, st in enumerate(self._stage) if st == s]
+      index = [i for i, st in enumerate(stage) if st == s]
       if not index:
         continue
+      # One destination for the whole stage (its devices in every replica),
+      # so the cross-device ops batch (and pack) the stage's values.
+      destination = values[index[0]]
       reduced = ops.batch_reduce(
-          tf.distribute.ReduceOp.MEAN, [(values[i], values[i]) for i in index])
+          reduce_op, [(values[i], destination) for i in index])
       for i, red in zip(index, reduced):
         for r, part in enumerate(strategy.experimental_local_results(red)):
           out[r][i] = part
     return out
+
+
+def CopyFromFirst(tasks, learners):
+  """Sets every replica's variables and optimizer state to replica 0's.
+
+  Checkpoints hold one copy (replica 0's); after a restore this makes the
+  other copies equal to it again. Eager; each assignment runs on the
+  destination variable's device.
+  """
+  first = dict(tasks[0].vars.FlattenItems())
+  first_state = learners[0].checkpointables
+  for task, learner in zip(tasks[1:], learners[1:]):
+    for path, var in task.vars.FlattenItems():
+      var.assign(first[path])
+    state = learner.checkpointables
+    for path, slots in state.slots.items():
+      for name, slot in slots.items():
+        slot.assign(first_state.slots[path][name])
+    state.num_updates.assign(first_state.num_updates)
+
+
+def SyncedVariables(task, on_read):
+  """[(path, variable)] of `task`'s variables the replicas combine.
+
+  Args:
+    task: a replica's task.
+    on_read: True for the ON_READ ones (combined before reads), False for
+      the others (combined after every step).
+  """
+  out = []
+  for path, var in task.vars.FlattenItems():
+    if var.aggregation == tf.VariableAggregation.NONE:
+      continue
+    if (var.synchronization == tf.VariableSynchronization.ON_READ) == on_read:
+      out.append((path, var))
+  return out
+
+
+def ReplicaValues(variables, before, replica_id):
+  """What a replica sends to combine its copies (in the replica context):
+  SUM: its increment since `before` (the common value); MEAN: its value;
+  ONLY_FIRST_REPLICA: its value on global replica 0, zeros elsewhere (so a
+  SUM gives replica 0's value on every host)."""
+  out = []
+  for var, old in zip(variables, before):
+    value = var.read_value()
+    if var.aggregation == tf.VariableAggregation.SUM:
+      value -= old
+    elif var.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+      value *= tf.cast(tf.equal(replica_id, 0), value.dtype)
+    out.append(value)
+  return out
+
+
+def CombineCopies(strategy, reducer, paths, aggregations, sent, before):
+  """The combined values of replicas' copies of variables they updated.
+
+  Call it in the cross-replica context, with what `ReplicaValues` sent.
+
+  Args:
+    strategy: the strategy that ran the replicas.
+    reducer: a StageAllReduce over `paths` (active: several replicas).
+    paths: the variables' paths.
+    aggregations: their tf.VariableAggregation: MEAN, SUM (`before` plus
+      the sum of the replicas' increments), ONLY_FIRST_REPLICA.
+    sent: per path, the per-replica values sent.
+    before: per path, the per-replica common values before the updates.
+
+  Returns:
+    Per local replica, per path, the combined value (the same for all).
+  """
+  means = [a == tf.VariableAggregation.MEAN for a in aggregations]
+  out = [[None] * len(paths) for _ in range(reducer.num_local)]
+  for op, is_mean in ((tf.distribute.ReduceOp.MEAN, True),
+                      (tf.distribute.ReduceOp.SUM, False)):
+    index = [i for i, m in enumerate(means) if m == is_mean]
+    if not index:
+      continue
+    reduced = reducer.Reduce(strategy, op, [sent[i] for i in index],
+                             [paths[i] for i in index])
+    for j, i in enumerate(index):
+      olds = strategy.experimental_local_results(before[i])
+      for r in range(reducer.num_local):
+        plus = (olds[r] if aggregations[i] == tf.VariableAggregation.SUM
+                else 0)
+        out[r][i] = reduced[r][j] + plus
+  return out

@@ -85,6 +85,25 @@ class SummaryWriter:
     self._writer.close()
 
 
+class NullWriter:
+  """A SummaryWriter that writes nothing: for a host that is not the chief
+  (only the chief of a multi-host job writes summaries)."""
+
+  logdir = None
+
+  def WriteScalars(self, step, scalars):
+    del step, scalars
+
+  def WriteText(self, step, tag, text):
+    del step, tag, text
+
+  def Flush(self):
+    pass
+
+  def Close(self):
+    pass
+
+
 def _Events(logdir):
   for path in sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))):
     for record in tf.data.TFRecordDataset(path).as_numpy_iterator():

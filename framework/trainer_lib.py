@@ -8,12 +8,17 @@ returns the process exit code:
      missing or empty input files, an unknown --job. One readable message on
      stderr, no traceback;
   3  training stopped: too many consecutive skipped steps or non-finite
-     weights (the message names the last good checkpoint).
+     weights (the message names the last good checkpoint);
+  4  a peer host of a multi-host job failed (the collectives broke off);
+     rerun the same command on every host to resume from the latest
+     checkpoint.
 
-The set-up runs in a fixed order: logical devices first (TensorFlow allows
-that only before any op runs), then the params (registry, file override,
-text override, --max_steps), then `params.txt`, the cluster, the strategy
-and the job's programs; any user error up to there exits with 2. Then the
+The set-up runs in a fixed order: devices, the cluster and the strategy
+first (framework/distribution.py; TensorFlow allows logical devices and
+MultiWorkerMirroredStrategy only before any op runs), then the params
+(registry, file override, text override, --max_steps), then `params.txt`,
+one copy of the task per local replica and the job's programs; any user
+error up to there exits with 2. Then the
 job runs: `trainer`, `trainer_and_evaler` (eval on Dev after each
 checkpoint, in process, and a decode of Dev with the final weights),
 `evaler_<dataset>` or `decoder_<dataset>` (each new checkpoint of
@@ -41,16 +46,22 @@ import tensorflow as tf
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
 from cadence.framework import checkpointer
-from cadence.framework import cluster as cluster_lib
+from cadence.framework import distribution
 from cadence.framework import eval_programs
 from cadence.framework import inspect_lib
 from cadence.framework import inspect_pipeline
 from cadence.framework import model_registry
 from cadence.framework import programs
+from cadence.framework import replicas
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_TRAINING_STOPPED = 3
+EXIT_PEER_FAILED = 4
+
+# What a multi-host step raises when a peer host dies or drops off.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                tf.errors.CancelledError, tf.errors.DeadlineExceededError)
 
 MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline')
 _JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
@@ -72,8 +83,13 @@ class TrainerOptions:
   model_params_override: str = ''
   model_params_file_override: str = ''
   max_steps: int = None
-  worker_split_size: int = 1
+  worker_replicas: int = 1
+  worker_split_size: int = None   # None: the experiment's WORKER_SPLIT_SIZE.
   worker_gpus: int = 0
+  steps_per_loop: int = 0
+  cluster_spec: str = ''
+  task_type: str = ''
+  task_index: int = 0
   peak_tflops: float = 0.0
   device_memory_gib: float = 0.0
   start_time: float = None
@@ -239,52 +255,32 @@ def ConfigureLogging():
 # --- devices ------------------------------------------------------------------
 
 
-def ConfigureDevices(options):
-  """Sets up logical devices (before any TF op) and returns the Cluster."""
-  split = options.worker_split_size
-  if not isinstance(split, int) or split < 1:
-    raise UserError(f'--worker_split_size={split!r} must be an int >= 1.')
-  if options.run_locally == 'cpu':
-    if split > 1:
-      cpus = tf.config.list_physical_devices('CPU')
-      try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()] * split)
-      except RuntimeError:  # Already initialised (e.g. inside a test).
-        have = len(tf.config.list_logical_devices('CPU'))
-        if have < split:
-          raise UserError(f'--worker_split_size={split}: TensorFlow already '
-                          f'runs with {have} logical CPU(s).') from None
-    device_type, num_devices = 'CPU', split
-  elif options.run_locally == 'gpu':
-    gpus = len(tf.config.list_physical_devices('GPU'))
-    num_devices = options.worker_gpus or gpus
-    if not gpus or num_devices > gpus:
-      raise UserError(f'--run_locally=gpu with --worker_gpus='
-                      f'{options.worker_gpus}: {gpus} GPU(s) visible.')
-    device_type = 'GPU'
-  else:
-    raise UserError(f'--run_locally={options.run_locally!r}: only local runs '
-                    "are supported; use 'cpu' or 'gpu'.")
+def WorkerSplitSize(options):
+  """--worker_split_size, else the experiment's WORKER_SPLIT_SIZE, else 1."""
+  if options.worker_split_size is not None:
+    return options.worker_split_size
+  if not options.model:
+    return 1
   try:
-    return cluster_lib.Cluster.Params().Set(
-        device_type=device_type, num_devices=num_devices,
-        worker_split_size=split).Instantiate()
-  except ValueError as e:
+    cls = model_registry.GetClass(options.model)
+  except KeyError as e:
+    raise UserError(_Message(e)) from None
+  return getattr(cls, 'WORKER_SPLIT_SIZE', 1)
+
+
+def ConfigureDevices(options):
+  """Sets up devices and the strategy (before any TF op); returns the
+  `distribution.Setup`."""
+  try:
+    tf_config = distribution.ReadTfConfig(
+        options.cluster_spec, options.task_type, options.task_index)
+    return distribution.Create(
+        run_locally=options.run_locally,
+        worker_replicas=options.worker_replicas,
+        worker_split_size=WorkerSplitSize(options),
+        worker_gpus=options.worker_gpus, tf_config=tf_config)
+  except distribution.SetupError as e:
     raise UserError(str(e)) from None
-
-
-def CreateStrategy(cluster):
-  """The tf.distribute strategy over the cluster's model splits.
-
-  One split: the default strategy (no overhead; the split's devices are
-  used by the model's own placement, e.g. a pipeline). Several: a
-  MirroredStrategy with one replica per split, on each split's first device.
-  """
-  if cluster.num_splits == 1:
-    return tf.distribute.get_strategy()
-  return tf.distribute.MirroredStrategy(
-      devices=[devices[0] for devices in cluster.split_devices])
 
 
 # --- jobs ---------------------------------------------------------------------
@@ -311,43 +307,52 @@ def _HasDataset(options, dataset):
 
 
 class _TrainerJob:
-  """trainer / trainer_and_evaler: the train program (+ in-process eval)."""
+  """trainer / trainer_and_evaler: the train program (+ in-process eval).
 
-  def __init__(self, options, params, strategy, with_eval):
+  One copy of the task per local replica (replicas.BuildReplicas); the
+  in-process eval and the final decode run on the chief, on replica 0's
+  devices, with replica 0's (EMA) weights.
+  """
+
+  def __init__(self, options, params, setup, with_eval):
     start = time.perf_counter()
-    with strategy.scope():
-      self._model = params.Instantiate()
-    task = self._model.task
+    tasks = replicas.BuildReplicas(params, setup.cluster)
+    task = tasks[0]
     variables = checkpointer.TaskVariables(task).values()
-    logging.info('Built the model: %d variables, %s parameters (%.1f s).',
+    logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
                  len(variables),
                  f'{sum(v.shape.num_elements() for v in variables):,}',
-                 time.perf_counter() - start)
+                 time.perf_counter() - start,
+                 f', one copy per replica x {len(tasks)}' if len(tasks) > 1
+                 else '')
     logging.info('%s', inspect_lib.TaskStageReport(
         task, options.device_memory_gib).rstrip())
     on_checkpoint = []
     self._decode = None
+    with_eval = with_eval and setup.is_chief
     if with_eval and _HasDataset(options, 'Dev'):
       dev = InferenceParams(LoadParams(options, 'Dev'))
-      with strategy.scope():
+      with setup.cluster.WithReplica(0):
         eval_task = dev.Instantiate().task
-      self._eval = eval_programs.EvalProgram(eval_task, 'Dev', options.logdir,
-                                             strategy)
+      self._eval = eval_programs.EvalProgram(eval_task, 'Dev', options.logdir)
       on_checkpoint.append(
           lambda step: self._eval.Run(step, self._program.EmaTheta()))
       # A local run ends by decoding Dev once with the final weights, so one
       # command shows training, eval and samples. It reads the eval's Dev.
       if _ImplementsDecode(type(eval_task)):
         self._decode = eval_programs.DecodeProgram(
-            eval_task, 'Dev', options.logdir, strategy,
+            eval_task, 'Dev', options.logdir,
             input_generator=self._eval.input_generator)
     elif with_eval:
       logging.warning('%s defines no Dev() dataset: training without eval.',
                       options.model)
     peak = options.peak_tflops * 1e12 if options.peak_tflops else None
     self._program = programs.TrainProgram(
-        task, options.logdir, strategy, peak_flops=peak,
-        on_checkpoint=on_checkpoint, start_time=options.start_time)
+        tasks, options.logdir, setup.strategy, peak_flops=peak,
+        on_checkpoint=on_checkpoint, start_time=options.start_time,
+        cluster=setup.cluster, num_workers=setup.num_workers,
+        worker_index=setup.worker_index,
+        steps_per_loop=options.steps_per_loop)
 
   def Run(self):
     step = self._program.Run()
@@ -397,14 +402,14 @@ def _Finished(options, params, kind, sub):
 class _CheckpointJob:
   """evaler_<dataset> / decoder_<dataset>: a program per new checkpoint."""
 
-  def __init__(self, options, params, strategy, kind, dataset):
-    with strategy.scope():
+  def __init__(self, options, params, setup, kind, dataset):
+    with setup.cluster.WithReplica(0):
       task = InferenceParams(params).Instantiate().task
-      self._state = eval_programs.CheckpointState(
-          task, os.path.join(options.logdir, 'train'))
+    self._state = eval_programs.CheckpointState(
+        task, os.path.join(options.logdir, 'train'))
     program_cls = (eval_programs.EvalProgram if kind == 'evaler' else
                    eval_programs.DecodeProgram)
-    self._program = program_cls(task, dataset, options.logdir, strategy)
+    self._program = program_cls(task, dataset, options.logdir)
     self._train_dir = os.path.join(options.logdir, 'train')
     self._max_steps = params.task.train.max_steps
 
@@ -420,7 +425,7 @@ class _CheckpointJob:
         os.path.join(self._program.logdir, 'last_step.txt'))
 
 
-def _BuildJob(options, cluster):
+def _BuildJob(options, setup):
   """The job of `options`, or a message (str) when it already finished."""
   kind, dataset = _ParseJob(options.job)
   params = LoadParams(options, dataset or 'Train')
@@ -431,16 +436,16 @@ def _BuildJob(options, cluster):
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
-  logging.info('%r', cluster)
+  logging.info('%s', setup)
   path = os.path.join(options.logdir, sub, 'params.txt')
-  WriteParams(params, path)
-  logging.info('Model %s, job %s; params written to %s.', options.model,
-               options.job, path)
-  strategy = CreateStrategy(cluster)
+  if setup.is_chief:
+    WriteParams(params, path)
+    logging.info('Model %s, job %s; params written to %s.', options.model,
+                 options.job, path)
   if kind in ('trainer', 'trainer_and_evaler'):
-    return _TrainerJob(options, params, strategy,
+    return _TrainerJob(options, params, setup,
                        with_eval=kind == 'trainer_and_evaler')
-  return _CheckpointJob(options, params, strategy, kind, dataset)
+  return _CheckpointJob(options, params, setup, kind, dataset)
 
 
 def _InspectPipeline(options):
@@ -457,8 +462,8 @@ def _InspectPipeline(options):
   sys.stdout.flush()
 
 
-def _Inspect(options, cluster):
-  logging.info('%r', cluster)
+def _Inspect(options, setup):
+  logging.info('%s', setup)
   if options.mode == 'inspect_pipeline':
     return _InspectPipeline(options)
   params = LoadParams(options, 'Train')
@@ -482,7 +487,7 @@ def Main(options):
   """Runs the trainer for `options`; returns the exit code."""
   ConfigureLogging()
   try:
-    cluster = ConfigureDevices(options)
+    setup = ConfigureDevices(options)
     if options.mode not in MODES:
       raise UserError(f'--mode={options.mode!r} is not one of '
                       f'{", ".join(MODES)}.')
@@ -491,11 +496,11 @@ def Main(options):
         not memory >= 0):
       raise UserError(f'--device_memory_gib={memory!r} must be a number >= '
                       '0 (GiB of memory per device; 0: no check).')
-    with cluster:
+    with setup.cluster:
       if options.mode != 'sync':
-        _Inspect(options, cluster)
+        _Inspect(options, setup)
         return EXIT_OK
-      job = _BuildJob(options, cluster)
+      job = _BuildJob(options, setup)
   except UserError as e:
     return _Fail(EXIT_USER_ERROR, str(e))
   except ValueError as e:  # Params validation, input files (InputError).
@@ -506,8 +511,22 @@ def Main(options):
     logging.info('%s', job)
     return EXIT_OK
   try:
-    with cluster:
+    with setup.cluster:
       job.Run()
   except programs.TrainingStopped as e:
     return _Fail(EXIT_TRAINING_STOPPED, str(e))
+  except _PEER_ERRORS as e:
+    if setup.num_workers == 1:
+      raise
+    lines = [l.strip() for l in str(e).splitlines() if l.strip() and
+             not l.strip().startswith(('Graph execution error', 'Detected',
+                                       'File ', 'Traceback', '[['))]
+    first = lines[0] if lines else type(e).__name__
+    latest = checkpointer.ListCheckpoints(os.path.join(options.logdir,
+                                                       'train'))
+    return _Fail(EXIT_PEER_FAILED, (
+        f'a peer host of this {setup.num_workers}-host job failed or left '
+        f'({type(e).__name__}: {first[:200]}); this host stops. The latest '
+        f'checkpoint is {latest[-1] if latest else "none"}: rerun the same '
+        'command on every host to resume from it.'))
   return EXIT_OK

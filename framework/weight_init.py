@@ -75,7 +75,9 @@ class WeightInit:
     return _Init('gaussian_sqrt_fanout', scale)
 
 
-def WeightParams(shape, init=None, dtype=None, trainable=True):
+def WeightParams(shape, init=None, dtype=None, trainable=True,
+                 aggregation=tf.VariableAggregation.NONE,
+                 synchronization=tf.VariableSynchronization.AUTO):
   """Describes one variable for `BaseLayer.CreateVariable`.
 
   Args:
@@ -83,12 +85,23 @@ def WeightParams(shape, init=None, dtype=None, trainable=True):
     init: a `WeightInit` params; None means the layer's `params_init`.
     dtype: the variable's dtype; None means the layer's `dtype`.
     trainable: whether the learner updates it.
+    aggregation: for a variable the replicas update themselves (a counter,
+      moving statistics), how their copies combine (framework/replicas.py):
+      NONE (they are not combined), MEAN, SUM (of the replicas'
+      increments) or ONLY_FIRST_REPLICA. Trained variables need NONE: the
+      learner keeps them equal.
+    synchronization: when the copies are combined: ON_WRITE (AUTO) after
+      every step, ON_READ only before they are read (a checkpoint, an eval).
   """
   p = hyperparams.Params()
   p.Define('shape', list(shape), 'The variable shape, a list of ints.')
   p.Define('init', init, 'WeightInit params; None: the layer params_init.')
   p.Define('dtype', dtype, 'Variable dtype; None: the layer dtype.')
   p.Define('trainable', trainable, 'Whether the learner updates it.')
+  p.Define('aggregation', aggregation, 'tf.VariableAggregation of the '
+           "replicas' copies (for variables the replicas update).")
+  p.Define('synchronization', synchronization, 'tf.VariableSynchronization: '
+           'ON_WRITE/AUTO (every step) or ON_READ (before reads).')
   return p
 
 

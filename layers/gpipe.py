@@ -58,6 +58,7 @@ Example:
 """
 import collections
 
+from absl import logging
 import tensorflow as tf
 
 from cadence.framework import base_layer
@@ -169,6 +170,8 @@ class SeqLayer(base_layer.BaseLayer):
     if not p.cell_tpl and not self._CellsGivenByOwner():
       raise validation.Error(validation.Owner(self), 'cell_tpl', p.cell_tpl,
                              'must be a non-empty list of layer params.')
+    if p.cell_tpl:
+      self.CheckNumCells(len(p.cell_tpl))
     self.CreateChildren('before', list(p.before_tpl),
                         devices=[self._devices[0]] * len(p.before_tpl))
     self.CreateChildren('cells', list(p.cell_tpl), devices=[
@@ -186,6 +189,26 @@ class SeqLayer(base_layer.BaseLayer):
   def CellDevice(self, i):
     """The device of cell i: device i % D of the model split."""
     return self._devices[i % len(self._devices)]
+
+  def CheckNumCells(self, num_cells):
+    """Checks K cells against the D devices of the model split.
+
+    K < D would leave devices idle: an error (say --worker_split_size=K).
+    K > D puts several cells on a device (cell i on device i % D): allowed,
+    and logged, as a deliberate choice (e.g. a 4-stage model on 2 GPUs).
+    """
+    d = len(self._devices)
+    if num_cells < d:
+      raise ValueError(
+          f'{validation.Owner(self)}: {num_cells} pipeline cell(s) on a model '
+          f'split of {d} devices would leave {d - num_cells} device(s) idle; '
+          f'use --worker_split_size={num_cells} (one device per cell) or '
+          f'cut the model into {d} cells.')
+    if num_cells > d:
+      logging.info('%s: %d pipeline cells on %d device(s): cell i runs on '
+                   'device i %% %d (%s).', validation.Owner(self), num_cells, d,
+                   d, ', '.join(f'cell {i} on {self.CellDevice(i)}'
+                                for i in range(num_cells)))
 
   def _Before(self, theta, inputs):
     with cluster_lib.DeviceScope(self._devices[0]):

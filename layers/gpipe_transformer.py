@@ -108,6 +108,7 @@ class GPipeTransformerStack(transformer.TransformerStack):
     p = self.params
     self._bounds = self.Boundaries(p)
     pipe = self.CreateChild('pipeline', p.pipeline_tpl)
+    pipe.CheckNumCells(self.num_cells)
     devices = [pipe.CellDevice(c) for c in range(self.num_cells)
                for _ in range(self._bounds[c], self._bounds[c + 1])]
     super()._CreateLayers(layer_devices=devices,

@@ -9,6 +9,8 @@ is the package `cadence`; tests/ is not installed).
   LossAndGrads(fn, wrt)        fn() under a tape: its outputs and the
                                gradients of the first one
   RunPython(script, *args)     `python -c script` in a subprocess, checked
+  StartPython / FinishPython   the same in two halves, so independent
+                               subprocesses run at the same time
   OpDevices(script, op_types)  where each op type ran, from TF's placement
                                log of a script
 """
@@ -87,22 +89,48 @@ def RunPython(script, *args, env=None, timeout=300):
   return proc
 
 
-def OpDevices(script, op_types, timeout=300):
+def StartPython(script, *args, env=None):
+  """Starts `python -c script args...`; finish it with FinishPython."""
+  return subprocess.Popen(
+      [sys.executable, '-c', script] + [str(a) for a in args],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=QUIET_ENV if env is None else env)
+
+
+def FinishPython(proc, timeout=600):
+  """Waits for a StartPython process; returns its stdout, or fails with its
+  stderr tail if it failed."""
+  out, err = proc.communicate(timeout=timeout)
+  if proc.returncode:
+    raise AssertionError(f'subprocess exited {proc.returncode}:\n'
+                         f'{err[-4000:]}')
+  return out
+
+
+def OpDevices(script, op_types, group=None, timeout=300):
   """Where ops of `op_types` ran in `script`, from TF's placement log.
 
   The script must call `tf.debugging.set_log_device_placement(True)` and run
   its ops; it runs in a subprocess with TF's logging on.
 
+  Args:
+    script: the Python source to run.
+    op_types: the op types of interest.
+    group: optional fn(op name) -> a key (e.g. the replica an op belongs
+      to); the result is then keyed by (op type, key).
+    timeout: seconds.
+
   Returns:
-    {op type: set of short device names like 'CPU:1'} for the op types that
-    were placed.
+    {op type (or (op type, group key)): set of short device names like
+    'CPU:1'} for the op types that were placed.
   """
   proc = RunPython(script, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0'),
                    timeout=timeout)
   placed = re.findall(r'^(?:\S+ )*?(\S+): \((\w+)\): (\S+)$',
                       proc.stdout + proc.stderr, re.M)
   devices = {}
-  for _, op_type, device in placed:
+  for name, op_type, device in placed:
     if op_type in op_types:
-      devices.setdefault(op_type, set()).add(device.split('device:')[-1])
+      key = op_type if group is None else (op_type, group(name))
+      devices.setdefault(key, set()).add(device.split('device:')[-1])
   return devices

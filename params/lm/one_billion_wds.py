@@ -84,6 +84,7 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
   HIDDEN_DIM = 8192
   DROPOUT_PROB = 0.1
   SPLITS = 4
+  WORKER_SPLIT_SIZE = SPLITS   # One device per pipeline stage.
   NUM_MICRO_BATCHES = 32
   SCHEDULE = 'gpipe'          # or '1f1b': activations of K micro-batches.
   REMAT = 'except_last'       # 'never' with '1f1b': no re-run forwards.
@@ -169,6 +170,7 @@ class OneBWdsGPipeTransformerTiny(OneBWdsGPipeTransformer):
   HIDDEN_DIM = 512
   DROPOUT_PROB = 0.0          # The corpus is effectively unlimited.
   SPLITS = 2
+  WORKER_SPLIT_SIZE = SPLITS
   NUM_MICRO_BATCHES = 4
   SOFTMAX_MAX_ALLOC = 0
   LEARNING_RATE = 0.4

@@ -15,6 +15,7 @@ CSV files instead (lines `x_0,...,x_7,y`), add
 from cadence.framework import base_model_params
 from cadence.framework import model_registry
 from cadence.framework import optimizer
+from cadence.layers import gpipe
 from cadence.tasks.synthetic import regression
 
 
@@ -53,4 +54,31 @@ class RegressionTiny(base_model_params.SingleTaskModelParams):
     p.train.Set(max_steps=self.MAX_STEPS, save_interval_steps=100,
                 summary_interval_steps=20, log_interval_steps=100)
     p.eval.Set(samples_per_summary=0, decoder_samples=64)
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class RegressionGPipeTiny(RegressionTiny):
+  """8 -> 16 -> 16 -> 16 -> 1 cut into 2 pipeline cells x 4 micro-batches.
+
+  The smallest pipelined experiment (one device per cell): with
+  --worker_replicas=R it trains R data-parallel replicas of the 2-stage
+  pipeline on R x 2 logical CPUs.
+  """
+
+  HIDDEN_DIMS = [16, 16, 16]
+  PIPELINE_CELLS = 2
+  WORKER_SPLIT_SIZE = 2
+  NUM_MICRO_BATCHES = 4
+
+  def _Input(self, first_example, num_examples, repeat):
+    # A pipeline cuts static batches into micro-batches.
+    return super()._Input(first_example, num_examples, repeat).Set(
+        fixed_input_shape=True)
+
+  def Task(self):
+    p = super().Task()
+    p.pipeline_tpl = gpipe.PipeliningLayer.Params().Set(
+        num_micro_batches=self.NUM_MICRO_BATCHES)
+    p.pipeline_cells = self.PIPELINE_CELLS
     return p

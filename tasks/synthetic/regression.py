@@ -14,6 +14,8 @@ from cadence.framework import base_input_generator
 from cadence.framework import base_model
 from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.layers import dropout
+from cadence.layers import gpipe
 from cadence.layers import linear
 
 
@@ -126,6 +128,11 @@ class RegressionModel(base_model.BaseTask):
 
   Metrics: loss (MSE), mae. Decode: per-example predictions and targets.
 
+  With `pipeline_tpl` (a gpipe.PipeliningLayer.Params()) the layers run as a
+  pipeline of `pipeline_cells` cells of near-equal FLOPs (one per device of
+  the model split): the smallest model that exercises pipelining and data
+  parallelism together.
+
   Example:
     p = RegressionModel.Params().Set(name='reg', input_dim=4,
                                      hidden_dims=[8])
@@ -140,16 +147,37 @@ class RegressionModel(base_model.BaseTask):
     p.Define('input_dim', 8, 'Features per example, an int > 0.')
     p.Define('hidden_dims', [16], 'Widths of the hidden layers (may be '
              'empty: a linear model).')
-    p.Define('activation', 'RELU', 'Activation of the hidden layers.')
+    p.Define('activation', 'RELU', 'Activation of the hidden layers: a name, '
+             'or a list of one name per hidden layer.')
+    p.Define('dropout_prob', 0.0, 'Dropout between the layers, in [0, 1).')
+    p.Define('pipeline_tpl', None, 'None (a FeedForwardNet), or a '
+             'gpipe.PipeliningLayer.Params() whose cells are the layers cut '
+             'into pipeline_cells cells.')
+    p.Define('pipeline_cells', 1, 'Cells of the pipeline (with pipeline_tpl)'
+             ', an int in [1, number of layers].')
     return p
 
   @classmethod
   def _NetParams(cls, p):
     dims = list(p.hidden_dims) + [1]
-    acts = [p.activation] * len(p.hidden_dims) + ['NONE']
-    return linear.FeedForwardNet.Params().Set(
+    acts = (list(p.activation) if isinstance(p.activation, (list, tuple))
+            else [p.activation] * len(p.hidden_dims)) + ['NONE']
+    ffn = linear.FeedForwardNet.Params().Set(
         name='net', input_dim=p.input_dim, hidden_layer_dims=dims,
-        activation=acts)
+        activation=acts, dropout_prob=p.dropout_prob)
+    if p.pipeline_tpl is None:
+      return ffn
+    layers = []
+    for i, (d_in, d_out, act) in enumerate(
+        zip([p.input_dim] + dims[:-1], dims, acts)):
+      if i and p.dropout_prob:
+        layers.append(dropout.DropoutLayer.Params().Set(
+            name=f'drop{i}', keep_prob=1.0 - p.dropout_prob))
+      layers.append(linear.ProjectionLayer.Params().Set(
+          name=f'fc{i}', input_dim=d_in, output_dim=d_out, activation=act))
+    cells = gpipe.PartitionSequentialLayers(
+        layers, p.pipeline_cells, shapes.Shape([1, p.input_dim]))
+    return p.pipeline_tpl.Copy().Set(name='net', cell_tpl=cells)
 
   def __init__(self, params):
     super().__init__(params)
@@ -186,7 +214,10 @@ class RegressionModel(base_model.BaseTask):
     x = shapes.AsShape(input_shapes.x)
     net_p = cls._NetParams(params)
     breakdown, shape = [], x
-    for i, (d_in, d_out) in enumerate(
+    if params.pipeline_tpl is not None:
+      net_p = base_model.base_layer.InheritParams(params, net_p)
+      breakdown.append(('net', net_p.cls.FPropMeta(net_p, x).flops))
+    for i, (d_in, d_out) in enumerate(() if breakdown else
         zip([params.input_dim] + net_p.hidden_layer_dims[:-1],
             net_p.hidden_layer_dims)):
       fc_p = linear.ProjectionLayer.Params().Set(

@@ -1,8 +1,4 @@
 """Tests for cadence.framework.learner."""
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import tensorflow as tf
@@ -230,78 +226,6 @@ class LearnerTest(tf.test.TestCase):
         ValueError, r"Learner 'learner': gradient keys \['enc.w'\] do not "
         r"match the trained variables \['dec\[0\].w', 'enc.b', 'enc.w'\]"):
       lrn.ApplyGradients(0, NestedMap(enc=NestedMap(w=tf.zeros([3, 2]))))
-
-
-_MIRRORED_SCRIPT = textwrap.dedent("""
-    import numpy as np
-    import tensorflow as tf
-    cpus = tf.config.list_physical_devices('CPU')
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
-    from cadence.framework import learner
-    from cadence.framework.nested_map import NestedMap
-
-    def Run(strategy, xs, ys):
-      with strategy.scope():
-        vm = NestedMap(w=tf.Variable(tf.ones([3, 2])),
-                       b=tf.Variable(tf.zeros([2])))
-        p = learner.Learner.Params().Set(learning_rate=0.1,
-                                         clip_gradient_norm_to_value=1.0)
-        lrn = p.Instantiate(var_map=vm)
-        lrn.Build()
-
-      def ReplicaStep(s, x, y):
-        with tf.GradientTape() as tape:
-          loss = tf.reduce_mean(tf.square(tf.matmul(x, vm.w) + vm.b - y))
-        return lrn.Apply(s, tape, loss)
-
-      @tf.function
-      def Step(s, x, y):
-        return strategy.run(ReplicaStep, args=(s, x, y))
-
-      n = strategy.num_replicas_in_sync
-      skipped = []
-      for i in range(3):
-        def Split(t):
-          return strategy.experimental_distribute_values_from_function(
-              lambda ctx: t[ctx.replica_id_in_sync_group * 4 // n:
-                            (ctx.replica_id_in_sync_group + 1) * 4 // n])
-        stats = Step(tf.constant(i, tf.int64), Split(xs[i]), Split(ys[i]))
-        skipped.append([bool(s) for s in
-                        strategy.experimental_local_results(stats.skipped)])
-      for v in vm.Flatten():
-        copies = [c.numpy() for c in strategy.experimental_local_results(v)]
-        assert all((c == copies[0]).all() for c in copies), 'replicas differ'
-      return ([v.numpy() for v in vm.Flatten()], skipped,
-              int(lrn.optimizer.num_updates.numpy()))
-
-    rng = np.random.RandomState(0)
-    xs = [tf.constant(rng.randn(4, 3).astype(np.float32)) for _ in range(3)]
-    ys = [tf.constant(rng.randn(4, 2).astype(np.float32)) for _ in range(3)]
-    ys[1] = tf.constant(np.full([4, 2], np.nan, np.float32))  # Skipped step.
-    mirrored = Run(tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1']),
-                   xs, ys)
-    single = Run(tf.distribute.get_strategy(), xs, ys)
-    assert mirrored[1] == [[False] * 2, [True] * 2, [False] * 2], mirrored[1]
-    assert single[1] == [[False], [True], [False]], single[1]
-    assert mirrored[2] == single[2] == 2, (mirrored[2], single[2])
-    for a, b in zip(mirrored[0], single[0]):
-      np.testing.assert_allclose(a, b, atol=1e-6)
-    print('OK')
-    """)
-
-
-class LearnerDistributedTest(tf.test.TestCase):
-
-  def testMirroredTwoReplicasEqualsSingleDevice(self):
-    # A subprocess: a MirroredStrategy fixes collective group sizes for the
-    # whole process, which would clash with other tests' strategies.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-    result = subprocess.run([sys.executable, '-c', _MIRRORED_SCRIPT],
-                            capture_output=True, text=True, env=env,
-                            timeout=300, check=False)
-    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    self.assertIn('OK', result.stdout)
 
 
 if __name__ == '__main__':

@@ -1,7 +1,5 @@
 """Tests for cadence.framework.programs and eval_programs (in process)."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -217,49 +215,6 @@ class EvalProgramsTest(tf.test.TestCase):
         directory, handle, 40, state, poll_interval_secs=0.01,
         timeout_secs=0.05), [30])
     self.assertEqual(seen, [10, 20, 30])
-
-
-_MIRRORED_SCRIPT = r'''
-import numpy as np, tensorflow as tf
-cpus = tf.config.list_physical_devices('CPU')
-tf.config.set_logical_device_configuration(
-    cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
-from cadence.framework import checkpointer, model_registry, programs
-
-def Train(logdir, strategy, batch_size):
-  p = model_registry.GetParams(
-      'synthetic.linear_regression.RegressionTiny', 'Train')
-  p.input.batch_size = batch_size
-  p.task.train.Set(max_steps=6, save_interval_steps=3)
-  with strategy.scope():
-    task = p.Instantiate().task
-  programs.TrainProgram(task, logdir, strategy, peak_flops=1e12).Run()
-  return checkpointer.ReadValues(logdir + '/train/ckpt-6', 'model/')
-
-single = Train('/tmp/SINGLE', tf.distribute.get_strategy(), 32)
-mirrored = Train('/tmp/MIRRORED', tf.distribute.MirroredStrategy(
-    ['/cpu:0', '/cpu:1']), 16)
-assert sorted(single) == sorted(mirrored) and single
-for k in single:
-  np.testing.assert_allclose(single[k], mirrored[k], atol=2e-6, err_msg=k)
-print('OK')
-'''
-
-
-class MirroredTrainProgramTest(tf.test.TestCase):
-
-  def testTwoReplicasEqualOneDeviceOnTheSameGlobalBatch(self):
-    # A subprocess: a MirroredStrategy fixes collective group sizes for the
-    # whole process (see DESIGN.md).
-    tmp = self.get_temp_dir()
-    script = _MIRRORED_SCRIPT.replace('/tmp/SINGLE', f'{tmp}/single').replace(
-        '/tmp/MIRRORED', f'{tmp}/mirrored')
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-    result = subprocess.run([sys.executable, '-c', script], env=env,
-                            capture_output=True, text=True, timeout=300,
-                            check=False)
-    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    self.assertIn('OK', result.stdout)
 
 
 if __name__ == '__main__':

@@ -30,7 +30,8 @@ class LoadParamsTest(tf.test.TestCase):
     with self.assertRaisesRegex(
         trainer_lib.UserError,
         r"^Unknown model 'synthetic.linear_regression.RegresionTiny'. Did you "
-        r"mean 'synthetic.linear_regression.RegressionTiny'\?$"):
+        r"mean 'synthetic.linear_regression.RegressionTiny', "
+        r"'synthetic.linear_regression.RegressionGPipeTiny'\?$"):
       trainer_lib.LoadParams(trainer_lib.TrainerOptions(
           model='synthetic.linear_regression.RegresionTiny'), 'Train')
 

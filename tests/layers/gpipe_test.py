@@ -378,6 +378,22 @@ class PipeliningLayerTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, regex):
           gpipe.PipeliningLayer.FPropMeta(pipe.params, *in_shapes)
 
+  def testCellsAgainstDevices(self):
+    cells = [linear.ProjectionLayer.Params().Set(
+        name=f'p{i}', input_dim=4, output_dim=4) for i in range(2)]
+    with _Cluster(4):
+      with self.assertRaisesRegex(
+          ValueError, r"PipeliningLayer 'pipe': 2 pipeline cell\(s\) on a "
+          r'model split of 4 devices would leave 2 device\(s\) idle; use '
+          r'--worker_split_size=2'):
+        gpipe.PipeliningLayer.Params().Set(name='pipe',
+                                           cell_tpl=cells).Instantiate()
+    with _Cluster(1):   # More cells than devices: allowed (and logged).
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells * 2).Instantiate()
+    self.assertEqual(['/device:CPU:0'] * 4,
+                     [pipe.CellDevice(i) for i in range(4)])
+
   def testCellsComeFromCellTplOrFromTheOwner(self):
     with self.assertRaisesRegex(ValueError, r"SeqLayer 'seq': cell_tpl=\[\] "
                                 'must be a non-empty list'):

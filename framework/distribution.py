@@ -1,0 +1,229 @@
+"""The trainer's devices, cluster and tf.distribute strategy, from its flags.
+
+Lingvo's flags say how a job spreads over devices:
+
+  --worker_replicas     data-parallel replicas on this host;
+  --worker_split_size   devices per replica (its pipeline stages; default:
+                        the experiment's WORKER_SPLIT_SIZE);
+  --worker_gpus         GPUs of this host to use (--run_locally=gpu; 0: all);
+  TF_CONFIG             several hosts (or --cluster_spec, --task_type and
+                        --task_index, which say the same).
+
+On CPU (`--run_locally=cpu`) this process gets worker_replicas x
+worker_split_size logical CPUs. Replica r runs on devices
+[r * S, (r + 1) * S) of the host (S = worker_split_size), stage s of it on
+device r * S + s (`cluster.Cluster`). The strategy:
+
+  one replica in all      the default strategy (no tf.distribute overhead);
+  several on one host     MirroredStrategy over each replica's first device;
+  several hosts           MultiWorkerMirroredStrategy from TF_CONFIG (the
+                          same command on every host; the role and index
+                          come from TF_CONFIG); 'chief' or worker 0 writes
+                          the checkpoints and summaries.
+
+Either way the replicas' variables are per-replica copies, and gradients are
+reduced stage by stage by tf.distribute's cross-device ops
+(framework/replicas.py). MultiWorkerMirroredStrategy must exist before any
+other TF op, so `Setup` runs first in the trainer.
+
+Example (two hosts, the same command on each):
+  TF_CONFIG='{"cluster": {"worker": ["h0:2222", "h1:2222"]},
+              "task": {"type": "worker", "index": 0}}' \\
+    python trainer.py --model=... --logdir=/shared/run --job=trainer
+"""
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+
+from cadence.framework import cluster as cluster_lib
+
+TF_CONFIG = 'TF_CONFIG'
+
+
+class SetupError(ValueError):
+  """A device or cluster flag that cannot work; the trainer exits 2."""
+
+
+@dataclasses.dataclass
+class Setup:
+  """What the trainer runs on: the cluster, the strategy, this host's place.
+
+  Attributes:
+    cluster: the Cluster of this host's devices (model splits = replicas).
+    strategy: the tf.distribute strategy over the replicas.
+    num_workers: hosts training together.
+    worker_index: this host's index (0: the chief, which writes).
+    task_type: 'worker' (or 'chief'), or 'ps', 'evaluator' from TF_CONFIG;
+      '' for a local run.
+  """
+  cluster: cluster_lib.Cluster
+  strategy: object
+  num_workers: int = 1
+  worker_index: int = 0
+  task_type: str = ''
+
+  @property
+  def num_local_replicas(self):
+    return self.cluster.num_splits
+
+  @property
+  def num_replicas(self):
+    return self.num_local_replicas * self.num_workers
+
+  @property
+  def is_chief(self):
+    return self.worker_index == 0
+
+  def __str__(self):
+    where = (f'{self.task_type} {self.worker_index} of {self.num_workers} '
+             'hosts' if self.task_type else 'one host')
+    return (f'{self.cluster!r}: {self.num_replicas} replica(s) of '
+            f'{self.cluster.num_devices_per_split} device(s), {where}')
+
+
+def ParseClusterSpec(spec, task_type, task_index):
+  """Lingvo's `--cluster_spec` ('worker=h:p,h:p@ps=h:p') as a TF_CONFIG dict.
+
+  Raises:
+    SetupError: a malformed spec or a task not in it.
+  """
+  cluster = {}
+  for part in [p for p in spec.split('@') if p.strip()]:
+    job, sep, hosts = part.partition('=')
+    addresses = [h.strip() for h in hosts.split(',') if h.strip()]
+    if not sep or not job.strip() or not addresses:
+      raise SetupError(f"--cluster_spec={spec!r}: {part!r} is not "
+                       "'job=host:port[,host:port...]' (jobs separated by "
+                       "'@').")
+    cluster[job.strip()] = addresses
+  if task_type not in cluster:
+    raise SetupError(f'--task_type={task_type!r} is not a job of '
+                     f'--cluster_spec ({", ".join(cluster)}).')
+  if not 0 <= task_index < len(cluster[task_type]):
+    raise SetupError(f'--task_index={task_index} is out of range: job '
+                     f'{task_type!r} has {len(cluster[task_type])} task(s).')
+  return {'cluster': cluster, 'task': {'type': task_type,
+                                       'index': task_index}}
+
+
+def ReadTfConfig(cluster_spec='', task_type='', task_index=0):
+  """The multi-host configuration: --cluster_spec, else $TF_CONFIG, else None.
+
+  Returns:
+    The TF_CONFIG dict, or None for a local run.
+  """
+  if cluster_spec:
+    return ParseClusterSpec(cluster_spec, task_type, task_index)
+  text = os.environ.get(TF_CONFIG, '')
+  if not text.strip():
+    return None
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise SetupError(f'$TF_CONFIG is not JSON: {e}') from None
+  if not isinstance(config, dict) or 'cluster' not in config or (
+      'task' not in config):
+    raise SetupError('$TF_CONFIG needs "cluster" and "task" entries, e.g. '
+                     '{"cluster": {"worker": ["h0:2222", "h1:2222"]}, '
+                     '"task": {"type": "worker", "index": 0}}.')
+  return config
+
+
+def _LocalDevices(run_locally, worker_replicas, worker_split_size,
+                  worker_gpus):
+  """(device_type, number of devices) of this host; makes logical CPUs."""
+  need = worker_replicas * worker_split_size
+  if run_locally == 'cpu':
+    if need > 1:
+      cpus = tf.config.list_physical_devices('CPU')
+      try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * need)
+      except RuntimeError:  # Already initialised (e.g. inside a test).
+        have = len(tf.config.list_logical_devices('CPU'))
+        if have < need:
+          raise SetupError(
+              f'--worker_replicas={worker_replicas} x --worker_split_size='
+              f'{worker_split_size} needs {need} logical CPUs; TensorFlow '
+              f'already runs with {have}.') from None
+    return 'CPU', need
+  if run_locally == 'gpu':
+    gpus = len(tf.config.list_physical_devices('GPU'))
+    usable = min(worker_gpus, gpus) if worker_gpus else gpus
+    if not gpus or need > usable:
+      raise SetupError(
+          f'--run_locally=gpu: --worker_replicas={worker_replicas} x '
+          f'--worker_split_size={worker_split_size} needs {need} GPUs; '
+          f'{gpus} visible, --worker_gpus={worker_gpus}.')
+    return 'GPU', need
+  raise SetupError(f"--run_locally={run_locally!r} must be 'cpu' or 'gpu'.")
+
+
+def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
+           worker_gpus=0, tf_config=None):
+  """Configures devices and creates the strategy; call before any TF op.
+
+  Args:
+    run_locally: 'cpu' or 'gpu'.
+    worker_replicas: replicas on this host, an int >= 1.
+    worker_split_size: devices per replica, an int >= 1.
+    worker_gpus: GPUs to use (0: all visible).
+    tf_config: the multi-host configuration (`ReadTfConfig`), or None.
+
+  Returns:
+    A Setup.
+
+  Raises:
+    SetupError: a flag value this machine or cluster cannot run.
+  """
+  for flag, value in (('worker_replicas', worker_replicas),
+                      ('worker_split_size', worker_split_size)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
+  task_type, num_workers, worker_index = '', 1, 0
+  if tf_config is not None:
+    task = tf_config['task']
+    task_type, worker_index = task.get('type', ''), int(task.get('index', 0))
+    jobs = tf_config['cluster']
+    if 'ps' in jobs:
+      raise SetupError(
+          'TF_CONFIG names parameter servers (a "ps" job): parameter-server '
+          'training runs through --job=ps_trainer (see README).')
+    num_workers = len(jobs.get('chief', [])) + len(jobs.get('worker', []))
+    if task_type == 'worker' and 'chief' in jobs:
+      worker_index += 1   # The chief is host 0.
+    if worker_replicas > 1 and run_locally == 'cpu':
+      raise SetupError(
+          f'--worker_replicas={worker_replicas} with several hosts on CPU: '
+          'MultiWorkerMirroredStrategy runs one replica per host on CPU '
+          '(several per host need GPUs); use --worker_replicas=1.')
+  device_type, num_devices = _LocalDevices(run_locally, worker_replicas,
+                                           worker_split_size, worker_gpus)
+  if tf_config is not None and task_type in ('worker', 'chief'):
+    # Before any other op: the strategy starts this host's server.
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(tf_config['cluster']), task_type=task_type,
+        task_id=int(tf_config['task'].get('index', 0)), rpc_layer='grpc')
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver,
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation
+            .AUTO))
+  else:
+    strategy = None
+  try:
+    cluster = cluster_lib.Cluster.Params().Set(
+        device_type=device_type, num_devices=num_devices,
+        worker_split_size=worker_split_size).Instantiate()
+  except ValueError as e:
+    raise SetupError(str(e)) from None
+  if strategy is None:
+    if cluster.num_splits == 1:
+      strategy = tf.distribute.get_strategy()
+    else:
+      strategy = tf.distribute.MirroredStrategy(
+          devices=[devices[0] for devices in cluster.split_devices])
+  return Setup(cluster=cluster, strategy=strategy, num_workers=num_workers,
+               worker_index=worker_index, task_type=task_type)

@@ -1,0 +1,141 @@
+"""Several hosts: trainer.py under TF_CONFIG, two localhost worker processes.
+
+MultiWorkerMirroredStrategy over 2 processes, each one replica of the
+2-stage Tiny GPipe LM (shrunk) on its own 2 logical CPUs, must train to the
+weights one process gets with 2 replicas x 2 stages on 4 logical CPUs (the
+same global batch: LmInput shards batches of one stream). Killing one
+worker makes the other stop on its own with exit code 4 and one line; the
+same command on both then resumes from the latest checkpoint.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import checkpointer
+from cadence.framework import trainer_lib
+from cadence.tests import test_utils
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+_SHRUNK = ('task.model_dim=32;task.stack_tpl.num_layers=2;'
+           'task.stack_tpl.transformer_tpl.num_heads=2;'
+           'task.stack_tpl.transformer_tpl.hidden_dim=64;'
+           'task.stack_tpl.pipeline_tpl.num_micro_batches=2;'
+           'input.max_seq_len=8;input.batch_size=4;'
+           'task.train.save_interval_steps=3;task.train.log_interval_steps=3;'
+           'task.train.summary_interval_steps=3')
+
+
+def _Overrides(tmp):
+  """The shrunk model on a small corpus (made once, by `_MakeCorpus`)."""
+  return (f'{_SHRUNK};input.data_dir={tmp}/data;'
+          f'input.tokenizer.cache_dir={tmp}/spm;'
+          'input.synthetic.num_train_shards=2;'
+          'input.synthetic.sentences_per_shard=2000;'
+          'input.synthetic.num_heldout_sentences=64')
+
+
+def _MakeCorpus(tmp):
+  params = trainer_lib.LoadParams(trainer_lib.TrainerOptions(
+      model=_KEY, model_params_override=_Overrides(tmp)), 'Train')
+  params.input.Instantiate()   # Writes the corpus, trains SentencePiece.
+
+
+def _FreePorts(n):
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(('127.0.0.1', 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def _Trainer(logdir, max_steps, *flags, tf_config=None):
+  tmp = os.path.dirname(logdir)
+  env = dict(test_utils.QUIET_ENV)
+  if tf_config is not None:
+    env['TF_CONFIG'] = json.dumps(tf_config)
+  return subprocess.Popen(
+      [sys.executable, 'trainer.py', f'--model={_KEY}', f'--logdir={logdir}',
+       '--job=trainer', f'--max_steps={max_steps}',
+       f'--model_params_override={_Overrides(tmp)}'] + list(flags),
+      cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def _Workers(logdir, max_steps):
+  ports = _FreePorts(2)
+  cluster = {'worker': [f'127.0.0.1:{p}' for p in ports]}
+  return [_Trainer(logdir, max_steps, tf_config={
+      'cluster': cluster, 'task': {'type': 'worker', 'index': i}})
+          for i in range(2)]
+
+
+def _Finish(proc, timeout=600):
+  out, err = proc.communicate(timeout=timeout)
+  return proc.returncode, out, err
+
+
+class MultiHostTest(tf.test.TestCase):
+
+  def testTwoHostsEqualOneHostThenSurviveAPeerDeath(self):
+    tmp = self.get_temp_dir()
+    _MakeCorpus(tmp)
+    one_host = _Trainer(os.path.join(tmp, 'one'), 6, '--worker_replicas=2')
+    workers = _Workers(os.path.join(tmp, 'two'), 6)
+    code, _, err = _Finish(one_host)
+    self.assertEqual(0, code, err[-3000:])
+    for i, proc in enumerate(workers):
+      code, _, err = _Finish(proc)
+      self.assertEqual(0, code, err[-3000:])
+      self.assertIn(f'2 replica(s) of 2 device(s), worker {i} of 2 hosts',
+                    err)
+    want = checkpointer.ReadValues(os.path.join(tmp, 'one', 'train',
+                                                'ckpt-6'))
+    got = checkpointer.ReadValues(os.path.join(tmp, 'two', 'train',
+                                               'ckpt-6'))
+    self.assertCountEqual(want, got)
+    for key in want:
+      self.assertAllClose(want[key], got[key], atol=1e-5, msg=key)
+
+    # A peer dies after the first checkpoint: the survivor stops on its own.
+    logdir = os.path.join(tmp, 'killed')
+    workers = _Workers(logdir, 300)
+    train_dir = os.path.join(logdir, 'train')
+    deadline = time.monotonic() + 300
+    while not checkpointer.ListCheckpoints(train_dir):
+      self.assertLess(time.monotonic(), deadline, 'no checkpoint in time')
+      time.sleep(0.5)
+    workers[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, _, err = _Finish(workers[0])
+    workers[1].communicate()
+    self.assertLess(time.monotonic() - killed_at, 120)
+    self.assertEqual(4, code, err[-3000:])
+    self.assertNotIn('Traceback', err)
+    last = err.strip().splitlines()[-1]
+    self.assertRegex(last, r'^Error: a peer host of this 2-host job failed or '
+                     r'left \(\w+Error: .+\); this host stops\. The latest '
+                     r'checkpoint is .*/train/ckpt-\d+: rerun the same '
+                     r'command on every host to resume from it\.$')
+    step = checkpointer.StepOf(checkpointer.ListCheckpoints(train_dir)[-1])
+    # The same command on both hosts resumes from there.
+    workers = _Workers(logdir, step + 3)
+    for proc in workers:
+      code, _, err = _Finish(proc)
+      self.assertEqual(0, code, err[-3000:])
+      self.assertIn(f'/train/ckpt-{step}: global step {step}', err)
+    self.assertEqual(step + 3, checkpointer.StepOf(
+        checkpointer.ListCheckpoints(train_dir)[-1]))
+
+
+if __name__ == '__main__':
+  tf.test.main()
