@@ -102,9 +102,10 @@ class CellProgram:
     owner: a name for error messages, e.g. "Recurrent 'rnn'".
     inline: False (default): each call runs the one traced body (the
       caller's graph stays small; the body's ops are not named in the
-      caller's scope); True: each call inlines a copy of the cell's ops into
-      the caller's graph, named in its scope (what a profile of pipeline
-      actions needs, pipeline_timeline).
+      caller's scope); True: each call builds the cell's ops in the caller's
+      graph (as eagerly), named in its scope: what a profile of pipeline
+      actions needs (pipeline_timeline); 'selective' keeps still call a cut
+      trace.
   """
 
   def __init__(self, cell_fn, theta, state, inputs, device, has_seed, owner,
@@ -116,9 +117,9 @@ class CellProgram:
     self._device = device
     self._has_seed = has_seed
     self._owner = owner
-    # Called functions keep one body per cell (a small graph); inlined ones
-    # put a copy of the cell's ops, named in the caller's scope, per call.
-    self._attributes = None if inline else _NOINLINE
+    # Called functions keep one body per cell (a small graph); inline, the
+    # cell's ops are built in the caller's graph per call, in its scope.
+    self._inline = inline
     self._theta_flat = tf.nest.flatten(theta)
     self._state_flat = tf.nest.flatten(state)
     self._inputs_flat = tf.nest.flatten(inputs)
@@ -200,11 +201,10 @@ class CellProgram:
   # --- traced functions ----------------------------------------------------
 
   def _Function(self, fn, specs):
-    """fn traced on specs, called or inlined as `inline` says."""
+    """fn traced on specs, one body that each call runs."""
     return tf.function(
         fn, autograph=False,
-        experimental_attributes=self._attributes).get_concrete_function(
-            *specs)
+        experimental_attributes=_NOINLINE).get_concrete_function(*specs)
 
   def _FwdFlat(self, *flat):
     theta, state, inputs, seed = self._Split(list(flat))
@@ -274,7 +274,7 @@ class CellProgram:
 
   def Forward(self, theta, state, inputs, seed=None):
     """One step: flat lists in, the flat new state out (no activations)."""
-    if tf.executing_eagerly():
+    if tf.executing_eagerly() or self._inline:
       # Eagerly, running the ops directly is cheaper than instantiating
       # the traced function (a per-call cost, as each call traces anew).
       with cluster_lib.DeviceScope(self._device):
@@ -348,7 +348,8 @@ class CellProgram:
     the backward recomputing the rest. Eagerly (or for a cell that cannot
     be cut, see `_KeepFunctions`) a GradientTape keeps all of them.
     """
-    keep = None if tf.executing_eagerly() else self._KeepFunctions(policy)
+    eager = tf.executing_eagerly() or (self._inline and policy == 'all')
+    keep = None if eager else self._KeepFunctions(policy)
     if keep is None:
       with cluster_lib.DeviceScope(self._device):
         grads_fn, out = self.TapeForward(theta, state, inputs, seed)
@@ -403,7 +404,7 @@ class CellProgram:
       inputs; None for integer leaves and for leaves the output does not
       depend on.
     """
-    if tf.executing_eagerly():
+    if tf.executing_eagerly() or self._inline:
       with cluster_lib.DeviceScope(self._device):
         grads, _ = self.TapeForward(theta, state, inputs, seed, d_out=d_out)
       if self._bwd_mask is not None:   # Keep BackwardMask's promise.

@@ -529,9 +529,10 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
   """
   owner = f'StackedRecurrent {name!r}'
   CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
-             backward_window)
+            backward_window)
   pipe = Pipeline(devices, cell_fns, thetas, init_states, inputs, step_seed,
-                   remat, backward_window, owner)
+                  remat, backward_window, owner,
+                  trace_actions=trace_actions)
   forward, backward = pipeline_schedule.SplitPhases(
       pipeline_schedule.GPipeSchedule(pipe.k, pipe.m))
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 from cadence.framework import pipeline_loss
 from cadence.framework import pipeline_schedule as ps
 from cadence.framework import pipeline_timeline
+from cadence.framework import stacked_recurrent
 from cadence.framework import summary_utils
 from cadence.framework.nested_map import NestedMap
 
@@ -93,7 +94,7 @@ class TimelineTest(tf.test.TestCase):
                                 'belongs to a pipeline action'):
       pipeline_timeline.Timeline([Ev('dense/MatMul', 0, 1)], _DEVICES)
 
-  def testProfileOfARealStepFollowsTheOneFOneBOrder(self):
+  def testProfilesOfRealStepsFollowTheirSchedules(self):
     k, m = 2, 4
     ws = [tf.Variable(tf.random.stateless_normal([64, 64], [i, 0]) * 0.1)
           for i in range(k)]
@@ -114,19 +115,35 @@ class TimelineTest(tf.test.TestCase):
             NestedMap(), schedule='1f1b', trace_actions=True)
       return tape.gradient(loss, ws)
 
+    @tf.function
+    def _GPipeStep(xs):
+      with tf.GradientTape() as tape:
+        acc, _ = stacked_recurrent.StackedRecurrent(
+            _DEVICES, [lambda th, s, x: _Cell(th, x)] * k,
+            [NestedMap(w=w) for w in ws],
+            [NestedMap(h=tf.zeros([32, 64]))] * k, NestedMap(h=xs),
+            remat='always', trace_actions=True)
+        loss = tf.reduce_sum(acc.h ** 2)
+      return tape.gradient(loss, ws)
+
     xs = tf.random.stateless_normal([m, 32, 64], [1, 1])
-    _Step(xs)
-    logdir = os.path.join(self.get_temp_dir(), 'profile')
-    ops = pipeline_timeline.ProfileOps(lambda: _Step(xs), logdir)
-    timeline = pipeline_timeline.Timeline(ops, _DEVICES)
-    self.assertEqual((k, m), (timeline.num_cells, timeline.num_steps))
-    # Each cell ran its actions in the 1F1B order (the executor chains
-    # them), every one of them.
-    for i, order in enumerate(ps.CellOrders(ps.OneFOneBSchedule(k, m), k)):
-      ran = sorted((a for a in timeline.actions if a.cell == i),
-                   key=lambda a: timeline.actions[a][0])
-      self.assertEqual(order, ran)
-    self.assertBetween(timeline.measured_bubble, 0.0, 1.0)
+    for step, table in ((_Step, ps.OneFOneBSchedule(k, m)),
+                        (_GPipeStep, ps.GPipeSchedule(k, m))):
+      step(xs)
+      logdir = os.path.join(self.get_temp_dir(), step.__name__)
+      ops = pipeline_timeline.ProfileOps(lambda: step(xs), logdir)  # pylint: disable=cell-var-from-loop
+      timeline = pipeline_timeline.Timeline(ops, _DEVICES)
+      self.assertEqual((k, m), (timeline.num_cells, timeline.num_steps))
+      # Each cell ran every one of its actions, in the table's order (GPipe
+      # chains only its backwards: its forwards may run in any order).
+      for i, order in enumerate(ps.CellOrders(table, k)):
+        ran = sorted((a for a in timeline.actions if a.cell == i),
+                     key=lambda a: timeline.actions[a][0])
+        if step is _GPipeStep:
+          order, ran = ([a for a in x if a.kind == 'B'] for x in (order, ran))
+          self.assertLen(timeline.actions, 2 * k * m)
+        self.assertEqual(order, ran)
+      self.assertBetween(timeline.measured_bubble, 0.0, 1.0)
 
 
 if __name__ == '__main__':

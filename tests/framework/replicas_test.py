@@ -202,8 +202,11 @@ _PLACEMENT = textwrap.dedent("""
     from cadence.framework import cluster as cluster_lib
     from cadence.framework import model_registry, programs, replicas
     p = model_registry.GetParams(%(key)r, 'Train')
-    # Cell 0 (fc0, fc1) applies Tanh, cell 1 (fc2, fc3) Sigmoid.
+    # Cell 0 (fc0, fc1) applies Tanh, cell 1 (fc2, fc3) Sigmoid. The cells
+    # are inlined per call (trace_actions), so that their ops carry the
+    # replica's name scope.
     p.task.activation = ['TANH', 'TANH', 'SIGMOID']
+    p.task.pipeline_tpl.trace_actions = True
     p.task.train.Set(max_steps=1, save_interval_steps=1,
                      summary_interval_steps=1, log_interval_steps=1)
     cluster = cluster_lib.Cluster.Params().Set(
