@@ -118,23 +118,19 @@ class InspectTest(tf.test.TestCase):
     self.assertIn('task.train.max_steps : 500\n', text)
 
   def testInspectPipeline(self):
-    # A small Tiny LM: 2 layers in 2 cells, 2 micro-batches of 4.
+    # The smallest pipelined experiment: 2 cells x 4 micro-batches, GPipe.
     logdir = self.get_temp_dir()
     with mock.patch.object(sys, 'stdout', io.StringIO()) as out:
       code = trainer_lib.Main(trainer_lib.TrainerOptions(
-          model='lm.one_billion_wds.OneBWdsGPipeTransformerTiny',
-          mode='inspect_pipeline', worker_split_size=2, logdir=logdir,
-          model_params_override='input.batch_size=8;input.max_seq_len=16;'
-          'task.stack_tpl.num_layers=2;'
-          'task.stack_tpl.pipeline_tpl.num_micro_batches=2;'
-          'task.stack_tpl.pipeline_tpl.schedule=1f1b'))
+          model='synthetic.linear_regression.RegressionGPipeTiny',
+          mode='inspect_pipeline', worker_split_size=2, logdir=logdir))
     self.assertEqual(code, trainer_lib.EXIT_OK)
-    self.assertIn('Pipeline step: 2 cells x 2 micro-batches', out.getvalue())
+    self.assertIn('Pipeline step: 2 cells x 4 micro-batches', out.getvalue())
     self.assertRegex(out.getvalue(), r'bubble: measured [\d.]+, ideal '
-                     r'\(K-1\)/\(M\+K-1\) = 0.333')
+                     r'\(K-1\)/\(M\+K-1\) = 0.200')
     where = os.path.join(logdir, 'inspect_pipeline')
     with open(os.path.join(where, 'pipeline_timeline.svg')) as f:
-      self.assertEqual(8, f.read().count('<rect '))   # 2 x 2 x (F, B).
+      self.assertEqual(16, f.read().count('<rect '))   # 2 x 4 x (F, B).
     self.assertIn('pipeline_timeline', summary_utils.ReadImages(where))
     # A model without a pipeline: a user error.
     with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
