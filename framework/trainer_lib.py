@@ -3,12 +3,20 @@
 `Main(options)` takes the parsed command line as a `TrainerOptions` and
 returns the process exit code:
 
-  0  done;
+  0  done; also a trainer stopped by SIGTERM or SIGINT after checkpointing
+     the step it was in (one log line says so; framework/preemption.py),
+     and an evaler or decoder stopped by one;
   2  a user error: unknown --model, a bad override key or value, bad params,
-     missing or empty input files, an unknown --job. One readable message on
-     stderr, no traceback;
+     missing or empty input files, an unknown --job, a logdir that cannot
+     be written, checkpoints none of which can be read. One readable
+     message on stderr, no traceback;
   3  training stopped: too many consecutive skipped steps or non-finite
-     weights (the message names the last good checkpoint).
+     weights (the message names the last good checkpoint);
+  4  a checkpoint could not be written (disk full, quota, permission): the
+     message names the path and the OS error; the previous checkpoint
+     stays the latest.
+A second SIGTERM/SIGINT ends the process at once, killed by that signal
+(143 or 130 in a shell).
 
 The set-up runs in a fixed order: logical devices first (TensorFlow allows
 that only before any op runs), then the params (registry, file override,
@@ -40,16 +48,19 @@ import tensorflow as tf
 
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
+from cadence.framework import checkpoint_files
 from cadence.framework import checkpointer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import eval_programs
 from cadence.framework import inspect_lib
 from cadence.framework import model_registry
+from cadence.framework import preemption
 from cadence.framework import programs
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_TRAINING_STOPPED = 3
+EXIT_SAVE_FAILED = 4
 
 MODES = ('sync', 'inspect_params', 'inspect_model')
 _JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
@@ -74,6 +85,7 @@ class TrainerOptions:
   worker_split_size: int = 1
   worker_gpus: int = 0
   peak_tflops: float = 0.0
+  eval_timeout_s: float = 0.0
   start_time: float = None
 
 
@@ -311,7 +323,7 @@ def _HasDataset(options, dataset):
 class _TrainerJob:
   """trainer / trainer_and_evaler: the train program (+ in-process eval)."""
 
-  def __init__(self, options, params, strategy, with_eval):
+  def __init__(self, options, params, strategy, with_eval, watcher):
     start = time.perf_counter()
     with strategy.scope():
       self._model = params.Instantiate()
@@ -343,7 +355,8 @@ class _TrainerJob:
     peak = options.peak_tflops * 1e12 if options.peak_tflops else None
     self._program = programs.TrainProgram(
         task, options.logdir, strategy, peak_flops=peak,
-        on_checkpoint=on_checkpoint, start_time=options.start_time)
+        on_checkpoint=on_checkpoint, start_time=options.start_time,
+        watcher=watcher)
 
   def Run(self):
     step = self._program.Run()
@@ -383,17 +396,23 @@ def _Finished(options, params, kind, sub):
     return None
   with tf.io.gfile.GFile(state) as f:
     text = f.read().strip()
-  if not text or int(text) < max_steps:
+  mark = checkpoint_files.ReadFinalMark(os.path.join(options.logdir, 'train'))
+  final = max_steps if mark is None or mark['step'] is None else min(
+      max_steps, mark['step'])
+  if not text or int(text) < final:
     return None
+  why = (f'max_steps {max_steps}' if final == max_steps else
+         f"the trainer's final checkpoint, {mark['reason']}")
   return (f'The {options.job} job is finished: it handled every checkpoint '
-          f'up to step {text} (max_steps {max_steps}, {state}); nothing to '
-          'do.')
+          f'up to step {text} ({why}, {state}); nothing to do.')
 
 
 class _CheckpointJob:
   """evaler_<dataset> / decoder_<dataset>: a program per new checkpoint."""
 
-  def __init__(self, options, params, strategy, kind, dataset):
+  def __init__(self, options, params, strategy, kind, dataset, watcher):
+    self._watcher = watcher
+    self._timeout = options.eval_timeout_s or None
     with strategy.scope():
       task = InferenceParams(params).Instantiate().task
       self._state = eval_programs.CheckpointState(
@@ -413,10 +432,25 @@ class _CheckpointJob:
                  self._train_dir, self._max_steps)
     eval_programs.RunOnCheckpoints(
         self._train_dir, self._Handle, self._max_steps,
-        os.path.join(self._program.logdir, 'last_step.txt'))
+        os.path.join(self._program.logdir, 'last_step.txt'),
+        timeout_secs=self._timeout,
+        should_stop=lambda: self._watcher.requested)
 
 
-def _BuildJob(options, cluster):
+def _CheckWritable(folder):
+  """Raises UserError unless a file can be written in `folder`."""
+  probe = os.path.join(folder, f'.write_test.{os.getpid()}')
+  try:
+    tf.io.gfile.makedirs(folder)
+    with tf.io.gfile.GFile(probe, 'w') as f:
+      f.write('ok')
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    raise UserError(f'--logdir: cannot write in {folder}: '
+                    f'{checkpoint_files.ErrorLine(e)}.') from None
+
+
+def _BuildJob(options, cluster, watcher):
   """The job of `options`, or a message (str) when it already finished."""
   kind, dataset = _ParseJob(options.job)
   params = LoadParams(options, dataset or 'Train')
@@ -427,6 +461,9 @@ def _BuildJob(options, cluster):
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
+  for folder in {os.path.join(options.logdir, sub or 'train'),
+                 os.path.join(options.logdir, sub)}:
+    _CheckWritable(folder)
   logging.info('%r', cluster)
   path = os.path.join(options.logdir, sub, 'params.txt')
   WriteParams(params, path)
@@ -435,8 +472,8 @@ def _BuildJob(options, cluster):
   strategy = CreateStrategy(cluster)
   if kind in ('trainer', 'trainer_and_evaler'):
     return _TrainerJob(options, params, strategy,
-                       with_eval=kind == 'trainer_and_evaler')
-  return _CheckpointJob(options, params, strategy, kind, dataset)
+                       with_eval=kind == 'trainer_and_evaler', watcher=watcher)
+  return _CheckpointJob(options, params, strategy, kind, dataset, watcher)
 
 
 def _Inspect(options, cluster):
@@ -457,6 +494,16 @@ def _Fail(code, message):
   return code
 
 
+def _SetupError(e):
+  """The exit code of an error while setting up (a UserError, or params
+  validation and input files: ValueError, InputError), its line printed."""
+  if isinstance(e, UserError):
+    return _Fail(EXIT_USER_ERROR, str(e))
+  kind = ('Input' if isinstance(e, base_input_generator.InputError) else
+          'Bad params')
+  return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
+
+
 def Main(options):
   """Runs the trainer for `options`; returns the exit code."""
   ConfigureLogging()
@@ -465,23 +512,30 @@ def Main(options):
     if options.mode not in MODES:
       raise UserError(f'--mode={options.mode!r} is not one of '
                       f'{", ".join(MODES)}.')
-    with cluster:
-      if options.mode != 'sync':
+    if options.mode != 'sync':
+      with cluster:
         _Inspect(options, cluster)
-        return EXIT_OK
-      job = _BuildJob(options, cluster)
-  except UserError as e:
-    return _Fail(EXIT_USER_ERROR, str(e))
-  except ValueError as e:  # Params validation, input files (InputError).
-    kind = ('Input' if isinstance(e, base_input_generator.InputError) else
-            'Bad params')
-    return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
-  if isinstance(job, str):
-    logging.info('%s', job)
-    return EXIT_OK
-  try:
-    with cluster:
+      return EXIT_OK
+  except (UserError, ValueError) as e:
+    return _SetupError(e)
+  # From here on SIGTERM/SIGINT stop the job cleanly (handlers restored on
+  # return).
+  with cluster, preemption.Watcher() as watcher:
+    try:
+      job = _BuildJob(options, cluster, watcher)
+    except (UserError, ValueError) as e:
+      return _SetupError(e)
+    if isinstance(job, str):
+      logging.info('%s', job)
+      return EXIT_OK
+    try:
       job.Run()
-  except programs.TrainingStopped as e:
-    return _Fail(EXIT_TRAINING_STOPPED, str(e))
+    except programs.Preempted as e:
+      logging.info('%s', e)
+    except programs.TrainingStopped as e:
+      return _Fail(EXIT_TRAINING_STOPPED, str(e))
+    except checkpointer.UnreadableError as e:
+      return _Fail(EXIT_USER_ERROR, str(e))
+    except checkpointer.SaveError as e:
+      return _Fail(EXIT_SAVE_FAILED, str(e))
   return EXIT_OK
