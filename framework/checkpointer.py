@@ -18,9 +18,9 @@ partial files are removed.
 read (a missing or garbage index, truncated data, a missing shard) it logs
 which and why and restores the newest readable one; the directory's writer
 (the trainer) also moves the damaged files into `bad/`
-(framework/checkpoint_files.py). No readable checkpoint at all raises `UnreadableError`. A
-readable checkpoint that does not fit the model is not damage: its error
-is raised as TensorFlow gives it.
+(framework/checkpoint_files.py). No readable checkpoint at all raises
+`UnreadableError`. A readable checkpoint that does not fit the model is not
+damage: its error is raised as TensorFlow gives it.
 
 Example:
   ckpt = Checkpointer('/tmp/run/train', dict(

@@ -131,7 +131,7 @@ class Watcher:
                     'at once, without a checkpoint).', name)
     self.Request(name)
 
-  # --- the flag ----------------------------------------------------------------
+  # --- the flag --------------------------------------------------------------
 
   @property
   def requested(self):

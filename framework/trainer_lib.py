@@ -374,7 +374,9 @@ def _Finished(options, params, kind, sub):
 
   Reads only the logdir's state files: trainer jobs, the latest checkpoint
   (and for trainer_and_evaler the final decode's output, when Dev is
-  decoded); evaler/decoder jobs, their `last_step.txt`.
+  decoded); evaler/decoder jobs, their `last_step.txt` and the trainer's
+  final mark. A finished trainer writes the final mark if it is missing
+  (max_steps lowered below the latest checkpoint), so evalers stop there.
   """
   max_steps = params.task.train.max_steps
   if kind in ('trainer', 'trainer_and_evaler'):
@@ -388,6 +390,14 @@ def _Finished(options, params, kind, sub):
             os.path.join(options.logdir, 'decoder_dev',
                          f'decoder_out-{step:08d}.txt'))):
       return None   # Stopped before its final decode: resume to decode.
+    mark = checkpoint_files.ReadFinalMark(train_dir)
+    if mark is None or mark['step'] != step:
+      try:
+        checkpoint_files.WriteFinalMark(
+            train_dir, step, f'global step {step} >= max_steps {max_steps}')
+      except (tf.errors.OpError, OSError) as e:
+        logging.warning('Could not mark the run in %s finished: %s',
+                        train_dir, checkpoint_files.ErrorLine(e))
     return (f'The run is finished: {train_dir} holds the checkpoint of step '
             f'{step} (max_steps {max_steps}); nothing to do. Raise '
             '--max_steps to train on, or use a new --logdir to start over.')
@@ -466,7 +476,11 @@ def _BuildJob(options, cluster, watcher):
     _CheckWritable(folder)
   logging.info('%r', cluster)
   path = os.path.join(options.logdir, sub, 'params.txt')
-  WriteParams(params, path)
+  try:
+    WriteParams(params, path)
+  except (tf.errors.OpError, OSError) as e:
+    raise UserError(f'--logdir: cannot write {path}: '
+                    f'{checkpoint_files.ErrorLine(e)}.') from None
   logging.info('Model %s, job %s; params written to %s.', options.model,
                options.job, path)
   strategy = CreateStrategy(cluster)

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from cadence.framework import checkpoint_files
 from cadence.framework import checkpointer
+from cadence.tests import test_utils
 
 
 def _State(value=0.0):
@@ -107,19 +108,8 @@ class CheckpointerTest(tf.test.TestCase):
 
 
 
-def _Damage(path, how):
-  """Damages checkpoint `path` as a dying disk or a cut copy leaves it."""
-  data = glob.glob(path + '.data-*')[0]
-  if how == 'truncated data':
-    with open(data, 'r+b') as f:
-      f.truncate(100)
-  elif how == 'missing data shard':
-    os.remove(data)
-  elif how == 'deleted index':
-    os.remove(path + '.index')
-  elif how == 'garbage index':
-    with open(path + '.index', 'wb') as f:
-      f.write(b'not an index' * 10)
+def _Damage(directory, step, how):
+  test_utils.DamageCheckpoint(os.path.join(directory, f'ckpt-{step}'), how)
 
 
 _WHY = {'truncated data': r'its data is unreadable \(.*Read less bytes',
@@ -145,7 +135,7 @@ class DamagedCheckpointTest(tf.test.TestCase):
         directory = self._Saved()
         files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(
             directory, 'ckpt-30.*')))
-        _Damage(os.path.join(directory, 'ckpt-30'), how)
+        _Damage(directory, 30, how)
         w, step, objects = _State(-1.0)
         ckpt = checkpointer.Checkpointer(directory, objects)
         with self.assertLogs(level='WARNING') as logs:
@@ -170,7 +160,7 @@ class DamagedCheckpointTest(tf.test.TestCase):
 
   def testAReaderSkipsWithoutMovingAndNamesThePathAskedFor(self):
     directory = self._Saved()
-    _Damage(os.path.join(directory, 'ckpt-30'), 'truncated data')
+    _Damage(directory, 30, 'truncated data')
     before = sorted(os.listdir(directory))
     ckpt = checkpointer.Checkpointer(directory, _State()[2], writer=False)
     self.assertEqual(ckpt.Restore(), 20)
@@ -182,8 +172,8 @@ class DamagedCheckpointTest(tf.test.TestCase):
 
   def testNoneReadableRaisesAndMovesNothing(self):
     directory = self._Saved((10, 20))
-    _Damage(os.path.join(directory, 'ckpt-10'), 'garbage index')
-    _Damage(os.path.join(directory, 'ckpt-20'), 'truncated data')
+    _Damage(directory, 10, 'garbage index')
+    _Damage(directory, 20, 'truncated data')
     before = sorted(os.listdir(directory))
     with self.assertRaisesRegex(
         checkpointer.UnreadableError,
@@ -204,7 +194,7 @@ class DamagedCheckpointTest(tf.test.TestCase):
   def testMovedTwiceKeepsBoth(self):
     directory = self._Saved()
     for _ in range(2):
-      _Damage(os.path.join(directory, 'ckpt-30'), 'garbage index')
+      _Damage(directory, 30, 'garbage index')
       ckpt = checkpointer.Checkpointer(directory, _State()[2])
       ckpt.Restore()
       ckpt.Save(30)

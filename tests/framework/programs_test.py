@@ -91,10 +91,11 @@ class TrainProgramTest(tf.test.TestCase):
     _Program(whole, _Params(max_steps=30)).Run()
     # An agreement that turns true once step 7 is done, as a stop on
     # another worker would: inside the compiled loop of steps 1..10.
-    program = None
+    step = []
     watcher = preemption.Watcher(signals=(), agreement=lambda local: (
-        tf.logical_or(local, program._global_step >= 7)))  # pylint: disable=protected-access
+        tf.logical_or(local, step[0].read_value() >= 7)))
     program = _Program(parts, _Params(max_steps=30), watcher=watcher)
+    step.append(program._global_step)  # pylint: disable=protected-access
     train_dir = os.path.join(parts, 'train')
     with self.assertRaisesRegex(
         programs.Preempted,
