@@ -322,10 +322,8 @@ def RunOnCheckpoints(train_dir, fn, max_steps, state_path,
         break
       try:
         fn(path)
-      except (checkpointer_lib.UnreadableError,) + (
-          checkpoint_files.READ_ERRORS) as e:
-        logging.warning('Skipping %s, deleted or unreadable: %s', path,
-                        checkpoint_files.ErrorLine(e))
+      except checkpointer_lib.UnreadableError as e:  # Damaged or deleted.
+        logging.warning('Skipping %s, deleted or unreadable: %s', path, e)
       last = checkpointer_lib.StepOf(path)
       handled.append(last)
       with tf.io.gfile.GFile(state_path, 'w') as f:

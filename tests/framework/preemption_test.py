@@ -5,8 +5,10 @@ bit-identical resume) is tested in real subprocesses in
 tests/trainer_faults_test.py; the train program's side in process in
 tests/framework/programs_test.py.
 """
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +38,44 @@ with preemption.Watcher() as watcher:
   time.sleep(5)
 print('survived')
 '''
+
+
+# One of two MultiWorkerMirroredStrategy workers on this host (argv: index,
+# TF_CONFIG): a compiled loop of all-reduces that stops on the agreed flag.
+_WORKER = r'''
+import os, sys
+os.environ['TF_CONFIG'] = sys.argv[2]
+import tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+from cadence.framework import preemption
+with preemption.Watcher(
+    agreement=preemption.AllReduceAgreement(strategy)) as watcher:
+  total = tf.Variable(0.0)
+
+  def Body(i, unused_stop):
+    ones = strategy.run(lambda: tf.ones([]))
+    total.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, ones,
+                                     axis=None))
+    return i + 1, watcher.StopTensor()
+
+  loop = tf.function(lambda: tf.while_loop(
+      lambda i, stop: tf.logical_and(i < 10**7, tf.logical_not(stop)), Body,
+      (tf.constant(0), watcher.StopTensor())), autograph=False)
+  print('ready', flush=True)
+  steps, stop = watcher.Call(loop)
+print(sys.argv[1], bool(stop), int(steps), int(total.numpy()),
+      watcher.requested, flush=True)
+'''
+
+
+def _FreePorts(n):
+  socks = [socket.socket() for _ in range(n)]
+  for sock in socks:
+    sock.bind(('127.0.0.1', 0))
+  ports = [sock.getsockname()[1] for sock in socks]
+  for sock in socks:
+    sock.close()
+  return ports
 
 
 class WatcherTest(tf.test.TestCase):
@@ -101,6 +141,32 @@ class WatcherTest(tf.test.TestCase):
     self.assertEqual(watcher.requested, 'a test')
     self.assertFalse(watcher.StopTensor().numpy())
     self.assertLen(votes, 2)
+
+  def testWorkersAgreeOnTheStepToStopAt(self):
+    # SIGTERM reaches one worker only; both stop after the same step.
+    workers = [f'127.0.0.1:{p}' for p in _FreePorts(2)]
+    procs = [subprocess.Popen(
+        [sys.executable, '-c', _WORKER, str(i), json.dumps(dict(
+            cluster=dict(worker=workers), task=dict(type='worker', index=i)))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=test_utils.QUIET_ENV) for i in range(2)]
+    for proc in procs:
+      line = proc.stdout.readline()  # '' if it ended: then read why.
+      self.assertEqual(line, 'ready\n', line or proc.stderr.read()[-2000:])
+    time.sleep(1.0)  # Steps under way (or still compiling: then step 0).
+    procs[1].send_signal(signal.SIGTERM)
+    results = []
+    for proc in procs:
+      out, err = proc.communicate(timeout=120)
+      self.assertEqual(proc.returncode, 0, err[-2000:])
+      results.append(out.split())
+    (i0, stop0, steps0, total0, why0), (i1, stop1, steps1, total1, why1) = (
+        results)
+    self.assertEqual((i0, stop0, why0, i1, stop1, why1),
+                     ('0', 'True', 'None', '1', 'True', 'SIGTERM'))
+    self.assertEqual(steps0, steps1)
+    self.assertEqual(int(total0), 2 * int(steps0))  # Every step all-reduced.
+    self.assertEqual(total0, total1)
 
   def testBuiltInAStrategyScopeIsAnError(self):
     with tf.distribute.OneDeviceStrategy('/cpu:0').scope():
