@@ -124,6 +124,9 @@ class InspectTest(tf.test.TestCase):
     self.assertRegex(err.getvalue(), r"^Error: --job='bogus' is not one of")
 
 
+_SAVE_EVERY_10 = 'task.train.save_interval_steps=10'
+
+
 def _Main(**kw):
   """trainer_lib.Main in this process: (exit code, stderr)."""
   with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
@@ -145,16 +148,19 @@ class FaultsTest(tf.test.TestCase):
     self.assertEqual(err, f'Error: --logdir: cannot write in {logdir}/train: '
                      f'{logdir}/train is not a directory.\n')
 
-  def testNoReadableCheckpointIsAUserError(self):
+  def _Trained(self, max_steps):
+    """A logdir trained to `max_steps`, a checkpoint every 10; train dir."""
     logdir = self.get_temp_dir()
-    overrides = 'task.train.save_interval_steps=10'
-    self.assertEqual(_Main(logdir=logdir, max_steps=20,
-                           model_params_override=overrides)[0], 0)
-    train_dir = os.path.join(logdir, 'train')
+    self.assertEqual(_Main(logdir=logdir, max_steps=max_steps,
+                           model_params_override=_SAVE_EVERY_10)[0], 0)
+    return logdir, os.path.join(logdir, 'train')
+
+  def testNoReadableCheckpointIsAUserError(self):
+    logdir, train_dir = self._Trained(20)
     for step in (10, 20):
       os.remove(os.path.join(train_dir, f'ckpt-{step}.index'))
     code, err = _Main(logdir=logdir, max_steps=30,
-                      model_params_override=overrides)
+                      model_params_override=_SAVE_EVERY_10)
     self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
     self.assertEqual(err, f'Error: No readable checkpoint in {train_dir}: '
                      'ckpt-20: its index file ckpt-20.index is missing; '
@@ -163,17 +169,13 @@ class FaultsTest(tf.test.TestCase):
                      '\n')
 
   def testMaxStepsLoweredBelowTheLatestCheckpointEndsTheRun(self):
-    logdir = self.get_temp_dir()
-    overrides = 'task.train.save_interval_steps=10'
-    self.assertEqual(_Main(logdir=logdir, max_steps=30,
-                           model_params_override=overrides)[0], 0)
-    train_dir = os.path.join(logdir, 'train')
+    logdir, train_dir = self._Trained(30)
     mark = os.path.join(train_dir, checkpoint_files.FINAL_MARK)
     os.remove(mark)  # As a run stopped before its end leaves it.
     # Resumed with max_steps 20: finished at its checkpoint of step 30,
     # which it marks final for the evalers.
     self.assertEqual(_Main(logdir=logdir, max_steps=20,
-                           model_params_override=overrides)[0], 0)
+                           model_params_override=_SAVE_EVERY_10)[0], 0)
     self.assertEqual(checkpoint_files.ReadFinalMark(train_dir),
                      dict(step=30, reason='global step 30 >= max_steps 20'))
     # An evaler that handled step 30 is finished whatever its max_steps.
