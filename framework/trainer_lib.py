@@ -447,17 +447,23 @@ class _CheckpointJob:
         should_stop=lambda: self._watcher.requested)
 
 
-def _CheckWritable(folder):
-  """Raises UserError unless a file can be written in `folder`."""
-  probe = os.path.join(folder, f'.write_test.{os.getpid()}')
-  try:
-    tf.io.gfile.makedirs(folder)
-    with tf.io.gfile.GFile(probe, 'w') as f:
-      f.write('ok')
-    tf.io.gfile.remove(probe)
-  except (tf.errors.OpError, OSError) as e:
-    raise UserError(f'--logdir: cannot write in {folder}: '
-                    f'{checkpoint_files.ErrorLine(e)}.') from None
+def _CheckWritable(logdir, sub):
+  """Raises UserError unless the job can write its folders: `logdir/sub`
+  (created: params.txt goes there next) and an existing `logdir/train`."""
+  folders = [os.path.join(logdir, sub) if sub else logdir]
+  train_dir = os.path.join(logdir, 'train')
+  if not sub and tf.io.gfile.exists(train_dir):
+    folders.append(train_dir)
+  for folder in folders:
+    probe = os.path.join(folder, f'.write_test.{os.getpid()}')
+    try:
+      tf.io.gfile.makedirs(folder)
+      with tf.io.gfile.GFile(probe, 'w') as f:
+        f.write('ok')
+      tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+      raise UserError(f'--logdir: cannot write in {folder}: '
+                      f'{checkpoint_files.ErrorLine(e)}.') from None
 
 
 def _BuildJob(options, cluster, watcher):
@@ -471,9 +477,7 @@ def _BuildJob(options, cluster, watcher):
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
-  for folder in {os.path.join(options.logdir, sub or 'train'),
-                 os.path.join(options.logdir, sub)}:
-    _CheckWritable(folder)
+  _CheckWritable(options.logdir, sub)
   logging.info('%r', cluster)
   path = os.path.join(options.logdir, sub, 'params.txt')
   try:

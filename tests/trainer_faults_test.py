@@ -46,64 +46,79 @@ def _Steps(train_dir):
 
 
 class PreemptionTest(tf.test.TestCase):
-  """SIGTERM at a random moment after the first step."""
 
-  def _PreemptAndResume(self, flags, max_steps, delay):
-    """Runs to max_steps whole and with a SIGTERM `delay` s after the first
-    step; resumes the stopped run; checks both end bit-identical."""
-    whole = os.path.join(self.get_temp_dir(), 'whole')
-    stopped = os.path.join(self.get_temp_dir(), 'stopped')
-    flags = list(flags) + [f'--max_steps={max_steps}', '--job=trainer',
-                           '--peak_tflops=1']
-    reference = _Run(*flags, f'--logdir={whole}')
-    victim = _Run(*flags, f'--logdir={stopped}')
-    victim.WaitForLog(r'First step done')
-    time.sleep(delay)
-    victim.Signal(signal.SIGTERM)
-    code, _, err = victim.Finish()
-    context = f'SIGTERM {delay:.2f} s after the first step:\n{err[-3000:]}'
-    self.assertEqual(code, 0, context)
-    self.assertNotIn('Traceback', err)
-    train_dir = os.path.join(stopped, 'train')
-    lines = test_utils.LogLines(err)
-    self.assertRegex(lines[-1], rf'Stopped by SIGTERM at step \d+: saved '
-                     rf'{train_dir}/ckpt-\d+\. Rerun the same command to '
-                     r'resume from it\.$')
-    step = int(re.search(r'at step (\d+)', lines[-1]).group(1))
-    self.assertBetween(step, 1, max_steps - 1, context)
-    # The only checkpoint is the one at the step reached (the save interval
-    # is max_steps), and the run is not marked finished.
-    self.assertEqual(_Steps(train_dir), [step])
-    self.assertIsNone(checkpoint_files.ReadFinalMark(train_dir))
-    code, _, err = _Run(*flags, f'--logdir={stopped}').Finish()
-    self.assertEqual(code, 0, err[-3000:])
-    self.assertIn(f'Restored {train_dir}/ckpt-{step}: global step {step}, '
-                  f'input position {step}.', err)
-    code, _, err = reference.Finish()
-    self.assertEqual(code, 0, err[-3000:])
-    a = _Trained(os.path.join(whole, 'train', f'ckpt-{max_steps}'))
-    b = _Trained(os.path.join(train_dir, f'ckpt-{max_steps}'))
-    self.assertEqual(sorted(a), sorted(b))
-    self.assertNotEmpty(a)
-    for key in a:
-      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-    return step
-
-  def testSigtermStopsInsideTheCompiledLoopAndResumesBitIdentical(self):
-    # One loop call runs steps 2..4000 (~2 s here): the stop must come from
-    # the flag the loop reads each step, not from a boundary.
-    self._PreemptAndResume(
-        [f'--model={_KEY}', f'--model_params_override={_Intervals(4000)}'],
-        4000, random.uniform(0.05, 0.5))
-
-  def testSigtermTinyGPipeLm(self):
-    # 2 pipeline stages on 2 logical CPUs, one layer each, and a smaller
-    # batch, to keep the test short; one loop call runs steps 2..40.
-    self._PreemptAndResume(
-        [f'--model={_LM}', '--worker_split_size=2',
-         f'--model_params_override={_Intervals(40)};task.stack_tpl.'
-         'num_layers=2;input.batch_size=8;input.max_seq_len=32'],
-        40, random.uniform(0.05, 0.8))
+  def testSigtermCheckpointsTheStepReachedAndResumesBitIdentical(self):
+    """SIGTERM at a random moment after the first step, inside the compiled
+    loop: one loop call runs every step after the first, so the stop comes
+    from the flag the loop reads each step, not from a boundary."""
+    # name -> (flags, max_steps, seconds after the first step to signal).
+    cases = {
+        'regression': ([f'--model={_KEY}',
+                        f'--model_params_override={_Intervals(4000)}'],
+                       4000, random.uniform(0.05, 0.5)),
+        # The Tiny GPipe LM, 2 pipeline stages on 2 logical CPUs; one layer
+        # each and a smaller batch, to keep the test short.
+        'lm': ([f'--model={_LM}', '--worker_split_size=2',
+                f'--model_params_override={_Intervals(40)};task.stack_tpl.'
+                'num_layers=2;input.batch_size=8;input.max_seq_len=32'],
+               40, random.uniform(0.05, 0.8)),
+    }
+    tmp = self.get_temp_dir()
+    flags, runs = {}, {}
+    for name, (model_flags, max_steps, _) in cases.items():
+      flags[name] = model_flags + [f'--max_steps={max_steps}',
+                                   '--job=trainer', '--peak_tflops=1']
+      runs[name] = _Run(*flags[name], f'--logdir={tmp}/{name}_stopped')
+      runs[name + '_whole'] = _Run(*flags[name],
+                                   f'--logdir={tmp}/{name}_whole')
+    # Signal each `delay` seconds after its first step, all in one loop.
+    signal_at = {}
+    while len(signal_at) < len(cases) or any(
+        t is not None for t in signal_at.values()):
+      for name, (_, _, delay) in cases.items():
+        if name not in signal_at and re.search(r'First step done',
+                                               runs[name].Stderr()):
+          signal_at[name] = time.monotonic() + delay
+        elif signal_at.get(name) and time.monotonic() >= signal_at[name]:
+          runs[name].Signal(signal.SIGTERM)
+          signal_at[name] = None
+        elif name not in signal_at and runs[name].proc.poll() is not None:
+          self.fail(f'{name} ended before its first step:\n'
+                    f'{runs[name].Stderr()[-3000:]}')
+      time.sleep(0.01)
+    stopped_at = {}
+    for name, (_, max_steps, delay) in cases.items():
+      code, _, err = runs[name].Finish()
+      context = f'{name}, SIGTERM {delay:.2f} s after the first step:\n'
+      self.assertEqual(code, 0, context + err[-3000:])
+      self.assertNotIn('Traceback', err)
+      train_dir = f'{tmp}/{name}_stopped/train'
+      last = test_utils.LogLines(err)[-1]
+      self.assertRegex(last, rf'Stopped by SIGTERM at step \d+: saved '
+                       rf'{train_dir}/ckpt-\d+\. Rerun the same command to '
+                       r'resume from it\.$')
+      step = stopped_at[name] = int(re.search(r'at step (\d+)',
+                                              last).group(1))
+      self.assertBetween(step, 1, max_steps - 1, context)
+      # The only checkpoint is the step reached's (the save interval is
+      # max_steps), and the run is not marked finished.
+      self.assertEqual(_Steps(train_dir), [step])
+      self.assertIsNone(checkpoint_files.ReadFinalMark(train_dir))
+      runs[name] = _Run(*flags[name], f'--logdir={tmp}/{name}_stopped')
+    for name, (_, max_steps, _) in cases.items():
+      code, _, err = runs[name].Finish()
+      self.assertEqual(code, 0, err[-3000:])
+      step, train_dir = stopped_at[name], f'{tmp}/{name}_stopped/train'
+      self.assertIn(f'Restored {train_dir}/ckpt-{step}: global step {step}, '
+                    f'input position {step}.', err)
+      code, _, err = runs[name + '_whole'].Finish()
+      self.assertEqual(code, 0, err[-3000:])
+      a = _Trained(f'{tmp}/{name}_whole/train/ckpt-{max_steps}')
+      b = _Trained(f'{train_dir}/ckpt-{max_steps}')
+      self.assertEqual(sorted(a), sorted(b))
+      self.assertNotEmpty(a)
+      for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=f'{name} {key}')
 
 
 class DamageTest(tf.test.TestCase):
@@ -178,15 +193,11 @@ class DamageTest(tf.test.TestCase):
         r'then rerun the same command to resume from it\.$')
     self.assertEqual(_Steps(full), [100, 200, 300, 400])
     self.assertEmpty(glob.glob(os.path.join(full, 'ckpt-500*')))
-    # With room again, the same command resumes from ckpt-400 and ends
-    # where the uninterrupted run did.
-    code, _, err = _Run(*flags, f'--logdir={os.path.dirname(full)}',
-                        '--max_steps=500').Finish()
-    self.assertEqual(code, 0, err[-3000:])
-    self.assertIn(f'Restored {full}/ckpt-400: global step 400', err)
-    trained = _Trained(os.path.join(full, 'ckpt-500'))
-    for key in reference:
-      np.testing.assert_array_equal(trained[key], reference[key], err_msg=key)
+    # The latest still loads: the values the base run saved at step 400.
+    kept = _Trained(os.path.join(full, 'ckpt-400'))
+    saved = _Trained(os.path.join(base, 'train', 'ckpt-400'))
+    for key in saved:
+      np.testing.assert_array_equal(kept[key], saved[key], err_msg=key)
 
 
 if __name__ == '__main__':

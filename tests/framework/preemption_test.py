@@ -153,7 +153,7 @@ class WatcherTest(tf.test.TestCase):
     for proc in procs:
       line = proc.stdout.readline()  # '' if it ended: then read why.
       self.assertEqual(line, 'ready\n', line or proc.stderr.read()[-2000:])
-    time.sleep(1.0)  # Steps under way (or still compiling: then step 0).
+    time.sleep(0.3)  # Steps under way (or still compiling: then step 0).
     procs[1].send_signal(signal.SIGTERM)
     results = []
     for proc in procs:

@@ -68,35 +68,20 @@ class TrainProgramTest(tf.test.TestCase):
                       ListCheckpoints(os.path.join(logdir, 'train'))],
                      [100, 200])
 
-  def testResumeEqualsUninterrupted(self):
+  def testResumeAfterAnEndOrAStopEqualsUninterrupted(self):
     whole = os.path.join(self.get_temp_dir(), 'whole')
     parts = os.path.join(self.get_temp_dir(), 'parts')
+    stopped = os.path.join(self.get_temp_dir(), 'stopped')
     _Program(whole, _Params(max_steps=30)).Run()
     _Program(parts, _Params(max_steps=20)).Run()
-    resumed = _Program(parts, _Params(max_steps=30))
-    resumed.Run()
-    a = _Values(os.path.join(whole, 'train', 'ckpt-30'))
-    b = _Values(os.path.join(parts, 'train', 'ckpt-30'))
-    self.assertLen(a, 13)  # 4 variables, 8 Adam slots, the update count.
-    self.assertEqual(sorted(a), sorted(b))
-    for key in a:
-      self.assertAllEqual(a[key], b[key], msg=key)
-    values = checkpointer.ReadValues(os.path.join(parts, 'train', 'ckpt-30'),
-                                     'input_position')
-    self.assertEqual(list(values.values()), [30])
-
-  def testStopFlagEndsTheLoopAfterItsStepAndResumesExactly(self):
-    whole = os.path.join(self.get_temp_dir(), 'whole')
-    parts = os.path.join(self.get_temp_dir(), 'stopped')
-    _Program(whole, _Params(max_steps=30)).Run()
     # An agreement that turns true once step 7 is done, as a stop on
     # another worker would: inside the compiled loop of steps 1..10.
     step = []
     watcher = preemption.Watcher(signals=(), agreement=lambda local: (
         tf.logical_or(local, step[0].read_value() >= 7)))
-    program = _Program(parts, _Params(max_steps=30), watcher=watcher)
+    program = _Program(stopped, _Params(max_steps=30), watcher=watcher)
     step.append(program._global_step)  # pylint: disable=protected-access
-    train_dir = os.path.join(parts, 'train')
+    train_dir = os.path.join(stopped, 'train')
     with self.assertRaisesRegex(
         programs.Preempted,
         r'^Stopped by a stop on another worker at step 7: saved '
@@ -108,12 +93,18 @@ class TrainProgramTest(tf.test.TestCase):
     # The summaries cover the steps run: the partial window ends at 7.
     scalars = summary_utils.ReadScalars(train_dir)
     self.assertEqual([s for s, _ in scalars['loss']], [7])
-    _Program(parts, _Params(max_steps=30)).Run()
+    for logdir in (parts, stopped):
+      _Program(logdir, _Params(max_steps=30)).Run()
     a = _Values(os.path.join(whole, 'train', 'ckpt-30'))
-    b = _Values(os.path.join(train_dir, 'ckpt-30'))
-    self.assertEqual(sorted(a), sorted(b))
-    for key in a:
-      self.assertAllEqual(a[key], b[key], msg=key)
+    self.assertLen(a, 13)  # 4 variables, 8 Adam slots, the update count.
+    for logdir in (parts, stopped):
+      b = _Values(os.path.join(logdir, 'train', 'ckpt-30'))
+      self.assertEqual(sorted(a), sorted(b))
+      for key in a:
+        self.assertAllEqual(a[key], b[key], msg=key)
+      values = checkpointer.ReadValues(
+          os.path.join(logdir, 'train', 'ckpt-30'), 'input_position')
+      self.assertEqual(list(values.values()), [30])
     self.assertEqual(checkpoint_files.ReadFinalMark(train_dir),
                      dict(step=30, reason='max_steps 30 reached'))
 
