@@ -11,7 +11,7 @@ plain handler would wait for the whole loop. So:
   * The compiled loop reads the flag after every step (`StopTensor`) and
     ends when it is set: the step in progress finishes, no other starts.
   * `Call(fn, ...)` runs the compiled loop in a worker thread while the
-    main thread waits in `Thread.join` (a signal interrupts it; if the
+    main thread waits for its result (a signal interrupts the wait; if the
     kernel gave the signal to another thread, the handler runs at the
     wait's next 0.1 s tick).
   * The first signal also puts SIGTERM and SIGINT back to their default
@@ -40,6 +40,7 @@ Example:
     except programs.Preempted as e:
       logging.info('%s', e)   # Stopped by SIGTERM at step 137: ...
 """
+import queue
 import signal
 import threading
 
@@ -104,6 +105,7 @@ class Watcher:
     self._flag = tf.Variable(False, trainable=False, name='stop_requested')
     self._requested = None
     self._previous = {}
+    self._calls = None  # The worker thread's queue, once it runs.
 
   # --- signals ---------------------------------------------------------------
 
@@ -120,6 +122,9 @@ class Watcher:
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous = {}
+    if self._calls is not None:
+      self._calls.put(None)  # Ends the worker thread.
+      self._calls = None
 
   def _Handle(self, signum, unused_frame):
     # A second signal gets the default action: the process ends at once.
@@ -150,26 +155,41 @@ class Watcher:
   def Call(self, fn, *args):
     """`fn(*args)`, in a worker thread while signals are handled.
 
-    The main thread waits in `Thread.join`, where the handlers run;
-    without handlers installed `fn` runs in this thread.
+    The main thread waits on the result, where the handlers run; without
+    handlers installed `fn` runs in this thread. One worker thread serves
+    every call while the watcher is entered (bench/trainer_bench.py
+    --watcher compares the loop's steps/s with and without it).
     """
     if not self._previous:
       return fn(*args)
-    result = {}
-
-    def _Work():
+    if self._calls is None:
+      self._calls = queue.Queue()
+      threading.Thread(target=_Serve, args=(self._calls,), name='train_loop',
+                       daemon=True).start()
+    results = queue.Queue()
+    self._calls.put((fn, args, results))
+    while True:
       try:
-        result['value'] = fn(*args)
-      except BaseException as e:  # pylint: disable=broad-except
-        result['error'] = e
+        # Timed: a signal the kernel gave another thread (e.g. one of
+        # TensorFlow's) does not interrupt this wait, but its Python
+        # handler runs here within _POLL_SECS.
+        ok, value = results.get(timeout=_POLL_SECS)
+        break
+      except queue.Empty:
+        continue
+    if not ok:
+      raise value
+    return value
 
-    worker = threading.Thread(target=_Work, name='train_loop', daemon=True)
-    worker.start()
-    while worker.is_alive():
-      # Timed: a signal the kernel gave another thread (e.g. one of
-      # TensorFlow's) does not interrupt this wait, but its Python handler
-      # runs here within _POLL_SECS.
-      worker.join(_POLL_SECS)
-    if 'error' in result:
-      raise result['error']
-    return result['value']
+
+def _Serve(calls):
+  """The worker thread: runs (fn, args, results) calls until a None."""
+  while True:
+    call = calls.get()
+    if call is None:
+      return
+    fn, args, results = call
+    try:
+      results.put((True, fn(*args)))
+    except BaseException as e:  # pylint: disable=broad-except
+      results.put((False, e))
