@@ -158,7 +158,7 @@ class TrainProgram:
     if self._p.ema_decay:
       self._ema = {}
       for path, v in self._learner.trainable:
-        with tf.device(v.device):
+        with cluster_lib.BesideVariable(v):
           self._ema[path] = tf.Variable(v.read_value(), trainable=False,
                                         name='ema')
     objects = dict(model=checkpointer_lib.KeyedVariables(
@@ -179,7 +179,7 @@ class TrainProgram:
     # ON_READ variables: their value at the last combine, beside them.
     self._on_read_base = []
     for _, var in self._on_read:
-      with tf.device(var.device):
+      with cluster_lib.BesideVariable(var):
         self._on_read_base.append(tf.Variable(var.read_value(),
                                               trainable=False))
     self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
@@ -243,8 +243,8 @@ class TrainProgram:
     return NestedMap(
         synced_before=before,
         synced=replicas.ReplicaValues(on_write, before, replica),
-        grads=[_OnDevice(g, v.device) for g, (_, v) in
-               zip(grads.Flatten(), learner.trainable)],
+        grads=[_OnDevice(g, v.device) if self._reducer else g
+               for g, (_, v) in zip(grads.Flatten(), learner.trainable)],
         loss=tf.cast(loss, tf.float32),
         examples=tf.cast(tf.shape(_FirstLeaf(batch))[0], tf.float32),
         metrics=NestedMap({k: NestedMap(
@@ -416,6 +416,13 @@ class TrainProgram:
     return dataset.map(lambda batch: NestedMap(batch).Transform(
         lambda x: tf.stack(tf.split(x, local)))).unbatch()
 
+  def _Iterator(self, dataset, start):
+    """The compiled loop's iterator over `dataset` (`_ReplicaBatches(start)`)
+    for the strategy's replicas."""
+    del start  # Unused: `dataset` starts there.
+    return iter(self._strategy.distribute_datasets_from_function(
+        lambda unused_ctx: dataset))
+
   def _NextBoundary(self, step):
     p = self._p
     nxt = p.max_steps
@@ -515,11 +522,11 @@ class TrainProgram:
       logging.info('Global step %d >= max_steps %d: nothing to train.', step,
                    p.max_steps)
       return step
-    dataset = self._ReplicaBatches(int(self._input_position.numpy()))
+    start = int(self._input_position.numpy())
+    dataset = self._ReplicaBatches(start)
     flops = train_report.TrainFlopsPerExample(
         self._task, dataset, self._input.GlobalBatchSize())
-    iterator = iter(self._strategy.distribute_datasets_from_function(
-        lambda unused_ctx: dataset))
+    iterator = self._Iterator(dataset, start)
     summary_window, log_window = train_report.Window(), train_report.Window()
     first = True
     while step < p.max_steps:

@@ -51,6 +51,7 @@ from cadence.framework import eval_programs
 from cadence.framework import inspect_lib
 from cadence.framework import model_registry
 from cadence.framework import programs
+from cadence.framework import ps_programs
 from cadence.framework import replicas
 
 EXIT_OK = 0
@@ -309,20 +310,16 @@ class _TrainerJob:
 
   One copy of the task per local replica (replicas.BuildReplicas); the
   in-process eval and the final decode run on the chief, on replica 0's
-  devices, with replica 0's (EMA) weights.
+  devices, with replica 0's (EMA) weights. With parameter servers the
+  chief's program builds the one task on them (ps_programs.PsTrainProgram).
   """
 
   def __init__(self, options, params, setup, with_eval):
     start = time.perf_counter()
-    tasks = replicas.BuildReplicas(params, setup.cluster)
-    task = tasks[0]
-    variables = checkpointer.TaskVariables(task).values()
-    logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
-                 len(variables),
-                 f'{sum(v.shape.num_elements() for v in variables):,}',
-                 time.perf_counter() - start,
-                 f', one copy per replica x {len(tasks)}' if len(tasks) > 1
-                 else '')
+    tasks = None
+    if not setup.num_ps:
+      tasks = replicas.BuildReplicas(params, setup.cluster)
+      _LogBuilt(tasks, start)
     on_checkpoint = []
     self._decode = None
     with_eval = with_eval and setup.is_chief
@@ -343,18 +340,48 @@ class _TrainerJob:
       logging.warning('%s defines no Dev() dataset: training without eval.',
                       options.model)
     peak = options.peak_tflops * 1e12 if options.peak_tflops else None
-    self._program = programs.TrainProgram(
-        tasks, options.logdir, setup.strategy, peak_flops=peak,
-        on_checkpoint=on_checkpoint, start_time=options.start_time,
-        cluster=setup.cluster, num_workers=setup.num_workers,
-        worker_index=setup.worker_index,
-        steps_per_loop=options.steps_per_loop)
+    common = dict(peak_flops=peak, on_checkpoint=on_checkpoint,
+                  start_time=options.start_time, cluster=setup.cluster,
+                  steps_per_loop=options.steps_per_loop)
+    if tasks is None:
+      self._program = ps_programs.PsTrainProgram(
+          params, options.logdir, setup.strategy,
+          num_workers=setup.num_workers, num_ps=setup.num_ps, **common)
+      _LogBuilt([self._program.task], start)
+    else:
+      self._program = programs.TrainProgram(
+          tasks, options.logdir, setup.strategy,
+          num_workers=setup.num_workers, worker_index=setup.worker_index,
+          **common)
 
   def Run(self):
     step = self._program.Run()
     if self._decode is not None:
       logging.info('Decoding Dev with the final weights (step %d)...', step)
       self._decode.Run(step, self._program.EmaTheta())
+
+
+def _LogBuilt(tasks, start):
+  variables = checkpointer.TaskVariables(tasks[0]).values()
+  logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
+               len(variables),
+               f'{sum(v.shape.num_elements() for v in variables):,}',
+               time.perf_counter() - start,
+               f', one copy per replica x {len(tasks)}' if len(tasks) > 1
+               else '')
+
+
+class _ServerJob:
+  """A 'worker' or 'ps' task of parameter-server training: serves the
+  chief's coordinator until the run is finished (as the trainer's
+  'nothing to do' check says) and the chief has exited."""
+
+  def __init__(self, options, params, setup, kind):
+    self._finished = lambda: _Finished(options, params, kind, '')
+    self._setup = setup
+
+  def Run(self):
+    ps_programs.Serve(self._setup, self._finished)
 
 
 def _ImplementsDecode(task_cls):
@@ -429,6 +456,14 @@ def _BuildJob(options, setup):
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
       f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
+  if setup.num_ps and dataset is not None:
+    raise UserError(
+        f'--job={options.job} with parameter servers (TF_CONFIG with a "ps" '
+        'job): the cluster runs --job=trainer or trainer_and_evaler; run '
+        'evaler and decoder jobs without TF_CONFIG.')
+  if setup.server is not None:
+    logging.info('%s', setup)
+    return _ServerJob(options, params, setup, kind)
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
