@@ -12,9 +12,15 @@ is the package `cadence`; tests/ is not installed).
                                subprocesses run at the same time
   OpDevices(script, op_types)  where each op type ran, from TF's placement
                                log of a script
+  FreePorts(n)                 n localhost ports free now (bound to port 0)
+  LocalCluster(**tasks)        a TF_CONFIG cluster of localhost tasks
+  StartTrainer(flags, ...)     `python trainer.py flags...`, optionally with
+                               TF_CONFIG; FinishTrainer waits for it
 """
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -26,6 +32,8 @@ from cadence.framework import step_seed
 
 # A subprocess's environment with TF's C++ INFO lines hidden.
 QUIET_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+# The checkout's root, where trainer.py is.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def Rand(shape, seed, dtype=np.float32, scale=1.0):
@@ -122,3 +130,53 @@ def OpDevices(script, op_types, group=None, timeout=300):
       key = op_type if group is None else (op_type, group(name))
       devices.setdefault(key, set()).add(device.split('device:')[-1])
   return devices
+
+
+def FreePorts(n):
+  """`n` distinct localhost ports that were free a moment ago."""
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(('127.0.0.1', 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def LocalCluster(**num_tasks):
+  """A TF_CONFIG "cluster" of localhost tasks on free ports.
+
+  Example:
+    LocalCluster(chief=1, ps=2, worker=2)
+    # {'chief': ['127.0.0.1:41234'], 'ps': [...], 'worker': [...]}
+  """
+  ports = iter(FreePorts(sum(num_tasks.values())))
+  return {job: [f'127.0.0.1:{next(ports)}' for _ in range(n)]
+          for job, n in num_tasks.items()}
+
+
+def StartTrainer(flags, cluster=None, task_type=None, task_index=0):
+  """Starts `python trainer.py flags...` in the checkout's root.
+
+  Args:
+    flags: the trainer's command-line flags.
+    cluster: a TF_CONFIG cluster (`LocalCluster`); with `task_type` and
+      `task_index`, this process's TF_CONFIG. None: no TF_CONFIG.
+
+  Returns:
+    The Popen (text stdout and stderr piped); see FinishTrainer.
+  """
+  env = dict(QUIET_ENV)
+  env.pop('TF_CONFIG', None)
+  if cluster is not None:
+    env['TF_CONFIG'] = json.dumps({'cluster': cluster, 'task': {
+        'type': task_type, 'index': task_index}})
+  return subprocess.Popen([sys.executable, 'trainer.py'] + list(flags),
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def FinishTrainer(proc, timeout=600):
+  """Waits for a StartTrainer process; returns (exit code, stdout, stderr)."""
+  out, err = proc.communicate(timeout=timeout)
+  return proc.returncode, out, err

@@ -7,12 +7,8 @@ same global batch: LmInput shards batches of one stream). Killing one
 worker makes the other stop on its own with exit code 4 and one line; the
 same command on both then resumes from the latest checkpoint.
 """
-import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -22,7 +18,6 @@ from cadence.framework import checkpointer
 from cadence.framework import trainer_lib
 from cadence.tests import test_utils
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _SHRUNK = ('task.model_dim=32;task.stack_tpl.num_layers=2;'
            'task.stack_tpl.transformer_tpl.num_heads=2;'
@@ -48,40 +43,22 @@ def _MakeCorpus(tmp):
   params.input.Instantiate()   # Writes the corpus, trains SentencePiece.
 
 
-def _FreePorts(n):
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(('127.0.0.1', 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
-
-
-def _Trainer(logdir, max_steps, *flags, tf_config=None):
+def _Trainer(logdir, max_steps, *flags, cluster=None, index=0):
   tmp = os.path.dirname(logdir)
-  env = dict(test_utils.QUIET_ENV)
-  if tf_config is not None:
-    env['TF_CONFIG'] = json.dumps(tf_config)
-  return subprocess.Popen(
-      [sys.executable, 'trainer.py', f'--model={_KEY}', f'--logdir={logdir}',
-       '--job=trainer', f'--max_steps={max_steps}',
+  return test_utils.StartTrainer(
+      [f'--model={_KEY}', f'--logdir={logdir}', '--job=trainer',
+       f'--max_steps={max_steps}',
        f'--model_params_override={_Overrides(tmp)}'] + list(flags),
-      cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True)
+      cluster=cluster, task_type='worker', task_index=index)
 
 
 def _Workers(logdir, max_steps):
-  ports = _FreePorts(2)
-  cluster = {'worker': [f'127.0.0.1:{p}' for p in ports]}
-  return [_Trainer(logdir, max_steps, tf_config={
-      'cluster': cluster, 'task': {'type': 'worker', 'index': i}})
+  cluster = test_utils.LocalCluster(worker=2)
+  return [_Trainer(logdir, max_steps, cluster=cluster, index=i)
           for i in range(2)]
 
 
-def _Finish(proc, timeout=600):
-  out, err = proc.communicate(timeout=timeout)
-  return proc.returncode, out, err
+_Finish = test_utils.FinishTrainer
 
 
 class MultiHostTest(tf.test.TestCase):
