@@ -94,9 +94,9 @@ class Setup:
     if self.num_ps:
       role = ('the chief (coordinator)' if self.task_type == 'chief' else
               f'{self.task_type} {self.worker_index}')
-      return (f'parameter-server training: {role} of 1 chief, '
-              f'{self.num_workers} worker(s) and {self.num_ps} parameter '
-              'server(s)')
+      return (f'parameter-server training (1 chief, {self.num_workers} '
+              f'worker(s), {self.num_ps} parameter server(s)): this task is '
+              f'{role}')
     where = (f'{self.task_type} {self.worker_index} of {self.num_workers} '
              'hosts' if self.task_type else 'one host')
     return (f'{self.cluster!r}: {self.num_replicas} replica(s) of '

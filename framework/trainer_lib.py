@@ -11,7 +11,8 @@ returns the process exit code:
      weights (the message names the last good checkpoint);
   4  a peer host of a multi-host job failed (the collectives broke off);
      rerun the same command on every host to resume from the latest
-     checkpoint.
+     checkpoint. With parameter servers: a task the chief needs failed;
+     restart it, then the chief.
 
 The set-up runs in a fixed order: devices, the cluster and the strategy
 first (framework/distribution.py; TensorFlow allows logical devices and
@@ -219,16 +220,21 @@ class TensorFlowInfoFilter(py_logging.Filter):
   checkpoint saver's 'Sharding callback duration: 117 microseconds' at
   every save. A record is TensorFlow's when its logger is 'tensorflow' or
   its source file lies in the tensorflow package. With absl's
-  --verbosity=1 (debug) every record passes.
+  --verbosity=1 (debug) every record passes. One warning goes too: that
+  the checkpoint saver's function retraces, which TensorFlow does on
+  purpose at every save of variables spread over several tasks (parameter
+  servers; tensorflow/python/checkpoint/functional_saver.py).
 
   Example:
     logging.get_absl_logger().addFilter(TensorFlowInfoFilter())
   """
 
   def filter(self, record):
-    if (record.levelno >= py_logging.WARNING or
-        logging.get_verbosity() >= logging.DEBUG):
+    if logging.get_verbosity() >= logging.DEBUG:
       return True
+    if record.levelno >= py_logging.WARNING:
+      message = record.getMessage()
+      return not ('tf_function_save' in message and 'retracing' in message)
     return not (record.name.split('.')[0] == 'tensorflow' or
                 record.pathname.startswith(_TF_DIR))
 
@@ -525,7 +531,7 @@ def Main(options):
   except programs.TrainingStopped as e:
     return _Fail(EXIT_TRAINING_STOPPED, str(e))
   except _PEER_ERRORS as e:
-    if setup.num_workers == 1:
+    if setup.num_workers == 1 and not setup.num_ps:
       raise
     lines = [l.strip() for l in str(e).splitlines() if l.strip() and
              not l.strip().startswith(('Graph execution error', 'Detected',
@@ -533,9 +539,16 @@ def Main(options):
     first = lines[0] if lines else type(e).__name__
     latest = checkpointer.ListCheckpoints(os.path.join(options.logdir,
                                                        'train'))
+    latest = latest[-1] if latest else 'none'
+    if setup.num_ps:
+      return _Fail(EXIT_PEER_FAILED, (
+          'a task of this parameter-server cluster failed or left '
+          f'({type(e).__name__}: {first[:200]}); the chief stops, the other '
+          f'tasks keep serving. The latest checkpoint is {latest}: restart '
+          'the failed task, then the chief, to resume from it.'))
     return _Fail(EXIT_PEER_FAILED, (
         f'a peer host of this {setup.num_workers}-host job failed or left '
         f'({type(e).__name__}: {first[:200]}); this host stops. The latest '
-        f'checkpoint is {latest[-1] if latest else "none"}: rerun the same '
-        'command on every host to resume from it.'))
+        f'checkpoint is {latest}: rerun the same command on every host to '
+        'resume from it.'))
   return EXIT_OK

@@ -60,8 +60,8 @@ class ParameterServerTrainingTest(tf.test.TestCase):
         self.assertNotIn('Traceback', err)
     for job, index in _TASKS[1:]:
       _, _, err = self.results[job, index]
-      self.assertIn(f'parameter-server training: {job} {index} of 1 chief, '
-                    '2 worker(s) and 2 parameter server(s)', err)
+      self.assertIn('parameter-server training (1 chief, 2 worker(s), 2 '
+                    f'parameter server(s)): this task is {job} {index}', err)
       self.assertIn(f'The chief has exited: this {job} task stops.', err)
 
   def testLeastLoadedBytesPerServerAreLogged(self):

@@ -166,6 +166,11 @@ class LoggingTest(tf.test.TestCase):
     self.assertTrue(keep(self._Record(py_logging.WARNING, 'a warning')))
     self.assertTrue(keep(self._Record(py_logging.WARNING, 'w', name='absl',
                                       path=saver)))
+    # The saver's deliberate retracing at each multi-task (PS) save.
+    self.assertFalse(keep(self._Record(
+        py_logging.WARNING, '5 out of the last 5 calls to <function '
+        'MultiDeviceSaver.save.<locals>.tf_function_save at 0x7f> triggered '
+        'tf.function retracing. Tracing is expensive')))
     ours = self._Record(py_logging.INFO, 'Saved checkpoint', name='absl',
                         path=programs.__file__)
     self.assertTrue(keep(ours))
