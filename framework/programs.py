@@ -551,17 +551,17 @@ class TrainProgram:
             summary_window, now, None, out['learning_rate']))
         self._writer.Flush()
         raise self._StopForSkips(step)
-      if step % p.summary_interval_steps == 0 or step == p.max_steps:
+      if step % p.summary_interval_steps == 0 or step >= p.max_steps:
         if summary_window.steps:
           self._writer.WriteScalars(step, self._Summaries(
               summary_window, now, flops, out['learning_rate']))
         summary_window.Reset(time.perf_counter())
-      if (step % p.log_interval_steps == 0 or step == p.max_steps) and (
+      if (step % p.log_interval_steps == 0 or step >= p.max_steps) and (
           log_window.steps):
         logging.info('%s', train_report.ProgressLine(step, p.max_steps,
                                                      log_window, now))
         log_window.Reset(time.perf_counter())
-      if step % p.save_interval_steps == 0 or step == p.max_steps:
+      if step % p.save_interval_steps == 0 or step >= p.max_steps:
         self._writer.Flush()
         self._Save(step)
         summary_window.start += time.perf_counter() - now

@@ -45,7 +45,8 @@ refused by distribution.Create.
 
 Known limits: updates are not reproducible (asynchronous); after a worker
 fails the coordinator reruns its call on another worker, which may run
-steps twice and pass a boundary (the program then saves at the next one).
+steps twice and pass a boundary (the program then writes at the next one,
+and at the end past max_steps).
 
 Example (on the chief; setup from distribution.Create under TF_CONFIG):
   program = PsTrainProgram(model_params, '/tmp/run', setup.strategy,
@@ -180,7 +181,8 @@ def Serve(setup, finished, poll_secs=1.0):
 
   Args:
     setup: the task's distribution.Setup (its `server` started).
-    finished: () -> a message when the run is finished, else None.
+    finished: () -> a message when the run is finished, else None (the
+      trainer's: its first clause is logged).
     poll_secs: seconds between two looks at the run.
   """
   chief = tf.train.ClusterSpec(setup.server.server_def.cluster).task_address(
@@ -191,7 +193,7 @@ def Serve(setup, finished, poll_secs=1.0):
   while True:
     message = finished()
     if message and not _Listening(chief):
-      logging.info('%s The chief has exited: this %s task stops.', message,
-                   setup.task_type)
+      logging.info('%s; the chief has exited: this %s task stops.',
+                   message.split(';')[0], setup.task_type)
       return
     time.sleep(poll_secs)

@@ -62,7 +62,10 @@ class ParameterServerTrainingTest(tf.test.TestCase):
       _, _, err = self.results[job, index]
       self.assertIn('parameter-server training (1 chief, 2 worker(s), 2 '
                     f'parameter server(s)): this task is {job} {index}', err)
-      self.assertIn(f'The chief has exited: this {job} task stops.', err)
+      self.assertIn('The run is finished: '
+                    f'{os.path.join(self.logdir, "train")} holds the '
+                    f'checkpoint of step {_STEPS} (max_steps {_STEPS}); the '
+                    f'chief has exited: this {job} task stops.', err)
 
   def testLeastLoadedBytesPerServerAreLogged(self):
     _, _, err = self.results['chief', 0]
