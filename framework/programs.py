@@ -1,23 +1,28 @@
 """The train program: its compiled loop of steps, the Python loop, checkpoints.
 
-`TrainProgram` owns the training state (learner, global step, input
-position, skip counters, EMA) and its checkpoints. Its compiled unit is a
-*loop* of train steps: one `tf.function` runs up to `n` steps in a
-`tf.while_loop` (n = the steps to the next summary, log line or checkpoint),
-so Python runs once per interval instead of once per step. Each step:
+`TrainProgram` owns the training state (one learner per replica copy of the
+task, global step, input position, skip counters, EMA) and its
+checkpoints. Its compiled unit is a *loop* of train steps: one `tf.function`
+runs up to `n` steps in a `tf.while_loop` (n = the steps to the next
+summary, log line or checkpoint, at most --steps_per_loop), so Python runs
+once per interval instead of once per step. Each step:
 
-  batch = next(iterator)
+  batch = next(iterator)                  one per local replica
   seed  = step_seed.MakeStepSeed(global_step, random_seed)
-  strategy.run: metrics = task.FPropTower(WithStepSeed(theta, seed), batch)
-                learner.ApplyGradients(...)  (skipped if non-finite)
+  strategy.run (each replica r, on its copy of the task):
+        metrics = task_r.FPropTower(WithStepSeed(theta_r, seed_r), batch_r)
+        grads_r = learner_r.ComputeGradients(...)
+  grads = all-reduced stage by stage (framework/replicas.py)
+  every learner_r.ApplyGradients(grads)   the same update, the same skip
   global_step += 1; input_position += 1; EMA update unless skipped
 
-The loop stops early once `max_consecutive_skips` steps in a row were
-skipped; `Run` then raises `TrainingStopped` without saving, so the latest
-checkpoint stays the last good one. Everything runs under the given
-`tf.distribute` strategy: variables are created in its scope, the replica
-step goes through `strategy.run` and the metrics are reduced across
-replicas, so a MirroredStrategy plugs in unchanged.
+(one replica: no all-reduce; replica r > 0 draws its dropout with
+MicroBatchSeed(seed, r)). The loop stops early once `max_consecutive_skips`
+steps in a row were skipped; `Run` then raises `TrainingStopped` without
+saving, so the latest checkpoint stays the last good one. A checkpoint holds
+replica 0's copy; after a restore every copy is set from it. On several
+hosts (MultiWorkerMirroredStrategy) host 0 writes checkpoints and
+summaries; every host reads the same checkpoints.
 
 The Python loop (`Run`) restores the latest checkpoint, runs the compiled
 loop from boundary to boundary, and at each boundary writes the train

@@ -208,54 +208,6 @@ _PLACEMENT = textwrap.dedent("""
                      summary_interval_steps=1, log_interval_steps=1)
     cluster = cluster_lib.Cluster.Params().Set(
         num_devices=4, worker_split_size=2).Instantiate()
-    from cadence.framework import base_layer as bl
-    from cadence.tasks.synthetic import regression
-
-    class CountingModel(regression.RegressionModel):
-      # Variables the replicas update themselves, one per aggregation.
-      def __init__(self, params):
-        super().__init__(params)
-        agg, sync = tf.VariableAggregation, tf.VariableSynchronization
-        for name, a, s in (('seen', agg.SUM, sync.ON_READ),
-                           ('seen_now', agg.SUM, sync.ON_WRITE),
-                           ('mean_x', agg.MEAN, sync.ON_WRITE),
-                           ('first_x', agg.ONLY_FIRST_REPLICA, sync.AUTO)):
-          self.CreateVariable(name, bl.WeightParams(
-              [], init=bl.WeightInit.Constant(0.0), trainable=False,
-              aggregation=a, synchronization=s))
-
-      def FPropTower(self, theta, batch):
-        n = tf.cast(tf.shape(batch.x)[0], tf.float32)
-        theta.seen.assign_add(n)
-        theta.seen_now.assign_add(n)
-        theta.mean_x.assign(tf.reduce_mean(batch.x))
-        theta.first_x.assign(batch.x[0, 0])
-        return super().FPropTower(theta, batch)
-
-    def Counting(strategy):
-      p = model_registry.GetParams('synthetic.linear_regression.'
-                                   'RegressionTiny', 'Train')
-      p.task.cls = CountingModel
-      p.input.batch_size = 4
-      p.task.train.Set(max_steps=3, save_interval_steps=3,
-                       summary_interval_steps=1, log_interval_steps=3)
-      cluster = cluster_lib.Cluster.Params().Set(
-          num_devices=4, worker_split_size=2).Instantiate()
-      with cluster:
-        tasks = replicas.BuildReplicas(p, cluster)
-        program = programs.TrainProgram(
-            tasks, os.path.join(logdir, 'counting'), strategy,
-            peak_flops=1e12, cluster=cluster)
-        program.Run()
-      batches = iter(p.input.Instantiate().Dataset(num_replicas=2))
-      for _ in range(3):
-        last = next(batches).x.numpy()
-      return dict(
-          copies=[{k: float(v.numpy()) for k, v in t.vars.FlattenItems()
-                   if k in ('seen', 'seen_now', 'mean_x', 'first_x')}
-                  for t in tasks],
-          mean_x=float(last.mean()), first_x=float(last[0, 0]))
-
     strategy = tf.distribute.MirroredStrategy(['/device:CPU:0',
                                                '/device:CPU:2'])
     with cluster:
