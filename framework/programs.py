@@ -178,7 +178,7 @@ class TrainProgram:
     if self._p.ema_decay:
       self._ema = {}
       for path, v in self._learner.trainable:
-        with tf.device(v.device):
+        with cluster_lib.BesideVariable(v):
           self._ema[path] = tf.Variable(v.read_value(), trainable=False,
                                         name='ema')
     objects = dict(model=checkpointer_lib.KeyedVariables(
@@ -199,7 +199,7 @@ class TrainProgram:
     # ON_READ variables: their value at the last combine, beside them.
     self._on_read_base = []
     for _, var in self._on_read:
-      with tf.device(var.device):
+      with cluster_lib.BesideVariable(var):
         self._on_read_base.append(tf.Variable(var.read_value(),
                                               trainable=False))
     self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
@@ -263,8 +263,8 @@ class TrainProgram:
     return NestedMap(
         synced_before=before,
         synced=replicas.ReplicaValues(on_write, before, replica),
-        grads=[_OnDevice(g, v.device) for g, (_, v) in
-               zip(grads.Flatten(), learner.trainable)],
+        grads=[_OnDevice(g, v.device) if self._reducer else g
+               for g, (_, v) in zip(grads.Flatten(), learner.trainable)],
         loss=tf.cast(loss, tf.float32),
         examples=tf.cast(tf.shape(_FirstLeaf(batch))[0], tf.float32),
         metrics=NestedMap({k: NestedMap(
@@ -406,14 +406,18 @@ class TrainProgram:
                           for k, _ in items])
       acc = tf.cond(tf.size(acc) > 0, lambda: acc * keep + flat,
                     lambda: flat)
-      return i + 1, acc, self._watcher.StopTensor()
+      return i + 1, acc, self._StopTensor()
 
     _, acc, stop = tf.while_loop(
         _Cond, _Body,
-        (tf.constant(0), tf.zeros([0]), self._watcher.StopTensor()),
+        (tf.constant(0), tf.zeros([0]), self._StopTensor()),
         shape_invariants=(tf.TensorShape([]), tf.TensorShape([None]),
                           tf.TensorShape([])))
     return acc, self._consecutive.read_value(), stop
+
+  def _StopTensor(self):
+    """In the compiled loop: the agreed stop flag (a bool scalar)."""
+    return self._watcher.StopTensor()
 
   def _RunLoop(self, iterator, num_steps):
     """Calls the compiled loop (in the watcher's worker thread); returns
@@ -444,6 +448,13 @@ class TrainProgram:
       return dataset
     return dataset.map(lambda batch: NestedMap(batch).Transform(
         lambda x: tf.stack(tf.split(x, local)))).unbatch()
+
+  def _Iterator(self, dataset, start):
+    """The compiled loop's iterator over `dataset` (`_ReplicaBatches(start)`)
+    for the strategy's replicas."""
+    del start  # Unused: `dataset` starts there.
+    return iter(self._strategy.distribute_datasets_from_function(
+        lambda unused_ctx: dataset))
 
   def _NextBoundary(self, step):
     p = self._p
@@ -570,11 +581,11 @@ class TrainProgram:
                                    f'{p.max_steps}')
       return step
     self._checkpointer.ClearFinal()
-    dataset = self._ReplicaBatches(int(self._input_position.numpy()))
+    start = int(self._input_position.numpy())
+    dataset = self._ReplicaBatches(start)
     flops = train_report.TrainFlopsPerExample(
         self._task, dataset, self._input.GlobalBatchSize())
-    iterator = iter(self._strategy.distribute_datasets_from_function(
-        lambda unused_ctx: dataset))
+    iterator = self._Iterator(dataset, start)
     summary_window, log_window = train_report.Window(), train_report.Window()
     first = True
     while step < p.max_steps:
@@ -603,18 +614,18 @@ class TrainProgram:
             summary_window, now, None, out['learning_rate']))
         self._writer.Flush()
         raise self._StopForSkips(step)
-      if (step % p.summary_interval_steps == 0 or step == p.max_steps or
+      if (step % p.summary_interval_steps == 0 or step >= p.max_steps or
           stopping):
         if summary_window.steps:
           self._writer.WriteScalars(step, self._Summaries(
               summary_window, now, flops, out['learning_rate']))
         summary_window.Reset(time.perf_counter())
-      if (step % p.log_interval_steps == 0 or step == p.max_steps or
+      if (step % p.log_interval_steps == 0 or step >= p.max_steps or
           stopping) and log_window.steps:
         logging.info('%s', train_report.ProgressLine(step, p.max_steps,
                                                      log_window, now))
         log_window.Reset(time.perf_counter())
-      if step % p.save_interval_steps == 0 or step == p.max_steps:
+      if step % p.save_interval_steps == 0 or step >= p.max_steps:
         self._writer.Flush()
         self._Save(step)
         summary_window.start += time.perf_counter() - now

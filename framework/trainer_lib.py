@@ -16,7 +16,8 @@ returns the process exit code:
      written (disk full, quota, permission; the message names the path and
      the OS error, and the previous checkpoint stays the latest), or a
      peer host of a multi-host job failed; rerun the same command (on
-     every host) to resume from the latest checkpoint.
+     every host) to resume from the latest checkpoint; with parameter
+     servers, a task the chief needs failed: restart it, then the chief.
 A second SIGTERM/SIGINT ends the process at once, killed by that signal
 (143 or 130 in a shell).
 
@@ -60,6 +61,7 @@ from cadence.framework import inspect_lib
 from cadence.framework import model_registry
 from cadence.framework import preemption
 from cadence.framework import programs
+from cadence.framework import ps_programs
 from cadence.framework import replicas
 
 EXIT_OK = 0
@@ -230,16 +232,21 @@ class TensorFlowInfoFilter(py_logging.Filter):
   checkpoint saver's 'Sharding callback duration: 117 microseconds' at
   every save. A record is TensorFlow's when its logger is 'tensorflow' or
   its source file lies in the tensorflow package. With absl's
-  --verbosity=1 (debug) every record passes.
+  --verbosity=1 (debug) every record passes. One warning goes too: that
+  the checkpoint saver's function retraces, which TensorFlow does on
+  purpose at every save of variables spread over several tasks (parameter
+  servers; tensorflow/python/checkpoint/functional_saver.py).
 
   Example:
     logging.get_absl_logger().addFilter(TensorFlowInfoFilter())
   """
 
   def filter(self, record):
-    if (record.levelno >= py_logging.WARNING or
-        logging.get_verbosity() >= logging.DEBUG):
+    if logging.get_verbosity() >= logging.DEBUG:
       return True
+    if record.levelno >= py_logging.WARNING:
+      message = record.getMessage()
+      return not ('tf_function_save' in message and 'retracing' in message)
     return not (record.name.split('.')[0] == 'tensorflow' or
                 record.pathname.startswith(_TF_DIR))
 
@@ -321,20 +328,16 @@ class _TrainerJob:
 
   One copy of the task per local replica (replicas.BuildReplicas); the
   in-process eval and the final decode run on the chief, on replica 0's
-  devices, with replica 0's (EMA) weights.
+  devices, with replica 0's (EMA) weights. With parameter servers the
+  chief's program builds the one task on them (ps_programs.PsTrainProgram).
   """
 
   def __init__(self, options, params, setup, with_eval, watcher):
     start = time.perf_counter()
-    tasks = replicas.BuildReplicas(params, setup.cluster)
-    task = tasks[0]
-    variables = checkpointer.TaskVariables(task).values()
-    logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
-                 len(variables),
-                 f'{sum(v.shape.num_elements() for v in variables):,}',
-                 time.perf_counter() - start,
-                 f', one copy per replica x {len(tasks)}' if len(tasks) > 1
-                 else '')
+    tasks = None
+    if not setup.num_ps:
+      tasks = replicas.BuildReplicas(params, setup.cluster)
+      _LogBuilt(tasks, start)
     on_checkpoint = []
     self._decode = None
     with_eval = with_eval and setup.is_chief
@@ -355,18 +358,50 @@ class _TrainerJob:
       logging.warning('%s defines no Dev() dataset: training without eval.',
                       options.model)
     peak = options.peak_tflops * 1e12 if options.peak_tflops else None
-    self._program = programs.TrainProgram(
-        tasks, options.logdir, setup.strategy, peak_flops=peak,
-        on_checkpoint=on_checkpoint, start_time=options.start_time,
-        cluster=setup.cluster, num_workers=setup.num_workers,
-        worker_index=setup.worker_index,
-        steps_per_loop=options.steps_per_loop, watcher=watcher)
+    common = dict(peak_flops=peak, on_checkpoint=on_checkpoint,
+                  start_time=options.start_time, cluster=setup.cluster,
+                  steps_per_loop=options.steps_per_loop, watcher=watcher)
+    if tasks is None:
+      self._program = ps_programs.PsTrainProgram(
+          params, options.logdir, setup.strategy,
+          num_workers=setup.num_workers, num_ps=setup.num_ps, **common)
+      _LogBuilt([self._program.task], start)
+    else:
+      self._program = programs.TrainProgram(
+          tasks, options.logdir, setup.strategy,
+          num_workers=setup.num_workers, worker_index=setup.worker_index,
+          **common)
 
   def Run(self):
     step = self._program.Run()
     if self._decode is not None:
       logging.info('Decoding Dev with the final weights (step %d)...', step)
       self._decode.Run(step, self._program.EmaTheta())
+
+
+def _LogBuilt(tasks, start):
+  variables = checkpointer.TaskVariables(tasks[0]).values()
+  logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
+               len(variables),
+               f'{sum(v.shape.num_elements() for v in variables):,}',
+               time.perf_counter() - start,
+               f', one copy per replica x {len(tasks)}' if len(tasks) > 1
+               else '')
+
+
+class _ServerJob:
+  """A 'worker' or 'ps' task of parameter-server training: serves the
+  chief's coordinator until the run is finished (as the trainer's
+  'nothing to do' check says) and the chief has exited."""
+
+  def __init__(self, options, params, setup, kind, watcher):
+    self._finished = lambda: _Finished(options, params, kind, '')
+    self._setup = setup
+    self._watcher = watcher
+
+  def Run(self):
+    ps_programs.Serve(self._setup, self._finished,
+                      should_stop=lambda: self._watcher.requested)
 
 
 def _ImplementsDecode(task_cls):
@@ -478,6 +513,14 @@ def _BuildJob(options, setup, watcher):
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
       f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
+  if setup.num_ps and dataset is not None:
+    raise UserError(
+        f'--job={options.job} with parameter servers (TF_CONFIG with a "ps" '
+        'job): the cluster runs --job=trainer or trainer_and_evaler; run '
+        'evaler and decoder jobs without TF_CONFIG.')
+  if setup.server is not None:
+    logging.info('%s', setup)
+    return _ServerJob(options, params, setup, kind, watcher)
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
@@ -517,17 +560,24 @@ def _Fail(code, message):
 
 
 def _PeerFailed(options, setup, e):
-  """The one line of a multi-host job whose peer host failed."""
+  """The one line of a multi-host job (or a parameter-server cluster) whose
+  peer failed."""
   lines = [l.strip() for l in str(e).splitlines() if l.strip() and
            not l.strip().startswith(('Graph execution error', 'Detected',
                                      'File ', 'Traceback', '[['))]
   first = lines[0] if lines else type(e).__name__
   latest = checkpointer.ListCheckpoints(os.path.join(options.logdir,
                                                      'train'))
+  latest = latest[-1] if latest else 'none'
+  if setup.num_ps:
+    return ('a task of this parameter-server cluster failed or left '
+            f'({type(e).__name__}: {first[:200]}); the chief stops, the other '
+            f'tasks keep serving. The latest checkpoint is {latest}: restart '
+            'the failed task, then the chief, to resume from it.')
   return (f'a peer host of this {setup.num_workers}-host job failed or left '
           f'({type(e).__name__}: {first[:200]}); this host stops. The latest '
-          f'checkpoint is {latest[-1] if latest else "none"}: rerun the same '
-          'command on every host to resume from it.')
+          f'checkpoint is {latest}: rerun the same command on every host to '
+          'resume from it.')
 
 
 def _SetupError(e):
@@ -556,8 +606,9 @@ def Main(options):
     return _SetupError(e)
   # From here on SIGTERM/SIGINT stop the job cleanly (handlers restored on
   # return); the hosts of a multi-host job agree on the step to stop at.
+  # (Parameter-server workers do not stop by themselves: the chief does.)
   agreement = (preemption.AllReduceAgreement(setup.strategy)
-               if setup.num_workers > 1 else None)
+               if setup.num_workers > 1 and not setup.num_ps else None)
   with setup.cluster, preemption.Watcher(agreement=agreement) as watcher:
     try:
       job = _BuildJob(options, setup, watcher)
@@ -577,7 +628,7 @@ def Main(options):
     except checkpointer.SaveError as e:
       return _Fail(EXIT_SAVE_FAILED, str(e))
     except _PEER_ERRORS as e:
-      if setup.num_workers == 1:
+      if setup.num_workers == 1 and not setup.num_ps:
         raise
       return _Fail(EXIT_PEER_FAILED, _PeerFailed(options, setup, e))
   return EXIT_OK

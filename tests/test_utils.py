@@ -12,14 +12,20 @@ is the package `cadence`; tests/ is not installed).
                                subprocesses run at the same time
   OpDevices(script, op_types)  where each op type ran, from TF's placement
                                log of a script
-  TrainerRun(*flags)           the trainer command line in a subprocess:
-                               wait for a log line, signal it, finish it
+  TrainerRun(*flags)           the trainer command line in a subprocess
+                               (optionally one task of a TF_CONFIG
+                               cluster): wait for a log line, signal it,
+                               finish it
   LogLines(stderr)             the log records in a process's stderr
   DamageCheckpoint(path, how)  a checkpoint as a dying disk leaves it
+  FreePorts(n)                 n localhost ports free now (bound to port 0)
+  LocalCluster(**tasks)        a TF_CONFIG cluster of localhost tasks
 """
 import glob
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -157,6 +163,8 @@ class TrainerRun:
       `python -m cadence.trainer`.
     file_size_limit: if set, the process may write no file larger than
       this many bytes (RLIMIT_FSIZE; a write past it fails).
+    cluster: a TF_CONFIG cluster (`LocalCluster`); the process is its task
+      `task` = (type, index). None: no TF_CONFIG.
 
   Example:
     run = TrainerRun('--model=...', '--logdir=/tmp/x')
@@ -165,14 +173,20 @@ class TrainerRun:
     code, stdout, stderr = run.Finish()
   """
 
-  def __init__(self, *flags, script=False, file_size_limit=None):
+  def __init__(self, *flags, script=False, file_size_limit=None,
+               cluster=None, task=('worker', 0)):
     cmd = [sys.executable] + (['trainer.py'] if script else
                               ['-m', 'cadence.trainer'])
     if file_size_limit:
       cmd = [sys.executable, '-c', _FILE_SIZE_LIMITED,
              str(file_size_limit)] + cmd
+    env = dict(QUIET_ENV)
+    env.pop('TF_CONFIG', None)
+    if cluster is not None:
+      env['TF_CONFIG'] = json.dumps({'cluster': cluster, 'task': {
+          'type': task[0], 'index': task[1]}})
     self._stderr = tempfile.TemporaryFile(mode='w+')
-    self.proc = subprocess.Popen(cmd + list(flags), cwd=ROOT, env=QUIET_ENV,
+    self.proc = subprocess.Popen(cmd + list(flags), cwd=ROOT, env=env,
                                  stdout=subprocess.PIPE, stderr=self._stderr,
                                  text=True)
 
@@ -206,6 +220,12 @@ class TrainerRun:
     err = self.Stderr()
     self._stderr.close()
     return self.proc.returncode, out, err
+
+  def Kill(self):
+    """Ends the process now (SIGKILL) if it still runs."""
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.communicate()
 
 
 def LogLines(stderr):
@@ -241,3 +261,26 @@ def DamageCheckpoint(path, how):
   else:
     raise ValueError(f'DamageCheckpoint: how={how!r} is not one of '
                      f'{CHECKPOINT_DAMAGE}.')
+
+
+def FreePorts(n):
+  """`n` distinct localhost ports that were free a moment ago."""
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(('127.0.0.1', 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def LocalCluster(**num_tasks):
+  """A TF_CONFIG "cluster" of localhost tasks on free ports.
+
+  Example:
+    LocalCluster(chief=1, ps=2, worker=2)
+    # {'chief': ['127.0.0.1:41234'], 'ps': [...], 'worker': [...]}
+  """
+  ports = iter(FreePorts(sum(num_tasks.values())))
+  return {job: [f'127.0.0.1:{next(ports)}' for _ in range(n)]
+          for job, n in num_tasks.items()}

@@ -8,7 +8,6 @@ tests/framework/programs_test.py.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -66,16 +65,6 @@ with preemption.Watcher(
 print(sys.argv[1], bool(stop), int(steps), int(total.numpy()),
       watcher.requested, flush=True)
 '''
-
-
-def _FreePorts(n):
-  socks = [socket.socket() for _ in range(n)]
-  for sock in socks:
-    sock.bind(('127.0.0.1', 0))
-  ports = [sock.getsockname()[1] for sock in socks]
-  for sock in socks:
-    sock.close()
-  return ports
 
 
 class WatcherTest(tf.test.TestCase):
@@ -144,7 +133,7 @@ class WatcherTest(tf.test.TestCase):
 
   def testWorkersAgreeOnTheStepToStopAt(self):
     # SIGTERM reaches one worker only; both stop after the same step.
-    workers = [f'127.0.0.1:{p}' for p in _FreePorts(2)]
+    workers = [f'127.0.0.1:{p}' for p in test_utils.FreePorts(2)]
     procs = [subprocess.Popen(
         [sys.executable, '-c', _WORKER, str(i), json.dumps(dict(
             cluster=dict(worker=workers), task=dict(type='worker', index=i)))],

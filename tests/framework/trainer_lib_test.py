@@ -124,6 +124,20 @@ class InspectTest(tf.test.TestCase):
     self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
     self.assertRegex(err.getvalue(), r"^Error: --job='bogus' is not one of")
 
+  def testPipelinedExperimentUnderParameterServersIsAUserError(self):
+    # RegressionGPipeTiny's WORKER_SPLIT_SIZE is 2; refused before any
+    # server starts.
+    with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
+      code = trainer_lib.Main(trainer_lib.TrainerOptions(
+          model='synthetic.linear_regression.RegressionGPipeTiny',
+          logdir=self.get_temp_dir(), job='trainer',
+          cluster_spec='chief=h:0@ps=h:1@worker=h:2', task_type='chief'))
+    self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
+    self.assertRegex(err.getvalue(),
+                     r'^Error: Parameter-server training .* --worker_replicas'
+                     r'=1 and --worker_split_size=2 .*must both be 1\.')
+    self.assertLen(err.getvalue().strip().splitlines(), 1)
+
 
 _SAVE_EVERY_10 = 'task.train.save_interval_steps=10'
 
@@ -219,6 +233,11 @@ class LoggingTest(tf.test.TestCase):
     self.assertTrue(keep(self._Record(py_logging.WARNING, 'a warning')))
     self.assertTrue(keep(self._Record(py_logging.WARNING, 'w', name='absl',
                                       path=saver)))
+    # The saver's deliberate retracing at each multi-task (PS) save.
+    self.assertFalse(keep(self._Record(
+        py_logging.WARNING, '5 out of the last 5 calls to <function '
+        'MultiDeviceSaver.save.<locals>.tf_function_save at 0x7f> triggered '
+        'tf.function retracing. Tracing is expensive')))
     ours = self._Record(py_logging.INFO, 'Saved checkpoint', name='absl',
                         path=programs.__file__)
     self.assertTrue(keep(ours))
