@@ -7,9 +7,13 @@
 The flags are defined here and nowhere else; everything else lives in
 `framework/trainer_lib.py` (set-up, jobs, logs), `framework/programs.py`
 (the train loop) and `framework/eval_programs.py` (eval and decode). Exit
-codes: 0 done (also for a run that had already finished: one line says
-so), 2 a user error (one message on stderr), 3 training stopped (too many
-skipped steps or non-finite weights).
+codes: 0 done (also for a run that had already finished, and for a
+SIGTERM/SIGINT that stopped it after checkpointing its step: one line says
+so), 2 a user error (one message on stderr; also an unwritable logdir or
+no readable checkpoint), 3 training stopped (too many skipped steps or
+non-finite weights), 4 a checkpoint could not be written (the message names
+the path and the OS error). A second SIGTERM/SIGINT ends the process at
+once (killed by the signal).
 """
 import os
 import sys
@@ -60,6 +64,10 @@ flags.DEFINE_string('task_type', 'worker', 'This host\'s job in '
                     '--cluster_spec.')
 flags.DEFINE_integer('task_index', 0, 'This host\'s index in its '
                      '--cluster_spec job.')
+flags.DEFINE_float('eval_timeout_s', 0.0, 'evaler_<dataset>/decoder_'
+                   '<dataset>: stop after this many seconds without a new '
+                   'checkpoint (0: wait until max_steps or the end the '
+                   'trainer marks).')
 flags.DEFINE_float('peak_tflops', 0.0, 'Peak TFLOP/s of one device for the '
                    'FLOPs utilisation summary (mfu divides by it x the '
                    'devices a step runs on); 0 measures it once.')
@@ -87,7 +95,7 @@ def main(argv):
       cluster_spec=FLAGS.cluster_spec, task_type=FLAGS.task_type,
       task_index=FLAGS.task_index, peak_tflops=FLAGS.peak_tflops,
       device_memory_gib=FLAGS.device_memory_gib,
-      start_time=_START_TIME)
+      eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME)
   return trainer_lib.Main(options)
 
 

@@ -24,11 +24,15 @@
    the process used; with `--baseline_root DIR` (a checkout of another
    revision, e.g. `git archive main | tar -x -C /tmp/base/cadence`) the same
    command of that checkout too, and the ratio of the medians.
+4. (`--watcher`) `TrainProgram.Run`'s steps/s (as in 1., tiny model) with
+   the preemption watcher's signal handlers installed, so that its loop
+   runs in the watcher's worker thread, against without; interleaved.
 
 Run:
   cd /work/main && .venv/bin/python bench/trainer_bench.py [--repeats 3]
   .venv/bin/python bench/trainer_bench.py --lm --repeats 5 \
       --baseline_root /tmp/base/cadence
+  .venv/bin/python bench/trainer_bench.py --watcher --repeats 5
 """
 import argparse
 import os
@@ -45,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import model_registry
+from cadence.framework import preemption
 from cadence.framework import programs
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'
@@ -70,14 +75,19 @@ def _Weights(task):
   return {k: v.numpy() for k, v in task.vars.FlattenItems()}
 
 
-def TrainerLoop(cfg, steps):
-  """(steps/sec between TrainProgram.Run's two checkpoints, final weights)."""
+def TrainerLoop(cfg, steps, signals=()):
+  """(steps/sec between TrainProgram.Run's two checkpoints, final weights).
+
+  With `signals`, a preemption watcher handles them during the run (the
+  compiled loop then runs in its worker thread).
+  """
   times = {}
-  with tempfile.TemporaryDirectory() as logdir:
+  with tempfile.TemporaryDirectory() as logdir, preemption.Watcher(
+      signals) as watcher:
     task = _Params(cfg, steps).Instantiate().task
     stamp = lambda step: times.setdefault(step, time.perf_counter())
     program = programs.TrainProgram(task, logdir, peak_flops=1e12,
-                                    on_checkpoint=[stamp])
+                                    on_checkpoint=[stamp], watcher=watcher)
     program.Run()
   return (steps // 2) / (times[steps] - times[steps // 2]), _Weights(task)
 
@@ -201,6 +211,23 @@ def ImportSeconds():
   return time.perf_counter() - start
 
 
+def Watcher(repeats, steps):
+  """Prints the preemption watcher table (see the module docstring, 4.)."""
+  cfg = _CONFIGS['tiny (8-16-1, b32)']
+  runs = {(): [], preemption.DEFAULT_SIGNALS: []}
+  for r in range(repeats):   # Interleaved, alternating the order.
+    for signals in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+      runs[signals].append(TrainerLoop(cfg, steps, signals)[0])
+  plain, watched = (statistics.median(runs[k]) for k in runs)
+  print('| tiny (8-16-1, b32), trainer loop | steps/s (median) |')
+  print('| --- | --- |')
+  print(f'| no signal handlers (loop in the main thread) | {plain:.0f} |')
+  print(f'| SIGTERM/SIGINT handled (loop in the watcher\'s thread) | '
+        f'{watched:.0f} |')
+  print(f'\nwatched / plain: {watched / plain:.3f} ({repeats} repeats, '
+        f'{steps} steps)')
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=3)
@@ -210,6 +237,8 @@ def main():
                       help='Only the Tiny LM start-up table (3.).')
   parser.add_argument('--baseline_root', default=None,
                       help='With --lm: a checkout to compare against.')
+  parser.add_argument('--watcher', action='store_true',
+                      help='Only the preemption watcher table (4.).')
   args = parser.parse_args()
   if args.lm:
     LmStartup(args.repeats, args.baseline_root)
@@ -217,6 +246,9 @@ def main():
   tf.get_logger().setLevel('ERROR')
   from absl import logging  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
+  if args.watcher:
+    Watcher(args.repeats, args.steps)
+    return
 
   print(f'TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores, '
         f'{args.repeats} repeats (median)\n')

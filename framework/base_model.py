@@ -56,6 +56,10 @@ def _TrainParams():
   p.Define('allreduce_bytes_per_pack', 0, 'Pack gradients into chunks of '
            'about this many bytes for the all-reduce, an int >= 0 (0: no '
            'packing).')
+  p.Define('ps_placement', 'least_loaded', 'Parameter-server training: '
+           'which server holds each variable (framework/ps_placement.py): '
+           'least_loaded (the server with the fewest bytes so far, '
+           "tensorpack's policy) or round_robin (TensorFlow's default).")
   return p
 
 

@@ -51,6 +51,18 @@ def DeviceScope(device):
   return tf.device(device) if device else contextlib.nullcontext()
 
 
+def BesideVariable(var):
+  """The scope that creates variables beside `var` (its optimizer slots, its
+  EMA copy): `tf.device(var.device)`, or under a ParameterServerStrategy's
+  scope, colocation with `var` (that strategy puts variables on parameter
+  servers by colocation and ignores tf.device)."""
+  strategy = tf.distribute.get_strategy()
+  if tf.distribute.has_strategy() and isinstance(
+      strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return strategy.extended.colocate_vars_with(var)
+  return tf.device(var.device)
+
+
 def _Canonical(device):
   """'/cpu:0' -> '/device:CPU:0' (job/replica/task kept as given)."""
   return tf.DeviceSpec.from_string(device).to_string()

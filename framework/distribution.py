@@ -19,7 +19,13 @@ device r * S + s (`cluster.Cluster`). The strategy:
   several hosts           MultiWorkerMirroredStrategy from TF_CONFIG (the
                           same command on every host; the role and index
                           come from TF_CONFIG); 'chief' or worker 0 writes
-                          the checkpoints and summaries.
+                          the checkpoints and summaries;
+  parameter servers       a TF_CONFIG with a "ps" job: the 'chief' runs
+                          ParameterServerStrategy and its coordinator
+                          (framework/ps_programs.py), 'worker' and 'ps'
+                          tasks start a tf.distribute.Server and serve
+                          (`Setup.server`). One device per worker: no
+                          pipeline, one replica.
 
 Either way the replicas' variables are per-replica copies, and gradients are
 reduced stage by stage by tf.distribute's cross-device ops
@@ -54,15 +60,21 @@ class Setup:
     cluster: the Cluster of this host's devices (model splits = replicas).
     strategy: the tf.distribute strategy over the replicas.
     num_workers: hosts training together.
-    worker_index: this host's index (0: the chief, which writes).
+    worker_index: this host's index (0: the chief, which writes); with
+      parameter servers, the task's index in its TF_CONFIG job.
     task_type: 'worker' (or 'chief'), or 'ps', 'evaluator' from TF_CONFIG;
       '' for a local run.
+    num_ps: parameter servers (0: no parameter-server training).
+    server: this task's tf.distribute.Server, for the 'worker' and 'ps'
+      tasks of parameter-server training (they only serve); else None.
   """
   cluster: cluster_lib.Cluster
   strategy: object
   num_workers: int = 1
   worker_index: int = 0
   task_type: str = ''
+  num_ps: int = 0
+  server: object = None
 
   @property
   def num_local_replicas(self):
@@ -74,9 +86,17 @@ class Setup:
 
   @property
   def is_chief(self):
+    if self.num_ps:  # Parameter servers: the coordinator.
+      return self.task_type == 'chief'
     return self.worker_index == 0
 
   def __str__(self):
+    if self.num_ps:
+      role = ('the chief (coordinator)' if self.task_type == 'chief' else
+              f'{self.task_type} {self.worker_index}')
+      return (f'parameter-server training (1 chief, {self.num_workers} '
+              f'worker(s), {self.num_ps} parameter server(s)): this task is '
+              f'{role}')
     where = (f'{self.task_type} {self.worker_index} of {self.num_workers} '
              'hosts' if self.task_type else 'one host')
     return (f'{self.cluster!r}: {self.num_replicas} replica(s) of '
@@ -188,9 +208,8 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     task_type, worker_index = task.get('type', ''), int(task.get('index', 0))
     jobs = tf_config['cluster']
     if 'ps' in jobs:
-      raise SetupError(
-          'TF_CONFIG names parameter servers (a "ps" job): parameter-server '
-          'training runs through --job=ps_trainer (see README).')
+      return _ParameterServerSetup(tf_config, run_locally, worker_replicas,
+                                   worker_split_size, worker_gpus)
     num_workers = len(jobs.get('chief', [])) + len(jobs.get('worker', []))
     if task_type == 'worker' and 'chief' in jobs:
       worker_index += 1   # The chief is host 0.
@@ -227,3 +246,46 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
           devices=[devices[0] for devices in cluster.split_devices])
   return Setup(cluster=cluster, strategy=strategy, num_workers=num_workers,
                worker_index=worker_index, task_type=task_type)
+
+
+def _ParameterServerSetup(tf_config, run_locally, worker_replicas,
+                          worker_split_size, worker_gpus):
+  """The Setup of a task of a TF_CONFIG with a "ps" job."""
+  jobs = tf_config['cluster']
+  task_type = tf_config['task'].get('type', '')
+  index = int(tf_config['task'].get('index', 0))
+  if len(jobs.get('chief', [])) != 1 or not jobs.get('worker'):
+    raise SetupError(
+        'TF_CONFIG with a "ps" job (parameter-server training) needs one '
+        '"chief" (the coordinator) and at least one "worker"; it has '
+        f'{", ".join(f"{len(v)} {k!r}" for k, v in jobs.items())}.')
+  if task_type not in ('chief', 'worker', 'ps'):
+    raise SetupError(
+        f'TF_CONFIG task type {task_type!r}: parameter-server training runs '
+        "'chief', 'worker' and 'ps' tasks; run evaler and decoder jobs "
+        'without TF_CONFIG.')
+  if worker_replicas != 1 or worker_split_size != 1:
+    raise SetupError(
+        'Parameter-server training (TF_CONFIG with a "ps" job) runs one '
+        'replica of one device per worker, without a pipeline: '
+        f'--worker_replicas={worker_replicas} and --worker_split_size='
+        f'{worker_split_size} (default: the experiment\'s WORKER_SPLIT_SIZE) '
+        'must both be 1. Pipelined models train on several hosts with '
+        'MultiWorkerMirroredStrategy (TF_CONFIG without "ps").')
+  device_type, num_devices = _LocalDevices(run_locally, 1, 1, worker_gpus)
+  spec = tf.train.ClusterSpec(jobs)
+  server = strategy = None
+  if task_type == 'chief':
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.SimpleClusterResolver(
+            spec, task_type='chief', task_id=0, rpc_layer='grpc'))
+  else:
+    server = tf.distribute.Server(spec, job_name=task_type,
+                                  task_index=index, protocol='grpc',
+                                  start=True)
+  cluster = cluster_lib.Cluster.Params().Set(
+      device_type=device_type, num_devices=num_devices).Instantiate()
+  return Setup(cluster=cluster, strategy=strategy,
+               num_workers=len(jobs['worker']),
+               worker_index=index,
+               task_type=task_type, num_ps=len(jobs['ps']), server=server)

@@ -15,7 +15,10 @@ so the trainer's in-process eval and final decode read Dev once. The first
 
 `RunOnCheckpoints` is the evaler's outer loop: it waits for checkpoints in
 `logdir/train` and handles each new one once, in order, until the one at
-`max_steps`.
+`max_steps`, or the run's final one when the trainer marked its run ended
+earlier (framework/checkpoint_files.py), or until a timeout without a new
+checkpoint. An unreadable checkpoint is skipped with a warning: only the
+trainer moves damaged files aside.
 """
 import math
 import os
@@ -26,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import checkpoint_files
 from cadence.framework import checkpointer as checkpointer_lib
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
@@ -248,7 +252,7 @@ class CheckpointState:
       objects['ema'] = checkpointer_lib.KeyedVariables(
           checkpointer_lib.TaskVariables(task, self._ema))
     self._checkpointer = checkpointer_lib.Checkpointer(
-        train_dir, objects, remove_temp=False)
+        train_dir, objects, writer=False)
 
   def Restore(self, path):
     """Restores checkpoint `path`; returns its global step."""
@@ -263,13 +267,33 @@ class CheckpointState:
     return theta.Pack([self._ema.get(k, v) for k, v in theta.FlattenItems()])
 
 
+def _Done(train_dir, last, max_steps):
+  """Why the checkpoint loop is done after handling step `last`, or None.
+
+  Read the final mark before listing checkpoints: the trainer writes it
+  after its final checkpoint, so that one is then listed too.
+  """
+  if last >= max_steps:
+    return f'handled the checkpoint of step {last} (max_steps {max_steps})'
+  mark = checkpoint_files.ReadFinalMark(train_dir)
+  if mark is not None and (mark['step'] is None or last >= mark['step']):
+    final = ('wrote no checkpoint' if mark['step'] is None else
+             f"its final checkpoint is step {mark['step']}")
+    return f"the trainer's run ended ({mark['reason']}); {final}"
+  return None
+
+
 def RunOnCheckpoints(train_dir, fn, max_steps, state_path,
-                     poll_interval_secs=2.0, timeout_secs=None):
+                     poll_interval_secs=2.0, timeout_secs=None,
+                     should_stop=None):
   """Calls `fn(path)` for each new checkpoint in `train_dir`, in order.
 
   Checkpoints are handled once each across restarts: the last handled step
-  is kept in `state_path`. Returns after the checkpoint at or beyond
-  `max_steps`, or after `timeout_secs` without a new checkpoint.
+  is kept in `state_path`. An unreadable checkpoint (damaged, or deleted
+  meanwhile) is skipped with a warning. Returns, logging one line saying
+  why, after the checkpoint at or beyond `max_steps`, after the final
+  checkpoint of a run the trainer marked ended, after `timeout_secs`
+  without a new checkpoint, or when `should_stop()` (e.g. a signal) says so.
 
   Returns:
     The list of steps handled in this call.
@@ -280,27 +304,30 @@ def RunOnCheckpoints(train_dir, fn, max_steps, state_path,
       last = int(f.read().strip() or -1)
   handled = []
   waited_since = time.monotonic()
-  while last < max_steps:
+  while True:
+    done = _Done(train_dir, last, max_steps)
+    if done is None and should_stop and should_stop():
+      done = f'stopped by {should_stop()}; the last handled is step {last}'
+    if done is None and timeout_secs is not None and (
+        time.monotonic() - waited_since > timeout_secs):
+      done = (f'no new checkpoint for {timeout_secs:g} s (the timeout); the '
+              f'last handled is step {last}')
+    if done:
+      logging.info('Stopping: %s.', done)
+      return handled
     new = [p for p in checkpointer_lib.ListCheckpoints(train_dir)
            if checkpointer_lib.StepOf(p) > last]
     for path in new:
-      step = checkpointer_lib.StepOf(path)
+      if should_stop and should_stop():
+        break
       try:
         fn(path)
-      except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
-        logging.warning('Skipping %s, deleted or unreadable: %s', path,
-                        str(e).splitlines()[0])
-      last = step
-      handled.append(step)
+      except checkpointer_lib.UnreadableError as e:  # Damaged or deleted.
+        logging.warning('Skipping %s, deleted or unreadable: %s', path, e)
+      last = checkpointer_lib.StepOf(path)
+      handled.append(last)
       with tf.io.gfile.GFile(state_path, 'w') as f:
-        f.write(str(step))
+        f.write(str(last))
       waited_since = time.monotonic()
-    if last >= max_steps:
-      break
-    if timeout_secs is not None and (
-        time.monotonic() - waited_since > timeout_secs):
-      logging.info('No new checkpoint in %s for %.0f s; stopping.', train_dir,
-                   timeout_secs)
-      break
-    time.sleep(poll_interval_secs)
-  return handled
+    if not new:
+      time.sleep(poll_interval_secs)

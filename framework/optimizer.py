@@ -34,6 +34,7 @@ import re
 
 import tensorflow as tf
 
+from cadence.framework import cluster as cluster_lib
 from cadence.framework import hyperparams
 from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
@@ -160,7 +161,7 @@ class BaseOptimizer:
         while path in state.slots:
           path, n = f'{base}_{n}', n + 1
         slots = {}
-        with tf.device(var.device):
+        with cluster_lib.BesideVariable(var):
           for slot_name, shape in self._SlotShapes(var.shape).items():
             slots[slot_name] = tf.Variable(
                 tf.zeros(shape, var.dtype), trainable=False,

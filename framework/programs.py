@@ -19,15 +19,22 @@ once per interval instead of once per step. Each step:
 (one replica: no all-reduce; replica r > 0 draws its dropout with
 MicroBatchSeed(seed, r)). The loop stops early once `max_consecutive_skips`
 steps in a row were skipped; `Run` then raises `TrainingStopped` without
-saving, so the latest checkpoint stays the last good one. A checkpoint holds
-replica 0's copy; after a restore every copy is set from it. On several
-hosts (MultiWorkerMirroredStrategy) host 0 writes checkpoints and
-summaries; every host reads the same checkpoints.
+saving, so the latest checkpoint stays the last good one. It also stops
+after the step in progress when the preemption watcher's stop flag is set
+(SIGTERM/SIGINT, framework/preemption.py; the loop runs in the watcher's
+worker thread so the signal is handled at once; on several hosts the hosts
+agree on the step); `Run` then saves a checkpoint at that step and raises
+`Preempted`. A checkpoint holds replica 0's copy; after a restore every
+copy is set from it. On several hosts (MultiWorkerMirroredStrategy) host 0
+writes checkpoints and summaries; every host reads the same checkpoints.
 
-The Python loop (`Run`) restores the latest checkpoint, runs the compiled
-loop from boundary to boundary, and at each boundary writes the train
-summaries, logs a progress line and saves a checkpoint (then calls the
-`on_checkpoint` callbacks, e.g. the in-process eval). What those summaries
+The Python loop (`Run`) restores the latest readable checkpoint, runs the
+compiled loop from boundary to boundary, and at each boundary writes the
+train summaries, logs a progress line and saves a checkpoint (then calls
+the `on_checkpoint` callbacks, e.g. the in-process eval). When the run ends
+for good (max_steps reached or already passed, or `TrainingStopped`) it
+marks the train folder final, so evalers and decoders know the last
+checkpoint (framework/checkpoint_files.py). What those summaries
 and lines hold (rates, FLOPs, MFU) is framework/train_report.py; the eval
 and decode programs are framework/eval_programs.py.
 """
@@ -41,6 +48,7 @@ from cadence.framework import base_layer
 from cadence.framework import checkpointer as checkpointer_lib
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import replicas
+from cadence.framework import preemption
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
 from cadence.framework import train_report
@@ -49,6 +57,10 @@ from cadence.framework.nested_map import NestedMap
 
 class TrainingStopped(RuntimeError):
   """Training cannot go on (too many skipped steps, non-finite weights)."""
+
+
+class Preempted(Exception):
+  """Training stopped on request (a signal) after checkpointing its step."""
 
 
 def _Reduce(strategy, op, value):
@@ -91,6 +103,8 @@ class TrainProgram:
       checkpoints and summaries.
     steps_per_loop: at most this many steps per call of the compiled loop
       (0: up to the next summary, log or checkpoint boundary).
+    watcher: a `preemption.Watcher` whose stop flag ends training after
+      the step in progress (default: one that no signal sets).
 
   Example:
     tasks = replicas.BuildReplicas(model_params, cluster)
@@ -99,7 +113,8 @@ class TrainProgram:
 
   def __init__(self, tasks, logdir, strategy=None, peak_flops=None,
                on_checkpoint=(), start_time=None, cluster=None, num_workers=1,
-               worker_index=0, steps_per_loop=0):
+               worker_index=0, steps_per_loop=0, watcher=None):
+    self._watcher = watcher or preemption.Watcher(signals=())
     self._tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks]
     task = self._task = self._tasks[0]
     self._p = task.params.train
@@ -163,7 +178,7 @@ class TrainProgram:
     if self._p.ema_decay:
       self._ema = {}
       for path, v in self._learner.trainable:
-        with tf.device(v.device):
+        with cluster_lib.BesideVariable(v):
           self._ema[path] = tf.Variable(v.read_value(), trainable=False,
                                         name='ema')
     objects = dict(model=checkpointer_lib.KeyedVariables(
@@ -178,13 +193,13 @@ class TrainProgram:
     # Every host restores from logdir/train; the chief alone writes there.
     self._checkpointer = checkpointer_lib.Checkpointer(
         self._train_dir, objects, max_to_keep=self._p.save_max_to_keep,
-        remove_temp=self._is_chief)
+        writer=self._is_chief)
     self._writer = (summary_utils.SummaryWriter(self._train_dir)
                     if self._is_chief else summary_utils.NullWriter())
     # ON_READ variables: their value at the last combine, beside them.
     self._on_read_base = []
     for _, var in self._on_read:
-      with tf.device(var.device):
+      with cluster_lib.BesideVariable(var):
         self._on_read_base.append(tf.Variable(var.read_value(),
                                               trainable=False))
     self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
@@ -248,8 +263,8 @@ class TrainProgram:
     return NestedMap(
         synced_before=before,
         synced=replicas.ReplicaValues(on_write, before, replica),
-        grads=[_OnDevice(g, v.device) for g, (_, v) in
-               zip(grads.Flatten(), learner.trainable)],
+        grads=[_OnDevice(g, v.device) if self._reducer else g
+               for g, (_, v) in zip(grads.Flatten(), learner.trainable)],
         loss=tf.cast(loss, tf.float32),
         examples=tf.cast(tf.shape(_FirstLeaf(batch))[0], tf.float32),
         metrics=NestedMap({k: NestedMap(
@@ -362,7 +377,9 @@ class TrainProgram:
         ema.assign(keep * ema + (1.0 - keep) * tf.cast(v, ema.dtype))
 
   def _TrainLoop(self, iterator, num_steps):
-    """Runs up to `num_steps` steps (fewer if too many are skipped).
+    """Runs up to `num_steps` steps (fewer if too many are skipped, or if
+    the watcher's agreed stop flag is set: it is read before the first step
+    and after each).
 
     The step is traced once, as the body of a tf.while_loop. Its stats
     travel as one flat float32 vector, summed over the steps (the learning
@@ -370,15 +387,18 @@ class TrainProgram:
     metrics are traced, are kept in `self._stat_keys`.
 
     Returns:
-      (stats vector [num stats] (empty if no step ran), consecutive skips).
+      (stats vector [num stats] (empty if no step ran), consecutive skips,
+      the agreed stop flag).
     """
     limit = tf.constant(self._p.max_consecutive_skips, tf.int64)
 
-    def _Cond(i, acc):
+    def _Cond(i, acc, stop):
       del acc
-      return tf.logical_and(i < num_steps, self._consecutive < limit)
+      return tf.logical_and(
+          tf.logical_and(i < num_steps, self._consecutive < limit),
+          tf.logical_not(stop))
 
-    def _Body(i, acc):
+    def _Body(i, acc, unused_stop):
       items = self._Step(iterator).FlattenItems()
       self._stat_keys = [k for k, _ in items]
       flat = tf.stack([tf.cast(v, tf.float32) for _, v in items])
@@ -386,21 +406,29 @@ class TrainProgram:
                           for k, _ in items])
       acc = tf.cond(tf.size(acc) > 0, lambda: acc * keep + flat,
                     lambda: flat)
-      return i + 1, acc
+      return i + 1, acc, self._StopTensor()
 
-    _, acc = tf.while_loop(
-        _Cond, _Body, (tf.constant(0), tf.zeros([0])),
-        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])))
-    return acc, self._consecutive.read_value()
+    _, acc, stop = tf.while_loop(
+        _Cond, _Body,
+        (tf.constant(0), tf.zeros([0]), self._StopTensor()),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None]),
+                          tf.TensorShape([])))
+    return acc, self._consecutive.read_value(), stop
+
+  def _StopTensor(self):
+    """In the compiled loop: the agreed stop flag (a bool scalar)."""
+    return self._watcher.StopTensor()
 
   def _RunLoop(self, iterator, num_steps):
-    """Calls the compiled loop; returns {stat name: float}."""
-    flat, consecutive = self._train_loop(iterator,
-                                         tf.constant(num_steps, tf.int32))
+    """Calls the compiled loop (in the watcher's worker thread); returns
+    {stat name: float}, plus 'consecutive' and 'stop'."""
+    flat, consecutive, stop = self._watcher.Call(
+        self._train_loop, iterator, tf.constant(num_steps, tf.int32))
     flat = flat.numpy()
     values = flat if flat.size else [0.0] * len(self._stat_keys)
     out = dict(zip(self._stat_keys, (float(v) for v in values)))
     out['consecutive'] = int(consecutive.numpy())
+    out['stop'] = bool(stop.numpy())
     return out
 
   # --- the Python loop -------------------------------------------------------
@@ -421,6 +449,13 @@ class TrainProgram:
     return dataset.map(lambda batch: NestedMap(batch).Transform(
         lambda x: tf.stack(tf.split(x, local)))).unbatch()
 
+  def _Iterator(self, dataset, start):
+    """The compiled loop's iterator over `dataset` (`_ReplicaBatches(start)`)
+    for the strategy's replicas."""
+    del start  # Unused: `dataset` starts there.
+    return iter(self._strategy.distribute_datasets_from_function(
+        lambda unused_ctx: dataset))
+
   def _NextBoundary(self, step):
     p = self._p
     nxt = p.max_steps
@@ -431,22 +466,24 @@ class TrainProgram:
       nxt = min(nxt, step + self._steps_per_loop)
     return nxt
 
-  def _Save(self, step):
+  def _Save(self, step, callbacks=True):
     if self._on_read and self._reducer is not None:
       self._combine_on_read()   # Every host: it all-reduces.
     if not self._is_chief:  # The chief writes the job's checkpoints.
-      for fn in self._on_checkpoint:
-        fn(step)
+      if callbacks:
+        for fn in self._on_checkpoint:
+          fn(step)
       return None
     path = self._checkpointer.Save(step)
     if path is None:
+      self._checkpointer.MarkFinal('non-finite weights')
       raise TrainingStopped(
           f'Training stopped at step {step}: the weights are NaN or Inf, so '
           'no checkpoint was written. The latest good checkpoint is '
           f'{self._checkpointer.latest_checkpoint}. Lower the learning rate '
           'or enable clipping (train.learner.clip_gradient_norm_to_value).')
     logging.info('Saved checkpoint %s', path)
-    for fn in self._on_checkpoint:
+    for fn in self._on_checkpoint if callbacks else ():
       fn(step)
     return path
 
@@ -468,6 +505,7 @@ class TrainProgram:
     latest = self._checkpointer.latest_checkpoint
     where = (f'{latest} (step {checkpointer_lib.StepOf(latest)})' if latest
              else 'none (no checkpoint was written before)')
+    self._checkpointer.MarkFinal(f'{n} consecutive skipped steps')
     return TrainingStopped(
         f'Training stopped at step {step}: {n} consecutive steps were '
         'skipped because their loss or gradient norm was NaN/Inf (or above '
@@ -492,10 +530,26 @@ class TrainProgram:
     out = self._RunLoop(iterator, 1)
     since = (None if self._start_time is None else
              time.time() - self._start_time)
-    logging.info('%s', train_report.FirstStepLine(
-        self.global_step, train_report.LoopLoss(out),
-        time.perf_counter() - start, since))
+    if out.get('steps'):  # None ran if a stop came first.
+      logging.info('%s', train_report.FirstStepLine(
+          self.global_step, train_report.LoopLoss(out),
+          time.perf_counter() - start, since))
     return out
+
+  def _Preempted(self, step):
+    """Checkpoints `step` (unless it is the latest); returns `Preempted`."""
+    latest = self._checkpointer.latest_checkpoint
+    if latest and checkpointer_lib.StepOf(latest) == step:
+      saved = f'its checkpoint {latest} was already written'
+    elif step == 0:
+      saved = 'nothing to save before the first step'
+    else:
+      path = self._Save(step, callbacks=False)
+      saved = (f'saved {path}' if path else
+               f'the chief host saved its checkpoint of step {step}')
+    reason = self._watcher.requested or 'a stop on another worker'
+    return Preempted(f'Stopped by {reason} at step {step}: {saved}. Rerun the '
+                     'same command to resume from it.')
 
   def _MeasurePeakFlops(self):
     self._peak_flops = train_report.MeasurePeakFlops()
@@ -512,6 +566,10 @@ class TrainProgram:
     Raises:
       TrainingStopped: too many consecutive skipped steps, or non-finite
         weights at a checkpoint.
+      Preempted: the watcher's stop flag was set; the step reached is
+        checkpointed.
+      checkpointer_lib.SaveError: a checkpoint could not be written.
+      checkpointer_lib.UnreadableError: no checkpoint can be read.
     """
     p = self._p
     self._Restore()
@@ -519,12 +577,15 @@ class TrainProgram:
     if step >= p.max_steps:
       logging.info('Global step %d >= max_steps %d: nothing to train.', step,
                    p.max_steps)
+      self._checkpointer.MarkFinal(f'global step {step} >= max_steps '
+                                   f'{p.max_steps}')
       return step
-    dataset = self._ReplicaBatches(int(self._input_position.numpy()))
+    self._checkpointer.ClearFinal()
+    start = int(self._input_position.numpy())
+    dataset = self._ReplicaBatches(start)
     flops = train_report.TrainFlopsPerExample(
         self._task, dataset, self._input.GlobalBatchSize())
-    iterator = iter(self._strategy.distribute_datasets_from_function(
-        lambda unused_ctx: dataset))
+    iterator = self._Iterator(dataset, start)
     summary_window, log_window = train_report.Window(), train_report.Window()
     first = True
     while step < p.max_steps:
@@ -533,9 +594,13 @@ class TrainProgram:
       else:
         out = self._RunLoop(iterator, self._NextBoundary(step) - step)
       step = self.global_step
+      stopping = out['stop'] and step < p.max_steps
+      if stopping and not out.get('steps'):  # Stopped before its first step.
+        raise self._Preempted(step)
       now = time.perf_counter()
       if first:
-        if flops and self._peak_flops is None and step < p.max_steps:
+        if (flops and self._peak_flops is None and step < p.max_steps and
+            not stopping):
           self._MeasurePeakFlops()  # Once, outside the timed windows.
         now = time.perf_counter()
         summary_window.Reset(now)
@@ -549,21 +614,26 @@ class TrainProgram:
             summary_window, now, None, out['learning_rate']))
         self._writer.Flush()
         raise self._StopForSkips(step)
-      if step % p.summary_interval_steps == 0 or step == p.max_steps:
+      if (step % p.summary_interval_steps == 0 or step >= p.max_steps or
+          stopping):
         if summary_window.steps:
           self._writer.WriteScalars(step, self._Summaries(
               summary_window, now, flops, out['learning_rate']))
         summary_window.Reset(time.perf_counter())
-      if (step % p.log_interval_steps == 0 or step == p.max_steps) and (
-          log_window.steps):
+      if (step % p.log_interval_steps == 0 or step >= p.max_steps or
+          stopping) and log_window.steps:
         logging.info('%s', train_report.ProgressLine(step, p.max_steps,
                                                      log_window, now))
         log_window.Reset(time.perf_counter())
-      if step % p.save_interval_steps == 0 or step == p.max_steps:
+      if step % p.save_interval_steps == 0 or step >= p.max_steps:
         self._writer.Flush()
         self._Save(step)
         summary_window.start += time.perf_counter() - now
         log_window.start += time.perf_counter() - now
+      if stopping:
+        self._writer.Flush()
+        raise self._Preempted(step)
     self._writer.Flush()
+    self._checkpointer.MarkFinal(f'max_steps {p.max_steps} reached')
     logging.info('Training finished at step %d.', step)
     return step

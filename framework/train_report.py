@@ -32,7 +32,7 @@ from cadence.framework import summary_utils
 from cadence.framework.nested_map import NestedMap
 
 # Loop outputs that are not summed metrics.
-_NOT_SUMMED = ('steps', 'examples', 'learning_rate', 'consecutive')
+_NOT_SUMMED = ('steps', 'examples', 'learning_rate', 'consecutive', 'stop')
 
 
 def InputShapes(dataset, batch_size=None):

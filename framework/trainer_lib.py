@@ -3,15 +3,23 @@
 `Main(options)` takes the parsed command line as a `TrainerOptions` and
 returns the process exit code:
 
-  0  done;
+  0  done; also a trainer stopped by SIGTERM or SIGINT after checkpointing
+     the step it was in (one log line says so; framework/preemption.py),
+     and an evaler or decoder stopped by one;
   2  a user error: unknown --model, a bad override key or value, bad params,
-     missing or empty input files, an unknown --job. One readable message on
-     stderr, no traceback;
+     missing or empty input files, an unknown --job, a logdir that cannot
+     be written, checkpoints none of which can be read. One readable
+     message on stderr, no traceback;
   3  training stopped: too many consecutive skipped steps or non-finite
      weights (the message names the last good checkpoint);
-  4  a peer host of a multi-host job failed (the collectives broke off);
-     rerun the same command on every host to resume from the latest
-     checkpoint.
+  4  the run cannot go on, and nothing is lost: a checkpoint could not be
+     written (disk full, quota, permission; the message names the path and
+     the OS error, and the previous checkpoint stays the latest), or a
+     peer host of a multi-host job failed; rerun the same command (on
+     every host) to resume from the latest checkpoint; with parameter
+     servers, a task the chief needs failed: restart it, then the chief.
+A second SIGTERM/SIGINT ends the process at once, killed by that signal
+(143 or 130 in a shell).
 
 The set-up runs in a fixed order: devices, the cluster and the strategy
 first (framework/distribution.py; TensorFlow allows logical devices and
@@ -45,18 +53,23 @@ import tensorflow as tf
 
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
+from cadence.framework import checkpoint_files
 from cadence.framework import checkpointer
 from cadence.framework import distribution
 from cadence.framework import eval_programs
 from cadence.framework import inspect_lib
 from cadence.framework import inspect_pipeline
 from cadence.framework import model_registry
+from cadence.framework import preemption
 from cadence.framework import programs
+from cadence.framework import ps_programs
 from cadence.framework import replicas
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_TRAINING_STOPPED = 3
+# Exit code 4: a failed save or a failed peer host (see the docstring).
+EXIT_SAVE_FAILED = 4
 EXIT_PEER_FAILED = 4
 
 # What a multi-host step raises when a peer host dies or drops off.
@@ -92,6 +105,7 @@ class TrainerOptions:
   task_index: int = 0
   peak_tflops: float = 0.0
   device_memory_gib: float = 0.0
+  eval_timeout_s: float = 0.0
   start_time: float = None
 
 
@@ -220,16 +234,21 @@ class TensorFlowInfoFilter(py_logging.Filter):
   checkpoint saver's 'Sharding callback duration: 117 microseconds' at
   every save. A record is TensorFlow's when its logger is 'tensorflow' or
   its source file lies in the tensorflow package. With absl's
-  --verbosity=1 (debug) every record passes.
+  --verbosity=1 (debug) every record passes. One warning goes too: that
+  the checkpoint saver's function retraces, which TensorFlow does on
+  purpose at every save of variables spread over several tasks (parameter
+  servers; tensorflow/python/checkpoint/functional_saver.py).
 
   Example:
     logging.get_absl_logger().addFilter(TensorFlowInfoFilter())
   """
 
   def filter(self, record):
-    if (record.levelno >= py_logging.WARNING or
-        logging.get_verbosity() >= logging.DEBUG):
+    if logging.get_verbosity() >= logging.DEBUG:
       return True
+    if record.levelno >= py_logging.WARNING:
+      message = record.getMessage()
+      return not ('tf_function_save' in message and 'retracing' in message)
     return not (record.name.split('.')[0] == 'tensorflow' or
                 record.pathname.startswith(_TF_DIR))
 
@@ -311,22 +330,16 @@ class _TrainerJob:
 
   One copy of the task per local replica (replicas.BuildReplicas); the
   in-process eval and the final decode run on the chief, on replica 0's
-  devices, with replica 0's (EMA) weights.
+  devices, with replica 0's (EMA) weights. With parameter servers the
+  chief's program builds the one task on them (ps_programs.PsTrainProgram).
   """
 
-  def __init__(self, options, params, setup, with_eval):
+  def __init__(self, options, params, setup, with_eval, watcher):
     start = time.perf_counter()
-    tasks = replicas.BuildReplicas(params, setup.cluster)
-    task = tasks[0]
-    variables = checkpointer.TaskVariables(task).values()
-    logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
-                 len(variables),
-                 f'{sum(v.shape.num_elements() for v in variables):,}',
-                 time.perf_counter() - start,
-                 f', one copy per replica x {len(tasks)}' if len(tasks) > 1
-                 else '')
-    logging.info('%s', inspect_lib.TaskStageReport(
-        task, options.device_memory_gib).rstrip())
+    tasks = None
+    if not setup.num_ps:
+      tasks = replicas.BuildReplicas(params, setup.cluster)
+      _LogBuilt(tasks, start, options.device_memory_gib)
     on_checkpoint = []
     self._decode = None
     with_eval = with_eval and setup.is_chief
@@ -347,18 +360,50 @@ class _TrainerJob:
       logging.warning('%s defines no Dev() dataset: training without eval.',
                       options.model)
     peak = options.peak_tflops * 1e12 if options.peak_tflops else None
-    self._program = programs.TrainProgram(
-        tasks, options.logdir, setup.strategy, peak_flops=peak,
-        on_checkpoint=on_checkpoint, start_time=options.start_time,
-        cluster=setup.cluster, num_workers=setup.num_workers,
-        worker_index=setup.worker_index,
-        steps_per_loop=options.steps_per_loop)
+    common = dict(peak_flops=peak, on_checkpoint=on_checkpoint,
+                  start_time=options.start_time, cluster=setup.cluster,
+                  steps_per_loop=options.steps_per_loop, watcher=watcher)
+    if tasks is None:
+      self._program = ps_programs.PsTrainProgram(
+          params, options.logdir, setup.strategy,
+          num_workers=setup.num_workers, num_ps=setup.num_ps, **common)
+      _LogBuilt([self._program.task], start, options.device_memory_gib)
+    else:
+      self._program = programs.TrainProgram(
+          tasks, options.logdir, setup.strategy,
+          num_workers=setup.num_workers, worker_index=setup.worker_index,
+          **common)
 
   def Run(self):
     step = self._program.Run()
     if self._decode is not None:
       logging.info('Decoding Dev with the final weights (step %d)...', step)
       self._decode.Run(step, self._program.EmaTheta())
+
+
+def _LogBuilt(tasks, start, device_memory_gib):
+  variables = checkpointer.TaskVariables(tasks[0]).values()
+  logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
+               len(variables),
+               f'{sum(v.shape.num_elements() for v in variables):,}',
+               time.perf_counter() - start,
+               f', one copy per replica x {len(tasks)}' if len(tasks) > 1
+               else '')
+
+
+class _ServerJob:
+  """A 'worker' or 'ps' task of parameter-server training: serves the
+  chief's coordinator until the run is finished (as the trainer's
+  'nothing to do' check says) and the chief has exited."""
+
+  def __init__(self, options, params, setup, kind, watcher):
+    self._finished = lambda: _Finished(options, params, kind, '')
+    self._setup = setup
+    self._watcher = watcher
+
+  def Run(self):
+    ps_programs.Serve(self._setup, self._finished,
+                      should_stop=lambda: self._watcher.requested)
 
 
 def _ImplementsDecode(task_cls):
@@ -370,7 +415,9 @@ def _Finished(options, params, kind, sub):
 
   Reads only the logdir's state files: trainer jobs, the latest checkpoint
   (and for trainer_and_evaler the final decode's output, when Dev is
-  decoded); evaler/decoder jobs, their `last_step.txt`.
+  decoded); evaler/decoder jobs, their `last_step.txt` and the trainer's
+  final mark. A finished trainer writes the final mark if it is missing
+  (max_steps lowered below the latest checkpoint), so evalers stop there.
   """
   max_steps = params.task.train.max_steps
   if kind in ('trainer', 'trainer_and_evaler'):
@@ -384,6 +431,14 @@ def _Finished(options, params, kind, sub):
             os.path.join(options.logdir, 'decoder_dev',
                          f'decoder_out-{step:08d}.txt'))):
       return None   # Stopped before its final decode: resume to decode.
+    mark = checkpoint_files.ReadFinalMark(train_dir)
+    if mark is None or mark['step'] != step:
+      try:
+        checkpoint_files.WriteFinalMark(
+            train_dir, step, f'global step {step} >= max_steps {max_steps}')
+      except (tf.errors.OpError, OSError) as e:
+        logging.warning('Could not mark the run in %s finished: %s',
+                        train_dir, checkpoint_files.ErrorLine(e))
     return (f'The run is finished: {train_dir} holds the checkpoint of step '
             f'{step} (max_steps {max_steps}); nothing to do. Raise '
             '--max_steps to train on, or use a new --logdir to start over.')
@@ -392,17 +447,23 @@ def _Finished(options, params, kind, sub):
     return None
   with tf.io.gfile.GFile(state) as f:
     text = f.read().strip()
-  if not text or int(text) < max_steps:
+  mark = checkpoint_files.ReadFinalMark(os.path.join(options.logdir, 'train'))
+  final = max_steps if mark is None or mark['step'] is None else min(
+      max_steps, mark['step'])
+  if not text or int(text) < final:
     return None
+  why = (f'max_steps {max_steps}' if final == max_steps else
+         f"the trainer's final checkpoint, {mark['reason']}")
   return (f'The {options.job} job is finished: it handled every checkpoint '
-          f'up to step {text} (max_steps {max_steps}, {state}); nothing to '
-          'do.')
+          f'up to step {text} ({why}, {state}); nothing to do.')
 
 
 class _CheckpointJob:
   """evaler_<dataset> / decoder_<dataset>: a program per new checkpoint."""
 
-  def __init__(self, options, params, setup, kind, dataset):
+  def __init__(self, options, params, setup, kind, dataset, watcher):
+    self._watcher = watcher
+    self._timeout = options.eval_timeout_s or None
     with setup.cluster.WithReplica(0):
       task = InferenceParams(params).Instantiate().task
     self._state = eval_programs.CheckpointState(
@@ -422,10 +483,31 @@ class _CheckpointJob:
                  self._train_dir, self._max_steps)
     eval_programs.RunOnCheckpoints(
         self._train_dir, self._Handle, self._max_steps,
-        os.path.join(self._program.logdir, 'last_step.txt'))
+        os.path.join(self._program.logdir, 'last_step.txt'),
+        timeout_secs=self._timeout,
+        should_stop=lambda: self._watcher.requested)
 
 
-def _BuildJob(options, setup):
+def _CheckWritable(logdir, sub):
+  """Raises UserError unless the job can write its folders: `logdir/sub`
+  (created: params.txt goes there next) and an existing `logdir/train`."""
+  folders = [os.path.join(logdir, sub) if sub else logdir]
+  train_dir = os.path.join(logdir, 'train')
+  if not sub and tf.io.gfile.exists(train_dir):
+    folders.append(train_dir)
+  for folder in folders:
+    probe = os.path.join(folder, f'.write_test.{os.getpid()}')
+    try:
+      tf.io.gfile.makedirs(folder)
+      with tf.io.gfile.GFile(probe, 'w') as f:
+        f.write('ok')
+      tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+      raise UserError(f'--logdir: cannot write in {folder}: '
+                      f'{checkpoint_files.ErrorLine(e)}.') from None
+
+
+def _BuildJob(options, setup, watcher):
   """The job of `options`, or a message (str) when it already finished."""
   kind, dataset = _ParseJob(options.job)
   params = LoadParams(options, dataset or 'Train')
@@ -433,19 +515,32 @@ def _BuildJob(options, setup):
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
       f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
+  if setup.num_ps and dataset is not None:
+    raise UserError(
+        f'--job={options.job} with parameter servers (TF_CONFIG with a "ps" '
+        'job): the cluster runs --job=trainer or trainer_and_evaler; run '
+        'evaler and decoder jobs without TF_CONFIG.')
+  if setup.server is not None:
+    logging.info('%s', setup)
+    return _ServerJob(options, params, setup, kind, watcher)
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
+  _CheckWritable(options.logdir, sub)
   logging.info('%s', setup)
   path = os.path.join(options.logdir, sub, 'params.txt')
   if setup.is_chief:
-    WriteParams(params, path)
+    try:
+      WriteParams(params, path)
+    except (tf.errors.OpError, OSError) as e:
+      raise UserError(f'--logdir: cannot write {path}: '
+                      f'{checkpoint_files.ErrorLine(e)}.') from None
     logging.info('Model %s, job %s; params written to %s.', options.model,
                  options.job, path)
   if kind in ('trainer', 'trainer_and_evaler'):
     return _TrainerJob(options, params, setup,
-                       with_eval=kind == 'trainer_and_evaler')
-  return _CheckpointJob(options, params, setup, kind, dataset)
+                       with_eval=kind == 'trainer_and_evaler', watcher=watcher)
+  return _CheckpointJob(options, params, setup, kind, dataset, watcher)
 
 
 def _InspectPipeline(options):
@@ -483,6 +578,37 @@ def _Fail(code, message):
   return code
 
 
+def _PeerFailed(options, setup, e):
+  """The one line of a multi-host job (or a parameter-server cluster) whose
+  peer failed."""
+  lines = [l.strip() for l in str(e).splitlines() if l.strip() and
+           not l.strip().startswith(('Graph execution error', 'Detected',
+                                     'File ', 'Traceback', '[['))]
+  first = lines[0] if lines else type(e).__name__
+  latest = checkpointer.ListCheckpoints(os.path.join(options.logdir,
+                                                     'train'))
+  latest = latest[-1] if latest else 'none'
+  if setup.num_ps:
+    return ('a task of this parameter-server cluster failed or left '
+            f'({type(e).__name__}: {first[:200]}); the chief stops, the other '
+            f'tasks keep serving. The latest checkpoint is {latest}: restart '
+            'the failed task, then the chief, to resume from it.')
+  return (f'a peer host of this {setup.num_workers}-host job failed or left '
+          f'({type(e).__name__}: {first[:200]}); this host stops. The latest '
+          f'checkpoint is {latest}: rerun the same command on every host to '
+          'resume from it.')
+
+
+def _SetupError(e):
+  """The exit code of an error while setting up (a UserError, or params
+  validation and input files: ValueError, InputError), its line printed."""
+  if isinstance(e, UserError):
+    return _Fail(EXIT_USER_ERROR, str(e))
+  kind = ('Input' if isinstance(e, base_input_generator.InputError) else
+          'Bad params')
+  return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
+
+
 def Main(options):
   """Runs the trainer for `options`; returns the exit code."""
   ConfigureLogging()
@@ -496,37 +622,37 @@ def Main(options):
         not memory >= 0):
       raise UserError(f'--device_memory_gib={memory!r} must be a number >= '
                       '0 (GiB of memory per device; 0: no check).')
-    with setup.cluster:
-      if options.mode != 'sync':
+    if options.mode != 'sync':
+      with setup.cluster:
         _Inspect(options, setup)
-        return EXIT_OK
-      job = _BuildJob(options, setup)
-  except UserError as e:
-    return _Fail(EXIT_USER_ERROR, str(e))
-  except ValueError as e:  # Params validation, input files (InputError).
-    kind = ('Input' if isinstance(e, base_input_generator.InputError) else
-            'Bad params')
-    return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
-  if isinstance(job, str):
-    logging.info('%s', job)
-    return EXIT_OK
-  try:
-    with setup.cluster:
+      return EXIT_OK
+  except (UserError, ValueError) as e:
+    return _SetupError(e)
+  # From here on SIGTERM/SIGINT stop the job cleanly (handlers restored on
+  # return); the hosts of a multi-host job agree on the step to stop at.
+  # (Parameter-server workers do not stop by themselves: the chief does.)
+  agreement = (preemption.AllReduceAgreement(setup.strategy)
+               if setup.num_workers > 1 and not setup.num_ps else None)
+  with setup.cluster, preemption.Watcher(agreement=agreement) as watcher:
+    try:
+      job = _BuildJob(options, setup, watcher)
+    except (UserError, ValueError) as e:
+      return _SetupError(e)
+    if isinstance(job, str):
+      logging.info('%s', job)
+      return EXIT_OK
+    try:
       job.Run()
-  except programs.TrainingStopped as e:
-    return _Fail(EXIT_TRAINING_STOPPED, str(e))
-  except _PEER_ERRORS as e:
-    if setup.num_workers == 1:
-      raise
-    lines = [l.strip() for l in str(e).splitlines() if l.strip() and
-             not l.strip().startswith(('Graph execution error', 'Detected',
-                                       'File ', 'Traceback', '[['))]
-    first = lines[0] if lines else type(e).__name__
-    latest = checkpointer.ListCheckpoints(os.path.join(options.logdir,
-                                                       'train'))
-    return _Fail(EXIT_PEER_FAILED, (
-        f'a peer host of this {setup.num_workers}-host job failed or left '
-        f'({type(e).__name__}: {first[:200]}); this host stops. The latest '
-        f'checkpoint is {latest[-1] if latest else "none"}: rerun the same '
-        'command on every host to resume from it.'))
+    except programs.Preempted as e:
+      logging.info('%s', e)
+    except programs.TrainingStopped as e:
+      return _Fail(EXIT_TRAINING_STOPPED, str(e))
+    except checkpointer.UnreadableError as e:
+      return _Fail(EXIT_USER_ERROR, str(e))
+    except checkpointer.SaveError as e:
+      return _Fail(EXIT_SAVE_FAILED, str(e))
+    except _PEER_ERRORS as e:
+      if setup.num_workers == 1 and not setup.num_ps:
+        raise
+      return _Fail(EXIT_PEER_FAILED, _PeerFailed(options, setup, e))
   return EXIT_OK

@@ -13,11 +13,24 @@ is the package `cadence`; tests/ is not installed).
                                subprocesses run at the same time
   OpDevices(script, op_types)  where each op type ran, from TF's placement
                                log of a script
+  TrainerRun(*flags)           the trainer command line in a subprocess
+                               (optionally one task of a TF_CONFIG
+                               cluster): wait for a log line, signal it,
+                               finish it
+  LogLines(stderr)             the log records in a process's stderr
+  DamageCheckpoint(path, how)  a checkpoint as a dying disk leaves it
+  FreePorts(n)                 n localhost ports free now (bound to port 0)
+  LocalCluster(**tasks)        a TF_CONFIG cluster of localhost tasks
 """
+import glob
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +42,20 @@ NestedMap = base_layer.NestedMap
 
 # A subprocess's environment with TF's C++ INFO lines hidden.
 QUIET_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+# The checkout (the package `cadence`): where trainer.py is.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 300
+
+# Runs argv[2:] under a file-size limit of argv[1] bytes. SIGXFSZ ignored
+# (kept across exec): a write past the limit fails with EFBIG ("File too
+# large"), as on a full disk or quota, instead of killing the process.
+_FILE_SIZE_LIMITED = """
+import os, resource, signal, sys
+limit = int(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def Rand(shape, seed, dtype=np.float32, scale=1.0):
@@ -134,3 +161,138 @@ def OpDevices(script, op_types, group=None, timeout=300):
       key = op_type if group is None else (op_type, group(name))
       devices.setdefault(key, set()).add(device.split('device:')[-1])
   return devices
+
+
+class TrainerRun:
+  """The trainer command line running in a subprocess.
+
+  Its stderr goes to a file, so the test can wait for a log line while it
+  runs. Start several before finishing any: each pays TensorFlow's import.
+
+  Args:
+    *flags: the command line flags.
+    script: run `python trainer.py` in the checkout instead of
+      `python -m cadence.trainer`.
+    file_size_limit: if set, the process may write no file larger than
+      this many bytes (RLIMIT_FSIZE; a write past it fails).
+    cluster: a TF_CONFIG cluster (`LocalCluster`); the process is its task
+      `task` = (type, index). None: no TF_CONFIG.
+
+  Example:
+    run = TrainerRun('--model=...', '--logdir=/tmp/x')
+    run.WaitForLog(r'First step done')
+    run.Signal(signal.SIGTERM)
+    code, stdout, stderr = run.Finish()
+  """
+
+  def __init__(self, *flags, script=False, file_size_limit=None,
+               cluster=None, task=('worker', 0)):
+    cmd = [sys.executable] + (['trainer.py'] if script else
+                              ['-m', 'cadence.trainer'])
+    if file_size_limit:
+      cmd = [sys.executable, '-c', _FILE_SIZE_LIMITED,
+             str(file_size_limit)] + cmd
+    env = dict(QUIET_ENV)
+    env.pop('TF_CONFIG', None)
+    if cluster is not None:
+      env['TF_CONFIG'] = json.dumps({'cluster': cluster, 'task': {
+          'type': task[0], 'index': task[1]}})
+    self._stderr = tempfile.TemporaryFile(mode='w+')
+    self.proc = subprocess.Popen(cmd + list(flags), cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=self._stderr,
+                                 text=True)
+
+  def Stderr(self):
+    """What the process wrote to stderr so far."""
+    self._stderr.seek(0)
+    return self._stderr.read()
+
+  def WaitForLog(self, regex, timeout=TIMEOUT):
+    """Waits until stderr matches `regex`; returns the match.
+
+    Raises:
+      AssertionError: the process ended, or `timeout` seconds passed, first.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+      match = re.search(regex, self.Stderr(), re.M)
+      if match:
+        return match
+      if self.proc.poll() is not None or time.monotonic() > deadline:
+        raise AssertionError(f'no log line {regex!r} (exit code '
+                             f'{self.proc.poll()}):\n{self.Stderr()[-3000:]}')
+      time.sleep(0.02)
+
+  def Signal(self, signum):
+    self.proc.send_signal(signum)
+
+  def Finish(self, timeout=TIMEOUT):
+    """Waits for the end; returns (exit code, stdout, stderr)."""
+    out, _ = self.proc.communicate(timeout=timeout)
+    err = self.Stderr()
+    self._stderr.close()
+    return self.proc.returncode, out, err
+
+  def Kill(self):
+    """Ends the process now (SIGKILL) if it still runs."""
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.communicate()
+
+
+def LogLines(stderr):
+  """The lines Python logged to stderr: absl's ('I1123 05:47:45.43 12
+  trainer_lib.py:480] ...') and TensorFlow's own ('WARNING:tensorflow:')."""
+  return [line for line in stderr.splitlines()
+          if re.match(r'^[DIWEF]\d{4} [\d:.]+ +\d+ \S+\.py:\d+\] ', line) or
+          line.startswith(('INFO:', 'WARNING:tensorflow', 'ERROR:'))]
+
+
+CHECKPOINT_DAMAGE = ('truncated data', 'missing data shard', 'deleted index',
+                     'garbage index')
+
+
+def DamageCheckpoint(path, how):
+  """Damages checkpoint `path` as a dying disk or a cut copy leaves it.
+
+  Args:
+    path: a checkpoint prefix ('/tmp/run/train/ckpt-300').
+    how: one of CHECKPOINT_DAMAGE.
+  """
+  data = glob.glob(path + '.data-*')[0]
+  if how == 'truncated data':
+    with open(data, 'r+b') as f:
+      f.truncate(100)
+  elif how == 'missing data shard':
+    os.remove(data)
+  elif how == 'deleted index':
+    os.remove(path + '.index')
+  elif how == 'garbage index':
+    with open(path + '.index', 'wb') as f:
+      f.write(b'not an index' * 10)
+  else:
+    raise ValueError(f'DamageCheckpoint: how={how!r} is not one of '
+                     f'{CHECKPOINT_DAMAGE}.')
+
+
+def FreePorts(n):
+  """`n` distinct localhost ports that were free a moment ago."""
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(('127.0.0.1', 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def LocalCluster(**num_tasks):
+  """A TF_CONFIG "cluster" of localhost tasks on free ports.
+
+  Example:
+    LocalCluster(chief=1, ps=2, worker=2)
+    # {'chief': ['127.0.0.1:41234'], 'ps': [...], 'worker': [...]}
+  """
+  ports = iter(FreePorts(sum(num_tasks.values())))
+  return {job: [f'127.0.0.1:{next(ports)}' for _ in range(n)]
+          for job, n in num_tasks.items()}

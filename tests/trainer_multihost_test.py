@@ -7,22 +7,15 @@ same global batch: LmInput shards batches of one stream). Killing one
 worker makes the other stop on its own with exit code 4 and one line; the
 same command on both then resumes from the latest checkpoint.
 """
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
-import numpy as np
 import tensorflow as tf
 
 from cadence.framework import checkpointer
 from cadence.framework import trainer_lib
 from cadence.tests import test_utils
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _SHRUNK = ('task.model_dim=32;task.stack_tpl.num_layers=2;'
            'task.stack_tpl.transformer_tpl.num_heads=2;'
@@ -48,40 +41,20 @@ def _MakeCorpus(tmp):
   params.input.Instantiate()   # Writes the corpus, trains SentencePiece.
 
 
-def _FreePorts(n):
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(('127.0.0.1', 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
-
-
-def _Trainer(logdir, max_steps, *flags, tf_config=None):
+def _Trainer(logdir, max_steps, *flags, cluster=None, index=0):
   tmp = os.path.dirname(logdir)
-  env = dict(test_utils.QUIET_ENV)
-  if tf_config is not None:
-    env['TF_CONFIG'] = json.dumps(tf_config)
-  return subprocess.Popen(
-      [sys.executable, 'trainer.py', f'--model={_KEY}', f'--logdir={logdir}',
-       '--job=trainer', f'--max_steps={max_steps}',
-       f'--model_params_override={_Overrides(tmp)}'] + list(flags),
-      cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True)
+  return test_utils.TrainerRun(
+      f'--model={_KEY}', f'--logdir={logdir}', '--job=trainer',
+      f'--max_steps={max_steps}',
+      f'--model_params_override={_Overrides(tmp)}', *flags,
+      script=True, cluster=cluster, task=('worker', index))
 
 
 def _Workers(logdir, max_steps):
-  ports = _FreePorts(2)
-  cluster = {'worker': [f'127.0.0.1:{p}' for p in ports]}
-  return [_Trainer(logdir, max_steps, tf_config={
-      'cluster': cluster, 'task': {'type': 'worker', 'index': i}})
+  cluster = test_utils.LocalCluster(worker=2)
+  return [_Trainer(logdir, max_steps, cluster=cluster, index=i)
           for i in range(2)]
 
-
-def _Finish(proc, timeout=600):
-  out, err = proc.communicate(timeout=timeout)
-  return proc.returncode, out, err
 
 
 class MultiHostTest(tf.test.TestCase):
@@ -91,10 +64,10 @@ class MultiHostTest(tf.test.TestCase):
     _MakeCorpus(tmp)
     one_host = _Trainer(os.path.join(tmp, 'one'), 6, '--worker_replicas=2')
     workers = _Workers(os.path.join(tmp, 'two'), 6)
-    code, _, err = _Finish(one_host)
+    code, _, err = one_host.Finish()
     self.assertEqual(0, code, err[-3000:])
-    for i, proc in enumerate(workers):
-      code, _, err = _Finish(proc)
+    for i, run in enumerate(workers):
+      code, _, err = run.Finish()
       self.assertEqual(0, code, err[-3000:])
       self.assertIn(f'2 replica(s) of 2 device(s), worker {i} of 2 hosts',
                     err)
@@ -114,10 +87,10 @@ class MultiHostTest(tf.test.TestCase):
     while not checkpointer.ListCheckpoints(train_dir):
       self.assertLess(time.monotonic(), deadline, 'no checkpoint in time')
       time.sleep(0.5)
-    workers[1].send_signal(signal.SIGKILL)
+    workers[1].Kill()
     killed_at = time.monotonic()
-    code, _, err = _Finish(workers[0])
-    workers[1].communicate()
+    code, _, err = workers[0].Finish()
+    workers[1].Finish()
     self.assertLess(time.monotonic() - killed_at, 120)
     self.assertEqual(4, code, err[-3000:])
     self.assertNotIn('Traceback', err)
@@ -129,8 +102,8 @@ class MultiHostTest(tf.test.TestCase):
     step = checkpointer.StepOf(checkpointer.ListCheckpoints(train_dir)[-1])
     # The same command on both hosts resumes from there.
     workers = _Workers(logdir, step + 3)
-    for proc in workers:
-      code, _, err = _Finish(proc)
+    for run in workers:
+      code, _, err = run.Finish()
       self.assertEqual(0, code, err[-3000:])
       self.assertIn(f'/train/ckpt-{step}: global step {step}', err)
     self.assertEqual(step + 3, checkpointer.StepOf(

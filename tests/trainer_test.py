@@ -6,8 +6,6 @@ started together and the assertions are grouped per run.
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -15,25 +13,10 @@ import tensorflow as tf
 
 from cadence.framework import checkpointer
 from cadence.framework import summary_utils
+from cadence.tests import test_utils
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KEY = 'synthetic.linear_regression.RegressionTiny'
-_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-_TIMEOUT = 300
-
-
-def _Start(*args, script=False):
-  """Starts the trainer: `-m cadence.trainer`, or `trainer.py` in the root."""
-  cmd = [sys.executable] + (['trainer.py'] if script else
-                            ['-m', 'cadence.trainer'])
-  return subprocess.Popen(cmd + list(args), cwd=_ROOT, env=_ENV,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
-
-
-def _Finish(proc):
-  out, err = proc.communicate(timeout=_TIMEOUT)
-  return proc.returncode, out, err
+_Run = test_utils.TrainerRun
 
 
 def _Steps(logdir, sub, tag='loss'):
@@ -52,20 +35,12 @@ def _Files(logdir):
   return out
 
 
-def _LogLines(err):
-  """The lines Python logged to stderr: absl's ('I1123 05:47:45.43 12
-  trainer_lib.py:480] ...') and TensorFlow's own ('WARNING:tensorflow:')."""
-  return [line for line in err.splitlines()
-          if re.match(r'^[DIWEF]\d{4} [\d:.]+ +\d+ \S+\.py:\d+\] ', line) or
-          line.startswith(('INFO:', 'WARNING:tensorflow', 'ERROR:'))]
-
-
 class TrainerTest(tf.test.TestCase):
 
   def testTrainEvalThenEvalerAndDecoderJobs(self):
     logdir = os.path.join(self.get_temp_dir(), 'run')
-    code, _, err = _Finish(_Start(f'--model={_KEY}', f'--logdir={logdir}',
-                                  '--max_steps=200'))
+    code, _, err = _Run(f'--model={_KEY}', f'--logdir={logdir}',
+                        '--max_steps=200').Finish()
     self.assertEqual(code, 0, err[-3000:])
     self.assertIn('Compiling the train step', err)
     self.assertRegex(err, r'First step done \(global step 1, loss [\d.]+\) '
@@ -85,12 +60,12 @@ class TrainerTest(tf.test.TestCase):
     self.assertEqual(_Steps(logdir, 'eval_dev'), [100, 200])
     self.assertEqual(_Steps(logdir, 'decoder_dev', 'mae'), [200])
 
-    evaler = _Start(f'--model={_KEY}', f'--logdir={logdir}',
-                    '--max_steps=200', '--job=evaler_test')
-    decoder = _Start(f'--model={_KEY}', f'--logdir={logdir}',
-                     '--max_steps=200', '--job=decoder_test')
+    evaler = _Run(f'--model={_KEY}', f'--logdir={logdir}',
+                  '--max_steps=200', '--job=evaler_test')
+    decoder = _Run(f'--model={_KEY}', f'--logdir={logdir}',
+                   '--max_steps=200', '--job=decoder_test')
     for proc in (evaler, decoder):
-      code, _, err = _Finish(proc)
+      code, _, err = proc.Finish()
       self.assertEqual(code, 0, err[-3000:])
     self.assertEqual(_Steps(logdir, 'eval_test'), [100, 200])
     self.assertTrue(os.path.exists(os.path.join(logdir, 'eval_test',
@@ -104,10 +79,10 @@ class TrainerTest(tf.test.TestCase):
 
     # Rerunning finished jobs builds nothing, writes nothing and says so.
     before = _Files(logdir)
-    trainer = _Start(f'--model={_KEY}', f'--logdir={logdir}',
-                     '--max_steps=200')
-    evaler = _Start(f'--model={_KEY}', f'--logdir={logdir}',
-                    '--max_steps=200', '--job=evaler_test')
+    trainer = _Run(f'--model={_KEY}', f'--logdir={logdir}',
+                   '--max_steps=200')
+    evaler = _Run(f'--model={_KEY}', f'--logdir={logdir}',
+                  '--max_steps=200', '--job=evaler_test')
     finished = {
         trainer: rf'The run is finished: {logdir}/train holds the checkpoint '
                  r'of step 200 \(max_steps 200\); nothing to do\.',
@@ -115,10 +90,10 @@ class TrainerTest(tf.test.TestCase):
                 r'checkpoint up to step 200 \(max_steps 200, '
                 rf'{logdir}/eval_test/last_step.txt\); nothing to do\.'}
     for proc, message in finished.items():
-      code, out, err = _Finish(proc)
+      code, out, err = proc.Finish()
       self.assertEqual(code, 0, err[-3000:])
       self.assertEqual(out, '')
-      lines = _LogLines(err)
+      lines = test_utils.LogLines(err)
       self.assertLen(lines, 1, err[-3000:])
       self.assertRegex(lines[0], message)
     self.assertEqual(_Files(logdir), before)
@@ -127,26 +102,25 @@ class TrainerTest(tf.test.TestCase):
     whole = os.path.join(self.get_temp_dir(), 'whole')
     killed = os.path.join(self.get_temp_dir(), 'killed')
     args = [f'--model={_KEY}', '--max_steps=1500', '--job=trainer']
-    reference = _Start(*args, f'--logdir={whole}')
-    victim = _Start(*args, f'--logdir={killed}')
+    reference = _Run(*args, f'--logdir={whole}')
+    victim = _Run(*args, f'--logdir={killed}')
     # The `checkpoint` state file is written once the first save completed.
     first = os.path.join(killed, 'train', 'checkpoint')
-    deadline = time.monotonic() + _TIMEOUT
-    while not os.path.exists(first) and victim.poll() is None:
+    deadline = time.monotonic() + test_utils.TIMEOUT
+    while not os.path.exists(first) and victim.proc.poll() is None:
       self.assertLess(time.monotonic(), deadline, 'no checkpoint appeared')
       time.sleep(0.01)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate(timeout=_TIMEOUT)
-    self.assertEqual(victim.returncode, -signal.SIGKILL)
+    victim.Signal(signal.SIGKILL)
+    self.assertEqual(victim.Finish()[0], -signal.SIGKILL)
     self.assertFalse(os.path.exists(os.path.join(killed, 'train',
                                                  'ckpt-1500.index')))
-    code, _, err = _Finish(_Start(*args, f'--logdir={killed}'))
+    code, _, err = _Run(*args, f'--logdir={killed}').Finish()
     self.assertEqual(code, 0, err[-3000:])
     restored = re.search(r'Restored \S+ckpt-\d+: global step (\d+)', err)
     self.assertIsNotNone(restored, err[-3000:])
     restored = int(restored.group(1))
     self.assertBetween(restored, 100, 1499)
-    code, _, err = _Finish(reference)
+    code, _, err = reference.Finish()
     self.assertEqual(code, 0, err[-3000:])
     a = checkpointer.ReadValues(os.path.join(whole, 'train', 'ckpt-1500'), '')
     b = checkpointer.ReadValues(os.path.join(killed, 'train', 'ckpt-1500'),
@@ -156,14 +130,15 @@ class TrainerTest(tf.test.TestCase):
     for key in keys:
       np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
-  def testNanStepsAreSkippedThenTooManyStopTheRun(self):
+  def testNanStepsAreSkippedThenTooManyStopTheRunAndItsEvaler(self):
     logdir = os.path.join(self.get_temp_dir(), 'nan')
-    code, _, err = _Finish(_Start(
-        f'--model={_KEY}', f'--logdir={logdir}', '--job=trainer',
-        '--max_steps=100', '--model_params_override='
-        'task.train.debug_nan_steps=[5, 30, 31, 32];'
-        'task.train.max_consecutive_skips=3;'
-        'task.train.save_interval_steps=10'))
+    args = [f'--model={_KEY}', f'--logdir={logdir}', '--max_steps=100',
+            '--model_params_override=task.train.debug_nan_steps=[5, 30, 31, '
+            '32];task.train.max_consecutive_skips=3;'
+            'task.train.save_interval_steps=10']
+    # An evaler beside the trainer stops after the run's final checkpoint.
+    evaler = _Run(*args, '--job=evaler_dev')
+    code, _, err = _Run(*args, '--job=trainer').Finish()
     self.assertEqual(code, 3, err[-3000:])
     self.assertNotIn('Traceback', err)
     last = err.strip().splitlines()[-1]
@@ -177,6 +152,11 @@ class TrainerTest(tf.test.TestCase):
                      [10, 20, 30])
     total = summary_utils.ReadScalars(train_dir)['skipped_steps_total']
     self.assertEqual(total[-1], (33, 4.0))  # Step 5 and steps 30, 31, 32.
+    code, _, err = evaler.Finish()
+    self.assertEqual(code, 0, err[-3000:])
+    self.assertIn("Stopping: the trainer's run ended (3 consecutive skipped "
+                  'steps); its final checkpoint is step 30.', err)
+    self.assertEqual(_Steps(logdir, 'eval_dev'), [10, 20, 30])
 
   def testUserErrorsExitTwoWithOneMessage(self):
     logdir = self.get_temp_dir()
@@ -195,17 +175,17 @@ class TrainerTest(tf.test.TestCase):
          rf"'{re.escape(missing)}' matches no files for: "
          rf'{re.escape(missing)}\.$'),
     ]
-    procs = [_Start(*args, f'--logdir={logdir}') for args, _ in cases]
+    procs = [_Run(*args, f'--logdir={logdir}') for args, _ in cases]
     for proc, (_, message) in zip(procs, cases):
-      code, _, err = _Finish(proc)
+      code, _, err = proc.Finish()
       self.assertEqual(code, 2, err[-3000:])
       self.assertNotIn('Traceback', err)
       self.assertRegex(err.strip().splitlines()[-1], message)
 
   def testInspectModelFromTrainerPy(self):
-    code, out, err = _Finish(_Start(
+    code, out, err = _Run(
         f'--model={_KEY}', '--mode=inspect_model', '--worker_split_size=2',
-        script=True))
+        script=True).Finish()
     self.assertEqual(code, 0, err[-3000:])
     self.assertRegex(out, r'regression\.net\.fc\[0\]\.w +\[8, 16\] +float32 '
                      r'+\S+CPU:0')

@@ -4,14 +4,17 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import checkpoint_files
 from cadence.framework import checkpointer
 from cadence.framework import eval_programs
 from cadence.framework import model_registry
 from cadence.framework import optimizer
+from cadence.framework import preemption
 from cadence.framework import programs
 from cadence.framework import summary_utils
 from cadence.framework import train_report
 from cadence.tasks.synthetic import regression
+from cadence.tests import test_utils
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'
 
@@ -64,22 +67,57 @@ class TrainProgramTest(tf.test.TestCase):
                       ListCheckpoints(os.path.join(logdir, 'train'))],
                      [100, 200])
 
-  def testResumeEqualsUninterrupted(self):
+  def testResumeAfterAnEndOrAStopEqualsUninterrupted(self):
     whole = os.path.join(self.get_temp_dir(), 'whole')
     parts = os.path.join(self.get_temp_dir(), 'parts')
+    stopped = os.path.join(self.get_temp_dir(), 'stopped')
     _Program(whole, _Params(max_steps=30)).Run()
     _Program(parts, _Params(max_steps=20)).Run()
-    resumed = _Program(parts, _Params(max_steps=30))
-    resumed.Run()
+    # An agreement that turns true once step 7 is done, as a stop on
+    # another worker would: inside the compiled loop of steps 1..10.
+    step = []
+    watcher = preemption.Watcher(signals=(), agreement=lambda local: (
+        tf.logical_or(local, step[0].read_value() >= 7)))
+    program = _Program(stopped, _Params(max_steps=30), watcher=watcher)
+    step.append(program._global_step)  # pylint: disable=protected-access
+    train_dir = os.path.join(stopped, 'train')
+    with self.assertRaisesRegex(
+        programs.Preempted,
+        r'^Stopped by a stop on another worker at step 7: saved '
+        rf'{train_dir}/ckpt-7\. Rerun the same command to resume from it\.$'):
+      program.Run()
+    self.assertEqual([checkpointer.StepOf(p) for p in
+                      checkpointer.ListCheckpoints(train_dir)], [7])
+    self.assertIsNone(checkpoint_files.ReadFinalMark(train_dir))
+    # The summaries cover the steps run: the partial window ends at 7.
+    scalars = summary_utils.ReadScalars(train_dir)
+    self.assertEqual([s for s, _ in scalars['loss']], [7])
+    for logdir in (parts, stopped):
+      _Program(logdir, _Params(max_steps=30)).Run()
     a = _Values(os.path.join(whole, 'train', 'ckpt-30'))
-    b = _Values(os.path.join(parts, 'train', 'ckpt-30'))
     self.assertLen(a, 13)  # 4 variables, 8 Adam slots, the update count.
-    self.assertEqual(sorted(a), sorted(b))
-    for key in a:
-      self.assertAllEqual(a[key], b[key], msg=key)
-    values = checkpointer.ReadValues(os.path.join(parts, 'train', 'ckpt-30'),
-                                     'input_position')
-    self.assertEqual(list(values.values()), [30])
+    for logdir in (parts, stopped):
+      b = _Values(os.path.join(logdir, 'train', 'ckpt-30'))
+      self.assertEqual(sorted(a), sorted(b))
+      for key in a:
+        self.assertAllEqual(a[key], b[key], msg=key)
+      values = checkpointer.ReadValues(
+          os.path.join(logdir, 'train', 'ckpt-30'), 'input_position')
+      self.assertEqual(list(values.values()), [30])
+    self.assertEqual(checkpoint_files.ReadFinalMark(train_dir),
+                     dict(step=30, reason='max_steps 30 reached'))
+
+  def testARequestBetweenLoopsStopsBeforeTheNextStep(self):
+    logdir = self.get_temp_dir()
+    watcher = preemption.Watcher(signals=())
+    program = _Program(logdir, _Params(max_steps=30), watcher=watcher,
+                       on_checkpoint=[lambda step: watcher.Request('a test')])
+    train_dir = os.path.join(logdir, 'train')
+    with self.assertRaisesRegex(
+        programs.Preempted, rf'^Stopped by a test at step 10: its checkpoint '
+        rf'{train_dir}/ckpt-10 was already written\.'):
+      program.Run()
+    self.assertEqual(program.global_step, 10)
 
   def testNanStepIsSkippedAndCounted(self):
     logdir = self.get_temp_dir()
@@ -215,6 +253,109 @@ class EvalProgramsTest(tf.test.TestCase):
         directory, handle, 40, state, poll_interval_secs=0.01,
         timeout_secs=0.05), [30])
     self.assertEqual(seen, [10, 20, 30])
+
+  def testRunOnCheckpointsStopsAtTheFinalMarkOrATimeout(self):
+    directory = self.get_temp_dir()
+    ckpt = checkpointer.Checkpointer(directory, dict(v=tf.Variable(0.0)))
+    for step in (10, 20):
+      ckpt.Save(step)
+    state = os.path.join(directory, 'state.txt')
+    with self.assertLogs(level='INFO') as logs:
+      self.assertEqual(eval_programs.RunOnCheckpoints(
+          directory, lambda path: None, 100, state, poll_interval_secs=0.01,
+          timeout_secs=0.05), [10, 20])
+    self.assertIn('Stopping: no new checkpoint for 0.05 s (the timeout); '
+                  'the last handled is step 20.', logs.output[-1])
+    ckpt.Save(30)
+    ckpt.MarkFinal('3 consecutive skipped steps')
+    with self.assertLogs(level='INFO') as logs:
+      self.assertEqual(eval_programs.RunOnCheckpoints(
+          directory, lambda path: None, 100, state), [30])
+    self.assertIn("Stopping: the trainer's run ended (3 consecutive skipped "
+                  'steps); its final checkpoint is step 30.',
+                  logs.output[-1])
+    stop = []
+    self.assertEqual(eval_programs.RunOnCheckpoints(
+        directory, lambda path: stop.append('SIGTERM'), 100,
+        os.path.join(directory, 'other.txt'),
+        should_stop=lambda: stop and stop[0]), [10])
+
+  def testCheckpointStateSkipsAnUnreadableCheckpointAndMovesNothing(self):
+    logdir = self.get_temp_dir()
+    _Program(logdir, _Params(max_steps=30)).Run()
+    train_dir = os.path.join(logdir, 'train')
+    with open(os.path.join(train_dir, 'ckpt-20.index'), 'wb') as f:
+      f.write(b'garbage' * 10)
+    before = sorted(os.listdir(train_dir))
+    task = self._EvalTask()
+    state = eval_programs.CheckpointState(task, train_dir)
+    seen = []
+
+    def _Handle(path):
+      seen.append(state.Restore(path))
+
+    with self.assertLogs(level='WARNING') as logs:
+      eval_programs.RunOnCheckpoints(train_dir, _Handle, 30,
+                                     os.path.join(logdir, 'state.txt'))
+    self.assertEqual(seen, [10, 30])
+    self.assertRegex(logs.output[0], rf'Skipping {train_dir}/ckpt-20, deleted '
+                     'or unreadable: Checkpoint .*ckpt-20 is unreadable: its '
+                     r'index is unreadable \(.*bad magic number')
+    self.assertEqual(sorted(os.listdir(train_dir)), before)
+
+
+_MIRRORED_SCRIPT = r'''
+import numpy as np, tensorflow as tf
+cpus = tf.config.list_physical_devices('CPU')
+tf.config.set_logical_device_configuration(
+    cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+from cadence.framework import checkpointer, cluster as cluster_lib
+from cadence.framework import model_registry, preemption, programs, replicas
+
+def Train(logdir, strategy, batch_size, watcher=None, max_steps=6):
+  p = model_registry.GetParams(
+      'synthetic.linear_regression.RegressionTiny', 'Train')
+  p.input.batch_size = batch_size
+  p.task.train.Set(max_steps=max_steps, save_interval_steps=3)
+  n = strategy.num_replicas_in_sync
+  cluster = cluster_lib.Cluster.Params().Set(
+      num_devices=n, worker_split_size=1).Instantiate()
+  with cluster:
+    tasks = replicas.BuildReplicas(p, cluster)
+    programs.TrainProgram(tasks, logdir, strategy, peak_flops=1e12,
+                          cluster=cluster, watcher=watcher).Run()
+  return checkpointer.ReadValues(f'{logdir}/train/ckpt-{max_steps}', 'model/')
+
+single = Train('/tmp/SINGLE', tf.distribute.get_strategy(), 32)
+mirrored = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+# With signal handlers installed, the loop runs in the watcher's worker
+# thread; the agreement all-reduces the stop flag over the replicas.
+with preemption.Watcher(
+    agreement=preemption.AllReduceAgreement(mirrored)) as watcher:
+  result = Train('/tmp/MIRRORED', mirrored, 16, watcher)
+  assert sorted(single) == sorted(result) and single
+  for k in single:
+    np.testing.assert_allclose(single[k], result[k], atol=2e-6, err_msg=k)
+  watcher.Request('a test')
+  try:
+    Train('/tmp/MIRRORED', mirrored, 16, watcher, max_steps=9)
+  except programs.Preempted as e:
+    assert str(e).startswith('Stopped by a test at step 6: its checkpoint'), e
+  else:
+    raise AssertionError('not preempted')
+print('OK')
+'''
+
+
+class MirroredPreemptionTest(tf.test.TestCase):
+
+  def testTwoReplicasAgreeOnTheStepToStopAt(self):
+    # A subprocess: a MirroredStrategy fixes collective group sizes for the
+    # whole process (see DESIGN.md).
+    tmp = self.get_temp_dir()
+    script = _MIRRORED_SCRIPT.replace('/tmp/SINGLE', f'{tmp}/single').replace(
+        '/tmp/MIRRORED', f'{tmp}/mirrored')
+    self.assertIn('OK', test_utils.RunPython(script).stdout)
 
 
 if __name__ == '__main__':

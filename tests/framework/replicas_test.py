@@ -11,7 +11,6 @@ the reference on the same global batch.
 import json
 import textwrap
 
-import numpy as np
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib

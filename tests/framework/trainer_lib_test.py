@@ -12,6 +12,7 @@ from unittest import mock
 from absl import logging
 import tensorflow as tf
 
+from cadence.framework import checkpoint_files
 from cadence.framework import inspect_lib
 from cadence.framework import programs
 from cadence.framework import summary_utils
@@ -153,6 +154,86 @@ class InspectTest(tf.test.TestCase):
                      '(GiB of memory per device; 0: no check).\n',
                      err.getvalue())
 
+  def testPipelinedExperimentUnderParameterServersIsAUserError(self):
+    # RegressionGPipeTiny's WORKER_SPLIT_SIZE is 2; refused before any
+    # server starts.
+    with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
+      code = trainer_lib.Main(trainer_lib.TrainerOptions(
+          model='synthetic.linear_regression.RegressionGPipeTiny',
+          logdir=self.get_temp_dir(), job='trainer',
+          cluster_spec='chief=h:0@ps=h:1@worker=h:2', task_type='chief'))
+    self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
+    self.assertRegex(err.getvalue(),
+                     r'^Error: Parameter-server training .* --worker_replicas'
+                     r'=1 and --worker_split_size=2 .*must both be 1\.')
+    self.assertLen(err.getvalue().strip().splitlines(), 1)
+
+
+_SAVE_EVERY_10 = 'task.train.save_interval_steps=10'
+
+
+def _Main(**kw):
+  """trainer_lib.Main in this process: (exit code, stderr)."""
+  with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
+    code = trainer_lib.Main(_Options(**dict(
+        dict(mode='sync', job='trainer', peak_tflops=1.0), **kw)))
+  return code, err.getvalue()
+
+
+class FaultsTest(tf.test.TestCase):
+  """Faults the trainer meets at start; in a subprocess (signals, a full
+  disk, damaged checkpoints): tests/trainer_faults_test.py."""
+
+  def testAnUnwritableLogdirIsAUserError(self):
+    logdir = self.get_temp_dir()
+    with open(os.path.join(logdir, 'train'), 'w') as f:
+      f.write('a file where the train folder must be\n')
+    code, err = _Main(logdir=logdir, max_steps=10)
+    self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
+    self.assertEqual(err, f'Error: --logdir: cannot write in {logdir}/train: '
+                     f'{logdir}/train is not a directory.\n')
+
+  def _Trained(self, max_steps):
+    """A logdir trained to `max_steps`, a checkpoint every 10; train dir."""
+    logdir = self.get_temp_dir()
+    self.assertEqual(_Main(logdir=logdir, max_steps=max_steps,
+                           model_params_override=_SAVE_EVERY_10)[0], 0)
+    return logdir, os.path.join(logdir, 'train')
+
+  def testNoReadableCheckpointIsAUserError(self):
+    logdir, train_dir = self._Trained(20)
+    for step in (10, 20):
+      os.remove(os.path.join(train_dir, f'ckpt-{step}.index'))
+    code, err = _Main(logdir=logdir, max_steps=30,
+                      model_params_override=_SAVE_EVERY_10)
+    self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
+    self.assertEqual(err, f'Error: No readable checkpoint in {train_dir}: '
+                     'ckpt-20: its index file ckpt-20.index is missing; '
+                     'ckpt-10: its index file ckpt-10.index is missing. Move '
+                     'them away to train from step 0, or use a new --logdir.'
+                     '\n')
+
+  def testMaxStepsLoweredBelowTheLatestCheckpointEndsTheRun(self):
+    logdir, train_dir = self._Trained(30)
+    mark = os.path.join(train_dir, checkpoint_files.FINAL_MARK)
+    os.remove(mark)  # As a run stopped before its end leaves it.
+    # Resumed with max_steps 20: finished at its checkpoint of step 30,
+    # which it marks final for the evalers.
+    self.assertEqual(_Main(logdir=logdir, max_steps=20,
+                           model_params_override=_SAVE_EVERY_10)[0], 0)
+    self.assertEqual(checkpoint_files.ReadFinalMark(train_dir),
+                     dict(step=30, reason='global step 30 >= max_steps 20'))
+    # An evaler that handled step 30 is finished whatever its max_steps.
+    os.makedirs(os.path.join(logdir, 'eval_dev'))
+    with open(os.path.join(logdir, 'eval_dev', 'last_step.txt'), 'w') as f:
+      f.write('30')
+    with self.assertLogs(level='INFO') as logs:
+      self.assertEqual(_Main(logdir=logdir, max_steps=1000,
+                             job='evaler_dev')[0], 0)
+    self.assertIn("The evaler_dev job is finished: it handled every "
+                  "checkpoint up to step 30 (the trainer's final checkpoint, "
+                  "global step 30 >= max_steps 20, ", logs.output[-1])
+
 
 class _Records(py_logging.Handler):
 
@@ -182,6 +263,11 @@ class LoggingTest(tf.test.TestCase):
     self.assertTrue(keep(self._Record(py_logging.WARNING, 'a warning')))
     self.assertTrue(keep(self._Record(py_logging.WARNING, 'w', name='absl',
                                       path=saver)))
+    # The saver's deliberate retracing at each multi-task (PS) save.
+    self.assertFalse(keep(self._Record(
+        py_logging.WARNING, '5 out of the last 5 calls to <function '
+        'MultiDeviceSaver.save.<locals>.tf_function_save at 0x7f> triggered '
+        'tf.function retracing. Tracing is expensive')))
     ours = self._Record(py_logging.INFO, 'Saved checkpoint', name='absl',
                         path=programs.__file__)
     self.assertTrue(keep(ours))
