@@ -77,6 +77,18 @@ flags.DEFINE_float('device_memory_gib', 0.0, 'Memory per device in GiB: the '
                    'the trainer\'s start-up log) says whether each stage '
                    'fits; 0: no check.')
 
+flags.DEFINE_string('tpu', '', 'Train on this Cloud TPU: its name (with '
+                    '--tpu_zone/--tpu_project off its VM) or grpc://host:port; '
+                    'replicas of --worker_split_size cores, pipeline stage s '
+                    'on logical core s.')
+flags.DEFINE_string('tpu_zone', '', 'GCE zone of the --tpu name (default: '
+                    'this VM\'s).')
+flags.DEFINE_string('tpu_project', '', 'GCP project of the --tpu name '
+                    '(default: this VM\'s).')
+flags.DEFINE_bool('xla', False, 'Compile each replica\'s forward and '
+                  'backward pass with XLA (tf.function(jit_compile=True)); '
+                  'needs static shapes and --worker_split_size=1 off a TPU.')
+
 FLAGS = flags.FLAGS
 
 
@@ -95,7 +107,9 @@ def main(argv):
       cluster_spec=FLAGS.cluster_spec, task_type=FLAGS.task_type,
       task_index=FLAGS.task_index, peak_tflops=FLAGS.peak_tflops,
       device_memory_gib=FLAGS.device_memory_gib,
-      eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME)
+      eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME,
+      tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, tpu_project=FLAGS.tpu_project,
+      xla=FLAGS.xla)
   return trainer_lib.Main(options)
 
 

@@ -40,25 +40,34 @@ import contextlib
 import tensorflow as tf
 
 from cadence.framework import hyperparams
+from cadence.framework import tpu
 
 
 def DeviceScope(device):
   """`tf.device(device)`, or a no-op scope for None (the device in scope).
 
   The one placement helper: layers place their variables and ops with it,
-  on the devices the current Cluster gives them.
+  on the devices the current Cluster gives them. A TPU logical core
+  (`tpu.LogicalCore(s)`, the stages of a TPU replica) is placed through the
+  TPUStrategy (`tpu.LogicalCoreScope`).
   """
-  return tf.device(device) if device else contextlib.nullcontext()
+  if not device:
+    return contextlib.nullcontext()
+  core = tpu.LogicalCoreIndex(device)
+  if core is not None:
+    return tpu.LogicalCoreScope(core)
+  return tf.device(device)
 
 
 def BesideVariable(var):
   """The scope that creates variables beside `var` (its optimizer slots, its
   EMA copy): `tf.device(var.device)`, or under a ParameterServerStrategy's
-  scope, colocation with `var` (that strategy puts variables on parameter
-  servers by colocation and ignores tf.device)."""
+  or TPUStrategy's scope, colocation with `var` (those strategies place
+  variables by colocation and ignore tf.device)."""
   strategy = tf.distribute.get_strategy()
   if tf.distribute.has_strategy() and isinstance(
-      strategy, tf.distribute.experimental.ParameterServerStrategy):
+      strategy, (tf.distribute.experimental.ParameterServerStrategy,
+                 tf.distribute.TPUStrategy)):
     return strategy.extended.colocate_vars_with(var)
   return tf.device(var.device)
 
@@ -127,6 +136,8 @@ class Cluster:
       spec = tf.DeviceSpec.from_string(device)
       if spec.job not in (None, 'localhost'):
         continue  # A remote device: its own process checks it.
+      if spec.device_type == tpu.LOGICAL_CORE_TYPE:
+        continue  # A TPU replica's logical core: the TPUStrategy's.
       short = spec.replace(job=None, replica=None, task=None).to_string()
       if short not in local:
         raise ValueError(

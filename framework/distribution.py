@@ -26,6 +26,9 @@ device r * S + s (`cluster.Cluster`). The strategy:
                           tasks start a tf.distribute.Server and serve
                           (`Setup.server`). One device per worker: no
                           pipeline, one replica.
+  --tpu=<name or address> TPUStrategy over the TPU's cores, replicas of
+                          worker_split_size cores each, stage s on logical
+                          core s (framework/tpu.py).
 
 Either way the replicas' variables are per-replica copies, and gradients are
 reduced stage by stage by tf.distribute's cross-device ops
@@ -44,6 +47,7 @@ import os
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import tpu as tpu_lib
 
 TF_CONFIG = 'TF_CONFIG'
 
@@ -67,6 +71,8 @@ class Setup:
     num_ps: parameter servers (0: no parameter-server training).
     server: this task's tf.distribute.Server, for the 'worker' and 'ps'
       tasks of parameter-server training (they only serve); else None.
+    tpu: True on a TPU: the strategy replicates the cluster's one model
+      split (the logical cores of a replica) over all replicas.
   """
   cluster: cluster_lib.Cluster
   strategy: object
@@ -75,9 +81,12 @@ class Setup:
   task_type: str = ''
   num_ps: int = 0
   server: object = None
+  tpu: bool = False
 
   @property
   def num_local_replicas(self):
+    if self.tpu:
+      return self.strategy.num_replicas_in_sync
     return self.cluster.num_splits
 
   @property
@@ -182,7 +191,7 @@ def _LocalDevices(run_locally, worker_replicas, worker_split_size,
 
 
 def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
-           worker_gpus=0, tf_config=None):
+           worker_gpus=0, tf_config=None, tpu='', tpu_zone='', tpu_project=''):
   """Configures devices and creates the strategy; call before any TF op.
 
   Args:
@@ -191,6 +200,8 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     worker_split_size: devices per replica, an int >= 1.
     worker_gpus: GPUs to use (0: all visible).
     tf_config: the multi-host configuration (`ReadTfConfig`), or None.
+    tpu: a TPU's name or grpc address ('': no TPU); with tpu_zone and
+      tpu_project (framework/tpu.py).
 
   Returns:
     A Setup.
@@ -202,6 +213,9 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
                       ('worker_split_size', worker_split_size)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
+  if tpu:
+    return _TpuSetup(tpu, tpu_zone, tpu_project, worker_replicas,
+                     worker_split_size, tf_config)
   task_type, num_workers, worker_index = '', 1, 0
   if tf_config is not None:
     task = tf_config['task']
@@ -289,3 +303,24 @@ def _ParameterServerSetup(tf_config, run_locally, worker_replicas,
                num_workers=len(jobs['worker']),
                worker_index=index,
                task_type=task_type, num_ps=len(jobs['ps']), server=server)
+
+
+def _TpuSetup(tpu, zone, project, worker_replicas, worker_split_size,
+              tf_config):
+  """The Setup of a TPU run (--tpu)."""
+  if tf_config is not None:
+    raise SetupError(f'--tpu={tpu!r} with $TF_CONFIG or --cluster_spec: a '
+                     'TPU run takes its hosts from the TPU; drop one.')
+  if worker_replicas != 1:
+    raise SetupError(
+        f'--tpu={tpu!r} with --worker_replicas={worker_replicas}: on a TPU '
+        'the replicas are its cores / --worker_split_size; leave '
+        '--worker_replicas at 1.')
+  try:
+    strategy, devices = tpu_lib.Connect(tpu, zone, project, worker_split_size)
+  except tpu_lib.TpuError as e:
+    raise SetupError(str(e)) from None
+  cluster = cluster_lib.Cluster.Params().Set(
+      devices=devices, device_type='TPU',
+      worker_split_size=worker_split_size).Instantiate()
+  return Setup(cluster=cluster, strategy=strategy, tpu=True)

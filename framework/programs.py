@@ -38,6 +38,7 @@ checkpoint (framework/checkpoint_files.py). What those summaries
 and lines hold (rates, FLOPs, MFU) is framework/train_report.py; the eval
 and decode programs are framework/eval_programs.py.
 """
+import functools
 import os
 import time
 
@@ -52,6 +53,7 @@ from cadence.framework import preemption
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
 from cadence.framework import train_report
+from cadence.framework import xla_step
 from cadence.framework.nested_map import NestedMap
 
 
@@ -105,6 +107,9 @@ class TrainProgram:
       (0: up to the next summary, log or checkpoint boundary).
     watcher: a `preemption.Watcher` whose stop flag ends training after
       the step in progress (default: one that no signal sets).
+    xla: compile each replica's forward and backward pass with XLA
+      (`tf.function(jit_compile=True)`); one replica's devices must then be
+      one device (or one TPU replica's logical cores).
 
   Example:
     tasks = replicas.BuildReplicas(model_params, cluster)
@@ -113,7 +118,7 @@ class TrainProgram:
 
   def __init__(self, tasks, logdir, strategy=None, peak_flops=None,
                on_checkpoint=(), start_time=None, cluster=None, num_workers=1,
-               worker_index=0, steps_per_loop=0, watcher=None):
+               worker_index=0, steps_per_loop=0, watcher=None, xla=False):
     self._watcher = watcher or preemption.Watcher(signals=())
     self._tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks]
     task = self._task = self._tasks[0]
@@ -123,7 +128,7 @@ class TrainProgram:
     self._num_workers = num_workers
     self._is_chief = worker_index == 0
     self._steps_per_loop = steps_per_loop
-    local = self._strategy.num_replicas_in_sync // num_workers
+    local = self._TaskCopies(num_workers)
     if len(self._tasks) != local:
       raise ValueError(
           f'TrainProgram: got {len(self._tasks)} task copies for the '
@@ -204,7 +209,20 @@ class TrainProgram:
                                               trainable=False))
     self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
     self._train_loop = tf.function(self._TrainLoop, autograph=False)
+    self._static_shapes = xla  # Checked before the first step.
+    if xla:
+      xla_step.CheckOneDevice(self._cluster, f"{task.path}'s train")
+    # Per task copy: its forward and backward, compiled as one XLA program.
+    self._forwards = [
+        tf.function(functools.partial(self._Forward, local=local),
+                    jit_compile=True, autograph=False) if xla else
+        functools.partial(self._Forward, local=local)
+        for local in range(len(self._tasks))]
     self._stat_keys = []  # Names of the loop's stats, set when it traces.
+
+  def _TaskCopies(self, num_workers):
+    """The task copies this host needs: one per local replica."""
+    return self._strategy.num_replicas_in_sync // num_workers
 
   @staticmethod
   def _Counter(name):
@@ -239,16 +257,16 @@ class TrainProgram:
 
   # --- the compiled loop -----------------------------------------------------
 
-  def _ReplicaStep(self, batch, step):
-    """Forward and backward on one replica: its loss, metrics, gradients."""
-    ctx = tf.distribute.get_replica_context()
-    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
-    local = replica % len(self._tasks)
+  def _Forward(self, batch, step, replica, local=0):
+    """Forward and backward of task copy `local` as replica `replica` (an
+    int, or a scalar tensor): its loss, gradients (a list in
+    `learner.trainable` order), summable metrics and examples.
+
+    The unit that --xla compiles (`self._forwards[local]`).
+    """
     task, learner = self._tasks[local], self._learners[local]
-    on_write = self._ReplicaSynced(local, self._on_write)
-    before = [v.read_value() for v in on_write]
     seed = step_seed.MakeStepSeed(step, task.params.random_seed or 0)
-    if ctx.num_replicas_in_sync > 1:  # Each replica its own dropout masks.
+    if self._strategy.num_replicas_in_sync > 1:  # Each replica its own masks.
       seed = step_seed.MicroBatchSeed(seed, replica)
     theta = base_layer.WithStepSeed(task.theta, seed)
     with tf.GradientTape() as tape:
@@ -261,15 +279,28 @@ class TrainProgram:
                          tf.constant(1.0, loss.dtype))
     grads = learner.ComputeGradients(tape, loss)
     return NestedMap(
-        synced_before=before,
-        synced=replicas.ReplicaValues(on_write, before, replica),
-        grads=[_OnDevice(g, v.device) if self._reducer else g
-               for g, (_, v) in zip(grads.Flatten(), learner.trainable)],
+        grads=grads.Flatten(),
         loss=tf.cast(loss, tf.float32),
         examples=tf.cast(tf.shape(_FirstLeaf(batch))[0], tf.float32),
         metrics=NestedMap({k: NestedMap(
             vw=tf.cast(v, tf.float32) * tf.cast(w, tf.float32),
             w=tf.cast(w, tf.float32)) for k, (v, w) in metrics.items()}))
+
+  def _ReplicaStep(self, batch, step):
+    """Forward and backward on one replica: its loss, metrics, gradients,
+    and what it sends to combine its synced variables."""
+    ctx = tf.distribute.get_replica_context()
+    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+    local = replica % len(self._tasks)
+    learner = self._learners[local]
+    on_write = self._ReplicaSynced(local, self._on_write)
+    before = [v.read_value() for v in on_write]
+    out = self._forwards[local](batch, step, replica)
+    out.grads = [_OnDevice(g, v.device) if self._reducer else g
+                 for g, (_, v) in zip(out.grads, learner.trainable)]
+    out.synced_before = before
+    out.synced = replicas.ReplicaValues(on_write, before, replica)
+    return out
 
   def _ReplicaSynced(self, local, synced):
     """Replica `local`'s copies of the variables of `synced` (path, var)."""
@@ -342,6 +373,19 @@ class TrainProgram:
                   per_replica.synced_before)
     s = self._strategy
     Sum = tf.distribute.ReduceOp.SUM
+    return self._StepDone(stats, _Reduce(s, Sum, per_replica.examples),
+                          per_replica.metrics.Transform(
+                              lambda x: _Reduce(s, Sum, x)))
+
+  def _StepDone(self, stats, examples, metrics):
+    """Counts the step (global step, input position, skips, EMA) after the
+    update; returns its summable float stats.
+
+    Args:
+      stats: the learner's stats (grad_norm, skipped, learning_rate).
+      examples: examples of the step, summed over replicas.
+      metrics: NestedMap of {vw, w} per metric, summed over replicas.
+    """
     skipped = tf.cast(stats.skipped, tf.bool)
     ok = 1.0 - tf.cast(skipped, tf.float32)
 
@@ -354,9 +398,8 @@ class TrainProgram:
         skipped_steps=1.0 - ok,
         grad_norm=_Kept(tf.cast(stats.grad_norm, tf.float32)),
         learning_rate=tf.cast(stats.learning_rate, tf.float32),
-        examples=_Reduce(s, Sum, per_replica.examples),
-        metrics=per_replica.metrics.Transform(
-            lambda x: _Kept(_Reduce(s, Sum, x))))
+        examples=examples,
+        metrics=metrics.Transform(_Kept))
     self._global_step.assign_add(1)
     self._input_position.assign_add(1)
     skipped_i = tf.cast(skipped, tf.int64)
@@ -583,6 +626,8 @@ class TrainProgram:
     self._checkpointer.ClearFinal()
     start = int(self._input_position.numpy())
     dataset = self._ReplicaBatches(start)
+    if self._static_shapes:
+      xla_step.CheckStepShapes(self._task, dataset.element_spec)
     flops = train_report.TrainFlopsPerExample(
         self._task, dataset, self._input.GlobalBatchSize())
     iterator = self._Iterator(dataset, start)

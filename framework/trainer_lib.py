@@ -64,6 +64,8 @@ from cadence.framework import preemption
 from cadence.framework import programs
 from cadence.framework import ps_programs
 from cadence.framework import replicas
+from cadence.framework import tpu_programs
+from cadence.framework import xla_step
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
@@ -107,6 +109,10 @@ class TrainerOptions:
   device_memory_gib: float = 0.0
   eval_timeout_s: float = 0.0
   start_time: float = None
+  tpu: str = ''
+  tpu_zone: str = ''
+  tpu_project: str = ''
+  xla: bool = False
 
 
 # --- params -------------------------------------------------------------------
@@ -297,7 +303,9 @@ def ConfigureDevices(options):
         run_locally=options.run_locally,
         worker_replicas=options.worker_replicas,
         worker_split_size=WorkerSplitSize(options),
-        worker_gpus=options.worker_gpus, tf_config=tf_config)
+        worker_gpus=options.worker_gpus, tf_config=tf_config,
+        tpu=options.tpu, tpu_zone=options.tpu_zone,
+        tpu_project=options.tpu_project)
   except distribution.SetupError as e:
     raise UserError(str(e)) from None
 
@@ -337,7 +345,11 @@ class _TrainerJob:
   def __init__(self, options, params, setup, with_eval, watcher):
     start = time.perf_counter()
     tasks = None
-    if not setup.num_ps:
+    if options.xla and setup.num_ps:
+      raise UserError('--xla with parameter servers: the coordinator '
+                      'dispatches uncompiled steps; drop --xla or the "ps" '
+                      'job.')
+    if not setup.num_ps and not setup.tpu:
       tasks = replicas.BuildReplicas(params, setup.cluster)
       _LogBuilt(tasks, start, options.device_memory_gib)
     on_checkpoint = []
@@ -363,7 +375,11 @@ class _TrainerJob:
     common = dict(peak_flops=peak, on_checkpoint=on_checkpoint,
                   start_time=options.start_time, cluster=setup.cluster,
                   steps_per_loop=options.steps_per_loop, watcher=watcher)
-    if tasks is None:
+    if setup.tpu:
+      self._program = tpu_programs.TpuTrainProgram(
+          params, options.logdir, setup.strategy, xla=options.xla, **common)
+      _LogBuilt([self._program.task], start, options.device_memory_gib)
+    elif tasks is None:
       self._program = ps_programs.PsTrainProgram(
           params, options.logdir, setup.strategy,
           num_workers=setup.num_workers, num_ps=setup.num_ps, **common)
@@ -372,7 +388,7 @@ class _TrainerJob:
       self._program = programs.TrainProgram(
           tasks, options.logdir, setup.strategy,
           num_workers=setup.num_workers, worker_index=setup.worker_index,
-          **common)
+          xla=options.xla, **common)
 
   def Run(self):
     step = self._program.Run()
@@ -647,6 +663,8 @@ def Main(options):
       logging.info('%s', e)
     except programs.TrainingStopped as e:
       return _Fail(EXIT_TRAINING_STOPPED, str(e))
+    except xla_step.StaticShapeError as e:  # Checked before the first step.
+      return _Fail(EXIT_USER_ERROR, str(e))
     except checkpointer.UnreadableError as e:
       return _Fail(EXIT_USER_ERROR, str(e))
     except checkpointer.SaveError as e:
