@@ -240,6 +240,40 @@ class TrainerRun:
       self.proc.communicate()
 
 
+_MAINS_DRIVER = """
+import contextlib, io, json, sys
+from absl import flags
+from cadence import trainer
+results = []
+for argv in json.loads(sys.argv[1]):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['trainer.py'] + argv)   # The trainer's own flag parsing.
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    code = trainer.main(['trainer.py'])
+  results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def StartTrainerMains(argvs, env=None):
+  """Runs `trainer.main` on each argv in turn in ONE subprocess (through
+  the trainer's own flag parsing; TensorFlow is imported once). Returns
+  the Popen; `FinishTrainerMains` gives [(exit code, stderr)] per argv."""
+  return subprocess.Popen(
+      [sys.executable, '-c', _MAINS_DRIVER, json.dumps(argvs)], cwd=ROOT,
+      env=env or QUIET_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def FinishTrainerMains(proc, timeout=600):
+  """[(exit code, stderr)] per argv of `StartTrainerMains`'s process."""
+  out, err = proc.communicate(timeout=timeout)
+  if proc.returncode:
+    raise AssertionError(f'trainer driver failed: {err[-3000:]}')
+  return json.loads(out.strip().splitlines()[-1])
+
+
 def LogLines(stderr):
   """The lines Python logged to stderr: absl's ('I1123 05:47:45.43 12
   trainer_lib.py:480] ...') and TensorFlow's own ('WARNING:tensorflow:')."""

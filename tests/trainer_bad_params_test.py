@@ -10,13 +10,13 @@ The command lines run through `trainer.py`'s own flag parsing and `main` in
 ONE subprocess (TensorFlow's import is paid once); one case also runs as a
 real `python trainer.py` process to show both paths give the same answer.
 """
-import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import tensorflow as tf
+
+from cadence.tests import test_utils
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
@@ -75,20 +75,6 @@ _CASES = [
      rf"'num_micro_batches'; did you mean '{_PIPE}.num_micro_batches'\?$"),
 ]
 
-_DRIVER = textwrap.dedent("""
-    import contextlib, io, json, sys
-    from absl import flags
-    from cadence import trainer
-    results = []
-    for argv in json.loads(sys.argv[1]):
-      flags.FLAGS.unparse_flags()
-      flags.FLAGS(['trainer.py'] + argv)   # The trainer's own flag parsing.
-      err = io.StringIO()
-      with contextlib.redirect_stderr(err):
-        code = trainer.main(['trainer.py'])
-      results.append([code, err.getvalue()])
-    print(json.dumps(results))
-""")
 
 
 class BadParamsTest(tf.test.TestCase):
@@ -99,15 +85,11 @@ class BadParamsTest(tf.test.TestCase):
     argvs = [[f'--model={_KEY}', f'--logdir={logdir}', '--worker_split_size=2',
               f'--model_params_override={override}']
              for override, _ in _CASES]
-    driver = subprocess.Popen(
-        [sys.executable, '-c', _DRIVER, json.dumps(argvs)], cwd=_ROOT,
-        env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = test_utils.StartTrainerMains(argvs, env=_ENV)
     real = subprocess.Popen([sys.executable, 'trainer.py'] + argvs[0],
                             cwd=_ROOT, env=_ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    out, err = driver.communicate(timeout=600)
-    self.assertEqual(driver.returncode, 0, err[-3000:])
-    results = json.loads(out.strip().splitlines()[-1])
+    results = test_utils.FinishTrainerMains(driver)
     for (override, regex), (code, stderr) in zip(_CASES, results):
       with self.subTest(override=override):
         self.assertEqual(2, code, stderr[-2000:])

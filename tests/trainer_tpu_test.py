@@ -1,0 +1,78 @@
+"""The TPU and --xla flags through the trainer's command line.
+
+Every case must stop the trainer before any step with exit code 2 and one
+`Error: ...` line: a TPU that cannot be resolved or reached (at once, not
+after gRPC's retries), flags that contradict a TPU run, --xla over several
+devices per replica, and --xla on batches of unknown shape (the static
+check before the first step). All run through `trainer.main` in ONE
+subprocess; `--tpu=nonexistent` also runs as a real `python trainer.py`.
+"""
+import os
+import subprocess
+import sys
+
+import tensorflow as tf
+
+from cadence.tests import test_utils
+
+_KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+_REGRESSION = 'synthetic.linear_regression.RegressionTiny'
+
+
+def _Cases(port):
+  """(flags, regex of the one error line); the unreachable TPU last."""
+  return [
+      (['--xla', '--worker_split_size=2'],
+       r"^Error: Bad params: lm's train: --xla compiles one replica's step "
+       r'as one XLA program on one device, but a replica spans 2 devices'),
+      (['--tpu=nonexistent'],
+       r"^Error: --tpu='nonexistent': cannot resolve the TPU \(.+\)\. Give "
+       r"the TPU's name \(with --tpu_zone and --tpu_project off its VM\) or "
+       r'its grpc://host:8470 address\.$'),
+      (['--tpu=my-tpu', '--worker_replicas=2'],
+       r"^Error: --tpu='my-tpu' with --worker_replicas=2: on a TPU the "
+       r'replicas are its cores / --worker_split_size; leave '
+       r'--worker_replicas at 1\.$'),
+      ([f'--model={_REGRESSION}', '--xla',
+        '--model_params_override=input.fixed_input_shape=False'],
+       r"^Error: The input of task 'regression': input batch field 'x' has "
+       r'shape \[\?, 8\]: dimension 0 is not fixed; TPU and --xla need fully '
+       r'defined batch shapes: set fixed_input_shape=True'),
+      ([f'--tpu=grpc://127.0.0.1:{port}'],
+       rf"^Error: --tpu='grpc://127.0.0.1:{port}': cannot connect to or "
+       rf'initialise the TPU at grpc://127.0.0.1:{port} \(UnavailableError: '),
+  ]
+
+
+class TrainerTpuTest(tf.test.TestCase):
+
+  def testTpuAndXlaErrorsExitTwoWithOneLineQuickly(self):
+    logdir = os.path.join(self.get_temp_dir(), 'run')
+    cases = _Cases(test_utils.FreePorts(1)[0])
+    argvs = [[f'--model={_KEY}', f'--logdir={logdir}', '--job=trainer'] + f
+             for f, _ in cases]
+    driver = test_utils.StartTrainerMains(argvs)
+    real = subprocess.Popen([sys.executable, 'trainer.py'] + argvs[1],
+                            cwd=test_utils.ROOT, env=test_utils.QUIET_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    # A hang (gRPC retrying the unreachable TPU) would time out here.
+    results = test_utils.FinishTrainerMains(driver, timeout=240)
+    for (flags, regex), (code, stderr) in zip(cases, results):
+      with self.subTest(flags=flags):
+        self.assertEqual(2, code, stderr[-2000:])
+        self.assertNotIn('Traceback', stderr)
+        errors = [l for l in stderr.splitlines() if l.startswith('Error: ')]
+        self.assertLen(errors, 1, stderr[-2000:])
+        self.assertEqual(errors[0], stderr.strip().splitlines()[-1])
+        self.assertRegex(errors[0], regex)
+        self.assertFalse(os.path.exists(os.path.join(logdir, 'train',
+                                                     'checkpoint')))
+    _, real_err = real.communicate(timeout=300)
+    self.assertEqual(2, real.returncode, real_err[-2000:])
+    self.assertEqual(results[1][1].strip().splitlines()[-1],
+                     real_err.strip().splitlines()[-1])
+
+
+if __name__ == '__main__':
+  tf.test.main()
