@@ -274,6 +274,25 @@ def FinishTrainerMains(proc, timeout=600):
   return json.loads(out.strip().splitlines()[-1])
 
 
+def StartTrainer(argv, env=None):
+  """`python trainer.py *argv` as a real process (stdout, stderr piped)."""
+  return subprocess.Popen([sys.executable, 'trainer.py'] + list(argv),
+                          cwd=ROOT, env=env or QUIET_ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def AssertUserErrorLine(test, code, stderr, regex):
+  """Asserts exit code 2 and ONE `Error: ...` line, the last, matching
+  `regex`, without a traceback."""
+  test.assertEqual(2, code, stderr[-2000:])
+  test.assertNotIn('Traceback', stderr)
+  errors = [l for l in stderr.splitlines() if l.startswith('Error: ')]
+  test.assertLen(errors, 1, stderr[-2000:])
+  test.assertEqual(errors[0], stderr.strip().splitlines()[-1])
+  test.assertRegex(errors[0], regex)
+
+
 def LogLines(stderr):
   """The lines Python logged to stderr: absl's ('I1123 05:47:45.43 12
   trainer_lib.py:480] ...') and TensorFlow's own ('WARNING:tensorflow:')."""

@@ -11,14 +11,11 @@ ONE subprocess (TensorFlow's import is paid once); one case also runs as a
 real `python trainer.py` process to show both paths give the same answer.
 """
 import os
-import subprocess
-import sys
 
 import tensorflow as tf
 
 from cadence.tests import test_utils
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
 _STACK = 'task.stack_tpl'
@@ -86,18 +83,11 @@ class BadParamsTest(tf.test.TestCase):
               f'--model_params_override={override}']
              for override, _ in _CASES]
     driver = test_utils.StartTrainerMains(argvs, env=_ENV)
-    real = subprocess.Popen([sys.executable, 'trainer.py'] + argvs[0],
-                            cwd=_ROOT, env=_ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    real = test_utils.StartTrainer(argvs[0], env=_ENV)
     results = test_utils.FinishTrainerMains(driver)
     for (override, regex), (code, stderr) in zip(_CASES, results):
       with self.subTest(override=override):
-        self.assertEqual(2, code, stderr[-2000:])
-        self.assertNotIn('Traceback', stderr)
-        errors = [l for l in stderr.splitlines() if l.startswith('Error: ')]
-        self.assertLen(errors, 1, stderr[-2000:])
-        self.assertEqual(errors[0], stderr.strip().splitlines()[-1])
-        self.assertRegex(errors[0], regex)
+        test_utils.AssertUserErrorLine(self, code, stderr, regex)
         # Stopped before training: no checkpoint, no train summaries.
         self.assertFalse(os.path.exists(os.path.join(logdir, 'train')))
     _, real_err = real.communicate(timeout=600)

@@ -8,8 +8,6 @@ check before the first step). All run through `trainer.main` in ONE
 subprocess; `--tpu=nonexistent` also runs as a real `python trainer.py`.
 """
 import os
-import subprocess
-import sys
 
 import tensorflow as tf
 
@@ -52,20 +50,12 @@ class TrainerTpuTest(tf.test.TestCase):
     argvs = [[f'--model={_KEY}', f'--logdir={logdir}', '--job=trainer'] + f
              for f, _ in cases]
     driver = test_utils.StartTrainerMains(argvs)
-    real = subprocess.Popen([sys.executable, 'trainer.py'] + argvs[1],
-                            cwd=test_utils.ROOT, env=test_utils.QUIET_ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    real = test_utils.StartTrainer(argvs[1])
     # A hang (gRPC retrying the unreachable TPU) would time out here.
     results = test_utils.FinishTrainerMains(driver, timeout=240)
     for (flags, regex), (code, stderr) in zip(cases, results):
       with self.subTest(flags=flags):
-        self.assertEqual(2, code, stderr[-2000:])
-        self.assertNotIn('Traceback', stderr)
-        errors = [l for l in stderr.splitlines() if l.startswith('Error: ')]
-        self.assertLen(errors, 1, stderr[-2000:])
-        self.assertEqual(errors[0], stderr.strip().splitlines()[-1])
-        self.assertRegex(errors[0], regex)
+        test_utils.AssertUserErrorLine(self, code, stderr, regex)
         self.assertFalse(os.path.exists(os.path.join(logdir, 'train',
                                                      'checkpoint')))
     _, real_err = real.communicate(timeout=300)
