@@ -17,7 +17,11 @@ once per interval instead of once per step. Each step:
   global_step += 1; input_position += 1; EMA update unless skipped
 
 (one replica: no all-reduce; replica r > 0 draws its dropout with
-MicroBatchSeed(seed, r)). The loop stops early once `max_consecutive_skips`
+MicroBatchSeed(seed, r)). With `xla=True` (--xla) each replica's forward
+and backward (`_Forward`) is one XLA program (`jit_compile`), and the
+program's static shapes are checked before the first step
+(framework/xla_step.py); on a TPU the whole step is replicated instead
+(framework/tpu_programs.py). The loop stops early once `max_consecutive_skips`
 steps in a row were skipped; `Run` then raises `TrainingStopped` without
 saving, so the latest checkpoint stays the last good one. It also stops
 after the step in progress when the preemption watcher's stop flag is set
