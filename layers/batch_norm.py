@@ -62,20 +62,32 @@ def MovingAverages(mean, variance, stats, decay):
   return mean, variance
 
 
-def UpdateChildren(layer, stats):
-  """Calls UpdateMovingStats of `layer`'s children named in `stats`.
+class BatchStatsLayer(base_layer.BaseLayer):
+  """Base of layers made of BatchNormLayers (see the module docstring).
 
-  Args:
-    layer: a layer whose FPropStats returned `stats`.
-    stats: NestedMap child name -> that child's stats (None: nothing), each
-      leaf with a leading micro-batch dim.
+  A subclass implements `FPropStats(theta, *inputs) -> (outputs, stats)`,
+  stats a NestedMap child name -> that child's stats (None in inference).
+  `FProp` returns the outputs alone; `UpdateMovingStats(stats)` (leaves
+  with a leading micro-batch dim) calls each named child's.
   """
-  for name, child_stats in (stats or {}).items():
-    if child_stats is not None:
-      layer.children[name].UpdateMovingStats(child_stats)
+
+  def FPropStats(self, theta, *inputs):
+    raise NotImplementedError(
+        f'{type(self).__name__} must implement FPropStats(theta, ...).')
+
+  def FProp(self, theta, *inputs):
+    """FPropStats' outputs alone (the statistics are dropped)."""
+    return self.FPropStats(theta, *inputs)[0]
+
+  def UpdateMovingStats(self, stats):
+    """Applies FPropStats' stats, leaves [micro_batches, ...], to the
+    children they name; once per training step, outside any cell."""
+    for name, child_stats in (stats or {}).items():
+      if child_stats is not None:
+        self.children[name].UpdateMovingStats(child_stats)
 
 
-class BatchNormLayer(base_layer.BaseLayer):
+class BatchNormLayer(BatchStatsLayer):
   """y = (x - mean) / sqrt(var + epsilon) * gamma + beta over the last dim.
 
   Variables: `beta` [dim] (init 0), `gamma` [dim] (init 1), and the
@@ -144,10 +156,6 @@ class BatchNormLayer(base_layer.BaseLayer):
     scale = tf.math.rsqrt(variance + p.epsilon) * tf.cast(theta.gamma, dtype)
     out = (x - mean) * scale + tf.cast(theta.beta, dtype)
     return tf.cast(out, self.fprop_dtype), stats
-
-  def FProp(self, theta, inputs):
-    """FPropStats' outputs alone (the statistics are dropped)."""
-    return self.FPropStats(theta, inputs)[0]
 
   def UpdateMovingStats(self, stats):
     """Assigns the moving averages after one update per micro-batch.

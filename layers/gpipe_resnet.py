@@ -67,7 +67,7 @@ def _StatsShapes(unit_p):
   return None
 
 
-class ResNet(base_layer.BaseLayer):
+class ResNet(batch_norm.BatchStatsLayer):
   """Pipelined ResNet classifier; see the module docstring.
 
   FPropStats(theta, images [b, h, w, input_dim]) -> (logits [b,
@@ -172,24 +172,16 @@ class ResNet(base_layer.BaseLayer):
 
   @classmethod
   def Boundaries(cls, p):
-    """The K + 1 unit boundaries [0, b_1, ..., U] that `splits` defines."""
+    """The K + 1 unit boundaries [0, b_1, ..., U] that `splits` defines
+    (an int K: K cells of near-equal FLOPs on one image)."""
     n = len(cls.UnitParams(p))
-    owner = validation.Owner(p)
-    if validation.IsInt(p.splits):
-      if not 1 <= p.splits <= n:
-        raise validation.Error(owner, 'splits', p.splits, f'must be in [1, '
-                               f'{n}] (the stem, the blocks and the head).')
+    costs = [1] * n
+    if validation.IsInt(p.splits) and 1 <= p.splits <= n:
       one = Shape([1] + list(p.image_size) + [p.input_dim])
-      return gpipe.BalancedPartition(
-          [m.flops for m in cls.UnitMetas(p, one)], p.splits)
-    if isinstance(p.splits, (list, tuple)):
-      bounds = [0] + list(p.splits) + [n]
-      if all(validation.IsInt(b) for b in p.splits) and all(
-          a < b for a, b in zip(bounds, bounds[1:])):
-        return bounds
-    raise validation.Error(
-        owner, 'splits', p.splits, f'must be an int K in [1, {n}] or a list '
-        f'of increasing unit indices in (0, {n}), e.g. [{n // 2}].')
+      costs = [m.flops for m in cls.UnitMetas(p, one)]
+    return gpipe.SplitBoundaries(
+        validation.Owner(p), p.splits, costs, 'unit',
+        f'must be in [1, {n}] (the stem, the blocks and the head).')
 
   # --- construction ------------------------------------------------------------
 
@@ -310,10 +302,6 @@ class ResNet(base_layer.BaseLayer):
       state = self.pipeline.FPropCells(
           cells, state, step_seed=theta.get(base_layer.STEP_SEED_KEY))
     return state.x, state.get('stats')
-
-  def FProp(self, theta, images):
-    """FPropStats' logits alone (the statistics are dropped)."""
-    return self.FPropStats(theta, images)[0]
 
   def UpdateMovingStats(self, stats):
     """Applies FPropStats' stats: each BN's moving averages, one update per

@@ -5,7 +5,7 @@ arXiv:1512.03385 (the "basic" block of ResNet-18/34, with a projection
 shortcut, option B, where the shape changes).
 
 Both layers hold BatchNormLayers, so they follow layers/batch_norm.py's
-protocol: `FPropStats(theta, x) -> (y, stats)` is pure and returns the
+protocol (batch_norm.BatchStatsLayer): `FPropStats(theta, x) -> (y, stats)` is pure and returns the
 batch statistics of their BatchNormLayers as a NestedMap keyed by child
 name (None in inference); `UpdateMovingStats(stats)` applies them, each
 leaf [micro_batches, 2, dim]. `FProp` returns y alone.
@@ -48,7 +48,7 @@ def _ReluMeta(shape):
   return shapes.AsShape(shape).num_elements()
 
 
-class ResNetStem(base_layer.BaseLayer):
+class ResNetStem(batch_norm.BatchStatsLayer):
   """conv (kernel x kernel, stride) - BN - relu, then an optional 3x3/2 max
   pool: ResNet's first layers ([b, h, w, input_dim] -> [b, h', w', dim]).
 
@@ -100,13 +100,6 @@ class ResNetStem(base_layer.BaseLayer):
       x = tf.nn.max_pool2d(x, 3, 2, 'SAME')
     return x, None if bn_stats is None else NestedMap(bn=bn_stats)
 
-  def FProp(self, theta, inputs):
-    return self.FPropStats(theta, inputs)[0]
-
-  def UpdateMovingStats(self, stats):
-    """Applies FPropStats' stats (leaves [micro_batches, 2, dim])."""
-    batch_norm.UpdateChildren(self, stats)
-
   @classmethod
   def FPropMeta(cls, p, inputs):
     """The conv's, BN's, relu's (1 a element) and pool's FLOPs; act_bytes:
@@ -123,7 +116,7 @@ class ResNetStem(base_layer.BaseLayer):
     return NestedMap(flops=flops, out_shapes=(out,), act_bytes=act)
 
 
-class ResidualBlock(base_layer.BaseLayer):
+class ResidualBlock(batch_norm.BatchStatsLayer):
   """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), 3x3 convs.
 
   conv1 has stride `stride`; the shortcut is x itself, or a 1x1 conv of
@@ -200,13 +193,6 @@ class ResidualBlock(base_layer.BaseLayer):
                                                         shortcut)
     out = tf.nn.relu(x + shortcut)
     return out, None if self.params.is_inference else stats
-
-  def FProp(self, theta, inputs):
-    return self.FPropStats(theta, inputs)[0]
-
-  def UpdateMovingStats(self, stats):
-    """Applies FPropStats' stats (leaves [micro_batches, 2, output_dim])."""
-    batch_norm.UpdateChildren(self, stats)
 
   @classmethod
   def FPropMeta(cls, p, inputs):
