@@ -145,6 +145,11 @@ class ResNet(batch_norm.BatchStatsLayer):
       if pipe.batch_dim != 0:
         raise validation.Error(owner, 'pipeline_tpl.batch_dim',
                                pipe.batch_dim, 'must be 0: images are NHWC.')
+      if pipe.schedule != 'gpipe':
+        raise validation.Error(owner, 'pipeline_tpl.schedule', pipe.schedule,
+                               "must be 'gpipe': the ResNet does not run its "
+                               'loss inside the pipeline (FPropLoss), which '
+                               '1F1B needs.')
       gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
     cls.Boundaries(p)
 

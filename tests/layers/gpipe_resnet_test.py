@@ -149,6 +149,11 @@ class PipelinedResNetTest(tf.test.TestCase):
       p.pipeline_tpl.cell_tpl = [gpipe.FeatureExtractionLayer.Params()]
       p.Instantiate()
     p = _Params()
+    p.pipeline_tpl.schedule = '1f1b'
+    with self.assertRaisesRegex(ValueError, r"pipeline_tpl.schedule='1f1b' "
+                                "must be 'gpipe'"):
+      p.Instantiate()
+    p = _Params()
     p.pipeline_tpl.num_micro_batches = 3
     with self.assertRaisesRegex(ValueError, 'num_micro_batches=3'):
       gpipe_resnet.ResNet.FPropMeta(p, [_BATCH, 6, 6, 2])
