@@ -10,8 +10,8 @@ moving-average update are two separate calls:
   1. `FPropStats(theta, x)` (pure) normalises x with its own batch
      statistics in training and returns them beside the output: `stats`
      [2, dim] = (mean, variance) over every axis but the last. A layer made
-     of BatchNormLayers returns its children's stats in a NestedMap keyed by
-     child name (layers/resnet.py). Inside a pipeline each micro-batch is
+     of BatchNormLayers (a `BatchStatsLayer`) returns its children's stats
+     in a NestedMap keyed by child name (layers/resnet.py). Inside a pipeline each micro-batch is
      one call, so each micro-batch normalises with its own statistics; the
      cell passes its stats on as extra outputs with a batch dim of 1, and
      the pipeline concatenates them over micro-batches in order:
@@ -29,7 +29,9 @@ statistics read from theta and returns stats None.
 The moving statistics are non-trainable variables declared with
 `aggregation=MEAN`: under data parallelism each replica updates its copy
 from its own batch and the trainer averages the copies after every step
-(framework/replicas.py), so the replicas agree. The variance is the biased
+(framework/replicas.py), so the replicas agree (the mean of their
+averages; each replica's batch variance is its own, as in unsynchronised
+batch norm). The variance is the biased
 one (divided by the number of examples), in training and in the update.
 Statistics are computed in float32 (float64 with a float64 fprop_dtype).
 """
