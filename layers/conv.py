@@ -242,3 +242,49 @@ class FlattenLayer(base_layer.BaseLayer):
                        f'{list(shape)} must have rank >= 1.')
     return NestedMap(flops=0, out_shapes=(
         shapes.Shape([shape[0], shapes.Mul(*shape[1:])]),))
+
+
+class GlobalPoolingLayer(base_layer.BaseLayer):
+  """Average or max over height and width: [b, h, w, c] -> [b, c].
+
+  Example:
+    p = GlobalPoolingLayer.Params().Set(name='gap')
+    y = p.Instantiate()(tf.ones([8, 7, 7, 512]))   # [8, 512]
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('pooling_type', 'AVG', "'AVG' or 'MAX'.")
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    validation.CheckOneOf(validation.Owner(self), 'pooling_type',
+                          self.params.pooling_type, _POOLING_TYPES)
+
+  def FProp(self, theta, inputs):
+    """Pools.
+
+    Args:
+      theta: unused (no variables).
+      inputs: [batch, height, width, channels].
+
+    Returns:
+      [batch, channels] in fprop_dtype.
+    """
+    del theta
+    reduce = (tf.reduce_mean if self.params.pooling_type == 'AVG' else
+              tf.reduce_max)
+    return reduce(self.CastToFPropDtype(inputs), axis=[1, 2])
+
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    """flops = b*h*w*c (adds or compares) + b*c (AVG: the division)."""
+    shape = shapes.AsShape(inputs)
+    _CheckImageShape(cls, p, shape, shape[-1] if shape.rank else None)
+    out = shapes.Shape([shape[0], shape[3]])
+    flops = shape.num_elements()
+    if p.pooling_type == 'AVG':
+      flops = shapes.Add(flops, out.num_elements())
+    return NestedMap(flops=flops, out_shapes=(out,))

@@ -79,6 +79,7 @@ NestedMap = base_layer.NestedMap
 FeatureExtractionLayer = combinators.FeatureExtractionLayer
 PartitionSequentialLayers = gpipe_partition.PartitionSequentialLayers
 BalancedPartition = gpipe_partition.BalancedPartition
+SplitBoundaries = gpipe_partition.SplitBoundaries
 
 # A cell handed to `PipeliningLayer.FPropCells`:
 #   fprop: fn(theta, *inputs) -> outputs (a tensor or a tuple of tensors; one

@@ -75,6 +75,38 @@ def BalancedPartition(costs, num_parts):
   return bounds[::-1]
 
 
+def SplitBoundaries(owner, splits, costs, items, int_rule):
+  """The K + 1 boundaries that a `splits` param gives a list of items.
+
+  Args:
+    owner: names the params in errors (validation.Owner).
+    splits: an int K (K parts of near-equal `costs`, BalancedPartition) or
+      a list of K-1 increasing indices where parts 1.. start.
+    costs: one non-negative cost per item.
+    items: what the items are, for the error ('layer', 'unit').
+    int_rule: the error's rule for an int out of [1, len(costs)].
+
+  Returns:
+    [0, b_1, ..., len(costs)].
+
+  Raises:
+    ValueError: naming owner, 'splits', the value and the rule.
+  """
+  n = len(costs)
+  if validation.IsInt(splits):
+    if not 1 <= splits <= n:
+      raise validation.Error(owner, 'splits', splits, int_rule)
+    return BalancedPartition(costs, splits)
+  if isinstance(splits, (list, tuple)):
+    bounds = [0] + list(splits) + [n]
+    if all(validation.IsInt(b) for b in splits) and all(
+        a < b for a, b in zip(bounds, bounds[1:])):
+      return bounds
+  raise validation.Error(
+      owner, 'splits', splits, f'must be an int K in [1, {n}] or a list of '
+      f'increasing {items} indices in (0, {n}), e.g. [{n // 2}].')
+
+
 def _FlattenLayers(params):
   """Flat list of leaf layer params of a (nest of) sequential layer(s)."""
   if isinstance(params, (list, tuple)):

@@ -66,21 +66,10 @@ class GPipeTransformerStack(transformer.TransformerStack):
   @classmethod
   def Boundaries(cls, p):
     """The K + 1 layer boundaries [0, b_1, ..., L] that `splits` defines."""
-    n, splits = p.num_layers, p.splits
-    owner = validation.Owner(p)
-    if validation.IsInt(splits):
-      if not 1 <= splits <= n:
-        raise validation.Error(owner, 'splits', splits, f'must be in [1, '
-                               f'num_layers={n}]; each cell needs a layer.')
-      return gpipe.BalancedPartition([1] * n, splits)
-    if isinstance(splits, (list, tuple)):
-      bounds = [0] + list(splits) + [n]
-      if all(validation.IsInt(b) for b in splits) and all(
-          a < b for a, b in zip(bounds, bounds[1:])):
-        return bounds
-    raise validation.Error(
-        owner, 'splits', p.splits, f'must be an int K in [1, {n}] or a list '
-        f'of increasing layer indices in (0, {n}), e.g. [{n // 2}].')
+    n = p.num_layers
+    return gpipe.SplitBoundaries(
+        validation.Owner(p), p.splits, [1] * n, 'layer',
+        f'must be in [1, num_layers={n}]; each cell needs a layer.')
 
   @classmethod
   def CheckStackParams(cls, p, owner):

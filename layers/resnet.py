@@ -1,0 +1,217 @@
+"""Residual network pieces: the stem and the basic residual block.
+
+He et al., 2016, "Deep Residual Learning for Image Recognition",
+arXiv:1512.03385 (the "basic" block of ResNet-18/34, with a projection
+shortcut, option B, where the shape changes).
+
+Both layers hold BatchNormLayers, so they follow layers/batch_norm.py's
+protocol (batch_norm.BatchStatsLayer): `FPropStats(theta, x) -> (y, stats)` is pure and returns the
+batch statistics of their BatchNormLayers as a NestedMap keyed by child
+name (None in inference); `UpdateMovingStats(stats)` applies them, each
+leaf [micro_batches, 2, dim]. `FProp` returns y alone.
+"""
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import shapes
+from cadence.framework import validation
+from cadence.framework.nested_map import NestedMap
+from cadence.layers import batch_norm
+from cadence.layers import conv
+
+
+def _Conv(name, kernel, dim_in, dim_out, stride):
+  """A bias-free SAME conv (a BatchNormLayer follows it)."""
+  return conv.Conv2DLayer.Params().Set(
+      name=name, filter_shape=[kernel, kernel, dim_in, dim_out],
+      filter_stride=[stride, stride], padding='SAME', has_bias=False)
+
+
+def _Bn(p, name, dim):
+  return p.bn_tpl.Copy().Set(name=name, dim=dim)
+
+
+def _ChainMeta(steps, shape):
+  """Chains the FPropMeta of layer params `steps`; returns (flops,
+  act_bytes (a layer without them: its float32 input), out shape)."""
+  flops, act = 0, 0
+  for sub in steps:
+    meta = sub.cls.FPropMeta(sub, shape)
+    flops = shapes.Add(flops, meta.flops)
+    act = shapes.Add(act, meta.get('act_bytes') if 'act_bytes' in meta else
+                     shapes.Mul(4, shapes.AsShape(shape).num_elements()))
+    shape = meta.out_shapes[0]
+  return flops, act, shape
+
+
+def _ReluMeta(shape):
+  return shapes.AsShape(shape).num_elements()
+
+
+class ResNetStem(batch_norm.BatchStatsLayer):
+  """conv (kernel x kernel, stride) - BN - relu, then an optional 3x3/2 max
+  pool: ResNet's first layers ([b, h, w, input_dim] -> [b, h', w', dim]).
+
+  Children: `conv`, `bn`.
+
+  Example:
+    p = ResNetStem.Params().Set(name='stem', input_dim=3, dim=64, kernel=7,
+                                stride=2, max_pool=True)
+    stem = p.Instantiate()
+    y = stem(tf.ones([2, 224, 224, 3]))     # [2, 56, 56, 64]
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 3, 'Channels of the images, an int > 0.')
+    p.Define('dim', 64, 'Output channels, an int > 0.')
+    p.Define('kernel', 7, 'Size of the square conv filter.')
+    p.Define('stride', 2, 'Stride of the conv.')
+    p.Define('max_pool', True, 'Whether a 3x3 max pool of stride 2 (SAME) '
+             'follows.')
+    p.Define('bn_tpl', batch_norm.BatchNormLayer.Params(), 'The '
+             'BatchNormLayer settings (decay, epsilon); dim is set here.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    owner = validation.Owner(self)
+    for field in ('input_dim', 'dim', 'kernel', 'stride'):
+      validation.CheckInt(owner, field, p.Get(field))
+    validation.CheckBool(owner, 'max_pool', p.max_pool)
+    self.CreateChild('conv', _Conv('conv', p.kernel, p.input_dim, p.dim,
+                                   p.stride))
+    self.CreateChild('bn', _Bn(p, 'bn', p.dim))
+
+  @classmethod
+  def _PoolParams(cls):
+    return conv.PoolingLayer.Params().Set(
+        name='pool', window_shape=[3, 3], window_stride=[2, 2],
+        pooling_type='MAX', padding='SAME')
+
+  def FPropStats(self, theta, inputs):
+    """inputs [b, h, w, input_dim] -> (outputs [b, h', w', dim], stats)."""
+    x = self.conv.FProp(theta.conv, inputs)
+    x, bn_stats = self.bn.FPropStats(theta.bn, x)
+    x = tf.nn.relu(x)
+    if self.params.max_pool:
+      x = tf.nn.max_pool2d(x, 3, 2, 'SAME')
+    return x, None if bn_stats is None else NestedMap(bn=bn_stats)
+
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    """The conv's, BN's, relu's (1 a element) and pool's FLOPs; act_bytes:
+    each part's inputs (or act_bytes), float32."""
+    steps = [base_layer.InheritParams(p, s) for s in (
+        _Conv('conv', p.kernel, p.input_dim, p.dim, p.stride),
+        _Bn(p, 'bn', p.dim))]
+    flops, act, out = _ChainMeta(steps, inputs)
+    flops = shapes.Add(flops, _ReluMeta(out))
+    act = shapes.Add(act, shapes.Mul(4, out.num_elements()))
+    if p.max_pool:
+      meta = conv.PoolingLayer.FPropMeta(cls._PoolParams(), out)
+      flops, out = shapes.Add(flops, meta.flops), meta.out_shapes[0]
+    return NestedMap(flops=flops, out_shapes=(out,), act_bytes=act)
+
+
+class ResidualBlock(batch_norm.BatchStatsLayer):
+  """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), 3x3 convs.
+
+  conv1 has stride `stride`; the shortcut is x itself, or a 1x1 conv of
+  that stride plus BN (`proj`, `proj_bn`) when the stride is not 1 or the
+  depth changes. Children: conv1, bn1, conv2, bn2 [, proj, proj_bn].
+
+  Example:
+    p = ResidualBlock.Params().Set(name='block', input_dim=16,
+                                   output_dim=32, stride=2)
+    block = p.Instantiate()
+    y, stats = block.FPropStats(block.theta, tf.ones([2, 8, 8, 16]))
+    # y [2, 4, 4, 32]; stats.bn1 [2, 32] ...
+    block.UpdateMovingStats(stats.Transform(lambda s: s[tf.newaxis]))
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 0, 'Input channels, an int > 0.')
+    p.Define('output_dim', 0, 'Output channels, an int > 0.')
+    p.Define('stride', 1, 'Stride of the first conv and the shortcut.')
+    p.Define('bn_tpl', batch_norm.BatchNormLayer.Params(), 'The '
+             'BatchNormLayer settings (decay, epsilon); dim is set here.')
+    return p
+
+  @classmethod
+  def HasProjection(cls, p):
+    return p.stride != 1 or p.input_dim != p.output_dim
+
+  @classmethod
+  def _SubParams(cls, p):
+    """(name, params) of the children, in order."""
+    subs = [('conv1', _Conv('conv1', 3, p.input_dim, p.output_dim, p.stride)),
+            ('bn1', _Bn(p, 'bn1', p.output_dim)),
+            ('conv2', _Conv('conv2', 3, p.output_dim, p.output_dim, 1)),
+            ('bn2', _Bn(p, 'bn2', p.output_dim))]
+    if cls.HasProjection(p):
+      subs += [('proj', _Conv('proj', 1, p.input_dim, p.output_dim,
+                              p.stride)),
+               ('proj_bn', _Bn(p, 'proj_bn', p.output_dim))]
+    return subs
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    owner = validation.Owner(self)
+    for field in ('input_dim', 'output_dim', 'stride'):
+      validation.CheckInt(owner, field, p.Get(field))
+    for name, sub in self._SubParams(p):
+      self.CreateChild(name, sub)
+
+  def FPropStats(self, theta, inputs):
+    """Runs the block.
+
+    Args:
+      theta: NestedMap of the children's thetas.
+      inputs: [batch, h, w, input_dim].
+
+    Returns:
+      (outputs [batch, ceil(h/stride), ceil(w/stride), output_dim],
+      stats: NestedMap(bn1, bn2[, proj_bn]) of [2, output_dim] each, or
+      None with is_inference).
+    """
+    stats = NestedMap()
+    x = self.conv1.FProp(theta.conv1, inputs)
+    x, stats.bn1 = self.bn1.FPropStats(theta.bn1, x)
+    x = tf.nn.relu(x)
+    x = self.conv2.FProp(theta.conv2, x)
+    x, stats.bn2 = self.bn2.FPropStats(theta.bn2, x)
+    shortcut = self.CastToFPropDtype(inputs)
+    if self.HasProjection(self.params):
+      shortcut = self.proj.FProp(theta.proj, inputs)
+      shortcut, stats.proj_bn = self.proj_bn.FPropStats(theta.proj_bn,
+                                                        shortcut)
+    out = tf.nn.relu(x + shortcut)
+    return out, None if self.params.is_inference else stats
+
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    """Shapes and FLOPs: the children's, one relu after bn1, the add and
+    the final relu (1 FLOP an element each). act_bytes: what each conv and
+    BN keep (their inputs; BN also its normalised input) plus the relus'
+    outputs, float32."""
+    shape = shapes.AsShape(inputs)
+    owner = validation.Owner(p)
+    if shape.rank != 4 or shape[-1] not in (None, p.input_dim):
+      raise ValueError(f'{owner}: inputs shape {list(shape)} must be '
+                       f'[batch, height, width, {p.input_dim}].')
+    subs = {name: base_layer.InheritParams(p, s)
+            for name, s in cls._SubParams(p)}
+    flops, act, out = _ChainMeta([subs[k] for k in (
+        'conv1', 'bn1', 'conv2', 'bn2')], shape)
+    flops = shapes.Add(flops, 3 * _ReluMeta(out))          # relu, add, relu
+    act = shapes.Add(act, shapes.Mul(8, out.num_elements()))
+    if 'proj' in subs:
+      f, a, _ = _ChainMeta([subs['proj'], subs['proj_bn']], shape)
+      flops, act = shapes.Add(flops, f), shapes.Add(act, a)
+    return NestedMap(flops=flops, out_shapes=(out,), act_bytes=act)

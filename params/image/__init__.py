@@ -1,0 +1,1 @@
+"""Cadence params.image package."""

@@ -1,0 +1,1 @@
+"""Cadence tasks.image package."""
