@@ -23,6 +23,10 @@ default, training=None); put Cadence DropoutLayers between KerasLayers.
 Non-trainable weights the layer updates (BatchNormalization's moving
 statistics) are assigned when theta holds the variables themselves and are
 an error where theta holds tensors (inside a pipeline or Recurrent).
+`fprop_dtype` is not applied: give the Keras layer its dtype policy in
+`kwargs` (e.g. 'dtype': 'mixed_bfloat16'). Building a KerasLayer initialises
+every Keras variable still waiting for initialisation (Keras keeps one
+process-wide list of them).
 
 FPropMeta builds the Keras object once in a scratch graph (no weight values
 are computed), takes the output shapes from `compute_output_shape`, and the
