@@ -30,6 +30,19 @@ def TwoLayerModel(hidden=6, out=3):
   return keras.Model(x, keras.layers.Dense(out)(h))
 
 
+class _CountCalls(keras.layers.Layer):
+  """Identity that counts its calls in a non-trainable weight."""
+
+  def build(self, input_shape):
+    del input_shape
+    self.calls = self.add_weight(shape=(), initializer='zeros',
+                                 trainable=False, name='calls')
+
+  def call(self, x):
+    self.calls.assign(self.calls + 1.0)
+    return x
+
+
 class KerasLayerTest(tf.test.TestCase):
 
   def testDenseRunsWithThetasValues(self):
@@ -149,6 +162,18 @@ class KerasLayerTest(tf.test.TestCase):
     for w, g in zip(want_g, got_g):
       self.assertAllClose(w, g, atol=1e-6)
 
+  def testUpdatedWeightsAreAssignedOrRejected(self):
+    layer = KerasLayer.Params().Set(name='count', layer=_CountCalls,
+                                    input_shape=(2,)).Instantiate()
+    layer.FProp(layer.theta, tf.ones([1, 2]))
+    layer.FProp(layer.theta, tf.ones([1, 2]))
+    self.assertEqual(2.0, float(layer.vars.calls.numpy()))
+    theta = layer.theta.Transform(tf.convert_to_tensor)
+    with self.assertRaisesRegex(
+        ValueError, r"KerasLayer 'count': _CountCalls updated its weight "
+        r"'calls' .* but theta holds a tensor there"):
+      layer.FProp(theta, tf.ones([1, 2]))
+
   def testBadParamsNameThePath(self):
     p = KerasLayer.Params().Set(name='ffn', layer=keras.layers.Dense,
                                 kwargs={'units': 4})
@@ -193,6 +218,9 @@ class KerasPipelineTest(tf.test.TestCase):
         kept = [child.keras_object for cell in pipe.children.cells
                 for child in cell.children.values()]
         self.assertLen(kept, 4)
+        for i, cell in enumerate(pipe.children.cells):   # Cell i on device i.
+          for var in cell.vars.Flatten():
+            self.assertEqual(f'CPU:{i}', var.device.split('device:')[-1])
 
         def _Keras(xs=x, objects=kept):   # Plain Keras, its own variables.
           for obj in objects:
