@@ -79,6 +79,12 @@ class KerasLayerTest(tf.test.TestCase):
     for var, g in zip(layer.vars.Flatten(), got):
       self.assertAllClose(by_var[id(var)], g, atol=1e-6)
     self.assertLen(layer.vars.Flatten(), 8)   # w0_kernel ... w7_bias.
+    # 4 projections [2*5, 6] x [6, 2*3] and scores/context [2, 2, 5, 5, 3].
+    meta = KerasLayer.FPropMeta(layer.params, Shape([2, 5, 6]),
+                                Shape([2, 5, 6]))
+    self.assertEqual(4 * 2 * 10 * 6 * 6 + 2 * 2 * 2 * 2 * 5 * 5 * 3,
+                     meta.flops)
+    self.assertEqual((Shape([2, 5, 6]),), meta.out_shapes)
 
   def testWeightsAreSeededByPath(self):
     a, b = [_Dense('ffn', 5, 4).Instantiate() for _ in range(2)]
