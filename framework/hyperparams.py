@@ -124,19 +124,45 @@ def _Import(path):
   raise ValueError(f'cannot resolve {path!r}: no importable module prefix')
 
 
+def _Resolves(path, obj):
+  try:
+    return _Import(path) is obj
+  except (ImportError, ValueError):
+    return False
+
+
+def _PublicPaths(obj):
+  """The public names a library exported `obj` under, if it says so.
+
+  Keras (and other libraries exporting with namex) set `_api_export_path`
+  on the exported class or function itself: keras.layers.Dense is defined
+  in keras.src.layers.core.dense but exported as 'keras.layers.Dense'.
+  Only the object's own attribute counts (a subclass inherits it).
+  """
+  paths = vars(obj).get('_api_export_path') if hasattr(obj, '__dict__') else (
+      None)
+  if isinstance(paths, str):
+    return [paths]
+  return [p for p in paths if isinstance(p, str)] if isinstance(
+      paths, (list, tuple)) else []
+
+
 def _ImportPath(obj):
-  """The import path of a class or function; checks that it resolves back."""
+  """The import path of a class or function; checks that it resolves back.
+
+  A library's public name is preferred to the defining module's path
+  (`type('keras.layers.Dense')`, not `type('keras.src.layers...')`).
+  """
+  for public in _PublicPaths(obj):
+    if _Resolves(public, obj):
+      return public
   module = getattr(obj, '__module__', None)
   qualname = getattr(obj, '__qualname__', '')
   if not module or not qualname or '<' in qualname:
     raise ValueError(f'{obj!r} has no import path (lambdas and local '
                      'classes/functions cannot be written to text)')
   path = f'{module}.{qualname}'
-  try:
-    resolved = _Import(path)
-  except (ImportError, ValueError):
-    resolved = None
-  if resolved is not obj:
+  if not _Resolves(path, obj):
     raise ValueError(f'{obj!r}: import path {path!r} does not resolve to it')
   return path
 

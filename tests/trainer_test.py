@@ -165,7 +165,7 @@ class TrainerTest(tf.test.TestCase):
         (['--model=synthetic.linear_regression.RegresionTiny'],
          r"^Error: Unknown model 'synthetic.linear_regression.RegresionTiny'. "
          r"Did you mean 'synthetic.linear_regression.RegressionTiny', "
-         r"'synthetic.linear_regression.RegressionGPipeTiny'\?$"),
+         r"'synthetic.linear_regression.RegressionGPipeTiny'[,?]"),
         ([f'--model={_KEY}', '--model_params_override=task.train.max_stesp=3'],
          r"^Error: --model_params_override: Params 'task.train' has no param "
          r"'max_stesp'; did you mean 'max_steps'\?$"),

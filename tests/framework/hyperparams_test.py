@@ -285,6 +285,28 @@ class TextTest(tf.test.TestCase):
                   p.ToText())
     self.assertIn('cls : type(', p.ToText())
 
+  def testLibraryClassesPrintTheirPublicName(self):
+    # keras.layers.Dense is defined in keras.src.layers.core.dense and
+    # exported as keras.layers.Dense (namex's `_api_export_path`); a
+    # subclass inherits that attribute but is written by its own path.
+    import keras  # pylint: disable=g-import-not-at-top
+
+    class _Sub(keras.layers.Dense):
+      pass
+
+    p = hyperparams.Params()
+    p.Define('layer', keras.layers.Dense, 'A Keras layer class.')
+    p.Define('act', keras.activations.relu, 'A Keras function.')
+    self.assertEqual("act : function('keras.activations.relu')\n"
+                     "layer : type('keras.layers.Dense')\n", p.ToText())
+    q = p.Copy().Set(layer=None, act=None).FromText(p.ToText())
+    self.assertIs(q.layer, keras.layers.Dense)
+    self.assertIs(q.act, keras.activations.relu)
+    p.layer = _Sub
+    with self.assertRaisesRegex(ValueError, r"cannot write 'layer' to text:"
+                                r'.*_Sub.*has no import path'):
+      p.ToText()
+
   def testRoundTripNan(self):
     p = hyperparams.Params()
     p.Define('x', float('nan'), 'Not a number.')
