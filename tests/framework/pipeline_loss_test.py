@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import pipeline_loss
-from cadence.framework import stacked_recurrent
 from cadence.framework import step_seed
 from cadence.framework.nested_map import NestedMap
 from cadence.tests import test_utils

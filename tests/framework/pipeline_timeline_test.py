@@ -1,7 +1,6 @@
 """Tests for cadence.framework.pipeline_timeline (and summary images)."""
 import os
 
-import numpy as np
 import tensorflow as tf
 
 from cadence.framework import pipeline_loss
