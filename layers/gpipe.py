@@ -80,6 +80,7 @@ FeatureExtractionLayer = combinators.FeatureExtractionLayer
 PartitionSequentialLayers = gpipe_partition.PartitionSequentialLayers
 BalancedPartition = gpipe_partition.BalancedPartition
 SplitBoundaries = gpipe_partition.SplitBoundaries
+SplitCells = gpipe_partition.SplitCells
 
 # A cell handed to `PipeliningLayer.FPropCells`:
 #   fprop: fn(theta, *inputs) -> outputs (a tensor or a tuple of tensors; one

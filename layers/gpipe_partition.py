@@ -107,6 +107,28 @@ def SplitBoundaries(owner, splits, costs, items, int_rule):
       f'increasing {items} indices in (0, {n}), e.g. [{n // 2}].')
 
 
+class SplitCells:
+  """Mixin of a layer whose items are cut into pipeline cells: it sets
+  `self._bounds` (SplitBoundaries) when it builds them.
+
+  Example:
+    class MyStack(SplitCells, base_layer.BaseLayer):
+      def __init__(self, params):
+        ...
+        self._bounds = SplitBoundaries(owner, p.splits, costs, 'layer', rule)
+    stack.num_cells, stack.boundaries   # K, [0, b_1, ..., n]
+  """
+
+  @property
+  def boundaries(self):
+    """[0, b_1, ..., n]: cell c runs items boundaries[c]..[c+1]-1."""
+    return list(self._bounds)
+
+  @property
+  def num_cells(self):
+    return len(self._bounds) - 1
+
+
 def _FlattenLayers(params):
   """Flat list of leaf layer params of a (nest of) sequential layer(s)."""
   if isinstance(params, (list, tuple)):

@@ -67,7 +67,7 @@ def _StatsShapes(unit_p):
   return None
 
 
-class ResNet(batch_norm.BatchStatsLayer):
+class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
   """Pipelined ResNet classifier; see the module docstring.
 
   FPropStats(theta, images [b, h, w, input_dim]) -> (logits [b,
@@ -213,15 +213,6 @@ class ResNet(batch_norm.BatchStatsLayer):
     self.CreateChild('pool', pool_p)
     self.CreateChild('logits', logits_p, device=device[-1])
     self._unit_names = [name for name, _ in units]
-
-  @property
-  def boundaries(self):
-    """[0, b_1, ..., U]: cell c runs units boundaries[c]..[c+1]-1."""
-    return list(self._bounds)
-
-  @property
-  def num_cells(self):
-    return len(self._bounds) - 1
 
   # --- computation -------------------------------------------------------------
 

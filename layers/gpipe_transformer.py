@@ -40,7 +40,8 @@ from cadence.layers import transformer
 NestedMap = gpipe.NestedMap
 
 
-class GPipeTransformerStack(transformer.TransformerStack):
+class GPipeTransformerStack(gpipe.SplitCells,
+                            transformer.TransformerStack):
   """Pipelined pre-LN Transformer stack; see the module docstring.
 
   FProp(theta, inputs [batch, time, dim], paddings [batch, time]) returns
@@ -102,15 +103,6 @@ class GPipeTransformerStack(transformer.TransformerStack):
                for _ in range(self._bounds[c], self._bounds[c + 1])]
     super()._CreateLayers(layer_devices=devices,
                           final_ln_device=pipe.CellDevice(self.num_cells - 1))
-
-  @property
-  def boundaries(self):
-    """[0, b_1, ..., L]: cell c has layers boundaries[c]..boundaries[c+1]-1."""
-    return list(self._bounds)
-
-  @property
-  def num_cells(self):
-    return len(self._bounds) - 1
 
   @property
   def input_device(self):
