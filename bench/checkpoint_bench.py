@@ -159,7 +159,7 @@ def main():
   tf.get_logger().setLevel('ERROR')
   logging.set_verbosity(logging.WARNING)
   cluster = trainer_lib.ConfigureDevices(
-      trainer_lib.TrainerOptions(worker_split_size=2))
+      trainer_lib.TrainerOptions(worker_split_size=2)).cluster
   print(f'TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores; '
         f'{args.repeats} repeats, {args.blocks} blocks (medians)\n')
   save_rows, cost_rows = [], []

@@ -14,7 +14,7 @@ x 2 stages, framework/replicas.StageAllReduce) for each mode and pack size,
 as a share of the 1x1 step.
 
 Run:
-  cd /work/main && .venv/bin/python bench/distribution_bench.py [--rounds 2]
+  .venv/bin/python bench/distribution_bench.py [--rounds 2]
 """
 import argparse
 import json

@@ -29,7 +29,7 @@ devices' time between the first and the last pipeline action) next to the
 ideal (K-1)/(M+K-1).
 
 Run:
-  cd /work/main && .venv/bin/python bench/gpipe_bench.py [--rounds 5]
+  .venv/bin/python bench/gpipe_bench.py [--rounds 5]
       [--variants gpipe:except_last,1f1b:never] [--backward_window 1|2|None]
 """
 import argparse

@@ -11,7 +11,7 @@ in one process, warmed up, timed in interleaved repeats; the table gives
 medians and the ratio Cadence / plain (target <= 1.05).
 
 Run:
-  cd /work/main && /work/venv/bin/python bench/layers_bench.py [--repeats 15]
+  .venv/bin/python bench/layers_bench.py [--repeats 15]
 """
 import argparse
 import statistics

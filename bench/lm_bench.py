@@ -25,7 +25,7 @@ The logical CPUs share this machine's cores, so the pipeline shows its
 overhead here, not a speed-up.
 
 Run:
-  cd /work/main && /work/venv/bin/python bench/lm_bench.py [--rounds 5]
+  .venv/bin/python bench/lm_bench.py [--rounds 5]
 """
 import argparse
 import math
@@ -130,7 +130,8 @@ class PlainLm(tf.Module):
   def _Attention(self, pre, x, key_mask):
     w, p = self.w, self._p
     b, t, d = x.shape
-    h, dh = p.num_heads, d // p.num_heads
+    h = p.stack_tpl.transformer_tpl.num_heads
+    dh = d // h
 
     def _Proj(name, y):
       out = tf.matmul(tf.reshape(y, [-1, d]), w[f'{pre}{name}_w'])
@@ -157,7 +158,7 @@ class PlainLm(tf.Module):
     causal = tf.range(t)[:, None] >= tf.range(t)[None, :]       # [t, t]
     key_mask = tf.logical_and(causal[None, None],
                               (batch.paddings < 0.5)[:, None, None, :])
-    for i in range(p.num_layers):
+    for i in range(p.stack_tpl.num_layers):
       pre = f'stack.x_layers[{i}].'
       y = _LayerNorm(x, w[pre + 'ln_atten.scale'], w[pre + 'ln_atten.bias'])
       x += self._Attention(pre + 'atten.', y, key_mask)

@@ -57,6 +57,9 @@ def main():
   parser.add_argument('--rounds', type=int, default=4,
                       help='Runs of each program (the first traces).')
   args = parser.parse_args()
+  if args.rounds < 2:
+    parser.error(f'--rounds={args.rounds}: must be >= 2 (the first traces '
+                 'and is not timed)')
   sizes = [tuple(int(x) for x in c.split(':'))
            for c in args.configs.split(',')]
   cluster = cluster_lib.Cluster.Params().Set(

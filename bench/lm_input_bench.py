@@ -12,7 +12,7 @@ only positions with label weight 1. Also reported: the one-time start-up
 bench/lm_bench.py compares these rates with the model's consumption.
 
 Run:
-  cd /work/main && /work/venv/bin/python bench/lm_input_bench.py [--batches 300]
+  .venv/bin/python bench/lm_input_bench.py [--batches 300]
 """
 import argparse
 import os

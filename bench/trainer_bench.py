@@ -29,7 +29,7 @@
    runs in the watcher's worker thread, against without; interleaved.
 
 Run:
-  cd /work/main && .venv/bin/python bench/trainer_bench.py [--repeats 3]
+  .venv/bin/python bench/trainer_bench.py [--repeats 3]
   .venv/bin/python bench/trainer_bench.py --lm --repeats 5 \
       --baseline_root /tmp/base/cadence
   .venv/bin/python bench/trainer_bench.py --watcher --repeats 5

@@ -51,6 +51,21 @@ STATEFUL_RANDOM_OPS = frozenset([
 _NOINLINE = {'_noinline': True}
 
 
+def _BuildInCallerGraph(fn, args):
+  """Builds the ops of traced function `fn` into the caller's graph (in its
+  name scope) on `args`; returns its outputs.
+
+  What calling `fn` computes, but as ops a profile names by the caller's
+  scope (a called function's ops keep the names they were traced with).
+  """
+  feeds = {t.name: a for t, a in zip(fn.inputs, args)}
+  fetches = [t.name for t in fn.outputs]
+  built = iter(tf.graph_util.import_graph_def(
+      fn.graph.as_graph_def(), input_map=feeds,
+      return_elements=[n for n in fetches if n not in feeds], name='cell'))
+  return [feeds[n] if n in feeds else next(built) for n in fetches]
+
+
 def IsDifferentiable(x):
   """True for floating (and complex) tensors, the ones gradients flow to."""
   return x.dtype.is_floating or x.dtype.is_complex
@@ -103,9 +118,9 @@ class CellProgram:
     inline: False (default): each call runs the one traced body (the
       caller's graph stays small; the body's ops are not named in the
       caller's scope); True: each call builds the cell's ops in the caller's
-      graph (as eagerly), named in its scope: what a profile of pipeline
-      actions needs (pipeline_timeline); 'selective' keeps still call a cut
-      trace.
+      graph (as eagerly; a kept forward cut by a remat policy, see
+      `_KeepFunctions`, by importing the cut trace), named in its scope:
+      what a profile of pipeline actions needs (pipeline_timeline).
   """
 
   def __init__(self, cell_fn, theta, state, inputs, device, has_seed, owner,
@@ -320,10 +335,11 @@ class CellProgram:
     kept = remat_policy.KeptTensors(graph, outputs,
                                     [t.op for t in args[:self._n[0]]], policy)
     fwd_cut = traced.prune(feeds=args, fetches=outputs + kept)
-    fwd = self._Function(lambda *a: fwd_cut(*a), [_Spec(x) for x in args])
     cut = traced.prune(feeds=args + kept + traced.inputs[n_in:],
                        fetches=traced.outputs[n_out:])
     n_keep = len(args) + len(kept)
+    build = _BuildInCallerGraph if self._inline else (
+        lambda fn, flat: fn(*flat))
 
     def _Bwd(*flat):
       # The recomputation waits for the output gradients: inlined into the
@@ -332,10 +348,15 @@ class CellProgram:
       d_out = flat[n_keep:]
       with tf.control_dependencies(d_out):
         held = [tf.identity(x) for x in flat[:n_keep]]
-      return cut(*(held + list(d_out)))
+      return build(cut, held + list(d_out))
 
-    bwd = self._Function(
-        _Bwd, [_Spec(x) for x in args + kept + traced.inputs[n_in:]])
+    if self._inline:
+      fwd = lambda *a: _BuildInCallerGraph(fwd_cut, a)
+      bwd = _Bwd
+    else:
+      fwd = self._Function(lambda *a: fwd_cut(*a), [_Spec(x) for x in args])
+      bwd = self._Function(
+          _Bwd, [_Spec(x) for x in args + kept + traced.inputs[n_in:]])
     self._keep[policy] = (fwd, bwd, mask, len(kept))
     return self._keep[policy]
 

@@ -114,34 +114,45 @@ class TimelineTest(tf.test.TestCase):
             NestedMap(), schedule='1f1b', trace_actions=True)
       return tape.gradient(loss, ws)
 
-    @tf.function
-    def _GPipeStep(xs):
-      with tf.GradientTape() as tape:
-        acc, _ = stacked_recurrent.StackedRecurrent(
-            _DEVICES, [lambda th, s, x: _Cell(th, x)] * k,
-            [NestedMap(w=w) for w in ws],
-            [NestedMap(h=tf.zeros([32, 64]))] * k, NestedMap(h=xs),
-            remat='always', trace_actions=True)
-        loss = tf.reduce_sum(acc.h ** 2)
-      return tape.gradient(loss, ws)
+    def _GPipeStep(remat):
+      @tf.function
+      def _Step(xs):
+        with tf.GradientTape() as tape:
+          acc, _ = stacked_recurrent.StackedRecurrent(
+              _DEVICES, [lambda th, s, x: _Cell(th, x)] * k,
+              [NestedMap(w=w) for w in ws],
+              [NestedMap(h=tf.zeros([32, 64]))] * k, NestedMap(h=xs),
+              remat=remat, trace_actions=True)
+          loss = tf.reduce_sum(acc.h ** 2)
+        return tape.gradient(loss, ws)
+      return _Step
 
     xs = tf.random.stateless_normal([m, 32, 64], [1, 1])
-    for step, table in ((_Step, ps.OneFOneBSchedule(k, m)),
-                        (_GPipeStep, ps.GPipeSchedule(k, m))):
+    # 'selective' keeps a cut trace of the cell's forward and gradient: its
+    # ops must be named by their actions too.
+    for name, step, table in (
+        ('1f1b', _Step, ps.OneFOneBSchedule(k, m)),
+        ('gpipe', _GPipeStep('always'), ps.GPipeSchedule(k, m)),
+        ('gpipe selective', _GPipeStep('selective'), ps.GPipeSchedule(k, m))):
       step(xs)
-      logdir = os.path.join(self.get_temp_dir(), step.__name__)
+      logdir = os.path.join(self.get_temp_dir(), name)
       ops = pipeline_timeline.ProfileOps(lambda: step(xs), logdir)  # pylint: disable=cell-var-from-loop
       timeline = pipeline_timeline.Timeline(ops, _DEVICES)
       self.assertEqual((k, m), (timeline.num_cells, timeline.num_steps))
+      # Every product of the step ran inside an action.
+      products = [e.name for e in ops if e.name.split('/')[-1] == 'MatMul']
+      self.assertNotEmpty(products)
+      self.assertEqual([], [n for n in products
+                            if ps.ActionOfOp(n + '/') is None], name)
       # Each cell ran every one of its actions, in the table's order (GPipe
       # chains only its backwards: its forwards may run in any order).
       for i, order in enumerate(ps.CellOrders(table, k)):
         ran = sorted((a for a in timeline.actions if a.cell == i),
                      key=lambda a: timeline.actions[a][0])
-        if step is _GPipeStep:
+        if name != '1f1b':
           order, ran = ([a for a in x if a.kind == 'B'] for x in (order, ran))
           self.assertLen(timeline.actions, 2 * k * m)
-        self.assertEqual(order, ran)
+        self.assertEqual(order, ran, name)
       self.assertBetween(timeline.measured_bubble, 0.0, 1.0)
 
 
