@@ -26,6 +26,7 @@ Example:
   d_theta, d_state0, d_inputs = prog.Backward(theta, state0, inputs_t, seed,
                                               d_state1)
 """
+from absl import logging
 import tensorflow as tf
 
 from cadence.framework import base_layer
@@ -329,6 +330,11 @@ class CellProgram:
     outputs = traced.outputs[:n_out]
     forward = remat_policy.ForwardOps(outputs)
     if graph.captures or any(op._is_stateful for op in forward):  # pylint: disable=protected-access
+      if policy != 'all':
+        logging.warning(
+            '%s: remat policy %r cannot cut this cell (it captures '
+            'variables or runs stateful ops); it keeps all its '
+            'activations instead.', self._owner, policy)
       self._keep[policy] = None
       return None
     args = traced.inputs[:n_in]

@@ -189,6 +189,21 @@ class StackedRecurrentTest(tf.test.TestCase):
         self.assertEqual([2 * m + recomputed] * k,
                          [int(c.numpy()) for c in counters])
 
+  def testSelectiveKeepsAllOfACellItCannotCut(self):
+    # A counting cell captures a variable and assigns it: a cut trace could
+    # drop the assignment, so 'selective' keeps all its activations (no
+    # re-run) and says so.
+    k, m = 2, 4
+    counters = [tf.Variable(0, trainable=False) for _ in range(k)]
+    weights = [tf.Variable(tf.ones([_D, _D])) for _ in range(k)]
+    step = self._CountingStep(counters, weights, m, 'selective')
+    with self.assertLogs(logger='absl', level='WARNING') as logs:
+      step(True)
+    # Each cell ran once per micro-batch: forward only, nothing re-run.
+    self.assertEqual([m] * k, [int(c.numpy()) for c in counters])
+    self.assertTrue(any('cannot cut this cell' in line
+                        for line in logs.output), logs.output)
+
   def testEagerRunsFollowTheGPipeSchedule(self):
     # Eagerly, cells run in the executor's order: GPipeSchedule's forwards,
     # then (remat 'always': each backward re-runs its cell) its backwards.
