@@ -22,6 +22,12 @@ the process (the latter is less sensitive to other load on a shared
 machine). Target: every cell <= 1.25x. Lingvo 0.14.2's GPipe on this
 machine: 7x at K=1, M=4; 11x at K=2, M=8.
 
+Micro-batching alone has a cost on a CPU (M smaller matrix products, M
+times the per-op overhead): 'accumulated' is the unpipelined model
+accumulating the gradients of M micro-batches run one after the other, the
+floor of any M-micro-batch schedule on this machine; each table is followed
+by that row and by pipelined / accumulated, the pipeline's own cost.
+
 Then one step of each pipelined configuration (rebuilt with trace_actions,
 so that the profile names each op's action) runs under the TF profiler
 (framework/pipeline_timeline.py): the measured bubble (idle share of the
@@ -79,10 +85,16 @@ def _StackParams(num_splits, num_micro_batches, **overrides):
 
 
 class _Model(tf.Module):
-  """Embedding -> stack -> softmax; `Step` trains one SGD step."""
+  """Embedding -> stack -> softmax; `Step` trains one SGD step.
+
+  Unpipelined (num_splits None) with num_micro_batches M > 1, the step
+  accumulates the gradients of M micro-batches run one after the other
+  (no pipeline): what micro-batching alone costs.
+  """
 
   def __init__(self, num_splits=None, num_micro_batches=1, **overrides):
     super().__init__()
+    self.accumulate = num_micro_batches if num_splits is None else 1
     n = num_splits or 1
     cluster = cluster_lib.Cluster.Params().Set(
         num_devices=n, worker_split_size=n).Instantiate()
@@ -121,8 +133,41 @@ class _Model(tf.Module):
     out = self.softmax.FProp(softmax_theta, x, side.labels)
     return nested_map.NestedMap(loss=out.total_xent, tokens=out.total_weight)
 
+  def _AccumulatedGrads(self, ids, labels, paddings, seed):
+    """(loss, grads) of the batch as `accumulate` micro-batches in turn."""
+    m = self.accumulate
+    xent, tokens, dense, rows = 0.0, 0.0, {}, {}
+    for j, (i, l, p) in enumerate(zip(tf.split(ids, m), tf.split(labels, m),
+                                      tf.split(paddings, m))):
+      with tf.GradientTape() as tape:
+        x = self.emb.FProp(self.emb.theta, i)
+        x = self.stack.FProp(base_layer.WithStepSeed(
+            self.stack.theta, step_seed.MicroBatchSeed(seed, j)), x, p)
+        sums = self._Loss(self.softmax.theta, x,
+                          nested_map.NestedMap(labels=l))
+      grads = tape.gradient(sums.loss, self.train_vars)
+      xent, tokens = xent + sums.loss, tokens + sums.tokens
+      for n, g in enumerate(grads):
+        if isinstance(g, tf.IndexedSlices):
+          rows.setdefault(n, []).append(g)
+        else:
+          dense[n] = g if n not in dense else dense[n] + g
+    grads = []
+    for n in range(len(self.train_vars)):
+      if n in rows:
+        grads.append(tf.IndexedSlices(
+            tf.concat([g.values for g in rows[n]], 0) / tokens,
+            tf.concat([g.indices for g in rows[n]], 0)))
+      else:
+        grads.append(dense[n] / tokens)
+    return xent / tokens, grads
+
   def _Step(self, ids, labels, paddings, step):
     seed = step_seed.MakeStepSeed(step)
+    if self.accumulate > 1:
+      loss, grads = self._AccumulatedGrads(ids, labels, paddings, seed)
+      self._Apply(grads)
+      return loss
     with tf.GradientTape() as tape:
       with tf.device(self.first_device):
         x = self.emb.FProp(self.emb.theta, ids)
@@ -136,13 +181,15 @@ class _Model(tf.Module):
         with tf.device(self.last_device):
           sums = self._Loss(self.softmax.theta, x, side)
       loss = sums.loss / sums.tokens
-    grads = tape.gradient(loss, self.train_vars)
+    self._Apply(tape.gradient(loss, self.train_vars))
+    return loss
+
+  def _Apply(self, grads):
     for v, g in zip(self.train_vars, grads):
       if isinstance(g, tf.IndexedSlices):     # The embedding table.
         v.scatter_sub(tf.IndexedSlices(0.01 * g.values, g.indices))
       else:
         v.assign_sub(0.01 * g)
-    return loss
 
 
 def Overrides(variant, window):
@@ -185,7 +232,8 @@ def main():
                                     dtype=tf.int32)
   labels = tf.roll(ids, -1, axis=1)
   paddings = tf.zeros([BATCH, SEQ])
-  configs = [('plain', None, 1)] + [
+  configs = [('plain', None, 1), ('accumulated', None, 4),
+             ('accumulated', None, 8)] + [
       (v, k, m) for v in variants for k in (1, 2, 4) for m in (1, 4, 8)]
   models = {}
   for cfg in configs:
@@ -213,7 +261,18 @@ def main():
   print(f'\n{args.rounds} rounds x {args.steps} steps; medians; '
         f'backward_window={window}')
   for what, table in (('wall-clock', times), ('CPU (process) time', cpu)):
-    _Table(what, table, statistics.median(table[configs[0]]), variants)
+    base = statistics.median(table[configs[0]])
+    _Table(what, table, base, variants)
+    floor = {m: statistics.median(table[('accumulated', None, m)]) / base
+             if m > 1 else 1.0 for m in (1, 4, 8)}
+    print(f'{"accumulated":>18}' + ''.join(f'{floor[m]:9.2f}x' + ' ' * 7
+                                            for m in (1, 4, 8)))
+    print(f'{what}, pipelined / accumulated (the pipeline\'s own cost)')
+    for variant in variants:
+      for k in (1, 2, 4):
+        print(f'{variant:>13} K={k}' + ''.join(
+            f'{statistics.median(table[(variant, k, m)]) / base / floor[m]:9.2f}x'
+            + ' ' * 7 for m in (1, 4, 8)))
   print('\nbubble of one profiled step: measured (ideal (K-1)/(M+K-1))')
   print(f'{"":18}' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
   for variant in variants:

@@ -19,6 +19,16 @@ gradient (everything else); the gradient reads some forward tensors.
 
 A reshape's output counts as its input (it shares the buffer).
 
+Under 'weights' a kept product may be taken further down its *chain*: the
+ops after it that have no other data input (bias adds, scalings, layout
+ops, activations: `_CHAIN`). When the backward needs exactly one tensor of
+a product's chain (and not the product itself), that tensor is kept
+instead of the product: the same bytes (fewer after a cast down), and the
+bias add, transpose or activation between them is not recomputed (e.g.
+attention's heads after their transpose, the feed-forward's activation).
+When it needs several, the product is kept and the chain recomputed, so a
+chain never costs more memory than its product.
+
 Example:
   kept = KeptTensors(graph, outputs, weights=theta_placeholders,
                      policy='weights')
@@ -30,6 +40,14 @@ _PRODUCTS = frozenset(['MatMul', 'BatchMatMul', 'BatchMatMulV2',
 # Ops through which a weight stays a weight (casts, reshapes, reads).
 _PASS = frozenset(['Cast', 'Reshape', 'Identity', 'Transpose', 'ExpandDims',
                    'Squeeze', 'ReadVariableOp'])
+# Ops that continue a product's chain when their only data input is the
+# chain (other inputs: constants, weights, shapes or permutations).
+_CHAIN = frozenset(['Cast', 'Reshape', 'Identity', 'Transpose', 'ExpandDims',
+                    'Squeeze', 'BiasAdd', 'AddV2', 'Add', 'Sub', 'Mul',
+                    'RealDiv', 'Neg', 'Relu', 'Relu6', 'Elu', 'Selu', 'Gelu',
+                    'Tanh', 'Sigmoid', 'Softplus'])
+# Of these, ops whose inputs after the first are never data.
+_LAYOUT = frozenset(['Reshape', 'Transpose', 'ExpandDims', 'Squeeze'])
 
 
 def ForwardOps(outputs):
@@ -47,6 +65,30 @@ def _IsWeight(tensor, weights):
   while tensor.op.type in _PASS and tensor.op.inputs:
     tensor = tensor.op.inputs[0]
   return tensor.op in weights
+
+
+def _IsProduct(tensor, weights):
+  op = tensor.op
+  return op.type in _PRODUCTS and any(_IsWeight(x, weights)
+                                      for x in op.inputs)
+
+
+def _Chain(tensor, weights):
+  """(product, ops from it to `tensor`) when `tensor` is on the chain of a
+  product with a weight (see the module docstring), else None."""
+  path = []
+  while not _IsProduct(tensor, weights):
+    op = tensor.op
+    if op.type not in _CHAIN:
+      return None
+    inputs = op.inputs[:1] if op.type in _LAYOUT else op.inputs
+    data = [x for x in inputs if x.op.type != 'Const' and
+            not _IsWeight(x, weights)]
+    if len(data) != 1:
+      return None
+    path.append(op)
+    tensor = data[0]
+  return (tensor, path) if path else None
 
 
 def Walk(graph, outputs, weights, policy):
@@ -70,19 +112,36 @@ def Walk(graph, outputs, weights, policy):
   todo = [t for op in graph.get_operations() if op not in forward
           for t in op.inputs if t.op in forward]
   kept, read, seen = [], [], set()
+  chains = {}   # product ref -> (product, [chain tensors needed])
   while todo:
     t = todo.pop()
     if t.ref() in seen or t.op.type == 'Const':
       continue
     seen.add(t.ref())
     op = t.op
+    chain = _Chain(t, weights) if policy == 'weights' else None
     if op.type == 'Placeholder':
       read.append(t)
-    elif policy == 'all' or (op.type in _PRODUCTS and any(
-        _IsWeight(x, weights) for x in op.inputs)):
+    elif policy == 'all' or _IsProduct(t, weights):
       kept.append(t)
+    elif chain is not None:   # Decided below, once all needs are known.
+      chains.setdefault(chain[0].ref(), (chain[0], []))[1].append(t)
     else:   # Recomputed: what it reads is needed instead.
       todo += list(op.inputs)
+  kept_refs = {t.ref() for t in kept}
+  for ref, (product, needed) in chains.items():
+    if ref in kept_refs or len(needed) > 1:
+      # Keep (or already keeping) the product; recompute its chain, whose
+      # other inputs are constants and weights.
+      if ref not in kept_refs:
+        kept.append(product)
+        kept_refs.add(ref)
+      for t in needed:
+        _, path = _Chain(t, weights)
+        read += [x for op in path for x in op.inputs
+                 if x.op.type == 'Placeholder']
+    else:
+      kept.append(needed[0])
   order = {op: n for n, op in enumerate(graph.get_operations())}
   return sorted(kept, key=lambda t: (order[t.op], t.value_index)), read
 

@@ -1,4 +1,6 @@
 """Tests for cadence.framework.remat_policy and CellProgram's kept forward."""
+import collections
+
 import tensorflow as tf
 
 from cadence.framework import cell_program
@@ -14,11 +16,25 @@ def _Cell(theta, state, inputs):
   return NestedMap(h=tf.matmul(tf.matmul(a, a, transpose_b=True), a) + a)
 
 
-def _Program():
+def _ChainCell(theta, state, inputs):
+  """Weight products followed by their chains: a bias and an activation;
+  a reshape and a transpose into heads."""
+  del state
+  h = tf.nn.relu(tf.matmul(inputs.h, theta.w) + theta.b)          # [4, 8]
+  q = tf.transpose(tf.reshape(tf.matmul(inputs.h, theta.w2), [4, 2, 4]),
+                   [1, 0, 2])                                       # [2, 4, 4]
+  s = tf.reduce_sum(tf.matmul(q, q, transpose_b=True), axis=[0, 2])  # [4]
+  return NestedMap(h=tf.matmul(h, theta.w3) + s[:, None])
+
+
+def _Program(cell=_Cell):
   spec = NestedMap(h=tf.TensorSpec([4, 8]))
-  return cell_program.CellProgram(
-      _Cell, NestedMap(w=tf.TensorSpec([8, 8])), spec, spec, None, False,
-      'test cell')
+  theta = NestedMap(w=tf.TensorSpec([8, 8]))
+  if cell is _ChainCell:
+    theta.update(b=tf.TensorSpec([8]), w2=tf.TensorSpec([8, 8]),
+                 w3=tf.TensorSpec([8, 8]))
+  return cell_program.CellProgram(cell, theta, spec, spec, None, False,
+                                  'test cell')
 
 
 class KeptTensorsTest(tf.test.TestCase):
@@ -41,26 +57,60 @@ class KeptTensorsTest(tf.test.TestCase):
                                 r"expected one of \('all', 'weights'\)"):
       remat_policy.KeptTensors(tf.Graph(), [], [], 'some')
 
+  def testChainsKeepTheTensorTheBackwardReads(self):
+    # The gradient reads the activation after the bias (not the product)
+    # and the heads after the transpose: those are kept instead, so the
+    # backward recomputes neither the bias add, the activation nor the
+    # layout ops.
+    program = _Program(_ChainCell)
+    _, bwd, _, n = program._KeepFunctions('weights')  # pylint: disable=protected-access
+    self.assertEqual(2, n)
+    library = bwd.graph.as_graph_def().library.function
+    ops = collections.Counter(node.op for f in library for node in f.node_def)
+    # No Relu (ReluGrad reads the kept activation); one Transpose, the
+    # gradient's (a recomputation of the heads would add one).
+    self.assertEqual((1, 0, 1), (ops['ReluGrad'], ops['Relu'],
+                                 ops['Transpose']))
+    # The kept tensors are those chains' ends.
+    g = tf.Graph()
+    with g.as_default():
+      theta = NestedMap({k: tf.compat.v1.placeholder(tf.float32, shape)
+                         for k, shape in (('w', [8, 8]), ('b', [8]),
+                                          ('w2', [8, 8]), ('w3', [8, 8]))})
+      x = tf.compat.v1.placeholder(tf.float32, [4, 8])
+      out = _ChainCell(theta, None, NestedMap(h=x)).h
+      tf.gradients(out, theta.Flatten() + [x], grad_ys=tf.ones([4, 8]))
+    kept = remat_policy.KeptTensors(g, [out], [t.op for t in theta.Flatten()],
+                                    'weights')
+    self.assertCountEqual(['Relu', 'Transpose'], [t.op.type for t in kept])
+
   def testSameGradientsInAGraph(self):
-    program = _Program()
-    w = tf.Variable(tf.random.stateless_normal([8, 8], [1, 2]))
+    rand = lambda shape, seed: tf.random.stateless_normal(shape, [seed, 2])
+    w = tf.Variable(rand([8, 8], 1))
+    extra = dict(b=tf.Variable(rand([8], 7)), w2=tf.Variable(rand([8, 8], 8)),
+                 w3=tf.Variable(rand([8, 8], 9)))
     x = tf.random.stateless_normal([4, 8], [3, 4])
     d_out = tf.random.stateless_normal([4, 8], [5, 6])
+    for cell in (_Cell, _ChainCell):
+      program = _Program(cell)
+      theta = NestedMap(w=w, **(extra if cell is _ChainCell else {}))
+      flat = theta.Flatten()
 
-    @tf.function
-    def _Grads(policy):
-      grad_fn, out = program.ForwardKeep([w], [x], [x], policy=policy)
-      return out, grad_fn([d_out])
+      @tf.function
+      def _Grads(policy):
+        grad_fn, out = program.ForwardKeep(flat, [x], [x], policy=policy)  # pylint: disable=cell-var-from-loop
+        return out, grad_fn([d_out])
 
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      want_out = _Cell(NestedMap(w=w), None, NestedMap(h=x)).h
-    want = tape.gradient(want_out, [w, x], output_gradients=d_out)
-    for policy in remat_policy.POLICIES:
-      with self.subTest(policy=policy):
-        out, (d_theta, _, d_inputs) = _Grads(policy)
-        self.assertAllClose(want_out, out[0], atol=1e-5)
-        self.assertAllClose(want, [d_theta[0], d_inputs[0]], atol=1e-5)
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        want_out = cell(theta, None, NestedMap(h=x)).h
+      want = tape.gradient(want_out, flat + [x], output_gradients=d_out)
+      for policy in remat_policy.POLICIES:
+        with self.subTest(cell=cell.__name__, policy=policy):
+          out, (d_theta, _, d_inputs) = _Grads(policy)
+          self.assertAllClose(want_out, out[0], atol=1e-5)
+          self.assertAllClose(want, list(d_theta) + [d_inputs[0]],
+                              atol=1e-5)
 
 
 if __name__ == '__main__':
