@@ -38,9 +38,11 @@ picks which (cell, step) pairs are re-run:
   'always': every pair is re-run;
   'never': none (plain back-propagation; activations of all steps live);
   'selective': none is re-run whole: each step keeps only the outputs of
-    its matrix products with a weight, and the backward recomputes the rest
-    (attention scores, norms, activations, dropout masks) from them
-    (framework/remat_policy.py 'weights'; eagerly it keeps all, as 'never').
+    its matrix products with a weight (taken after their bias, layout ops
+    or activation when that is all the backward reads), and the backward
+    recomputes the rest (attention scores, norms, residual sums, dropout
+    masks) from them (framework/remat_policy.py 'weights'; eagerly it keeps
+    all, as 'never').
 
 Ordering, so that the memory bound holds in a graph (tf.function), where the
 executor runs any op whose inputs are ready:
