@@ -4,6 +4,7 @@ Test files import it as `from cadence.tests import test_utils` (the checkout
 is the package `cadence`; tests/ is not installed).
 
   Rand(shape, seed)            numpy uniform(-1, 1) values, reproducible
+  NpConv2D / NpPool2D          numpy references of conv and pooling
   Seeded(layer, step)          a layer's theta carrying a step seed
   DenseThetas(k, d, rng)       k NestedMap(w [d, d], b [d]) of variables
   LossAndGrads(fn, wrt)        fn() under a tape: its outputs and the
@@ -62,6 +63,59 @@ def Rand(shape, seed, dtype=np.float32, scale=1.0):
   """`scale` * uniform(-1, 1) numpy values of `shape`, from `seed`."""
   values = np.random.RandomState(seed).uniform(-1, 1, shape)
   return (scale * values).astype(dtype)
+
+
+def _NpPads(n, k, s, padding):
+  """(out, pad_before, pad_after) along one axis, TF's rule."""
+  if padding == 'VALID':
+    return (n - k) // s + 1, 0, 0
+  out = -(-n // s)
+  total = max((out - 1) * s + k - n, 0)
+  return out, total // 2, total - total // 2
+
+
+def _NpWindows(x, kh, kw, sh, sw, padding, fill):
+  """Yields (i, j, window [b, kh, kw, c], valid mask [kh, kw])."""
+  b, h, w, c = x.shape
+  oh, top, bottom = _NpPads(h, kh, sh, padding)
+  ow, left, right = _NpPads(w, kw, sw, padding)
+  xp = np.full([b, h + top + bottom, w + left + right, c], fill, x.dtype)
+  xp[:, top:top + h, left:left + w] = x
+  valid = np.zeros(xp.shape[1:3], bool)
+  valid[top:top + h, left:left + w] = True
+  for i in range(oh):
+    for j in range(ow):
+      rows = slice(i * sh, i * sh + kh)
+      cols = slice(j * sw, j * sw + kw)
+      yield i, j, xp[:, rows, cols], valid[rows, cols]
+
+
+def NpConv2D(x, w, bias, stride, padding):
+  """Numpy reference of a 2-D convolution (NHWC, HWIO filter), float64."""
+  kh, kw, _, cout = w.shape
+  oh = _NpPads(x.shape[1], kh, stride[0], padding)[0]
+  ow = _NpPads(x.shape[2], kw, stride[1], padding)[0]
+  out = np.zeros([x.shape[0], oh, ow, cout], np.float64)
+  for i, j, win, _ in _NpWindows(x, kh, kw, stride[0], stride[1], padding,
+                                 0.0):
+    out[:, i, j] = np.tensordot(win, w, axes=([1, 2, 3], [0, 1, 2]))
+  return out + bias
+
+
+def NpPool2D(x, window, stride, pooling_type, padding):
+  """Numpy reference of 2-D MAX/AVG pooling (NHWC; AVG over valid cells)."""
+  kh, kw = window
+  oh = _NpPads(x.shape[1], kh, stride[0], padding)[0]
+  ow = _NpPads(x.shape[2], kw, stride[1], padding)[0]
+  out = np.zeros([x.shape[0], oh, ow, x.shape[3]], np.float64)
+  fill = -np.inf if pooling_type == 'MAX' else 0.0
+  for i, j, win, valid in _NpWindows(x, kh, kw, stride[0], stride[1],
+                                     padding, fill):
+    if pooling_type == 'MAX':
+      out[:, i, j] = win.max(axis=(1, 2))
+    else:
+      out[:, i, j] = win.sum(axis=(1, 2)) / valid.sum()
+  return out
 
 
 def Seeded(layer, step=0, seed=None):

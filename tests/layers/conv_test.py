@@ -6,57 +6,7 @@ import tensorflow as tf
 
 from cadence.framework import shapes
 from cadence.layers import conv
-
-
-def _NpPads(n, k, s, padding):
-  """(out, pad_before, pad_after) along one axis, TF's rule."""
-  if padding == 'VALID':
-    return (n - k) // s + 1, 0, 0
-  out = -(-n // s)
-  total = max((out - 1) * s + k - n, 0)
-  return out, total // 2, total - total // 2
-
-
-def _NpWindows(x, kh, kw, sh, sw, padding, fill):
-  """Yields (i, j, window [b, kh, kw, c], valid mask [kh, kw])."""
-  b, h, w, c = x.shape
-  oh, top, bottom = _NpPads(h, kh, sh, padding)
-  ow, left, right = _NpPads(w, kw, sw, padding)
-  xp = np.full([b, h + top + bottom, w + left + right, c], fill, x.dtype)
-  xp[:, top:top + h, left:left + w] = x
-  valid = np.zeros(xp.shape[1:3], bool)
-  valid[top:top + h, left:left + w] = True
-  for i in range(oh):
-    for j in range(ow):
-      rows = slice(i * sh, i * sh + kh)
-      cols = slice(j * sw, j * sw + kw)
-      yield i, j, xp[:, rows, cols], valid[rows, cols]
-
-
-def _NpConv(x, w, bias, stride, padding):
-  kh, kw, _, cout = w.shape
-  oh = _NpPads(x.shape[1], kh, stride[0], padding)[0]
-  ow = _NpPads(x.shape[2], kw, stride[1], padding)[0]
-  out = np.zeros([x.shape[0], oh, ow, cout], np.float64)
-  for i, j, win, _ in _NpWindows(x, kh, kw, stride[0], stride[1], padding,
-                                 0.0):
-    out[:, i, j] = np.tensordot(win, w, axes=([1, 2, 3], [0, 1, 2]))
-  return out + bias
-
-
-def _NpPool(x, window, stride, pooling_type, padding):
-  kh, kw = window
-  oh = _NpPads(x.shape[1], kh, stride[0], padding)[0]
-  ow = _NpPads(x.shape[2], kw, stride[1], padding)[0]
-  out = np.zeros([x.shape[0], oh, ow, x.shape[3]], np.float64)
-  fill = -np.inf if pooling_type == 'MAX' else 0.0
-  for i, j, win, valid in _NpWindows(x, kh, kw, stride[0], stride[1],
-                                     padding, fill):
-    if pooling_type == 'MAX':
-      out[:, i, j] = win.max(axis=(1, 2))
-    else:
-      out[:, i, j] = win.sum(axis=(1, 2)) / valid.sum()
-  return out
+from cadence.tests import test_utils
 
 
 def _ConvParams(**kw):
@@ -91,7 +41,7 @@ class Conv2DLayerTest(tf.test.TestCase):
       layer = _ConvParams(padding=padding, filter_stride=stride,
                           activation='RELU').Instantiate()
       layer.vars.b.assign(self.rng.normal(size=[4]).astype(np.float32))
-      ref = np.maximum(_NpConv(x, layer.vars.w.numpy(), layer.vars.b.numpy(),
+      ref = np.maximum(test_utils.NpConv2D(x, layer.vars.w.numpy(), layer.vars.b.numpy(),
                                stride, padding), 0.0)
       out = layer(tf.constant(x))
       self.assertAllClose(ref, out, atol=1e-5)
@@ -172,7 +122,7 @@ class PoolingLayerTest(tf.test.TestCase):
           name='pool', window_shape=window, window_stride=stride,
           pooling_type=ptype, padding=padding)
       out = p.Instantiate()(tf.constant(x))
-      ref = _NpPool(x, window, stride, ptype, padding)
+      ref = test_utils.NpPool2D(x, window, stride, ptype, padding)
       self.assertAllClose(ref, out, atol=1e-5)
       meta = conv.PoolingLayer.FPropMeta(p, x.shape)
       self.assertEqual(meta.out_shapes, (shapes.AsShape(out),))

@@ -5,7 +5,7 @@ import tensorflow as tf
 from cadence.framework import shapes
 from cadence.layers import conv
 from cadence.layers import resnet
-from cadence.tests.layers import conv_test
+from cadence.tests import test_utils
 
 
 def _NpBn(x, gamma, beta, eps=1e-5):
@@ -26,14 +26,14 @@ def _NpBlock(layer, x, stride):
   """ResidualBlock in numpy; returns (y, stats NestedMap-like dict)."""
   v = layer.vars
   stats = {}
-  h = conv_test._NpConv(x, v.conv1.w.numpy(), 0.0, [stride] * 2, 'SAME')
+  h = test_utils.NpConv2D(x, v.conv1.w.numpy(), 0.0, [stride] * 2, 'SAME')
   h, stats['bn1'] = _NpBn(h, v.bn1.gamma.numpy(), v.bn1.beta.numpy())
   h = np.maximum(h, 0)
-  h = conv_test._NpConv(h, v.conv2.w.numpy(), 0.0, [1, 1], 'SAME')
+  h = test_utils.NpConv2D(h, v.conv2.w.numpy(), 0.0, [1, 1], 'SAME')
   h, stats['bn2'] = _NpBn(h, v.bn2.gamma.numpy(), v.bn2.beta.numpy())
   short = x
   if 'proj' in v:
-    short = conv_test._NpConv(x, v.proj.w.numpy(), 0.0, [stride] * 2, 'SAME')
+    short = test_utils.NpConv2D(x, v.proj.w.numpy(), 0.0, [stride] * 2, 'SAME')
     short, stats['proj_bn'] = _NpBn(short, v.proj_bn.gamma.numpy(),
                                     v.proj_bn.beta.numpy())
   return np.maximum(h + short, 0), stats
@@ -115,11 +115,11 @@ class ResNetStemTest(tf.test.TestCase):
     _Randomise(layer, rng)
     x = rng.normal(size=[2, 9, 9, 3]).astype(np.float32)
     out, stats = layer.FPropStats(layer.theta, tf.constant(x))
-    h = conv_test._NpConv(x.astype(np.float64), layer.vars.conv.w.numpy(),
+    h = test_utils.NpConv2D(x.astype(np.float64), layer.vars.conv.w.numpy(),
                           0.0, [2, 2], 'SAME')
     h, ref_stats = _NpBn(h, layer.vars.bn.gamma.numpy(),
                          layer.vars.bn.beta.numpy())
-    ref = conv_test._NpPool(np.maximum(h, 0), [3, 3], [2, 2], 'MAX', 'SAME')
+    ref = test_utils.NpPool2D(np.maximum(h, 0), [3, 3], [2, 2], 'MAX', 'SAME')
     self.assertAllClose(ref, out, atol=1e-4)
     self.assertAllClose(ref_stats, stats.bn, atol=1e-4)
     meta = resnet.ResNetStem.FPropMeta(p, x.shape)
