@@ -140,11 +140,7 @@ class _Model(tf.Module):
     for j, (i, l, p) in enumerate(zip(tf.split(ids, m), tf.split(labels, m),
                                       tf.split(paddings, m))):
       with tf.GradientTape() as tape:
-        x = self.emb.FProp(self.emb.theta, i)
-        x = self.stack.FProp(base_layer.WithStepSeed(
-            self.stack.theta, step_seed.MicroBatchSeed(seed, j)), x, p)
-        sums = self._Loss(self.softmax.theta, x,
-                          nested_map.NestedMap(labels=l))
+        sums = self._Sums(i, l, p, step_seed.MicroBatchSeed(seed, j))
       grads = tape.gradient(sums.loss, self.train_vars)
       xent, tokens = xent + sums.loss, tokens + sums.tokens
       for n, g in enumerate(grads):
@@ -169,20 +165,24 @@ class _Model(tf.Module):
       self._Apply(grads)
       return loss
     with tf.GradientTape() as tape:
-      with tf.device(self.first_device):
-        x = self.emb.FProp(self.emb.theta, ids)
-      theta = base_layer.WithStepSeed(self.stack.theta, seed)
-      side = nested_map.NestedMap(labels=labels)
-      if self.stack.loss_inside:   # 1F1B: the loss per micro-batch inside.
-        sums = self.stack.FPropLoss(theta, x, paddings, gpipe.PipelineCell(
-            fprop=self._Loss, theta=self.softmax.theta, meta=None), side)
-      else:
-        x = self.stack.FProp(theta, x, paddings)
-        with tf.device(self.last_device):
-          sums = self._Loss(self.softmax.theta, x, side)
+      sums = self._Sums(ids, labels, paddings, seed)
       loss = sums.loss / sums.tokens
     self._Apply(tape.gradient(loss, self.train_vars))
     return loss
+
+  def _Sums(self, ids, labels, paddings, seed):
+    """The batch's cross-entropy and token sums: embedding, stack (or
+    pipeline), softmax."""
+    with tf.device(self.first_device):
+      x = self.emb.FProp(self.emb.theta, ids)
+    theta = base_layer.WithStepSeed(self.stack.theta, seed)
+    side = nested_map.NestedMap(labels=labels)
+    if self.stack.loss_inside:   # 1F1B: the loss per micro-batch inside.
+      return self.stack.FPropLoss(theta, x, paddings, gpipe.PipelineCell(
+          fprop=self._Loss, theta=self.softmax.theta, meta=None), side)
+    x = self.stack.FProp(theta, x, paddings)
+    with tf.device(self.last_device):
+      return self._Loss(self.softmax.theta, x, side)
 
   def _Apply(self, grads):
     for v, g in zip(self.train_vars, grads):

@@ -112,20 +112,21 @@ def Walk(graph, outputs, weights, policy):
   todo = [t for op in graph.get_operations() if op not in forward
           for t in op.inputs if t.op in forward]
   kept, read, seen = [], [], set()
-  chains = {}   # product ref -> (product, [chain tensors needed])
+  chains = {}   # product ref -> (product, [(chain tensor needed, path)])
   while todo:
     t = todo.pop()
     if t.ref() in seen or t.op.type == 'Const':
       continue
     seen.add(t.ref())
     op = t.op
-    chain = _Chain(t, weights) if policy == 'weights' else None
     if op.type == 'Placeholder':
       read.append(t)
     elif policy == 'all' or _IsProduct(t, weights):
       kept.append(t)
-    elif chain is not None:   # Decided below, once all needs are known.
-      chains.setdefault(chain[0].ref(), (chain[0], []))[1].append(t)
+    elif (chain := _Chain(t, weights)) is not None:
+      # Decided below, once all needs are known.
+      product, path = chain
+      chains.setdefault(product.ref(), (product, []))[1].append((t, path))
     else:   # Recomputed: what it reads is needed instead.
       todo += list(op.inputs)
   kept_refs = {t.ref() for t in kept}
@@ -136,12 +137,10 @@ def Walk(graph, outputs, weights, policy):
       if ref not in kept_refs:
         kept.append(product)
         kept_refs.add(ref)
-      for t in needed:
-        _, path = _Chain(t, weights)
-        read += [x for op in path for x in op.inputs
-                 if x.op.type == 'Placeholder']
+      read += [x for _, path in needed for op in path for x in op.inputs
+               if x.op.type == 'Placeholder']
     else:
-      kept.append(needed[0])
+      kept.append(needed[0][0])
   order = {op: n for n, op in enumerate(graph.get_operations())}
   return sorted(kept, key=lambda t: (order[t.op], t.value_index)), read
 

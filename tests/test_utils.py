@@ -18,6 +18,8 @@ is the package `cadence`; tests/ is not installed).
                                (optionally one task of a TF_CONFIG
                                cluster): wait for a log line, signal it,
                                finish it
+  AssertUserErrorLine(...)     exit 2 with one `Error:` line, no traceback
+  AssertRealRunAgrees(...)     a real trainer process ends with that line
   LogLines(stderr)             the log records in a process's stderr
   DamageCheckpoint(path, how)  a checkpoint as a dying disk leaves it
   FreePorts(n)                 n localhost ports free now (bound to port 0)
@@ -345,6 +347,16 @@ def AssertUserErrorLine(test, code, stderr, regex):
   test.assertLen(errors, 1, stderr[-2000:])
   test.assertEqual(errors[0], stderr.strip().splitlines()[-1])
   test.assertRegex(errors[0], regex)
+
+
+def AssertRealRunAgrees(test, proc, stderr, timeout=600):
+  """Asserts that `proc`, a real `python trainer.py` process, exits 2 with
+  the same last line as `stderr` (the same command line run through
+  `StartTrainerMains`)."""
+  _, real_err = proc.communicate(timeout=timeout)
+  test.assertEqual(2, proc.returncode, real_err[-2000:])
+  test.assertEqual(stderr.strip().splitlines()[-1],
+                   real_err.strip().splitlines()[-1])
 
 
 def LogLines(stderr):

@@ -58,10 +58,7 @@ class TrainerTpuTest(tf.test.TestCase):
         test_utils.AssertUserErrorLine(self, code, stderr, regex)
         self.assertFalse(os.path.exists(os.path.join(logdir, 'train',
                                                      'checkpoint')))
-    _, real_err = real.communicate(timeout=300)
-    self.assertEqual(2, real.returncode, real_err[-2000:])
-    self.assertEqual(results[1][1].strip().splitlines()[-1],
-                     real_err.strip().splitlines()[-1])
+    test_utils.AssertRealRunAgrees(self, real, results[1][1], timeout=300)
 
 
 if __name__ == '__main__':
