@@ -39,6 +39,7 @@ Run:
       [--variants gpipe:except_last,1f1b:never] [--backward_window 1|2|None]
 """
 import argparse
+import collections
 import os
 import statistics
 import time
@@ -53,6 +54,7 @@ tf.config.set_logical_device_configuration(
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import device_call
 from cadence.framework import nested_map
 from cadence.framework import pipeline_memory
 from cadence.framework import pipeline_timeline
@@ -112,10 +114,15 @@ class _Model(tf.Module):
                        self.softmax.vars.Flatten())
     self.Step = tf.function(self._Step, autograph=False)
 
-  def EstimateBytes(self):
-    """The memory estimate of a step (framework/pipeline_memory.py), summed
-    over the stages: this model is the LM task's without positions, so its
-    FPropMeta `memory` applies; SGD has no slots."""
+  def Estimate(self):
+    """The memory estimate of a step (framework/pipeline_memory.py): this
+    model is the LM task's without positions, so its FPropMeta `memory`
+    applies; SGD has no slots.
+
+    Returns:
+      (per stage its peak bytes (StageMemory), all stages together at the
+      step's worst moment (SharedMemory)).
+    """
     p = lm_model.LanguageModel.Params().Set(
         name='lm', vocab_size=VOCAB, model_dim=DIM,
         stack_tpl=self.stack.params.Copy())
@@ -123,11 +130,19 @@ class _Model(tf.Module):
         ids=shapes.Shape([BATCH, SEQ]))).memory
     k = len(memory.cells)
     params = [0] * k
+    for index, n in self.DeviceBytes().items():
+      params[index if k > 1 else 0] += n
+    return ([s.total for s in pipeline_memory.StageMemory(
+        memory, params, [0] * k)],
+            pipeline_memory.SharedMemory(memory, params, [0] * k).total)
+
+  def DeviceBytes(self):
+    """{device index: bytes of the trained variables on it}."""
+    out = collections.Counter()
     for v in self.train_vars:
-      index = int(v.device.rsplit(':', 1)[-1]) if k > 1 else 0
-      params[index] += v.shape.num_elements() * v.dtype.size
-    return sum(s.total for s in pipeline_memory.StageMemory(
-        memory, params, [0] * k))
+      out[tf.DeviceSpec.from_string(v.device).device_index or 0] += (
+          v.shape.num_elements() * v.dtype.size)
+    return dict(out)
 
   def _Loss(self, softmax_theta, x, side):
     out = self.softmax.FProp(softmax_theta, x, side.labels)
@@ -181,8 +196,8 @@ class _Model(tf.Module):
       return self.stack.FPropLoss(theta, x, paddings, gpipe.PipelineCell(
           fprop=self._Loss, theta=self.softmax.theta, meta=None), side)
     x = self.stack.FProp(theta, x, paddings)
-    with tf.device(self.last_device):
-      return self._Loss(self.softmax.theta, x, side)
+    return device_call.OnDevice(self.last_device, self._Loss,
+                                self.softmax.theta, x, side)
 
   def _Apply(self, grads):
     for v, g in zip(self.train_vars, grads):

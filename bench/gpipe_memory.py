@@ -12,9 +12,14 @@ tf.function), then
     so that CPU tensors go through an allocator that counts; all logical
     CPUs share it, so for K > 1 it is the sum over devices);
   estimate: framework/pipeline_memory.py's estimate from FPropMeta and the
-    schedule, before running, summed over the stages (each stage's own
-    peak: an upper bound of the process's when stages peak at different
-    times);
+    schedule, before running: all stages at the step's worst moment
+    (SharedMemory, what one memory holding every stage needs), compared
+    with the process's tensor peak;
+  per device (--per_device): each device's peak from the allocator's events
+    of a profiled step (framework/memory_profile.py: every allocation
+    counted on the device TF placed its op on) plus its variables, next to
+    its stage's estimate (StageMemory). Pipelines are then built with
+    trace_actions (cells inlined, every op named and placed);
   peak RSS: `ru_maxrss` of the process (also counts the TF runtime, the
     compiled graphs and allocator pools that are never returned).
 
@@ -36,7 +41,7 @@ Run:
   .venv/bin/python bench/gpipe_memory.py
       [--layers 4,8,16,32] [--splits 1,2,4] [--micro_batches 8]
       [--variants gpipe:except_last,1f1b:never] [--backward_window 1]
-      [--tiny_lm]
+      [--per_device] [--tiny_lm]
 """
 import argparse
 import json
@@ -54,20 +59,33 @@ sys.argv = [sys.argv[0]]
 sys.path.insert(0, {bench_dir!r})
 import gpipe_bench as gb
 import tensorflow as tf
+from cadence.framework import memory_profile
 gb.LAYERS = {layers}
 model = gb._Model({splits}, {micro_batches}, **{overrides!r})
 ids = tf.random.stateless_uniform([gb.BATCH, gb.SEQ], [1, 2], maxval=gb.VOCAB,
                                   dtype=tf.int32)
 labels = tf.roll(ids, -1, axis=1)
 pads = tf.zeros([gb.BATCH, gb.SEQ])
-for s in range(3):
+Step = lambda s: float(model.Step(ids, labels, pads, tf.constant(s, tf.int64)))
+placement = memory_profile.Placement(lambda: Step(0))
+for s in (1, 2):
   tf.config.experimental.reset_memory_stats('CPU:0')
-  float(model.Step(ids, labels, pads, tf.constant(s, tf.int64)))
+  Step(s)
+tensor = tf.config.experimental.get_memory_info('CPU:0')['peak']
+devices = {{}}
+if {per_device}:
+  peaks = memory_profile.DevicePeaks(lambda: Step(3), placement)
+  weights = model.DeviceBytes()
+  devices = {{str(tf.DeviceSpec.from_string(d).device_index
+                  if d != memory_profile.UNATTRIBUTED else d):
+             (b + weights.get(tf.DeviceSpec.from_string(d).device_index, 0)
+              if d != memory_profile.UNATTRIBUTED else b) / 2**20
+             for d, b in peaks.items()}}
+stages, shared = model.Estimate()
 print(json.dumps(dict(
-    tensor_mib=tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**20,
-    estimate_mib=model.EstimateBytes() / 2**20,
-    weights_mib=sum(v.shape.num_elements() * v.dtype.size
-                    for v in model.trainable_variables) / 2**20,
+    tensor_mib=tensor / 2**20, estimate_mib=shared / 2**20,
+    stage_estimates_mib=[s / 2**20 for s in stages], devices_mib=devices,
+    weights_mib=sum(model.DeviceBytes().values()) / 2**20,
     rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
@@ -81,24 +99,43 @@ tf.config.set_logical_device_configuration(
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import inspect_lib
 from cadence.framework import inspect_pipeline
+from cadence.framework import memory_profile
 from cadence.framework import model_registry
+from cadence.framework import pipeline_memory
 from cadence.framework.nested_map import NestedMap
 params = model_registry.GetParams(
     'lm.one_billion_wds.OneBWdsGPipeTransformerTiny', 'Train')
 params.task.stack_tpl.pipeline_tpl.Set(schedule={schedule!r},
                                        remat={remat!r})
+if {per_device}:
+  params = inspect_pipeline.TraceActions(params)
 with cluster_lib.Cluster.Params().Set(num_devices=2,
                                       worker_split_size=2).Instantiate():
   task = params.Instantiate().task
   batch = NestedMap(next(iter(task.params.input.Instantiate().Dataset())))
   step = inspect_pipeline.TrainStep(task)
-  for s in range(3):
+  Step = lambda s: float(step(batch, tf.constant(s, tf.int64)))
+  placement = memory_profile.Placement(lambda: Step(0))
+  for s in (1, 2):
     tf.config.experimental.reset_memory_stats('CPU:0')
-    float(step(batch, tf.constant(s, tf.int64)))
-  estimate = sum(s.total for s in inspect_lib.TaskStages(task))
+    Step(s)
+  tensor = tf.config.experimental.get_memory_info('CPU:0')['peak']
+  devices = {{}}
+  if {per_device}:
+    variables = {{}}
+    for v in step.get_concrete_function(batch, tf.constant(
+        0, tf.int64)).variables:   # The task's and the learner's.
+      i = tf.DeviceSpec.from_string(v.device).device_index
+      variables[i] = variables.get(i, 0) + v.shape.num_elements() * v.dtype.size
+    for d, b in memory_profile.DevicePeaks(lambda: Step(3), placement).items():
+      i = (tf.DeviceSpec.from_string(d).device_index
+           if d != memory_profile.UNATTRIBUTED else d)
+      devices[str(i)] = (b + variables.get(i, 0)) / 2**20
+  stages = [s.total for s in inspect_lib.TaskStages(task)]
+  shared = inspect_lib.TaskStages(task, pipeline_memory.SharedMemory).total
 print(json.dumps(dict(
-    tensor_mib=tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**20,
-    estimate_mib=estimate / 2**20,
+    tensor_mib=tensor / 2**20, estimate_mib=shared / 2**20,
+    stage_estimates_mib=[s / 2**20 for s in stages], devices_mib=devices,
     rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
@@ -112,10 +149,11 @@ def _Run(code):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _Measure(layers, splits, micro_batches, overrides):
+def _Measure(layers, splits, micro_batches, overrides, per_device):
   return _Run(_CHILD.format(
       bench_dir=os.path.dirname(os.path.abspath(__file__)), layers=layers,
-      splits=splits, micro_batches=micro_batches, overrides=overrides))
+      splits=splits, micro_batches=micro_batches, overrides=overrides,
+      per_device=per_device))
 
 
 def _Slope(xs, ys):
@@ -139,6 +177,10 @@ def main():
       'inlines the cells per call (trace_actions).')
   parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
+  parser.add_argument('--per_device', action='store_true',
+                      help='Also measure each device\'s peak from the '
+                      'allocator\'s events (pipelines built with '
+                      'trace_actions, so that every op is named and placed).')
   parser.add_argument('--tiny_lm', action='store_true',
                       help='Also measure and estimate the Tiny LM.')
   args = parser.parse_args()
@@ -149,12 +191,14 @@ def main():
   models = [('plain', None, 1, {})]
   for variant in args.variants.split(','):
     for k in args.splits.split(','):
+      traced = ':traced' if args.per_device and ':traced' not in variant else ''
       models.append((f'{variant} K={k} M={m}', int(k), m,
-                     gpipe_bench.Overrides(variant, window)))
+                     gpipe_bench.Overrides(variant + traced, window)))
   table = {}
   for name, splits, mbs, overrides in models:
     for n in depths:
-      table[(name, n)] = r = _Measure(n, splits, mbs, overrides)
+      table[(name, n)] = r = _Measure(n, splits, mbs, overrides,
+                                      args.per_device)
       print(f'{name:>26}  L={n:<3} tensor peak {r["tensor_mib"]:7.0f} MiB '
             f'(estimate {r["estimate_mib"]:7.0f}), peak RSS '
             f'{r["rss_mib"]:7.0f} MiB', flush=True)
@@ -170,11 +214,25 @@ def main():
       slopes[(name, key)] = _Slope(depths, ys)
       print(f'{name:>26}' + ''.join(f'{y:8.0f}' for y in ys) +
             f'{slopes[(name, key)]:17.1f}')
-  print('\nestimate / measured tensor peak')
+  print('\nestimate (all stages at the worst moment, SharedMemory) / '
+        'measured tensor peak of the process')
   for name, _, _, _ in models:
     print(f'{name:>26}' + ''.join(
         f'{table[(name, n)]["estimate_mib"] / table[(name, n)]["tensor_mib"]:8.2f}'
         for n in depths))
+  if args.per_device:
+    print('\nper device: estimate (StageMemory) / measured (the allocator\'s '
+          'events of the step on that device + its variables), stage 0..K-1;'
+          ' [MiB unattributed]')
+    for name, _, _, _ in models:
+      cells = []
+      for n in depths:
+        r = table[(name, n)]
+        ratios = [e / r['devices_mib'][str(i)]
+                  for i, e in enumerate(r['stage_estimates_mib'])]
+        cells.append('/'.join(f'{x:.2f}' for x in ratios) +
+                     f' [{r["devices_mib"].get("unattributed", 0):.0f}]')
+      print(f'{name:>26}  ' + '  '.join(f'{c:>22}' for c in cells))
   plain_t, plain_r = slopes[('plain', 'tensor_mib')], slopes[('plain',
                                                               'rss_mib')]
   print(f'\ntargets: tensor slope <= 1.5 x {plain_t:.1f} / {m} = '
@@ -199,9 +257,18 @@ def main():
     print('\nTiny LM (Adam, K=2, M=4), MiB: measured tensor peak, estimate')
     for variant in args.variants.split(','):
       schedule, remat = variant.split(':')[:2]
-      r = _Run(_TINY_LM.format(schedule=schedule, remat=remat))
+      r = _Run(_TINY_LM.format(schedule=schedule, remat=remat,
+                               per_device=args.per_device))
+      per = ''
+      if args.per_device:
+        per = '  per device ' + '/'.join(
+            f'{e / r["devices_mib"][str(i)]:.2f}'
+            for i, e in enumerate(r['stage_estimates_mib'])) + (
+                f' [{r["devices_mib"].get("unattributed", 0):.0f} MiB '
+                'unattributed]')
       print(f'{variant:>26}  {r["tensor_mib"]:7.1f}  {r["estimate_mib"]:7.1f}'
-            f'  ratio {r["estimate_mib"] / r["tensor_mib"]:.2f}', flush=True)
+            f'  ratio {r["estimate_mib"] / r["tensor_mib"]:.2f}{per}',
+            flush=True)
 
 
 if __name__ == '__main__':

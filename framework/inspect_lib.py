@@ -52,7 +52,8 @@ def _Share(part, total):
   return f'{100.0 * part / total:.1f}%'
 
 
-def _Bytes(n):
+def FormatBytes(n):
+  """'1.50 GiB', '12.00 MiB', '3.00 KiB' or '12 B'."""
   for unit, size in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
     if n >= size:
       return f'{n / size:.2f} {unit}'
@@ -73,7 +74,7 @@ def VariableReport(rows):
   total = sum(_Count(shape) for _, shape, _, _ in rows)
   nbytes = sum(_Count(shape) * dtype.size for _, shape, dtype, _ in rows)
   return _Table(table) + (f'{len(rows)} variables, {total:,} parameters '
-                          f'({_Bytes(nbytes)})\n')
+                          f'({FormatBytes(nbytes)})\n')
 
 
 def DeviceReport(rows):
@@ -85,7 +86,7 @@ def DeviceReport(rows):
     entry[1] += _Count(shape)
     entry[2] += _Count(shape) * dtype.size
   table = [('device', 'variables', 'parameters', 'bytes')]
-  table += [(d, str(n), f'{p:,}', _Bytes(b))
+  table += [(d, str(n), f'{p:,}', FormatBytes(b))
             for d, (n, p, b) in sorted(by_device.items())]
   return _Table(table)
 
@@ -132,10 +133,9 @@ def _CellWeights(rows, devices, num_cells, optimizer):
   return out
 
 
-def _Stages(memory, weights):
-  return pipeline_memory.StageMemory(
-      memory, [w[1] for w in weights], [w[3] for w in weights],
-      grads=[w[2] for w in weights])
+def _Stages(memory, weights, estimate=pipeline_memory.StageMemory):
+  return estimate(memory, [w[1] for w in weights], [w[3] for w in weights],
+                  grads=[w[2] for w in weights])
 
 
 def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
@@ -172,8 +172,8 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
   for i, (stage, w) in enumerate(zip(stages, weights)):
     row = (f'cell {i}', devices[i % len(devices)], f'{w[0]:,}',
            _Flops(flops[i]), _Share(flops[i], total_flops),
-           _Bytes(stage.params + stage.grads + stage.slots),
-           _Bytes(stage.activations + stage.transient), _Bytes(stage.total))
+           FormatBytes(stage.params + stage.grads + stage.slots),
+           FormatBytes(stage.activations + stage.transient), FormatBytes(stage.total))
     if device_memory_gib:
       row += ('yes' if stage.total <= limit else 'NO',)
     table.append(row)
@@ -182,9 +182,15 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
   if device_memory_gib:
     verdict = (f'; {"fits" if peak <= limit else "does NOT fit"} '
                f'{device_memory_gib:g} GiB per device')
+  shared = ''
+  if k > 1:
+    together = _Stages(memory, weights, pipeline_memory.SharedMemory).total
+    shared = (f'; all stages together at the step\'s worst moment '
+              f'{FormatBytes(together)} (stages sharing one memory: logical '
+              f'devices of one host, a split onto one accelerator)')
   return (f'Memory per stage at the step\'s peak (estimate, {what}; '
           f'framework/pipeline_memory.py):\n' + _Table(table) +
-          f'largest stage {_Bytes(peak)}{verdict}\n')
+          f'largest stage {FormatBytes(peak)}{verdict}{shared}\n')
 
 
 def _Meta(task_cls, params, batch_size):
@@ -236,15 +242,16 @@ def TaskStageReport(task, device_memory_gib=None):
   return StageReport(*_TaskArgs(task), device_memory_gib)
 
 
-def TaskStages(task):
-  """The pipeline_memory.Stages of a built task (as TaskStageReport), or
-  None when its FPropMeta has no `memory`."""
+def TaskStages(task, estimate=pipeline_memory.StageMemory):
+  """The memory estimate of a built task (as TaskStageReport): `estimate`
+  (pipeline_memory.StageMemory: a Stage per stage, or SharedMemory: one
+  Stage for all together) of its FPropMeta `memory`, None without one."""
   meta, rows, optimizer, devices = _TaskArgs(task)
   memory = meta.get('memory') if meta is not None else None
   if memory is None:
     return None
   return _Stages(memory, _CellWeights(rows, devices, len(memory.cells),
-                                      optimizer))
+                                      optimizer), estimate)
 
 
 def ModelReport(params, device_memory_gib=None):

@@ -8,12 +8,14 @@ then once under TensorFlow's profiler. `pipeline_timeline.Timeline` turns
 the profile into per-device forward, backward and idle times, the measured
 bubble next to the ideal one, and a Gantt chart, written to
 `<logdir>/inspect_pipeline/`: pipeline_timeline.svg (.png with
-matplotlib) and a TensorBoard image summary `pipeline_timeline`.
+matplotlib) and a TensorBoard image summary `pipeline_timeline`. The same
+profile's allocator events give each device's measured memory peak
+(memory_profile), printed next to its stage's estimate (pipeline_memory).
 
 Example:
   with cluster:
-    timeline = InspectPipeline(params, '/tmp/run')
-  print(timeline.Report())
+    timeline, memory = InspectPipeline(params, '/tmp/run')
+  print(timeline.Report() + memory)
 """
 import os
 
@@ -21,6 +23,8 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import inspect_lib
+from cadence.framework import memory_profile
 from cadence.framework import pipeline_timeline
 from cadence.framework import step_seed
 from cadence.framework import summary_utils
@@ -60,6 +64,51 @@ def TraceActions(params):
   return params
 
 
+def MemoryReport(task, devices, peaks, variables):
+  """Per device: the measured peak (the step's tensors + its variables)
+  next to the estimate of its stages (pipeline_memory.StageMemory).
+
+  Args:
+    task: the built task (its FPropMeta gives the estimate).
+    devices: the model split's devices; cell i runs on devices[i % D].
+    peaks: memory_profile.DevicePeaks of the step, or None (no events).
+    variables: the tf.Variables the step uses (the task's, the optimizer's).
+  """
+  if peaks is None:
+    return ('Memory per device: the profile holds no allocator event (on '
+            'CPU, set TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
+            'starts).\n')
+  short = lambda d: tf.DeviceSpec.from_string(d).to_string().rsplit(
+      'device:', 1)[-1]
+  held = {}
+  for v in variables:
+    held[short(v.device)] = held.get(short(v.device), 0) + (
+        v.shape.num_elements() * v.dtype.size)
+  measured = {}
+  for d, b in peaks.items():
+    key = d if d == memory_profile.UNATTRIBUTED else short(d)
+    measured[key] = measured.get(key, 0) + b
+  stages = inspect_lib.TaskStages(task) or []
+  estimate = {}
+  for i, stage in enumerate(stages):
+    d = short(devices[i % len(devices)])
+    estimate[d] = estimate.get(d, 0) + stage.total
+  lines = ['Memory per device (measured in this step: its tensors at their '
+           'peak + its variables; estimate: framework/pipeline_memory.py):']
+  for device in devices:
+    d = short(device)
+    total = measured.get(d, 0) + held.get(d, 0)
+    line = f'  {d}: measured {inspect_lib.FormatBytes(total)}'
+    if d in estimate:
+      line += (f', estimate {inspect_lib.FormatBytes(estimate[d])} '
+               f'({estimate[d] / max(total, 1):.2f}x)')
+    lines.append(line)
+  if measured.get(memory_profile.UNATTRIBUTED):
+    lines.append(f'  not placed by name: '
+                 f'{inspect_lib.FormatBytes(measured[memory_profile.UNATTRIBUTED])}')
+  return '\n'.join(lines) + '\n'
+
+
 def InspectPipeline(params, logdir=None):
   """Profiles one training step of the model of `params`; see the module
   docstring.
@@ -69,24 +118,32 @@ def InspectPipeline(params, logdir=None):
     logdir: where the chart, the profile and the summary go; None: nowhere.
 
   Returns:
-    The pipeline_timeline.Timeline of the step.
+    (the pipeline_timeline.Timeline of the step, its MemoryReport).
   """
   model = TraceActions(params).Instantiate()
   task = model.task
   batch = next(iter(task.params.input.Instantiate().Dataset()))
   batch = NestedMap(batch)
   step = TrainStep(task)
-  step(batch, tf.constant(0, tf.int64))   # Trace and warm up.
+  # Trace and warm up, recording where TF places every op.
+  placement = memory_profile.Placement(
+      lambda: step(batch, tf.constant(0, tf.int64)).numpy())
   out = os.path.join(logdir, 'inspect_pipeline') if logdir else None
-  ops = pipeline_timeline.ProfileOps(
+  space = pipeline_timeline.ProfileSpace(
       lambda: step(batch, tf.constant(1, tf.int64)).numpy(), out)
-  timeline = pipeline_timeline.Timeline(
-      ops, cluster_lib.Cluster.Current().DevicesInModelSplit(0))
+  devices = cluster_lib.Cluster.Current().DevicesInModelSplit(0)
+  timeline = pipeline_timeline.Timeline(pipeline_timeline.OpEvents(space),
+                                        devices)
+  events = memory_profile.AllocatorEvents(space)
+  memory = MemoryReport(
+      task, devices,
+      memory_profile.Peaks(events, placement) if events else None,
+      step.get_concrete_function(batch, tf.constant(0, tf.int64)).variables)
   if out:
     timeline.WritePictures(out)
     writer = summary_utils.SummaryWriter(out)
     writer.WriteImage(1, 'pipeline_timeline', timeline.Image())
     writer.WriteText(1, 'pipeline_timeline_report',
-                     '```\n' + timeline.Report() + '```')
+                     '```\n' + timeline.Report() + memory + '```')
     writer.Close()
-  return timeline
+  return timeline, memory

@@ -1,12 +1,13 @@
 """Memory of a training step per pipeline stage, estimated before running.
 
-A stage (device) holds, at its peak:
+A stage (device) holds, at its worst moment (`Moments`: the ticks of the
+schedule):
 
   params:      its variables;
-  grads:       one gradient per trained variable (they accumulate over the
-               micro-batches and live until the update), twice with
-               several micro-batches: a micro-batch's backward returns its
-               gradients while the sum so far is alive;
+  grads:       one gradient per trained variable once it has run a backward
+               (the sum over micro-batches, alive until the update; a
+               micro-batch's gradients join it layer by layer and are freed
+               as they do: measured, bench/gpipe_memory.py --per_device);
   slots:       the optimizer's slot variables (Adam: 2 per parameter);
   activations: what the backward of its cell keeps: `act` bytes per
                micro-batch (a layer's FPropMeta `act_bytes`: the tensors
@@ -17,12 +18,16 @@ A stage (device) holds, at its peak:
   transient:   the temporaries of one micro-batch's backward (the gradients
                flowing through a layer), taken as the largest layer's act.
 
-Validated against TF's allocator (bench/gpipe_memory.py): within 25% of
-the measured peak for the bench Transformer (L = 4, 8, 16) and the Tiny
-LM; see StageMemory for the two moments of a step that compete.
+StageMemory is each stage's worst moment (what each device must hold);
+SharedMemory the step's worst moment of all stages together (what one
+memory holding every stage needs: logical devices of one host, a split
+onto one accelerator). Validated against TF's allocator by
+bench/gpipe_memory.py: per device from the allocator's events
+(memory_profile.py), and the process's peak.
 
-How many micro-batches' activations a cell keeps (W = backward_window,
-in flight = pipeline_schedule.InFlight: M for GPipe, min(K-i, M) for 1F1B):
+How many micro-batches' activations a cell keeps at its worst tick (W =
+backward_window, in flight = pipeline_schedule.InFlight: M for GPipe,
+min(K-i, M) for 1F1B; KeptMicroBatches, and per tick `Moments`):
 
   remat 'never':       in flight;
   remat 'selective':   in flight, but only `act_weights` bytes of each (the
@@ -47,6 +52,7 @@ Example:
                          outside=0)] * 4)
   stages = StageMemory(memory, params=[100 << 20] * 4, slots=[200 << 20] * 4)
   [s.total for s in stages]   # bytes per stage
+  SharedMemory(memory, [100 << 20] * 4, [200 << 20] * 4).total  # together
 """
 import collections
 
@@ -64,7 +70,7 @@ _ALIASES = frozenset(['Reshape', 'Identity', 'ExpandDims', 'Squeeze',
 
 class Stage(collections.namedtuple(
     'Stage', ['params', 'slots', 'grads', 'activations', 'transient'])):
-  """Bytes one stage holds at its peak; see the module docstring."""
+  """Bytes a stage holds at one moment; see the module docstring."""
   __slots__ = ()
 
   @property
@@ -72,50 +78,83 @@ class Stage(collections.namedtuple(
     return sum(self)
 
 
+def _KeptRule(schedule, remat, num_micro_batches, backward_window):
+  """kept(live, backward, last): how many micro-batches' activations a cell
+  keeps at a tick where `live` micro-batches are in flight, given whether
+  it runs a backward then and whether it has run its last forward."""
+  w = backward_window or num_micro_batches
+  if remat in ('never', 'selective'):
+    return lambda live, backward, last: live
+  if remat == 'always':
+    return lambda live, backward, last: min(w, live) if backward else 0
+  if remat == 'except_last':
+    if schedule == '1f1b':
+      return lambda live, backward, last: min(w + 1, live)
+    # GPipe keeps its last forward, back-propagated first, then re-runs
+    # one at a time.
+    return lambda live, backward, last: 1 if last and live else 0
+  raise ValueError(f'pipeline_memory: remat={remat!r}; expected '
+                   "'never', 'selective', 'always' or 'except_last'.")
+
+
+def _Counts(schedule, remat, num_cells, num_micro_batches, backward_window):
+  """Yields, per moment of a pipelined step, (per cell (kept, live, done,
+  backward), outside): micro-batches whose activations the cell keeps; in
+  flight (forwarded, not yet back-propagated: their outputs wait); its
+  backwards finished before; whether it runs a backward then. A moment is
+  a tick of the schedule; GPipe adds one between its phases (`outside`
+  True), where the loss runs on the whole batch."""
+  if schedule not in _SCHEDULES:
+    raise ValueError(f'pipeline_memory: schedule={schedule!r}; expected one '
+                     f'of {sorted(_SCHEDULES)}.')
+  ticks = _SCHEDULES[schedule](num_cells, num_micro_batches)
+  kept = _KeptRule(schedule, remat, num_micro_batches, backward_window)
+  live, done, last = [0] * num_cells, [0] * num_cells, [False] * num_cells
+  for t, tick in enumerate(ticks):
+    backward = {i for kind, i, _ in tick if kind == pipeline_schedule.BACKWARD}
+    for kind, i, j in tick:
+      if kind == pipeline_schedule.FORWARD:
+        live[i] += 1
+        last[i] = last[i] or j == num_micro_batches - 1
+    yield [(kept(live[i], i in backward, last[i]), live[i], done[i],
+            i in backward) for i in range(num_cells)], False
+    for i in backward:
+      live[i] -= 1
+      done[i] += 1
+    if schedule == 'gpipe' and t == len(ticks) // 2 - 1:
+      yield [(kept(live[i], False, last[i]), live[i], 0, False)
+             for i in range(num_cells)], True
+
+
 def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
                      backward_window=1):
-  """Per cell: how many micro-batches' activations it keeps at once.
+  """Per cell: the most micro-batches whose activations it keeps at once,
+  and the most in flight (whose outputs wait for the backward).
 
   Returns:
     (kept activations, kept outputs): two lists of K ints.
   """
-  if schedule not in _SCHEDULES:
-    raise ValueError(f'KeptMicroBatches: schedule={schedule!r}; expected one '
-                     f'of {sorted(_SCHEDULES)}.')
-  flight = pipeline_schedule.InFlight(
-      _SCHEDULES[schedule](num_cells, num_micro_batches), num_cells)
-  w = backward_window or num_micro_batches
-  if remat in ('never', 'selective'):
-    act = flight
-  elif remat == 'always':
-    act = [min(w, f) for f in flight]
-  elif remat == 'except_last':
-    act = ([min(w + 1, f) for f in flight] if schedule == '1f1b' else
-           [1] * num_cells)
-  else:
-    raise ValueError(f'KeptMicroBatches: remat={remat!r}; expected '
-                     "'never', 'selective', 'always' or 'except_last'.")
-  return act, flight
+  act, out = [0] * num_cells, [0] * num_cells
+  for cells, _ in _Counts(schedule, remat, num_cells, num_micro_batches,
+                          backward_window):
+    for i, (kept, live, _, _) in enumerate(cells):
+      act[i], out[i] = max(act[i], kept), max(out[i], live)
+  return act, out
 
 
-def _ForwardKept(remat, num_micro_batches):
-  """Micro-batches whose activations GPipe keeps when its forward ends."""
-  return {'never': num_micro_batches, 'selective': num_micro_batches,
-          'except_last': 1, 'always': 0}[remat]
+def Moments(memory, params, slots, grads=None):
+  """Each stage's bytes at every moment of a training step.
 
-
-def StageMemory(memory, params, slots, grads=None):
-  """The `Stage` of each cell's device: its bytes at the step's peak.
-
-  Two moments compete, the larger counts:
-    backward: params, slots, the stage's gradients (a pipeline has them all
-      after its first micro-batch's backward, and twice while it adds a
-      micro-batch's; an unpipelined model none yet: its peak is where the
-      backward starts), the activations and outputs kept
-      (KeptMicroBatches) and one layer's transient;
-    outside: (GPipe's last stage) params, slots, what the forward keeps and
-      the loss on the whole batch with its gradient (`outside` bytes
-      twice), before the pipeline's backward starts.
+  A moment is a tick of the schedule (pipeline_schedule), plus, for GPipe,
+  the one between its phases. At a tick a cell holds its params and slots;
+  its gradients' sum once it runs or has run a backward;
+  the activations it keeps (KeptMicroBatches' rule at that tick) and the
+  outputs of the micro-batches in flight; and, while it runs a backward,
+  one layer's transient (remat 'selective': one micro-batch's whole act,
+  recomputed). Between GPipe's phases, a cell with `outside` bytes (the
+  loss on the whole batch) holds them twice (the loss and its gradient)
+  on top of what its forward kept. An unpipelined model has one moment,
+  where its backward starts: no gradients yet.
 
   Args:
     memory: NestedMap(schedule ('gpipe', '1f1b' or None: unpipelined),
@@ -131,31 +170,47 @@ def StageMemory(memory, params, slots, grads=None):
       params).
 
   Returns:
-    K `Stage`s.
+    A list of moments, each a list of K `Stage`s.
   """
   cells = memory.cells
-  k, m = len(cells), memory.num_micro_batches
   grads = params if grads is None else grads
   if memory.schedule is None:
-    act, out, grad_share = [1] * k, [0] * k, 0
-  else:
-    act, out = KeptMicroBatches(memory.schedule, memory.remat, k, m,
-                                memory.backward_window)
-    grad_share = 2 if m > 1 else 1
-  stages = []
+    return [[Stage(params[i], slots[i], 0, c.act, c.transient)
+             for i, c in enumerate(cells)]]
   selective = memory.remat == 'selective'
-  for i, c in enumerate(cells):
-    per = c.act_weights if selective else c.act
-    backward = Stage(params[i], slots[i], grad_share * grads[i],
-                     act[i] * per + out[i] * c.out,
-                     c.act if selective else c.transient)
-    stage = backward
-    if c.outside and memory.schedule is not None:
-      kept = _ForwardKept(memory.remat, m) * per + out[i] * c.out
-      outside = Stage(params[i], slots[i], 0, kept + c.outside, c.outside)
-      stage = max(backward, outside, key=lambda s: s.total)
-    stages.append(stage)
-  return stages
+  moments = []
+  for counts, outside in _Counts(memory.schedule, memory.remat, len(cells),
+                                 memory.num_micro_batches,
+                                 memory.backward_window):
+    moment = []
+    for i, (c, (kept, live, done, backward)) in enumerate(zip(cells, counts)):
+      held = kept * (c.act_weights if selective else c.act) + live * c.out
+      g = grads[i] if backward or done else 0
+      transient = ((c.act if selective else c.transient) if backward
+                   else 0)
+      if outside and c.outside:
+        held, transient = held + c.outside, c.outside
+      moment.append(Stage(params[i], slots[i], g, held, transient))
+    moments.append(moment)
+  return moments
+
+
+def StageMemory(memory, params, slots, grads=None):
+  """The `Stage` of each cell's device at its own worst moment (Moments):
+  what each device must hold when every stage has its own memory."""
+  moments = Moments(memory, params, slots, grads)
+  return [max((moment[i] for moment in moments), key=lambda s: s.total)
+          for i in range(len(memory.cells))]
+
+
+def SharedMemory(memory, params, slots, grads=None):
+  """What all stages hold together at the step's worst moment (Moments), as
+  one `Stage` (the sums): the need of one memory that holds every stage
+  (logical devices of one host, a split onto one accelerator). At most the
+  sum of StageMemory: stages peak at different moments."""
+  moments = Moments(memory, params, slots, grads)
+  worst = max(moments, key=lambda moment: sum(s.total for s in moment))
+  return Stage(*map(sum, zip(*worst)))
 
 
 def SavedBytes(fn, input_specs, theta_specs=(), policy='all'):

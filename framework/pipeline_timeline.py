@@ -44,7 +44,7 @@ _COLOURS = {pipeline_schedule.FORWARD: ((66, 133, 244), (120, 170, 250)),
 
 
 def _ReadXSpace(logdir):
-  """Op events (name, start s, end s) of the newest profile in `logdir`."""
+  """The newest profile (an XSpace proto) the profiler wrote to `logdir`."""
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
   paths = sorted(glob.glob(os.path.join(logdir, '**', '*.xplane.pb'),
                            recursive=True), key=os.path.getmtime)
@@ -53,19 +53,11 @@ def _ReadXSpace(logdir):
   space = xplane_pb2.XSpace()
   with open(paths[-1], 'rb') as f:
     space.ParseFromString(f.read())
-  events = []
-  for plane in space.planes:
-    names = plane.event_metadata
-    for line in plane.lines:
-      for ev in line.events:
-        name = names[ev.metadata_id].name.rsplit(':', 1)[0]
-        start = line.timestamp_ns * 1e-9 + ev.offset_ps * 1e-12
-        events.append(OpEvent(name, start, start + ev.duration_ps * 1e-12))
-  return events
+  return space
 
 
-def ProfileOps(run, logdir=None):
-  """Runs `run()` under the TF profiler; returns its ops' OpEvents.
+def ProfileSpace(run, logdir=None):
+  """Runs `run()` under the TF profiler; returns its XSpace proto.
 
   Args:
     run: a function that runs the step (call it once before, so the
@@ -80,6 +72,24 @@ def ProfileOps(run, logdir=None):
     finally:
       tf.profiler.experimental.stop()
     return _ReadXSpace(where)
+
+
+def OpEvents(space):
+  """Every event of a profile as an OpEvent (name, start s, end s)."""
+  events = []
+  for plane in space.planes:
+    names = plane.event_metadata
+    for line in plane.lines:
+      for ev in line.events:
+        name = names[ev.metadata_id].name.rsplit(':', 1)[0]
+        start = line.timestamp_ns * 1e-9 + ev.offset_ps * 1e-12
+        events.append(OpEvent(name, start, start + ev.duration_ps * 1e-12))
+  return events
+
+
+def ProfileOps(run, logdir=None):
+  """OpEvents of `run()` under the TF profiler (see ProfileSpace)."""
+  return OpEvents(ProfileSpace(run, logdir))
 
 
 def _Union(intervals):

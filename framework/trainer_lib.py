@@ -563,10 +563,11 @@ def _InspectPipeline(options):
   """Profiles one training step and prints (and writes) its timeline."""
   params = LoadParams(options, 'Train')
   try:
-    timeline = inspect_pipeline.InspectPipeline(params, options.logdir or None)
+    timeline, memory = inspect_pipeline.InspectPipeline(
+        params, options.logdir or None)
   except inspect_pipeline.NoPipelineError as e:
     raise UserError(f'--mode=inspect_pipeline: {e}') from None
-  sys.stdout.write(timeline.Report())
+  sys.stdout.write(timeline.Report() + memory)
   if options.logdir:
     sys.stdout.write(f'Chart and summary: '
                      f'{os.path.join(options.logdir, "inspect_pipeline")}\n')

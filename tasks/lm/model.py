@@ -58,6 +58,7 @@ import tensorflow as tf
 
 from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import device_call
 from cadence.framework import hyperparams
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -301,9 +302,11 @@ class LanguageModel(base_model.BaseTask):
 
   def ComputeLoss(self, theta, predictions, input_batch):
     """Metrics of the module docstring; per_example xent and tokens [b]."""
+    sums = device_call.OnDevice(self._last_device, self._LossSums,
+                                theta.softmax, predictions.encoded,
+                                input_batch)
     with cluster_lib.DeviceScope(self._last_device):
-      return self._Metrics(self._LossSums(theta.softmax, predictions.encoded,
-                                          input_batch))
+      return self._Metrics(sums)
 
   def FPropTower(self, theta, input_batch):
     """BaseTask's; with a 1F1B stack (`stack.loss_inside`) the softmax and

@@ -48,15 +48,17 @@ class ModelReportTest(tf.test.TestCase):
     for i, flops in enumerate(meta.partitions):
       self.assertRegex(report, rf'cell {i} +/device:CPU:{i} +[\d,]+ +'
                        rf'{flops:,} ')
-    # Memory per stage: weights, gradients (twice: the sum so far and a
-    # micro-batch's) and Adam's two slots (5 x the parameters' bytes), the
-    # activations of GPipe with remat; it fits 16 GiB.
+    # Memory per stage: weights, the gradients' sum and Adam's two slots
+    # (4 x the parameters' 4 bytes), the activations of GPipe with remat; it
+    # fits 16 GiB. All four stages on one memory would not.
     self.assertIn('Memory per stage at the step\'s peak (estimate, schedule '
                   'gpipe, remat except_last, 32 micro-batches', report)
     params_1 = 8 * per_layer
     self.assertRegex(report, rf'cell 1 +/device:CPU:1 +{params_1:,} +[\d,]+ '
-                     rf'+[\d.]+% +{20 * params_1 / 2**30:.2f} GiB')
+                     rf'+[\d.]+% +{16 * params_1 / 2**30:.2f} GiB')
     self.assertIn('fits 16 GiB per device', report)
+    self.assertRegex(report, r'all stages together at the step\'s worst '
+                     r'moment 4\d\.\d\d GiB')
 
 
 if __name__ == '__main__':

@@ -110,20 +110,21 @@ class StageMemoryTest(tf.test.TestCase):
     memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
                        backward_window=1, cells=cells)
     stages = pipeline_memory.StageMemory(memory, [1000, 2000], [2000, 4000])
-    # 1F1B: cell 0 keeps 2 micro-batches, cell 1 one; the gradients twice.
-    self.assertEqual(pipeline_memory.Stage(1000, 2000, 2000, 2 * 110, 30),
+    # 1F1B: cell 0 keeps 2 micro-batches, cell 1 one; the gradients' sum.
+    self.assertEqual(pipeline_memory.Stage(1000, 2000, 1000, 2 * 110, 30),
                      stages[0])
-    self.assertEqual(2000 + 4000 + 4000 + 220 + 50, stages[1].total)
+    self.assertEqual(2000 + 4000 + 2000 + 220 + 50, stages[1].total)
     # Selective: act_weights of each micro-batch, one whole act recomputed.
     memory.remat = 'selective'
     stages = pipeline_memory.StageMemory(memory, [1000, 2000], [2000, 4000])
-    self.assertEqual(pipeline_memory.Stage(1000, 2000, 2000, 2 * 50, 100),
+    self.assertEqual(pipeline_memory.Stage(1000, 2000, 1000, 2 * 50, 100),
                      stages[0])
     # GPipe with the loss outside: its moment wins when it is larger.
     cells[1].outside = 5000
     memory.schedule, memory.remat = 'gpipe', 'except_last'
     stages = pipeline_memory.StageMemory(memory, [1000, 2000], [0, 0])
-    self.assertEqual(pipeline_memory.Stage(1000, 0, 2000, 100 + 4 * 10, 30),
+    # Cell 0's worst moment: its first backward, all 4 outputs waiting.
+    self.assertEqual(pipeline_memory.Stage(1000, 0, 1000, 100 + 4 * 10, 30),
                      stages[0])
     self.assertEqual(pipeline_memory.Stage(2000, 0, 0, 200 + 4 * 20 + 5000,
                                            5000), stages[1])
@@ -132,6 +133,32 @@ class StageMemoryTest(tf.test.TestCase):
                       backward_window=None, cells=cells[:1])
     self.assertEqual([pipeline_memory.Stage(1000, 500, 0, 100, 30)],
                      pipeline_memory.StageMemory(plain, [1000], [500]))
+
+  def testMomentsAndSharedMemory(self):
+    # GPipe, K=2, M=2, no remat: ticks [F00] [F01 F10] [F11] (between the
+    # phases) [B11] [B01 B10] [B00]; each cell's act 100, out 10.
+    cell = NestedMap(act=100, act_weights=100, out=10, transient=30,
+                     outside=0)
+    memory = NestedMap(schedule='gpipe', remat='never', num_micro_batches=2,
+                       backward_window=1, cells=[cell, cell])
+    moments = pipeline_memory.Moments(memory, [1000, 1000], [0, 0])
+    self.assertEqual([[1110, 1000], [1220, 1110], [1220, 1220],
+                      [1220, 1220], [1220, 2250], [2250, 2140],
+                      [2140, 2000]],
+                     [[s.total for s in m] for m in moments])
+    # Each cell's worst moment is a different tick; together, B01 and B10.
+    self.assertEqual([pipeline_memory.Stage(1000, 0, 1000, 220, 30)] * 2,
+                     pipeline_memory.StageMemory(memory, [1000] * 2, [0, 0]))
+    self.assertEqual(pipeline_memory.Stage(2000, 0, 2000, 330, 60),
+                     pipeline_memory.SharedMemory(memory, [1000] * 2, [0, 0]))
+    # One cell: the shared memory is the stage's.
+    for schedule in ('gpipe', '1f1b'):
+      for remat in ('never', 'always', 'except_last', 'selective'):
+        one = NestedMap(memory, schedule=schedule, remat=remat,
+                        num_micro_batches=4, cells=[cell])
+        self.assertEqual(
+            pipeline_memory.StageMemory(one, [1000], [500]),
+            [pipeline_memory.SharedMemory(one, [1000], [500])])
 
 
 if __name__ == '__main__':

@@ -129,6 +129,10 @@ class InspectTest(tf.test.TestCase):
     self.assertIn('Pipeline step: 2 cells x 4 micro-batches', out.getvalue())
     self.assertRegex(out.getvalue(), r'bubble: measured [\d.]+, ideal '
                      r'\(K-1\)/\(M\+K-1\) = 0.200')
+    # Each device's measured memory (this task gives no estimate).
+    for i in range(2):
+      self.assertRegex(out.getvalue(), rf'\n  CPU:{i}: measured [\d.]+ '
+                       r'(KiB|MiB)\n')
     where = os.path.join(logdir, 'inspect_pipeline')
     with open(os.path.join(where, 'pipeline_timeline.svg')) as f:
       self.assertEqual(16, f.read().count('<rect '))   # 2 x 4 x (F, B).
