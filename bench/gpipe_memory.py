@@ -74,13 +74,9 @@ for s in (1, 2):
 tensor = tf.config.experimental.get_memory_info('CPU:0')['peak']
 devices = {{}}
 if {per_device}:
-  peaks = memory_profile.DevicePeaks(lambda: Step(3), placement)
-  weights = model.DeviceBytes()
-  devices = {{str(tf.DeviceSpec.from_string(d).device_index
-                  if d != memory_profile.UNATTRIBUTED else d):
-             (b + weights.get(tf.DeviceSpec.from_string(d).device_index, 0)
-              if d != memory_profile.UNATTRIBUTED else b) / 2**20
-             for d, b in peaks.items()}}
+  devices = {{d: b / 2**20 for d, b in memory_profile.DeviceTotals(
+      memory_profile.DevicePeaks(lambda: Step(3), placement),
+      model.train_vars).items()}}
 stages, shared = model.Estimate()
 print(json.dumps(dict(
     tensor_mib=tensor / 2**20, estimate_mib=shared / 2**20,
@@ -122,15 +118,11 @@ with cluster_lib.Cluster.Params().Set(num_devices=2,
   tensor = tf.config.experimental.get_memory_info('CPU:0')['peak']
   devices = {{}}
   if {per_device}:
-    variables = {{}}
-    for v in step.get_concrete_function(batch, tf.constant(
-        0, tf.int64)).variables:   # The task's and the learner's.
-      i = tf.DeviceSpec.from_string(v.device).device_index
-      variables[i] = variables.get(i, 0) + v.shape.num_elements() * v.dtype.size
-    for d, b in memory_profile.DevicePeaks(lambda: Step(3), placement).items():
-      i = (tf.DeviceSpec.from_string(d).device_index
-           if d != memory_profile.UNATTRIBUTED else d)
-      devices[str(i)] = (b + variables.get(i, 0)) / 2**20
+    variables = step.get_concrete_function(   # The task's, the learner's.
+        batch, tf.constant(0, tf.int64)).variables
+    devices = {{d: b / 2**20 for d, b in memory_profile.DeviceTotals(
+        memory_profile.DevicePeaks(lambda: Step(3), placement),
+        variables).items()}}
   stages = [s.total for s in inspect_lib.TaskStages(task)]
   shared = inspect_lib.TaskStages(task, pipeline_memory.SharedMemory).total
 print(json.dumps(dict(
@@ -228,7 +220,7 @@ def main():
       cells = []
       for n in depths:
         r = table[(name, n)]
-        ratios = [e / r['devices_mib'][str(i)]
+        ratios = [e / r['devices_mib'][f'CPU:{i}']
                   for i, e in enumerate(r['stage_estimates_mib'])]
         cells.append('/'.join(f'{x:.2f}' for x in ratios) +
                      f' [{r["devices_mib"].get("unattributed", 0):.0f}]')
@@ -262,7 +254,7 @@ def main():
       per = ''
       if args.per_device:
         per = '  per device ' + '/'.join(
-            f'{e / r["devices_mib"][str(i)]:.2f}'
+            f'{e / r["devices_mib"][f"CPU:{i}"]:.2f}'
             for i, e in enumerate(r['stage_estimates_mib'])) + (
                 f' [{r["devices_mib"].get("unattributed", 0):.0f} MiB '
                 'unattributed]')

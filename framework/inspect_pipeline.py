@@ -72,22 +72,15 @@ def MemoryReport(task, devices, peaks, variables):
     task: the built task (its FPropMeta gives the estimate).
     devices: the model split's devices; cell i runs on devices[i % D].
     peaks: memory_profile.DevicePeaks of the step, or None (no events).
-    variables: the tf.Variables the step uses (the task's, the optimizer's).
+    variables: the tf.Variables the step uses (the task's, the optimizer's):
+      memory_profile.DeviceTotals adds them to the peaks.
   """
   if peaks is None:
     return ('Memory per device: the profile holds no allocator event (on '
             'CPU, set TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
             'starts).\n')
-  short = lambda d: tf.DeviceSpec.from_string(d).to_string().rsplit(
-      'device:', 1)[-1]
-  held = {}
-  for v in variables:
-    held[short(v.device)] = held.get(short(v.device), 0) + (
-        v.shape.num_elements() * v.dtype.size)
-  measured = {}
-  for d, b in peaks.items():
-    key = d if d == memory_profile.UNATTRIBUTED else short(d)
-    measured[key] = measured.get(key, 0) + b
+  short = memory_profile.ShortDevice
+  measured = memory_profile.DeviceTotals(peaks, variables)
   stages = inspect_lib.TaskStages(task) or []
   estimate = {}
   for i, stage in enumerate(stages):
@@ -97,7 +90,7 @@ def MemoryReport(task, devices, peaks, variables):
            'peak + its variables; estimate: framework/pipeline_memory.py):']
   for device in devices:
     d = short(device)
-    total = measured.get(d, 0) + held.get(d, 0)
+    total = measured.get(d, 0)
     line = f'  {d}: measured {inspect_lib.FormatBytes(total)}'
     if d in estimate:
       line += (f', estimate {inspect_lib.FormatBytes(estimate[d])} '

@@ -27,6 +27,7 @@ Example:
 """
 import collections
 
+import tensorflow as tf
 from tensorflow.python.eager import context  # Run metadata: no public API.
 
 from cadence.framework import pipeline_timeline
@@ -135,3 +136,26 @@ def DevicePeaks(run, placement, logdir=None):
         'DevicePeaks: the profile holds no allocator event; on CPU, set '
         'TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts.')
   return Peaks(events, placement)
+
+
+def ShortDevice(device):
+  """'CPU:1' of '/job:localhost/replica:0/task:0/device:CPU:1'."""
+  return tf.DeviceSpec.from_string(device).to_string().rsplit('device:',
+                                                              1)[-1]
+
+
+def DeviceTotals(peaks, variables):
+  """Per device ('CPU:1'; UNATTRIBUTED kept): its measured peak (Peaks) plus
+  the bytes of its variables (the buffers a step's profile does not see).
+
+  Args:
+    peaks: {device: bytes} (Peaks, DevicePeaks).
+    variables: the tf.Variables the step uses (the model's, the
+      optimizer's).
+  """
+  totals = collections.Counter()
+  for v in variables:
+    totals[ShortDevice(v.device)] += v.shape.num_elements() * v.dtype.size
+  for device, size in peaks.items():
+    totals[device if device == UNATTRIBUTED else ShortDevice(device)] += size
+  return dict(totals)

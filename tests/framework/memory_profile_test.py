@@ -16,6 +16,12 @@ class PeaksTest(tf.test.TestCase):
               (7, -40, 9, ''),       # Allocated before the profile: ignored.
               (8, 5, 5, 'unknown_op')]
     # d0: 100, 130, 30, 100, 70 -> 130; d1: 50.
+    with tf.device(_CPU1):
+      v = tf.Variable(tf.zeros([10], tf.float32))
+    self.assertEqual({'CPU:0': 7, 'CPU:1': 40 + 9, memory_profile.UNATTRIBUTED:
+                      5}, memory_profile.DeviceTotals(
+                          {'/device:CPU:0': 7, '/device:CPU:1': 9,
+                           memory_profile.UNATTRIBUTED: 5}, [v]))
     self.assertEqual({'d0': 130, 'd1': 50, memory_profile.UNATTRIBUTED: 5},
                      memory_profile.Peaks(events, placement))
 
@@ -36,10 +42,10 @@ class PeaksTest(tf.test.TestCase):
     seed = tf.constant([1, 2])
     placement = memory_profile.Placement(lambda: Step(seed).numpy())
     peaks = memory_profile.DevicePeaks(lambda: Step(seed).numpy(), placement)
-    by_device = {tf.DeviceSpec.from_string(d).device_index: b
-                 for d, b in peaks.items() if d != memory_profile.UNATTRIBUTED}
-    self.assertBetween(by_device[1], 2 * _MIB, 3 * _MIB)
-    self.assertBetween(by_device[0], _MIB // 4, _MIB)
+    # No variable: the totals are the peaks, by short device name.
+    by_device = memory_profile.DeviceTotals(peaks, [])
+    self.assertBetween(by_device['CPU:1'], 2 * _MIB, 3 * _MIB)
+    self.assertBetween(by_device['CPU:0'], _MIB // 4, _MIB)
     self.assertLess(peaks.get(memory_profile.UNATTRIBUTED, 0), _MIB // 16)
     with self.assertRaisesRegex(ValueError, 'instantiated no graph'):
       memory_profile.Placement(lambda: Step(seed).numpy())   # Traced before.
