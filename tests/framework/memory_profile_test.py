@@ -27,13 +27,13 @@ class PeaksTest(tf.test.TestCase):
 
   def testRealStep(self):
     # Known buffers on two logical CPUs: on CPU:1, x and y (1 MiB each) are
-    # alive together (x is read after y is made); on CPU:0 a (256 KiB).
+    # alive together (one op reads both); on CPU:0 a (256 KiB).
     @tf.function
     def Step(seed):
       with tf.device(_CPU1):
         x = tf.random.stateless_uniform([1024, 256], seed)
         y = x * 2.0
-        s1 = tf.reduce_sum(y) + tf.reduce_sum(x)
+        s1 = tf.reduce_sum(y * x)   # One op reads both: alive together.
       with tf.device(_CPU0):
         a = tf.random.stateless_uniform([256, 256], seed)
         s0 = tf.reduce_sum(a * 3.0) + tf.reduce_sum(a)
