@@ -5,15 +5,15 @@
   python trainer.py --model=... --logdir=... --job=evaler_dev
 
 The flags are defined here and nowhere else; everything else lives in
-`framework/trainer_lib.py` (set-up, jobs, logs), `framework/programs.py`
-(the train loop) and `framework/eval_programs.py` (eval and decode). Exit
-codes: 0 done (also for a run that had already finished, and for a
-SIGTERM/SIGINT that stopped it after checkpointing its step: one line says
-so), 2 a user error (one message on stderr; also an unwritable logdir or
-no readable checkpoint), 3 training stopped (too many skipped steps or
-non-finite weights), 4 a checkpoint could not be written (the message names
-the path and the OS error). A second SIGTERM/SIGINT ends the process at
-once (killed by the signal).
+`framework/jobs/trainer_lib.py` (set-up, jobs, logs),
+`framework/train/programs.py` (the train loop) and
+`framework/train/eval_programs.py` (eval and decode). Exit codes: 0 done (also
+for a run that had already finished, and for a SIGTERM/SIGINT that stopped it
+after checkpointing its step: one line says so), 2 a user error (one message on
+stderr; also an unwritable logdir or no readable checkpoint), 3 training stopped
+(too many skipped steps or non-finite weights), 4 a checkpoint could not be
+written (the message names the path and the OS error). A second SIGTERM/SIGINT
+ends the process at once (killed by the signal).
 """
 import os
 import sys
@@ -25,7 +25,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # Hide TF's INFO lines.
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 
-from cadence.framework import trainer_lib  # pylint: disable=g-import-not-at-top
+from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
                     'synthetic.linear_regression.RegressionTiny.')

@@ -37,8 +37,8 @@ import time
 from absl import logging
 import tensorflow as tf
 
-from cadence.framework import checkpointer
-from cadence.framework import trainer_lib
+from cadence.framework.jobs import trainer_lib
+from cadence.framework.train import checkpointer
 
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 # name -> (--model_params_override, save every N steps)

@@ -36,7 +36,7 @@ _ALLREDUCE = textwrap.dedent("""
         tf.config.list_physical_devices('CPU')[0],
         [tf.config.LogicalDeviceConfiguration()] * 4)
     from cadence.framework import cluster as cluster_lib, model_registry
-    from cadence.framework import replicas
+    from cadence.framework.train import replicas
     params = model_registry.GetParams(%(key)r, 'Train')
     cluster = cluster_lib.Cluster.Params().Set(
         num_devices=4, worker_split_size=2).Instantiate()

@@ -30,7 +30,7 @@ by that row and by pipelined / accumulated, the pipeline's own cost.
 
 Then one step of each pipelined configuration (rebuilt with trace_actions,
 so that the profile names each op's action) runs under the TF profiler
-(framework/pipeline_timeline.py): the measured bubble (idle share of the
+(framework/timeline.py): the measured bubble (idle share of the
 devices' time between the first and the last pipeline action) next to the
 ideal (K-1)/(M+K-1).
 
@@ -56,8 +56,8 @@ from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import device_call
 from cadence.framework import nested_map
-from cadence.framework import pipeline_memory
-from cadence.framework import pipeline_timeline
+from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import timeline as timeline_lib
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import embedding
@@ -115,7 +115,7 @@ class _Model(tf.Module):
     self.Step = tf.function(self._Step, autograph=False)
 
   def Estimate(self):
-    """The memory estimate of a step (framework/pipeline_memory.py): this
+    """The memory estimate of a step (framework/memory_estimate.py): this
     model is the LM task's without positions, so its FPropMeta `memory`
     applies; SGD has no slots.
 
@@ -132,9 +132,9 @@ class _Model(tf.Module):
     params = [0] * k
     for index, n in self.DeviceBytes().items():
       params[index if k > 1 else 0] += n
-    return ([s.total for s in pipeline_memory.StageMemory(
+    return ([s.total for s in memory_estimate.StageMemory(
         memory, params, [0] * k)],
-            pipeline_memory.SharedMemory(memory, params, [0] * k).total)
+            memory_estimate.SharedMemory(memory, params, [0] * k).total)
 
   def DeviceBytes(self):
     """{device index: bytes of the trained variables on it}."""
@@ -299,10 +299,10 @@ def main():
         overrides = dict(Overrides(variant, window), trace_actions=True)
         step = _Model(k, m, **overrides).Step
         float(step(ids, labels, paddings, tf.constant(0, tf.int64)))
-        ops = pipeline_timeline.ProfileOps(lambda: float(step(  # pylint: disable=cell-var-from-loop
+        ops = timeline_lib.ProfileOps(lambda: float(step(  # pylint: disable=cell-var-from-loop
             ids, labels, paddings, tf.constant(0, tf.int64))))
         devices = [f'/device:CPU:{i}' for i in range(k)]
-        timeline = pipeline_timeline.Timeline(ops, devices)
+        timeline = timeline_lib.Timeline(ops, devices)
         cells.append(f'{timeline.measured_bubble:.2f} '
                      f'({timeline.ideal_bubble:.2f})')
       print(f'{variant:>13} K={k}' + ''.join(f'{c:>16}' for c in cells),

@@ -11,12 +11,12 @@ tf.function), then
     TF's BFC allocator stats (the child sets TF_CPU_ALLOCATOR_USE_BFC=true
     so that CPU tensors go through an allocator that counts; all logical
     CPUs share it, so for K > 1 it is the sum over devices);
-  estimate: framework/pipeline_memory.py's estimate from FPropMeta and the
+  estimate: framework/memory_estimate.py's estimate from FPropMeta and the
     schedule, before running: all stages at the step's worst moment
     (SharedMemory, what one memory holding every stage needs), compared
     with the process's tensor peak;
   per device (--per_device): each device's peak from the allocator's events
-    of a profiled step (framework/memory_profile.py: every allocation
+    of a profiled step (framework/pipeline/memory_profile.py: every allocation
     counted on the device TF placed its op on) plus its variables, next to
     its stage's estimate (StageMemory). Pipelines are then built with
     trace_actions (cells inlined, every op named and placed);
@@ -59,7 +59,7 @@ sys.argv = [sys.argv[0]]
 sys.path.insert(0, {bench_dir!r})
 import gpipe_bench as gb
 import tensorflow as tf
-from cadence.framework import memory_profile
+from cadence.framework.pipeline import memory_profile
 gb.LAYERS = {layers}
 model = gb._Model({splits}, {micro_batches}, **{overrides!r})
 ids = tf.random.stateless_uniform([gb.BATCH, gb.SEQ], [1, 2], maxval=gb.VOCAB,
@@ -93,12 +93,12 @@ tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices('CPU')[0],
     [tf.config.LogicalDeviceConfiguration()] * 2)
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import inspect_lib
-from cadence.framework import inspect_pipeline
-from cadence.framework import memory_profile
+from cadence.framework.jobs import inspect_lib
+from cadence.framework.jobs import inspect_pipeline
 from cadence.framework import model_registry
-from cadence.framework import pipeline_memory
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import memory_profile
 params = model_registry.GetParams(
     'lm.one_billion_wds.OneBWdsGPipeTransformerTiny', 'Train')
 params.task.stack_tpl.pipeline_tpl.Set(schedule={schedule!r},
@@ -124,7 +124,7 @@ with cluster_lib.Cluster.Params().Set(num_devices=2,
         memory_profile.DevicePeaks(lambda: Step(3), placement),
         variables).items()}}
   stages = [s.total for s in inspect_lib.TaskStages(task)]
-  shared = inspect_lib.TaskStages(task, pipeline_memory.SharedMemory).total
+  shared = inspect_lib.TaskStages(task, memory_estimate.SharedMemory).total
 print(json.dumps(dict(
     tensor_mib=tensor / 2**20, estimate_mib=shared / 2**20,
     stage_estimates_mib=[s / 2**20 for s in stages], devices_mib=devices,

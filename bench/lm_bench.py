@@ -45,10 +45,10 @@ tf.config.set_logical_device_configuration(
 from cadence.framework import base_layer  # pylint: disable=g-import-not-at-top
 from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
 from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
-from cadence.framework import train_report  # pylint: disable=g-import-not-at-top
+from cadence.framework.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
 from cadence.framework import shapes  # pylint: disable=g-import-not-at-top
 from cadence.framework import step_seed  # pylint: disable=g-import-not-at-top
-from cadence.framework.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
+from cadence.framework.train import train_report  # pylint: disable=g-import-not-at-top
 from cadence.layers import transformer  # pylint: disable=g-import-not-at-top
 from cadence.tasks.lm import model  # pylint: disable=g-import-not-at-top
 

@@ -34,8 +34,8 @@ tf.config.set_logical_device_configuration(
     _CPUS[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-from cadence.framework import eval_programs  # pylint: disable=g-import-not-at-top
 from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
+from cadence.framework.train import eval_programs  # pylint: disable=g-import-not-at-top
 
 KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 

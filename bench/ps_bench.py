@@ -22,7 +22,7 @@ import os
 import statistics
 import tempfile
 
-from cadence.framework import summary_utils
+from cadence.framework.train import summary_utils
 from cadence.tests import test_utils
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'

@@ -49,8 +49,8 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import model_registry
-from cadence.framework import preemption
-from cadence.framework import programs
+from cadence.framework.train import preemption
+from cadence.framework.train import programs
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,7 +24,7 @@ import time
 import tensorflow as tf
 
 from cadence.framework import model_registry
-from cadence.framework import programs
+from cadence.framework.train import programs
 
 _KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _CONFIGS = {

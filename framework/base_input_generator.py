@@ -39,8 +39,8 @@ import re
 import tensorflow as tf
 
 from cadence.framework import hyperparams
-from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import validation
 
 _SHARDED_RE = re.compile(r'^(.*)@(\d+)$')
 

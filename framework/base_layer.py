@@ -40,9 +40,9 @@ import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import hyperparams
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import weight_init
-from cadence.framework.nested_map import NestedMap
 
 WeightInit = weight_init.WeightInit
 WeightParams = weight_init.WeightParams

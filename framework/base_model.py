@@ -21,8 +21,8 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import hyperparams
 from cadence.framework import learner as learner_lib
-from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import validation
 
 
 def _TrainParams():
@@ -49,7 +49,8 @@ def _TrainParams():
   p.Define('debug_nan_steps', [], 'Testing aid: global steps whose loss is '
            'multiplied by NaN, exercising the skip path.')
   p.Define('allreduce', 'auto', 'How gradients of data-parallel replicas '
-           'are all-reduced, stage by stage (framework/replicas.py): ring '
+           'are all-reduced, stage by stage (framework/train/replicas.py): '
+           'ring '
            '(collective ops; across hosts), nccl (GPUs), hierarchical_copy, '
            'one_device (sum on one device, broadcast), or auto (nccl on '
            'GPUs, else ring).')
@@ -57,7 +58,8 @@ def _TrainParams():
            'about this many bytes for the all-reduce, an int >= 0 (0: no '
            'packing).')
   p.Define('ps_placement', 'least_loaded', 'Parameter-server training: '
-           'which server holds each variable (framework/ps_placement.py): '
+           'which server holds each variable '
+           '(framework/distribute/ps_placement.py): '
            'least_loaded (the server with the fewest bytes so far, '
            "tensorpack's policy) or round_robin (TensorFlow's default).")
   return p

@@ -34,13 +34,40 @@ Example:
   with cluster.WithReplica(1):
     Cluster.Current().ReplicaDevices()    # ['/device:CPU:2', '/device:CPU:3']
 """
-import copy
 import contextlib
+import copy
+import re
 
 import tensorflow as tf
 
 from cadence.framework import hyperparams
-from cadence.framework import tpu
+
+LOGICAL_CORE_TYPE = 'TPU_REPLICATED_CORE'
+_LOGICAL_CORE_RE = re.compile(rf'/device:{LOGICAL_CORE_TYPE}:(\d+)$')
+
+
+def LogicalCore(index):
+  """The device string of logical core `index` of every replica."""
+  return f'/device:{LOGICAL_CORE_TYPE}:{index}'
+
+
+def LogicalCoreIndex(device):
+  """The logical core index of a `LogicalCore` device string, else None."""
+  match = _LOGICAL_CORE_RE.search(device or '')
+  return int(match.group(1)) if match else None
+
+
+def LogicalCoreScope(index):
+  """Places variables and ops on logical core `index` of each replica.
+
+  Under a TPUStrategy: its `experimental_logical_device(index)`. Under any
+  other strategy (a TPU cluster used off a TPU) there is one core: a no-op
+  scope.
+  """
+  strategy = tf.distribute.get_strategy()
+  if isinstance(strategy, tf.distribute.TPUStrategy):
+    return strategy.extended.experimental_logical_device(index)
+  return contextlib.nullcontext()
 
 
 def DeviceScope(device):
@@ -48,14 +75,14 @@ def DeviceScope(device):
 
   The one placement helper: layers place their variables and ops with it,
   on the devices the current Cluster gives them. A TPU logical core
-  (`tpu.LogicalCore(s)`, the stages of a TPU replica) is placed through the
-  TPUStrategy (`tpu.LogicalCoreScope`).
+  (`LogicalCore(s)`, the stages of a TPU replica) is placed through the
+  TPUStrategy (`LogicalCoreScope`).
   """
   if not device:
     return contextlib.nullcontext()
-  core = tpu.LogicalCoreIndex(device)
+  core = LogicalCoreIndex(device)
   if core is not None:
-    return tpu.LogicalCoreScope(core)
+    return LogicalCoreScope(core)
   return tf.device(device)
 
 
@@ -136,7 +163,7 @@ class Cluster:
       spec = tf.DeviceSpec.from_string(device)
       if spec.job not in (None, 'localhost'):
         continue  # A remote device: its own process checks it.
-      if spec.device_type == tpu.LOGICAL_CORE_TYPE:
+      if spec.device_type == LOGICAL_CORE_TYPE:
         continue  # A TPU replica's logical core: the TPUStrategy's.
       short = spec.replace(job=None, replica=None, task=None).to_string()
       if short not in local:

@@ -15,7 +15,7 @@ above `grad_norm_to_clip_to_zero`, else clips to
 `clip_gradient_norm_to_value` and applies the optimizer with learning rate
 `learning_rate * lr_schedule.Value(step)`.
 
-Distribution (framework/replicas.py): each replica's copy of the task has
+Distribution (framework/train/replicas.py): each replica's copy of the task has
 its own learner. `ComputeGradients` returns the replica's own gradients;
 the train program all-reduces them across replicas (MEAN: each replica's
 loss is the mean over its own examples) and gives every copy's
@@ -27,10 +27,10 @@ import re
 import tensorflow as tf
 
 from cadence.framework import hyperparams
-from cadence.framework import optimizer as optimizer_lib
-from cadence.framework import schedule as schedule_lib
-from cadence.framework import validation
+from cadence.framework import lr_schedule as lr_schedule_lib
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import optimizer as optimizer_lib
+from cadence.framework import validation
 
 _NOT_TRAINED = object()  # Marks leaves of var_map that do not train.
 
@@ -56,7 +56,7 @@ class Learner:
     p.Define('optimizer', optimizer_lib.Adam.Params(), 'Optimizer params.')
     p.Define('learning_rate', 1e-3, 'Base learning rate, a float >= 0; '
              'multiplied by lr_schedule.Value(step).')
-    p.Define('lr_schedule', schedule_lib.ConstantSchedule.Params(),
+    p.Define('lr_schedule', lr_schedule_lib.ConstantSchedule.Params(),
              'Learning-rate schedule params (a multiplier of learning_rate).')
     p.Define('clip_gradient_norm_to_value', 0.0, 'Scale the gradients so '
              'their global L2 norm is at most this, a float (0: off).')

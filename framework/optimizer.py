@@ -36,8 +36,8 @@ import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import hyperparams
-from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import validation
 
 
 def _VarName(name):
@@ -174,7 +174,7 @@ class BaseOptimizer:
 
     Callable eagerly and in a tf.function. The variables are plain ones,
     each updated on its own device (replicas keep their own copies, see
-    framework/replicas.py: every copy's optimizer applies the same reduced
+    framework/train/replicas.py: every copy's optimizer applies the same reduced
     gradients).
 
     Args:

@@ -86,10 +86,10 @@ def WeightParams(shape, init=None, dtype=None, trainable=True,
     dtype: the variable's dtype; None means the layer's `dtype`.
     trainable: whether the learner updates it.
     aggregation: for a variable the replicas update themselves (a counter,
-      moving statistics), how their copies combine (framework/replicas.py):
-      NONE (they are not combined), MEAN, SUM (of the replicas'
-      increments) or ONLY_FIRST_REPLICA. Trained variables need NONE: the
-      learner keeps them equal.
+      moving statistics), how their copies combine
+      (framework/train/replicas.py): NONE (they are not combined), MEAN, SUM (of
+      the replicas' increments) or ONLY_FIRST_REPLICA. Trained variables need
+      NONE: the learner keeps them equal.
     synchronization: when the copies are combined: ON_WRITE (AUTO) after
       every step, ON_READ only before they are read (a checkpoint, an eval).
   """

@@ -29,7 +29,7 @@ statistics read from theta and returns stats None.
 The moving statistics are non-trainable variables declared with
 `aggregation=MEAN`: under data parallelism each replica updates its copy
 from its own batch and the trainer averages the copies after every step
-(framework/replicas.py), so the replicas agree (the mean of their
+(framework/train/replicas.py), so the replicas agree (the mean of their
 averages; each replica's batch variance is its own, as in unsynchronised
 batch norm). The variance is the biased
 one (divided by the number of examples), in training and in the update.
@@ -38,9 +38,9 @@ Statistics are computed in float32 (float64 with a float64 fprop_dtype).
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams

@@ -9,9 +9,9 @@ micro-batches get distinct masks through `step_seed.MicroBatchSeed`.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 
 # FLOPs per element when dropout is active: one uniform draw, one compare,
 # one multiply by the scaled mask.

@@ -16,9 +16,9 @@ import math
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams

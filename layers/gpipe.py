@@ -6,10 +6,10 @@ using Pipeline Parallelism", arXiv:1811.06965.
 A model that is a sequence of layers is cut into K *cells* (contiguous
 groups of layers of near-equal FLOPs, `PartitionSequentialLayers`); cell i
 lives on device i % D of the current model split (`cluster.Cluster`). The
-batch is split into M micro-batches (framework/microbatch.py) and the cells
-process them as a wavefront (framework/stacked_recurrent.py): cell i works
-on micro-batch t - i at tick t, so the devices overlap except for the
-(K-1)/(M+K-1) bubble. In the backward pass each cell re-runs its forward on
+batch is split into M micro-batches (framework/pipeline/microbatch.py) and the
+cells process them as a wavefront (framework/pipeline/stacked_recurrent.py):
+cell i works on micro-batch t - i at tick t, so the devices overlap except for
+the (K-1)/(M+K-1) bubble. In the backward pass each cell re-runs its forward on
 each micro-batch before back-propagating through it (rematerialisation), so
 a device holds the activations of its cell for at most `backward_window`
 micro-batches at a time (with remat='except_last', the last micro-batch
@@ -23,11 +23,11 @@ backward of an old one, so a cell holds at most K micro-batches'
 activations instead of M. Each micro-batch's backward must then start as
 soon as its forward leaves the last cell, so the loss moves inside the
 pipeline: the owner calls `FPropLoss(cells, loss, *inputs, side_inputs=)`
-with a per-micro-batch loss (framework/pipeline_loss.py), e.g. the LM's
+with a per-micro-batch loss (framework/pipeline/pipeline_loss.py), e.g. the LM's
 softmax and cross-entropy on that micro-batch's labels; the losses and
 metric sums come back summed over micro-batches, and `tape.gradient` of the
 total equals the sequential model's. `remat` 'selective' keeps only the
-outputs of products with a weight (framework/remat_policy.py).
+outputs of products with a weight (framework/pipeline/remat_policy.py).
 
 Two ways to give a PipeliningLayer its cells:
   * `cell_tpl`: the layer builds the cells as its children `cells[i]`
@@ -63,10 +63,10 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import microbatch
-from cadence.framework import pipeline_loss
+from cadence.framework.pipeline import microbatch
+from cadence.framework.pipeline import pipeline_loss
+from cadence.framework.pipeline import stacked_recurrent
 from cadence.framework import shapes
-from cadence.framework import stacked_recurrent
 from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import validation
 from cadence.layers import combinators
@@ -299,11 +299,11 @@ class PipeliningLayer(SeqLayer):
     p.Define('remat', 'except_last', 'Which micro-batches re-run their '
              'forward in the backward: ' + ', '.join(
                  stacked_recurrent.REMAT_MODES) +
-             ' (see framework/stacked_recurrent.py).')
+             ' (see framework/pipeline/stacked_recurrent.py).')
     p.Define('backward_window', 1, 'At most this many micro-batches per '
              'cell hold activations in the backward (1: one at a time; 2: '
              'the next re-run overlaps the current back-propagation; None: '
-             'unbounded); see framework/stacked_recurrent.py.')
+             'unbounded); see framework/pipeline/stacked_recurrent.py.')
     p.Define('trace_actions', False, 'Inline the cells\' traced functions '
              'into the step\'s graph per (cell, micro-batch) call, so that a '
              'profile names the action of every op (framework/'
@@ -314,7 +314,7 @@ class PipeliningLayer(SeqLayer):
              "backwards; '1f1b': after a warm-up each cell alternates a "
              'forward and a backward, so it holds at most K micro-batches of '
              'activations (needs the per-micro-batch loss: FPropLoss; see '
-             'framework/pipeline_loss.py).')
+             'framework/pipeline/pipeline_loss.py).')
     return p
 
   def __init__(self, params):

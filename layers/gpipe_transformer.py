@@ -201,7 +201,7 @@ class GPipeTransformerStack(gpipe.SplitCells,
     (act_bytes), what it keeps with remat 'selective', its outputs (the
     activations and the paddings passed on) and one layer's act_bytes (the
     gradients in flight through a layer); see
-    framework/pipeline_memory.py."""
+    framework/pipeline/memory_estimate.py."""
     bounds = cls.Boundaries(p)
     last = len(bounds) - 2
     b, t, d = shapes.AsShape(inputs)

@@ -6,9 +6,9 @@ the product of the leading dims (e.g. batch * time).
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 from cadence.layers import activations
 from cadence.layers import dropout
 

@@ -8,9 +8,9 @@ cast back to fprop_dtype. N below is the product of the leading dims.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams

@@ -13,9 +13,9 @@ leaf [micro_batches, 2, dim]. `FProp` returns y alone.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 from cadence.layers import batch_norm
 from cadence.layers import conv
 

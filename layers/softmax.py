@@ -18,9 +18,9 @@ when fprop_dtype is float64).
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from cadence.framework import checkpoint_files
-from cadence.framework import checkpointer
+from cadence.framework.train import checkpoint_files
+from cadence.framework.train import checkpointer
 from cadence.tests import test_utils
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'

@@ -12,8 +12,8 @@ import time
 
 import tensorflow as tf
 
-from cadence.framework import checkpointer
-from cadence.framework import trainer_lib
+from cadence.framework.jobs import trainer_lib
+from cadence.framework.train import checkpointer
 from cadence.tests import test_utils
 
 _KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'

@@ -15,9 +15,9 @@ import re
 
 import tensorflow as tf
 
-from cadence.framework import checkpointer
 from cadence.framework import model_registry
-from cadence.framework import summary_utils
+from cadence.framework.train import checkpointer
+from cadence.framework.train import summary_utils
 from cadence.tests import test_utils
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from cadence.framework import checkpointer
-from cadence.framework import summary_utils
+from cadence.framework.train import checkpointer
+from cadence.framework.train import summary_utils
 from cadence.tests import test_utils
 
 _KEY = 'synthetic.linear_regression.RegressionTiny'

@@ -26,9 +26,9 @@ inspected without building weights:
 classes; there is no ImageNet reader here).
 """
 from cadence.framework import base_model_params
+from cadence.framework import lr_schedule
 from cadence.framework import model_registry
 from cadence.framework import optimizer
-from cadence.framework import schedule
 from cadence.layers import gpipe
 from cadence.tasks.image import input_generator
 from cadence.tasks.image import model
@@ -85,7 +85,7 @@ class ShapesResNet34(base_model_params.SingleTaskModelParams):
     p.train.learner.Set(
         optimizer=optimizer.Momentum.Params().Set(alpha=0.9),
         learning_rate=self.LEARNING_RATE,
-        lr_schedule=schedule.CosineSchedule.Params().Set(
+        lr_schedule=lr_schedule.CosineSchedule.Params().Set(
             warmup_steps=self.WARMUP_STEPS, total_steps=self.MAX_STEPS))
     p.train.Set(max_steps=self.MAX_STEPS,
                 save_interval_steps=self.SAVE_INTERVAL_STEPS,

@@ -59,9 +59,9 @@ dataset (and the SentencePiece `train_file_pattern` of the training files).
 import os
 
 from cadence.framework import base_model_params
+from cadence.framework import lr_schedule
 from cadence.framework import model_registry
 from cadence.framework import optimizer
-from cadence.framework import schedule
 from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import model
@@ -137,7 +137,7 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
     p.train.learner.Set(
         optimizer=optimizer.Adam.Params().Set(beta2=0.98, epsilon=1e-9),
         learning_rate=self.LEARNING_RATE,
-        lr_schedule=schedule.TransformerSchedule.Params().Set(
+        lr_schedule=lr_schedule.TransformerSchedule.Params().Set(
             model_dim=self.MODEL_DIM, warmup_steps=self.WARMUP_STEPS),
         clip_gradient_norm_to_value=self.CLIP_GRADIENT_NORM)
     p.train.Set(max_steps=self.MAX_STEPS,

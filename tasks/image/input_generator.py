@@ -6,9 +6,9 @@ memory as uint8; each batch is converted to float32 in [-1, 1].
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 from cadence.tasks.image import shapes_data
 
 

@@ -12,9 +12,9 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import base_model
 from cadence.framework import hyperparams
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 from cadence.layers import gpipe_resnet
 
 

@@ -64,9 +64,9 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 from cadence.tasks.lm import tokenizers
 
 _KEYS = ('ids', 'labels', 'paddings', 'weights', 'sentence_weights')

@@ -60,9 +60,9 @@ from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import device_call
 from cadence.framework import hyperparams
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
-from cadence.framework.nested_map import NestedMap
 from cadence.layers import embedding
 from cadence.layers import gpipe_transformer
 from cadence.layers import softmax as softmax_lib

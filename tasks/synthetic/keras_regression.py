@@ -7,8 +7,8 @@ RegressionModel's (tasks/synthetic/regression.py).
 """
 import keras
 
-from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
 from cadence.layers import keras_layer
 from cadence.tasks.synthetic import regression
 

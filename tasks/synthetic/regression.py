@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
-from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
 from cadence.layers import dropout
 from cadence.layers import gpipe
 from cadence.layers import linear

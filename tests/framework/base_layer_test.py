@@ -3,9 +3,9 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import step_seed
-from cadence.framework.nested_map import NestedMap
 
 
 class ScaleLayer(base_layer.BaseLayer):

@@ -4,8 +4,8 @@ import tensorflow as tf
 
 from cadence.framework import base_model
 from cadence.framework import base_model_params
-from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
 from cadence.tasks.synthetic import regression
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import device_call
-from cadence.framework import memory_profile
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import memory_profile
 
 _CPU0, _CPU1 = '/device:CPU:0', '/device:CPU:1'
 

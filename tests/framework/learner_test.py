@@ -4,9 +4,9 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import learner
-from cadence.framework import optimizer
-from cadence.framework import schedule
+from cadence.framework import lr_schedule
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import optimizer
 
 
 def _VarMap(rng):
@@ -77,7 +77,7 @@ class LearnerTest(tf.test.TestCase):
   def testSGDStepMatchesNumpy(self):
     vm = _VarMap(self.rng)
     p = _SGDParams()
-    p.lr_schedule = schedule.PiecewiseConstantSchedule.Params().Set(
+    p.lr_schedule = lr_schedule.PiecewiseConstantSchedule.Params().Set(
         boundaries=[1], values=[1.0, 0.5])
     lrn = p.Instantiate(var_map=vm)
     lrn.Build()

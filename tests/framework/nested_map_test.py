@@ -1,8 +1,8 @@
 """Tests for cadence.framework.nested_map."""
 import tensorflow as tf
 
-from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
 
 
 def _Sample():

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import recurrent
+from cadence.framework.pipeline import recurrent
 from cadence.framework import shapes
 from cadence.layers import gpipe
 from cadence.layers import keras_layer

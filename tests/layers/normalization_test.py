@@ -2,8 +2,8 @@
 import numpy as np
 import tensorflow as tf
 
-from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
 from cadence.layers import normalization
 from cadence.tests import test_utils
 

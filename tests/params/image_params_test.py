@@ -4,7 +4,7 @@ published-scale ResNet-34 is inspected without building weights."""
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import inspect_lib
+from cadence.framework.jobs import inspect_lib
 from cadence.framework import model_registry
 from cadence.tasks.image import model
 

@@ -8,8 +8,8 @@ structure and is consistent with its data.
 import tensorflow as tf
 
 from cadence.framework import model_registry
-from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
 from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import model

@@ -5,11 +5,11 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import lr_schedule
 from cadence.framework import model_registry
-from cadence.framework import optimizer
-from cadence.framework import schedule
-from cadence.framework import step_seed
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import optimizer
+from cadence.framework import step_seed
 from cadence.tasks.image import model
 
 _TINY = 'image.shapes_resnet.ShapesResNetTiny'
@@ -36,7 +36,7 @@ class ImageClassifierTest(tf.test.TestCase):
     train.task.resnet_tpl.Set(splits=1, pipeline_tpl=None)
     train.task.train.learner.Set(
         optimizer=optimizer.Adam.Params(), learning_rate=0.005,
-        lr_schedule=schedule.ConstantSchedule.Params())
+        lr_schedule=lr_schedule.ConstantSchedule.Params())
     dev = _TinyParams('Dev', num_examples=256, batch_size=256)
     dev.task.is_inference = True
     dev.task.resnet_tpl.Set(splits=1, pipeline_tpl=None)

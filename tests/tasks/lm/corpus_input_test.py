@@ -9,8 +9,8 @@ from cadence.framework import base_input_generator
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import model_registry
-from cadence.framework import step_seed
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import step_seed
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers

@@ -6,12 +6,12 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import eval_programs
 from cadence.framework import model_registry
-from cadence.framework import programs
-from cadence.framework import shapes
-from cadence.framework import summary_utils
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
+from cadence.framework.train import eval_programs
+from cadence.framework.train import programs
+from cadence.framework.train import summary_utils
 from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import input_generator

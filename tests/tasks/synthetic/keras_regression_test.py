@@ -1,5 +1,5 @@
 """Tests for cadence.tasks.synthetic.keras_regression: a keras.Model trained
-replicated by Cadence's replica machinery (framework/replicas.py).
+replicated by Cadence's replica machinery (framework/train/replicas.py).
 
 As in tests/framework/replicas_test.py, each replica count runs in its own
 subprocess (a MirroredStrategy fixes its collective group size for the
@@ -25,9 +25,10 @@ _SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices('CPU')[0],
         [tf.config.LogicalDeviceConfiguration()] * 4)
-    from cadence.framework import cluster as cluster_lib
-    from cadence.framework import model_registry, programs, replicas
     from cadence.framework import base_layer, step_seed
+    from cadence.framework import cluster as cluster_lib
+    from cadence.framework import model_registry
+    from cadence.framework.train import programs, replicas
 
     def Params(batch):
       p = model_registry.GetParams(%(key)r, 'Train')

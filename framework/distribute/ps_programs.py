@@ -1,0 +1,218 @@
+"""Parameter-server training: asynchronous data parallelism on TF2's
+ParameterServerStrategy and ClusterCoordinator.
+
+The cluster (TF_CONFIG, see framework/distribute/distribution.py) has one
+'chief', the coordinator that runs this program, 'worker' tasks that compute and
+'ps' tasks that hold the variables; workers and parameter servers only serve
+(trainer_lib's server job). `PsTrainProgram` is `TrainProgram` with three
+things changed:
+
+  * where the state lives: the task, its optimizer slots, the EMA and the
+    counters are created in the strategy's scope, so they live on the
+    parameter servers, placed by `train.ps_placement` (least_loaded:
+    tensorpack's greedy policy by bytes; round_robin: TF's default; see
+    framework/distribute/ps_placement.py). Slots and EMA copies sit beside their
+    variable. The bytes per server are logged at start;
+  * how steps run: the chief schedules calls of the same compiled loop
+    (`TrainProgram._TrainLoop`, several steps per call) on the workers
+    through the coordinator. Each worker reads the variables from the
+    servers, computes its gradients and applies them there, without waiting
+    for the others (asynchronous: the updates of two workers may interleave,
+    as in any parameter-server training). Between two boundaries (summary,
+    log, checkpoint) the chief splits the steps into calls, at least one
+    per worker, and waits for all of them, so the global step stops exactly
+    at each boundary;
+  * the input: each worker reads its own share of the data. The coordinator
+    runs one dataset function on every worker, so the share cannot be a
+    Python value: each worker's input takes a ticket (an int64 counter on a
+    server, read-and-incremented when its iterator is built) and reads
+    input shard `ticket % num_workers` (`num_input_shards=num_workers`,
+    `input_shard_index=i`; the input generator defines what a shard is).
+    On resume every shard starts at input position / num_workers.
+
+Workers and parameter servers start a server (distribution.Create) and
+`Serve` until the run is finished (the trainer's own test: the checkpoint
+at max_steps, and for trainer_and_evaler the final decode) and the chief's
+port is closed (it has exited: the servers must outlive it, or its exit
+fails on functions it cannot remove from them). A chief that fails leaves
+them serving: rerun the chief to resume from the latest checkpoint, or stop
+them (SIGTERM).
+
+Checkpoints and summaries are written by the chief in the layout of the
+synchronous program (model variables keyed by path), so evaler and decoder
+jobs read them as usual. A pipelined model (worker_split_size > 1) is
+refused by distribution.Create.
+
+Known limits: updates are not reproducible (asynchronous); after a worker
+fails the coordinator reruns its call on another worker, which may run
+steps twice and pass a boundary (the program then writes at the next one,
+and at the end past max_steps).
+
+Example (on the chief; setup from distribution.Create under TF_CONFIG):
+  program = PsTrainProgram(model_params, '/tmp/run', setup.strategy,
+                           num_workers=2, num_ps=2)
+  program.Run()
+"""
+import math
+import socket
+import time
+
+from absl import logging
+import tensorflow as tf
+
+from cadence.framework.distribute import ps_placement
+from cadence.framework.train import preemption
+from cadence.framework.train import programs
+from cadence.framework import validation
+
+
+def SplitSteps(num_steps, num_calls, steps_per_loop=0):
+  """Step counts of the loop calls that together run `num_steps` steps.
+
+  At least `num_calls` calls (one per worker) when there are that many
+  steps, each of at most `steps_per_loop` steps when it is set, the counts
+  as even as possible.
+
+  Example:
+    SplitSteps(20, 2)       # [10, 10]
+    SplitSteps(7, 2, 2)     # [2, 2, 2, 1]
+  """
+  calls = max(1, min(num_steps, num_calls))
+  if steps_per_loop:
+    calls = max(calls, math.ceil(num_steps / steps_per_loop))
+  base, extra = divmod(num_steps, calls)
+  return [base + 1] * extra + [base] * (calls - extra)
+
+
+class PsTrainProgram(programs.TrainProgram):
+  """Trains a task on parameter servers; see the module docstring.
+
+  Args:
+    model_params: the model's params (`model_registry.GetParams(key,
+      'Train')`); the task is built here, in the strategy's scope.
+    logdir: the experiment's logdir (checkpoints and summaries in
+      logdir/train, written by this chief).
+    strategy: a tf.distribute.experimental.ParameterServerStrategy.
+    num_workers: the cluster's 'worker' tasks.
+    num_ps: the cluster's 'ps' tasks.
+    **kwargs: TrainProgram's peak_flops, on_checkpoint, start_time,
+      cluster, steps_per_loop, watcher (the chief's: it stops the run at
+      the next boundary; the workers' loops do not read it).
+  """
+
+  def __init__(self, model_params, logdir, strategy, num_workers, num_ps,
+               **kwargs):
+    policy = validation.CheckOneOf(
+        'task.train', 'ps_placement', model_params.task.train.ps_placement,
+        ps_placement.POLICIES)
+    self._coordinator = (
+        tf.distribute.experimental.coordinator.ClusterCoordinator(strategy))
+    self._num_ps_workers = num_workers
+    if kwargs.get('watcher') is None:  # Its flag: a variable of the chief.
+      kwargs['watcher'] = preemption.Watcher(signals=())
+    with strategy.scope():
+      self._placement = ps_placement.PsPlacement(strategy, policy, num_ps)
+      with self._placement.Scope():
+        task = model_params.Instantiate().task
+        # One replica per worker: the base program sees a single host.
+        super().__init__([task], logdir, strategy, **kwargs)
+        self._input_tickets = tf.Variable(
+            tf.constant(0, tf.int64), trainable=False, name='input_tickets')
+    self._num_devices = num_workers   # Workers compute concurrently.
+    logging.info('Parameter servers: %s', self._placement.Report())
+
+  @property
+  def placement(self):
+    """The PsPlacement that placed the variables (bytes per server)."""
+    return self._placement
+
+  def _Iterator(self, dataset, start):
+    """Per-worker iterators; each worker reads its own input shard."""
+    del dataset  # The chief's dataset; the workers build their own.
+    num = self._num_ps_workers
+    start_batch = start // num
+    inputs = [self._task.params.input.Copy().Set(
+        num_input_shards=num, input_shard_index=i).Instantiate()
+              for i in range(num)] if num > 1 else [self._input]
+    tickets = self._input_tickets
+
+    def _WorkerDataset():
+      datasets = [x.Dataset(start_batch=start_batch) for x in inputs]
+      if num == 1:
+        return datasets[0]
+      shard = tickets.assign_add(1, read_value=True) % num
+      return tf.data.Dataset.choose_from_datasets(
+          datasets, tf.data.Dataset.from_tensors(shard).repeat())
+
+    return iter(self._coordinator.create_per_worker_dataset(_WorkerDataset))
+
+  def _StopTensor(self):
+    # The loop runs on the workers, which cannot read the chief's stop flag:
+    # the chief looks at it between its calls (see _RunLoop).
+    return tf.constant(False)
+
+  def _RunLoop(self, iterator, num_steps):
+    """Runs `num_steps` steps as calls on the workers; {stat name: float}
+    plus 'consecutive' and 'stop' (a signal to the chief: it stops at this
+    boundary)."""
+    results = [
+        self._coordinator.schedule(
+            self._train_loop, args=(iterator, tf.constant(n, tf.int32)))
+        for n in SplitSteps(num_steps, self._num_ps_workers,
+                            self._steps_per_loop)]
+    self._coordinator.join()
+    total = None
+    for result in results:
+      flat = result.fetch()[0]  # (stats, consecutive skips, stop)
+      if flat.size:  # Learning rate: the last call's; the rest: summed.
+        total = flat if total is None else total + flat
+        last_lr = flat
+    out = dict.fromkeys(self._stat_keys, 0.0)
+    if total is not None:
+      out = dict(zip(self._stat_keys, (float(v) for v in total)))
+      if 'learning_rate' in out:
+        out['learning_rate'] = float(
+            last_lr[self._stat_keys.index('learning_rate')])
+    out['consecutive'] = int(self._consecutive.numpy())
+    out['stop'] = self._watcher.requested is not None
+    return out
+
+
+def _Listening(address, timeout=2.0):
+  """True if something accepts TCP connections at 'host:port'."""
+  host, _, port = address.rpartition(':')
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout):
+      return True
+  except OSError:
+    return False
+
+
+def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None):
+  """Serves as a 'worker' or 'ps' task until the run is over.
+
+  Args:
+    setup: the task's distribution.Setup (its `server` started).
+    finished: () -> a message when the run is finished, else None (the
+      trainer's: its first clause is logged).
+    poll_secs: seconds between two looks at the run.
+    should_stop: () -> what asked this task to stop (e.g. 'SIGTERM'), or
+      None; it stops at the next look.
+  """
+  chief = tf.train.ClusterSpec(setup.server.server_def.cluster).task_address(
+      'chief', 0)
+  logging.info('Serving the chief (coordinator) at %s; this %s task exits '
+               'once the run is finished and the chief has exited.', chief,
+               setup.task_type)
+  while True:
+    reason = should_stop()
+    if reason:
+      logging.info('%s received: this %s task stops serving.', reason,
+                   setup.task_type)
+      return
+    message = finished()
+    if message and not _Listening(chief):
+      logging.info('%s; the chief has exited: this %s task stops.',
+                   message.split(';')[0], setup.task_type)
+      return
+    time.sleep(poll_secs)

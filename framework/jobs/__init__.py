@@ -1,0 +1,10 @@
+"""What `trainer.py` runs: the jobs, their exit codes, the inspect modes.
+
+Why a room of its own: it is the top of the house, the only place that
+puts the core, the pipeline, training and distribution together; nothing
+imports it but trainer.py and the tests.
+
+  trainer_lib       Main(options): set-up, the job, exit codes.
+  inspect_lib       --mode=inspect_model: variables, FLOPs and memory.
+  inspect_pipeline  --mode=inspect_pipeline: a profiled step's timeline.
+"""

@@ -1,0 +1,257 @@
+"""Memory of a training step per pipeline stage, estimated before running.
+
+A stage (device) holds, at its worst moment (`Moments`: the ticks of the
+schedule):
+
+  params:      its variables;
+  grads:       one gradient per trained variable once it has run a backward
+               (the sum over micro-batches, alive until the update; a
+               micro-batch's gradients join it layer by layer and are freed
+               as they do: measured, bench/gpipe_memory.py --per_device);
+  slots:       the optimizer's slot variables (Adam: 2 per parameter);
+  activations: what the backward of its cell keeps: `act` bytes per
+               micro-batch (a layer's FPropMeta `act_bytes`: the tensors
+               TF's gradient reads, not every forward tensor), for as many
+               micro-batches as the schedule and `remat` keep at once, plus
+               the cell's outputs (`out` bytes a micro-batch) that wait for
+               the backward;
+  transient:   the temporaries of one micro-batch's backward (the gradients
+               flowing through a layer), taken as the largest layer's act.
+
+StageMemory is each stage's worst moment (what each device must hold);
+SharedMemory the step's worst moment of all stages together (what one
+memory holding every stage needs: logical devices of one host, a split
+onto one accelerator). Validated against TF's allocator by
+bench/gpipe_memory.py: per device from the allocator's events
+(memory_profile.py), and the process's peak.
+
+How many micro-batches' activations a cell keeps at its worst tick (W =
+backward_window, in flight = schedules.InFlight: M for GPipe,
+min(K-i, M) for 1F1B; KeptMicroBatches, and per tick `Moments`):
+
+  remat 'never':       in flight;
+  remat 'selective':   in flight, but only `act_weights` bytes of each (the
+                       products with a weight, remat_policy 'weights'),
+                       and one micro-batch's whole `act` recomputed in the
+                       backward (its transient);
+  remat 'always':      min(W, in flight) (the backward re-runs them);
+  remat 'except_last': min(W + 1, in flight) for 1F1B (the last
+                       micro-batch's forward overlaps re-runs), 1 for GPipe
+                       (the last is back-propagated before any re-run).
+
+Outputs: every micro-batch in flight keeps cell i's output (GPipe: all M).
+
+`SavedBytes` measures what an `act_bytes` formula estimates: the bytes of
+the forward tensors a function's gradient graph reads (buffers shared by
+reshapes counted once); the tests hold the formulas to it.
+
+Example:
+  memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=8,
+                     backward_window=1, cells=[NestedMap(
+                         act=30 << 20, out=2 << 20, transient=8 << 20,
+                         outside=0)] * 4)
+  stages = StageMemory(memory, params=[100 << 20] * 4, slots=[200 << 20] * 4)
+  [s.total for s in stages]   # bytes per stage
+  SharedMemory(memory, [100 << 20] * 4, [200 << 20] * 4).total  # together
+"""
+import collections
+
+import tensorflow as tf
+
+from cadence.framework.pipeline import remat_policy
+from cadence.framework.pipeline import schedules
+
+_SCHEDULES = {'gpipe': schedules.GPipeSchedule,
+              '1f1b': schedules.OneFOneBSchedule}
+# Ops whose output shares its input's buffer.
+_ALIASES = frozenset(['Reshape', 'Identity', 'ExpandDims', 'Squeeze',
+                      'StopGradient', 'Snapshot', 'IdentityN'])
+
+
+class Stage(collections.namedtuple(
+    'Stage', ['params', 'slots', 'grads', 'activations', 'transient'])):
+  """Bytes a stage holds at one moment; see the module docstring."""
+  __slots__ = ()
+
+  @property
+  def total(self):
+    return sum(self)
+
+
+def _KeptRule(schedule, remat, num_micro_batches, backward_window):
+  """kept(live, backward, last): how many micro-batches' activations a cell
+  keeps at a tick where `live` micro-batches are in flight, given whether
+  it runs a backward then and whether it has run its last forward."""
+  w = backward_window or num_micro_batches
+  if remat in ('never', 'selective'):
+    return lambda live, backward, last: live
+  if remat == 'always':
+    return lambda live, backward, last: min(w, live) if backward else 0
+  if remat == 'except_last':
+    if schedule == '1f1b':
+      return lambda live, backward, last: min(w + 1, live)
+    # GPipe keeps its last forward, back-propagated first, then re-runs
+    # one at a time.
+    return lambda live, backward, last: 1 if last and live else 0
+  raise ValueError(f'pipeline_memory: remat={remat!r}; expected '
+                   "'never', 'selective', 'always' or 'except_last'.")
+
+
+def _Counts(schedule, remat, num_cells, num_micro_batches, backward_window):
+  """Yields, per moment of a pipelined step, (per cell (kept, live, done,
+  backward), outside): micro-batches whose activations the cell keeps; in
+  flight (forwarded, not yet back-propagated: their outputs wait); its
+  backwards finished before; whether it runs a backward then. A moment is
+  a tick of the schedule; GPipe adds one between its phases (`outside`
+  True), where the loss runs on the whole batch."""
+  if schedule not in _SCHEDULES:
+    raise ValueError(f'pipeline_memory: schedule={schedule!r}; expected one '
+                     f'of {sorted(_SCHEDULES)}.')
+  ticks = _SCHEDULES[schedule](num_cells, num_micro_batches)
+  kept = _KeptRule(schedule, remat, num_micro_batches, backward_window)
+  live, done, last = [0] * num_cells, [0] * num_cells, [False] * num_cells
+  for t, tick in enumerate(ticks):
+    backward = {i for kind, i, _ in tick if kind == schedules.BACKWARD}
+    for kind, i, j in tick:
+      if kind == schedules.FORWARD:
+        live[i] += 1
+        last[i] = last[i] or j == num_micro_batches - 1
+    yield [(kept(live[i], i in backward, last[i]), live[i], done[i],
+            i in backward) for i in range(num_cells)], False
+    for i in backward:
+      live[i] -= 1
+      done[i] += 1
+    if schedule == 'gpipe' and t == len(ticks) // 2 - 1:
+      yield [(kept(live[i], False, last[i]), live[i], 0, False)
+             for i in range(num_cells)], True
+
+
+def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
+                     backward_window=1):
+  """Per cell: the most micro-batches whose activations it keeps at once,
+  and the most in flight (whose outputs wait for the backward).
+
+  Returns:
+    (kept activations, kept outputs): two lists of K ints.
+  """
+  act, out = [0] * num_cells, [0] * num_cells
+  for cells, _ in _Counts(schedule, remat, num_cells, num_micro_batches,
+                          backward_window):
+    for i, (kept, live, _, _) in enumerate(cells):
+      act[i], out[i] = max(act[i], kept), max(out[i], live)
+  return act, out
+
+
+def Moments(memory, params, slots, grads=None):
+  """Each stage's bytes at every moment of a training step.
+
+  A moment is a tick of the schedule (pipeline_schedule), plus, for GPipe,
+  the one between its phases. At a tick a cell holds its params and slots;
+  its gradients' sum once it runs or has run a backward;
+  the activations it keeps (KeptMicroBatches' rule at that tick) and the
+  outputs of the micro-batches in flight; and, while it runs a backward,
+  one layer's transient (remat 'selective': one micro-batch's whole act,
+  recomputed). Between GPipe's phases, a cell with `outside` bytes (the
+  loss on the whole batch) holds them twice (the loss and its gradient)
+  on top of what its forward kept. An unpipelined model has one moment,
+  where its backward starts: no gradients yet.
+
+  Args:
+    memory: NestedMap(schedule ('gpipe', '1f1b' or None: unpipelined),
+      remat, num_micro_batches, backward_window, cells=K NestedMaps(act:
+      bytes a micro-batch's backward reads, act_weights: of them, those
+      remat 'selective' keeps, out: bytes of its output, transient: the
+      largest layer's act, outside: bytes of what runs on the whole batch
+      outside the pipeline after this cell)), as a task's FPropMeta gives
+      it.
+    params: K ints, bytes of each cell's variables.
+    slots: K ints, bytes of each cell's optimizer slots.
+    grads: K ints, bytes of the trained variables' gradients (default:
+      params).
+
+  Returns:
+    A list of moments, each a list of K `Stage`s.
+  """
+  cells = memory.cells
+  grads = params if grads is None else grads
+  if memory.schedule is None:
+    return [[Stage(params[i], slots[i], 0, c.act, c.transient)
+             for i, c in enumerate(cells)]]
+  selective = memory.remat == 'selective'
+  moments = []
+  for counts, outside in _Counts(memory.schedule, memory.remat, len(cells),
+                                 memory.num_micro_batches,
+                                 memory.backward_window):
+    moment = []
+    for i, (c, (kept, live, done, backward)) in enumerate(zip(cells, counts)):
+      held = kept * (c.act_weights if selective else c.act) + live * c.out
+      g = grads[i] if backward or done else 0
+      transient = ((c.act if selective else c.transient) if backward
+                   else 0)
+      if outside and c.outside:
+        held, transient = held + c.outside, c.outside
+      moment.append(Stage(params[i], slots[i], g, held, transient))
+    moments.append(moment)
+  return moments
+
+
+def StageMemory(memory, params, slots, grads=None):
+  """The `Stage` of each cell's device at its own worst moment (Moments):
+  what each device must hold when every stage has its own memory."""
+  moments = Moments(memory, params, slots, grads)
+  return [max((moment[i] for moment in moments), key=lambda s: s.total)
+          for i in range(len(memory.cells))]
+
+
+def SharedMemory(memory, params, slots, grads=None):
+  """What all stages hold together at the step's worst moment (Moments), as
+  one `Stage` (the sums): the need of one memory that holds every stage
+  (logical devices of one host, a split onto one accelerator). At most the
+  sum of StageMemory: stages peak at different moments."""
+  moments = Moments(memory, params, slots, grads)
+  worst = max(moments, key=lambda moment: sum(s.total for s in moment))
+  return Stage(*map(sum, zip(*worst)))
+
+
+def SavedBytes(fn, input_specs, theta_specs=(), policy='all'):
+  """Bytes of the forward tensors the gradient of `fn(*inputs, *theta)`
+  needs: those it keeps under remat_policy `policy` and the inputs it (or
+  the recomputation) reads; theta (weights, counted as parameters) and
+  constants not. A reshape counts as its input (one buffer).
+
+  Traces `fn` (nothing runs) under a tape and differentiates its float
+  outputs w.r.t. every float input and theta leaf.
+
+  Args:
+    fn: fn(*inputs, *theta) -> a nest of tensors.
+    input_specs: tf.TensorSpecs of the inputs.
+    theta_specs: tf.TensorSpecs of the weights.
+    policy: 'all' (what a GradientTape keeps) or 'weights' (selective
+      recomputation), see remat_policy.
+  """
+  specs = list(input_specs) + list(theta_specs)
+
+  def _Traced(*args):
+    sources = [a for a in args if a.dtype.is_floating]
+    with tf.GradientTape() as tape:
+      tape.watch(sources)
+      out = tf.nest.flatten(fn(*args))
+    targets = [o for o in out if o.dtype.is_floating]
+    grads = tape.gradient(targets, sources,
+                          output_gradients=[tf.ones_like(o) for o in targets])
+    return targets, [g for g in grads if g is not None]
+
+  concrete = tf.function(_Traced, autograph=False).get_concrete_function(
+      *specs)
+  graph = concrete.graph
+  weights = [t.op for t in graph.inputs[len(input_specs):len(specs)]]
+  kept, read = remat_policy.Walk(
+      graph, graph.outputs[:len(concrete.structured_outputs[0])], weights,
+      policy)
+  saved = {}
+  for t in kept + [t for t in read if t.op not in weights]:
+    while t.op.type in _ALIASES and t.op.inputs:
+      t = t.op.inputs[0]
+    if t.shape.is_fully_defined() and t.op not in weights:
+      saved[t.ref()] = t.shape.num_elements() * t.dtype.size
+  return sum(saved.values())

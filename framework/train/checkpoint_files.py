@@ -1,0 +1,170 @@
+"""Checkpoint files on disk: checking them, moving bad ones aside, the end mark.
+
+`Checkpointer` (framework/train/checkpointer.py) saves and restores through
+TensorFlow; this module handles what TensorFlow leaves to its user:
+
+  * `Problem(path)`: why a checkpoint cannot be read (its index missing or
+    garbage, its data truncated or a shard missing), or None when every
+    tensor in it reads back.
+  * `MoveAside(directory, paths)`: moves unreadable checkpoints' files into
+    `directory/bad/` (never deletes them) and rewrites the `checkpoint`
+    state file without them, so the newest readable one is the latest.
+  * The *final mark* `final_checkpoint.json`: the trainer writes it
+    (atomically) when its run ends for good (max_steps reached, a stop for
+    non-finite steps, or max_steps lowered below the restored step), naming
+    the run's final checkpoint; it removes it when it trains on. Evalers
+    and decoders stop after handling that checkpoint.
+
+Only the directory's writer (the trainer; the chief of several hosts) calls
+`MoveAside` and the mark's writers: a reader (evaler, decoder) skips an
+unreadable checkpoint, since it may not own, or see the end of, the files.
+
+Example:
+  Problem('/tmp/run/train/ckpt-300')  # 'its data is unreadable (Read less..)'
+  MoveAside('/tmp/run/train', ['/tmp/run/train/ckpt-300'])
+  WriteFinalMark('/tmp/run/train', 200, 'max_steps 200 reached')
+  ReadFinalMark('/tmp/run/train')     # {'step': 200, 'reason': ...}
+"""
+import glob
+import json
+import os
+
+import tensorflow as tf
+
+BAD_DIR = 'bad'
+FINAL_MARK = 'final_checkpoint.json'
+
+# What reading a damaged checkpoint raises: TensorFlow's errors, and the
+# IndexError of a truncated data file ('Read less bytes than requested').
+READ_ERRORS = (tf.errors.OpError, IndexError)
+
+
+def ErrorLine(error):
+  """The first line of an error's message, without TensorFlow's op
+  decorations ('{{function_node ...}} ' and ' [Op:SaveV2]')."""
+  text = str(error).strip().splitlines()[0] if str(error).strip() else repr(
+      error)
+  if text.startswith('{{') and '}} ' in text:
+    text = text.split('}} ', 1)[1]
+  if text.endswith(']') and ' [Op:' in text:
+    text = text[:text.rindex(' [Op:')]
+  return text
+
+
+def CheckpointFiles(path):
+  """The files of checkpoint `path`: its index and data shards."""
+  return sorted(glob.glob(glob.escape(path) + '.index') +
+                glob.glob(glob.escape(path) + '.data-*'))
+
+
+def Problem(path):
+  """Why checkpoint `path` cannot be read, or None if every tensor reads.
+
+  Reads the whole checkpoint (each tensor once): for diagnosing a failed
+  restore, not for every restore.
+  """
+  if not tf.io.gfile.exists(path + '.index'):
+    return f'its index file {os.path.basename(path)}.index is missing'
+  try:
+    reader = tf.train.load_checkpoint(path)
+  except READ_ERRORS as e:
+    return f'its index is unreadable ({ErrorLine(e)})'
+  for key in sorted(reader.get_variable_to_shape_map()):
+    try:
+      reader.get_tensor(key)
+    except READ_ERRORS as e:
+      return f'its data is unreadable ({key}: {ErrorLine(e)})'
+  return None
+
+
+def _FreeName(folder, names):
+  """`folder`, or `folder/2`, `folder/3`, ...: the first holding none of
+  `names` (a checkpoint moved aside twice keeps both copies)."""
+  candidate, n = folder, 1
+  while any(tf.io.gfile.exists(os.path.join(candidate, name))
+            for name in names):
+    n += 1
+    candidate = os.path.join(folder, str(n))
+  return candidate
+
+
+def MoveAside(directory, paths):
+  """Moves the files of checkpoints `paths` into `directory/bad/`.
+
+  Then rewrites the `checkpoint` state file without them: its latest
+  becomes the newest checkpoint left. Only the directory's writer may call
+  this.
+
+  Returns:
+    The folder the files went to.
+  """
+  files = [f for path in paths for f in CheckpointFiles(path)]
+  target = _FreeName(os.path.join(directory, BAD_DIR),
+                     [os.path.basename(f) for f in files])
+  tf.io.gfile.makedirs(target)
+  for f in files:
+    tf.io.gfile.rename(f, os.path.join(target, os.path.basename(f)))
+  _DropFromState(directory, {os.path.basename(p) for p in paths})
+  return target
+
+
+def _DropFromState(directory, names):
+  """Rewrites the `checkpoint` state file without the checkpoints `names`."""
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return
+  paths = list(state.all_model_checkpoint_paths)
+  stamps = list(state.all_model_checkpoint_timestamps)
+  keep = [i for i, p in enumerate(paths) if os.path.basename(p) not in names]
+  if not keep:
+    tf.io.gfile.remove(os.path.join(directory, 'checkpoint'))
+    return
+  # Relative names, as CheckpointManager writes them (the proto read back
+  # holds absolute paths).
+  del state.all_model_checkpoint_paths[:]
+  state.all_model_checkpoint_paths.extend(
+      os.path.basename(paths[i]) for i in keep)
+  if stamps:
+    del state.all_model_checkpoint_timestamps[:]
+    state.all_model_checkpoint_timestamps.extend(stamps[i] for i in keep)
+  state.model_checkpoint_path = os.path.basename(paths[keep[-1]])
+  _WriteAtomically(os.path.join(directory, 'checkpoint'), str(state))
+
+
+def _WriteAtomically(path, text):
+  """Writes `text` to `path.tmp`, then renames it over `path`."""
+  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+    f.write(text)
+  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+
+
+# --- the final mark -----------------------------------------------------------
+
+
+def WriteFinalMark(directory, step, reason):
+  """Marks the run in `directory` as ended, its final checkpoint at `step`.
+
+  Args:
+    directory: the train folder.
+    step: the step of the run's final checkpoint (None: it wrote none).
+    reason: one phrase, e.g. 'max_steps 200 reached'.
+  """
+  _WriteAtomically(os.path.join(directory, FINAL_MARK),
+                   json.dumps(dict(step=step, reason=reason)) + '\n')
+
+
+def ReadFinalMark(directory):
+  """{'step': int or None, 'reason': str} if the run ended, else None."""
+  path = os.path.join(directory, FINAL_MARK)
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      return json.loads(f.read())
+  except (tf.errors.NotFoundError, ValueError):  # None, or not JSON.
+    return None
+
+
+def RemoveFinalMark(directory):
+  """Removes the mark (the trainer trains on); no-op if there is none."""
+  path = os.path.join(directory, FINAL_MARK)
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)

@@ -1,0 +1,166 @@
+"""Tests for cadence.framework.pipeline.memory_estimate and the layers'
+act_bytes."""
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import memory_estimate
+from cadence.framework import shapes
+from cadence.framework import step_seed
+from cadence.layers import normalization
+from cadence.layers import softmax
+from cadence.layers import transformer
+
+
+def _Saved(params, input_specs, policy='all'):
+  """SavedBytes of a layer's FProp (with a step seed) on input_specs."""
+  layer = params.Instantiate()
+  leaves = tf.nest.flatten(layer.theta)
+  n = len(input_specs)
+
+  def _Fn(*args):
+    theta = tf.nest.pack_sequence_as(layer.theta, list(args[n:]))
+    theta = base_layer.WithStepSeed(theta, step_seed.MakeStepSeed(1))
+    out = layer.FProp(theta, *args[:n])
+    return out.total_xent if isinstance(out, NestedMap) else out
+
+  return memory_estimate.SavedBytes(
+      _Fn, input_specs, [tf.TensorSpec(v.shape, v.dtype) for v in leaves],
+      policy)
+
+
+def _Check(test, params, input_specs, meta, rtol=0.02):
+  """act_bytes and act_bytes_weights of `meta` against SavedBytes."""
+  for policy, got in (('all', meta.act_bytes),
+                      ('weights', meta.act_bytes_weights)):
+    with test.subTest(policy=policy):
+      test.assertAllClose(_Saved(params, input_specs, policy), got,
+                          rtol=rtol)
+
+
+class ActBytesTest(tf.test.TestCase):
+  """FPropMeta's act_bytes equal what TF's gradient really reads."""
+
+  def testTransformerLayer(self):
+    small, other = (4, 8, 16, 2, 32), (2, 12, 24, 4, 40)
+    for (b, t, d, h, f), drops in [
+        (small, (0, 0, 0)), (small, (0.1, 0, 0)), (small, (0, 0.1, 0)),
+        (small, (0, 0, 0.1)), (other, (0.1, 0.1, 0.1))]:
+      p = transformer.TransformerLayer.Params().Set(
+          name='x', input_dim=d, hidden_dim=f, num_heads=h,
+          mask_self_atten=True, residual_dropout_prob=drops[0],
+          atten_dropout_prob=drops[1], relu_dropout_prob=drops[2])
+      with self.subTest(shape=(b, t, d, h, f), drops=drops):
+        # Small tensors ([b, t, 1] inverse deviations, a [t, t] mask) are
+        # left out.
+        _Check(self, p, [tf.TensorSpec([b, t, d])],
+               p.cls.FPropMeta(p, shapes.Shape([b, t, d])))
+    p.is_inference = True
+    self.assertEqual(4 * (10 * b * t * d + b * h * t * t + b * t * f),
+                     p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
+
+  def testNormAndSoftmax(self):
+    for norm in (normalization.LayerNorm, normalization.RMSNorm):
+      ln = norm.Params().Set(name='ln', input_dim=64)
+      _Check(self, ln, [tf.TensorSpec([4, 8, 64])],
+             ln.cls.FPropMeta(ln, shapes.Shape([4, 8, 64])))
+    for smoothing, max_alloc in ((0.0, 0), (0.1, 0), (0.0, 256)):
+      sm = softmax.SimpleFullSoftmax.Params().Set(
+          name='sm', input_dim=128, num_classes=64, label_smoothing=smoothing,
+          softmax_max_alloc=max_alloc)
+      with self.subTest(smoothing=smoothing, max_alloc=max_alloc):
+        # Left out: per row the labels, the log-normaliser (chunked).
+        _Check(self, sm, [tf.TensorSpec([4, 8, 128]),
+                          tf.TensorSpec([4, 8], tf.int32)],
+               sm.cls.FPropMeta(sm, shapes.Shape([4, 8, 128])), rtol=0.04)
+
+  def testUnknownBatch(self):
+    p = transformer.TransformerLayer.Params().Set(
+        name='x', input_dim=8, hidden_dim=16, num_heads=2)
+    self.assertIsNone(p.cls.FPropMeta(p, shapes.Shape([None, 4, 8])).act_bytes)
+
+
+class StageMemoryTest(tf.test.TestCase):
+
+  def testKeptMicroBatches(self):
+    k, m = 4, 8
+    for schedule, remat, window, act, out in [
+        ('gpipe', 'never', 1, [8] * 4, [8] * 4),
+        ('gpipe', 'always', 1, [1] * 4, [8] * 4),
+        ('gpipe', 'always', 2, [2] * 4, [8] * 4),
+        ('gpipe', 'always', None, [8] * 4, [8] * 4),
+        ('gpipe', 'except_last', 1, [1] * 4, [8] * 4),
+        ('1f1b', 'never', 1, [4, 3, 2, 1], [4, 3, 2, 1]),
+        ('1f1b', 'always', 1, [1] * 4, [4, 3, 2, 1]),
+        ('1f1b', 'except_last', 1, [2, 2, 2, 1], [4, 3, 2, 1]),
+        ('1f1b', 'selective', 1, [4, 3, 2, 1], [4, 3, 2, 1])]:
+      with self.subTest(schedule=schedule, remat=remat, window=window):
+        self.assertEqual((act, out), memory_estimate.KeptMicroBatches(
+            schedule, remat, k, m, window))
+    with self.assertRaisesRegex(ValueError, "schedule='2f2b'; expected one "
+                                r"of \['1f1b', 'gpipe'\]"):
+      memory_estimate.KeptMicroBatches('2f2b', 'never', 2, 2)
+    with self.assertRaisesRegex(ValueError, "remat='some'; expected"):
+      memory_estimate.KeptMicroBatches('gpipe', 'some', 2, 2)
+
+  def testStages(self):
+    cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
+                       outside=0),
+             NestedMap(act=200, act_weights=80, out=20, transient=50,
+                       outside=0)]
+    memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
+                       backward_window=1, cells=cells)
+    stages = memory_estimate.StageMemory(memory, [1000, 2000], [2000, 4000])
+    # 1F1B: cell 0 keeps 2 micro-batches, cell 1 one; the gradients' sum.
+    self.assertEqual(memory_estimate.Stage(1000, 2000, 1000, 2 * 110, 30),
+                     stages[0])
+    self.assertEqual(2000 + 4000 + 2000 + 220 + 50, stages[1].total)
+    # Selective: act_weights of each micro-batch, one whole act recomputed.
+    memory.remat = 'selective'
+    stages = memory_estimate.StageMemory(memory, [1000, 2000], [2000, 4000])
+    self.assertEqual(memory_estimate.Stage(1000, 2000, 1000, 2 * 50, 100),
+                     stages[0])
+    # GPipe with the loss outside: its moment wins when it is larger.
+    cells[1].outside = 5000
+    memory.schedule, memory.remat = 'gpipe', 'except_last'
+    stages = memory_estimate.StageMemory(memory, [1000, 2000], [0, 0])
+    # Cell 0's worst moment: its first backward, all 4 outputs waiting.
+    self.assertEqual(memory_estimate.Stage(1000, 0, 1000, 100 + 4 * 10, 30),
+                     stages[0])
+    self.assertEqual(memory_estimate.Stage(2000, 0, 0, 200 + 4 * 20 + 5000,
+                                           5000), stages[1])
+    # Unpipelined: the peak is where the backward starts, before gradients.
+    plain = NestedMap(schedule=None, remat=None, num_micro_batches=1,
+                      backward_window=None, cells=cells[:1])
+    self.assertEqual([memory_estimate.Stage(1000, 500, 0, 100, 30)],
+                     memory_estimate.StageMemory(plain, [1000], [500]))
+
+  def testMomentsAndSharedMemory(self):
+    # GPipe, K=2, M=2, no remat: ticks [F00] [F01 F10] [F11] (between the
+    # phases) [B11] [B01 B10] [B00]; each cell's act 100, out 10.
+    cell = NestedMap(act=100, act_weights=100, out=10, transient=30,
+                     outside=0)
+    memory = NestedMap(schedule='gpipe', remat='never', num_micro_batches=2,
+                       backward_window=1, cells=[cell, cell])
+    moments = memory_estimate.Moments(memory, [1000, 1000], [0, 0])
+    self.assertEqual([[1110, 1000], [1220, 1110], [1220, 1220],
+                      [1220, 1220], [1220, 2250], [2250, 2140],
+                      [2140, 2000]],
+                     [[s.total for s in m] for m in moments])
+    # Each cell's worst moment is a different tick; together, B01 and B10.
+    self.assertEqual([memory_estimate.Stage(1000, 0, 1000, 220, 30)] * 2,
+                     memory_estimate.StageMemory(memory, [1000] * 2, [0, 0]))
+    self.assertEqual(memory_estimate.Stage(2000, 0, 2000, 330, 60),
+                     memory_estimate.SharedMemory(memory, [1000] * 2, [0, 0]))
+    # One cell: the shared memory is the stage's.
+    for schedule in ('gpipe', '1f1b'):
+      for remat in ('never', 'always', 'except_last', 'selective'):
+        one = NestedMap(memory, schedule=schedule, remat=remat,
+                        num_micro_batches=4, cells=[cell])
+        self.assertEqual(
+            memory_estimate.StageMemory(one, [1000], [500]),
+            [memory_estimate.SharedMemory(one, [1000], [500])])
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,236 @@
+"""Tests for cadence.framework.train.checkpointer."""
+import gc
+import glob
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework.train import checkpoint_files
+from cadence.framework.train import checkpointer
+from cadence.tests import test_utils
+
+
+def _State(value=0.0):
+  w = tf.Variable(tf.fill([2, 3], value), name='w')
+  step = tf.Variable(tf.constant(0, tf.int64), name='step')
+  return w, step, dict(model=checkpointer.KeyedVariables({'net.w': w}),
+                       global_step=step)
+
+
+class CheckpointerTest(tf.test.TestCase):
+
+  def testSaveRestoreAndKeep(self):
+    directory = self.get_temp_dir()
+    w, step, objects = _State()
+    ckpt = checkpointer.Checkpointer(directory, objects, max_to_keep=2)
+    self.assertIsNone(ckpt.Restore())
+    for s in (10, 20, 30):
+      w.assign(tf.fill([2, 3], float(s)))
+      step.assign(s)
+      self.assertEqual(ckpt.Save(s), os.path.join(directory, f'ckpt-{s}'))
+    self.assertEqual([checkpointer.StepOf(p) for p in
+                      checkpointer.ListCheckpoints(directory)], [20, 30])
+    w2, step2, objects2 = _State(-1.0)
+    self.assertEqual(checkpointer.Checkpointer(directory, objects2).Restore(),
+                     30)
+    self.assertAllEqual(w2, np.full([2, 3], 30.0))
+    self.assertEqual(int(step2.numpy()), 30)
+    # An older one on request; keys are variable paths.
+    checkpointer.Checkpointer(directory, objects2).Restore(
+        os.path.join(directory, 'ckpt-20'))
+    self.assertAllEqual(w2, np.full([2, 3], 20.0))
+    values = checkpointer.ReadValues(os.path.join(directory, 'ckpt-20'))
+    self.assertEqual(list(values), ['model/vars/net..w/.ATTRIBUTES/'
+                                    'VARIABLE_VALUE'])
+
+  def testRestoreLeavesNoValueUnrestored(self):
+    directory = self.get_temp_dir()
+    checkpointer.Checkpointer(directory, _State(1.0)[2]).Save(1)
+    # TensorFlow warns when a restore status with unrestored checkpoint
+    # values (e.g. the manager's save_counter) is garbage collected.
+    with self.assertNoLogs('tensorflow', level='WARNING'):
+      w, _, objects = _State()
+      ckpt = checkpointer.Checkpointer(directory, objects)
+      self.assertEqual(ckpt.Restore(), 1)
+      del ckpt, objects
+      gc.collect()
+    self.assertAllEqual(w, np.full([2, 3], 1.0))
+
+  def testRefusesNonFiniteWeights(self):
+    directory = self.get_temp_dir()
+    w, _, objects = _State(1.0)
+    ckpt = checkpointer.Checkpointer(directory, objects)
+    self.assertIsNotNone(ckpt.Save(1))
+    w.assign(tf.constant([[1.0, np.nan, 0.0], [0.0, 0.0, np.inf]]))
+    self.assertFalse(ckpt.AllFinite())
+    self.assertIsNone(ckpt.Save(2))
+    self.assertEqual(ckpt.latest_checkpoint, os.path.join(directory, 'ckpt-1'))
+
+  def testRemovesTempLeftoversOnlyAsWriter(self):
+    directory = self.get_temp_dir()
+    os.makedirs(os.path.join(directory, 'ckpt-5_temp', 'part-0'))
+    with open(os.path.join(directory, 'ckpt-6_temp.index'), 'w') as f:
+      f.write('x')
+    checkpointer.Checkpointer(directory, _State()[2], writer=False)
+    self.assertTrue(os.path.exists(os.path.join(directory, 'ckpt-5_temp')))
+    checkpointer.Checkpointer(directory, _State()[2])
+    self.assertEqual(sorted(os.listdir(directory)), [])
+
+  def testSaveFailureKeepsThePreviousCheckpointLatest(self):
+    directory = self.get_temp_dir()
+    w, _, objects = _State(1.0)
+    ckpt = checkpointer.Checkpointer(directory, objects)
+    ckpt.Save(1)
+    # A file where the save's temporary folder must go: the write fails as
+    # on a full disk (root ignores permissions, so no chmod here).
+    with open(os.path.join(directory, 'ckpt-2_temp'), 'w') as f:
+      f.write('in the way')
+    w.assign(tf.fill([2, 3], 2.0))
+    with self.assertRaisesRegex(
+        checkpointer.SaveError,
+        rf'^Could not write checkpoint {directory}/ckpt-2 \(step 2\): .+\. '
+        rf'The latest checkpoint is {directory}/ckpt-1\. Free space'):
+      ckpt.Save(2)
+    self.assertEqual(ckpt.latest_checkpoint, os.path.join(directory,
+                                                          'ckpt-1'))
+    self.assertEmpty(glob.glob(os.path.join(directory, 'ckpt-2.*')))
+    w2, _, objects2 = _State(-1.0)
+    self.assertEqual(checkpointer.Checkpointer(directory, objects2).Restore(),
+                     1)
+    self.assertAllEqual(w2, np.full([2, 3], 1.0))
+
+  def testStepOf(self):
+    self.assertEqual(checkpointer.StepOf('/a/b/ckpt-120'), 120)
+    with self.assertRaisesRegex(ValueError, 'does not end in -<step>'):
+      checkpointer.StepOf('/a/b/ckpt')
+
+
+
+def _Damage(directory, step, how):
+  test_utils.DamageCheckpoint(os.path.join(directory, f'ckpt-{step}'), how)
+
+
+_WHY = {'truncated data': r'its data is unreadable \(.*Read less bytes',
+        'missing data shard': r'its data is unreadable \(',
+        'deleted index': r'its index file ckpt-30.index is missing',
+        'garbage index': r'its index is unreadable \(.*bad magic number'}
+
+
+class DamagedCheckpointTest(tf.test.TestCase):
+
+  def _Saved(self, steps=(10, 20, 30)):
+    directory = tempfile.mkdtemp(dir=self.get_temp_dir())
+    w, _, objects = _State()
+    ckpt = checkpointer.Checkpointer(directory, objects)
+    for s in steps:
+      w.assign(tf.fill([2, 3], float(s)))
+      ckpt.Save(s)
+    return directory
+
+  def testWriterRestoresTheNewestReadableAndMovesTheBadAside(self):
+    for how, why in _WHY.items():
+      with self.subTest(how):
+        directory = self._Saved()
+        files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(
+            directory, 'ckpt-30.*')))
+        _Damage(directory, 30, how)
+        w, step, objects = _State(-1.0)
+        ckpt = checkpointer.Checkpointer(directory, objects)
+        with self.assertLogs(level='WARNING') as logs:
+          self.assertEqual(ckpt.Restore(), 20)
+        self.assertRegex(logs.output[0], rf'Checkpoint {directory}/ckpt-30 is '
+                         f'unreadable: {why}')
+        self.assertAllEqual(w, np.full([2, 3], 20.0))
+        self.assertEqual(int(step.numpy()), 0)  # Not in the saved objects.
+        # Kept aside, out of the state file; the next save goes on from 20.
+        bad = os.path.join(directory, 'bad')
+        kept = [f for f in files if os.path.exists(os.path.join(
+            directory, 'bad', f))]
+        self.assertEqual(sorted(os.listdir(bad)), kept)
+        self.assertEqual(ckpt.latest_checkpoint,
+                         os.path.join(directory, 'ckpt-20'))
+        self.assertEqual([checkpointer.StepOf(p) for p in
+                          checkpointer.ListCheckpoints(directory)], [10, 20])
+        ckpt.Save(40)
+        self.assertEqual([checkpointer.StepOf(p) for p in
+                          checkpointer.ListCheckpoints(directory)],
+                         [10, 20, 40])
+
+  def testAReaderSkipsWithoutMovingAndNamesThePathAskedFor(self):
+    directory = self._Saved()
+    _Damage(directory, 30, 'truncated data')
+    before = sorted(os.listdir(directory))
+    ckpt = checkpointer.Checkpointer(directory, _State()[2], writer=False)
+    self.assertEqual(ckpt.Restore(), 20)
+    with self.assertRaisesRegex(
+        checkpointer.UnreadableError,
+        rf'^Checkpoint {directory}/ckpt-30 is unreadable: its data is '):
+      ckpt.Restore(os.path.join(directory, 'ckpt-30'))
+    self.assertEqual(sorted(os.listdir(directory)), before)
+
+  def testNoneReadableRaisesAndMovesNothing(self):
+    directory = self._Saved((10, 20))
+    _Damage(directory, 10, 'garbage index')
+    _Damage(directory, 20, 'truncated data')
+    before = sorted(os.listdir(directory))
+    with self.assertRaisesRegex(
+        checkpointer.UnreadableError,
+        rf'^No readable checkpoint in {directory}: ckpt-20: its data is '
+        r'unreadable .*; ckpt-10: its index is unreadable .*\. Move them '
+        r'away to train from step 0, or use a new --logdir\.$'):
+      checkpointer.Checkpointer(directory, _State()[2]).Restore()
+    self.assertEqual(sorted(os.listdir(directory)), before)
+
+  def testAModelThatDoesNotFitIsNotDamage(self):
+    directory = self._Saved((10,))
+    other = dict(model=checkpointer.KeyedVariables(
+        {'net.w': tf.Variable(tf.zeros([4]))}))
+    with self.assertRaises((ValueError, tf.errors.InvalidArgumentError)):
+      checkpointer.Checkpointer(directory, other).Restore()
+    self.assertFalse(os.path.exists(os.path.join(directory, 'bad')))
+
+  def testMovedTwiceKeepsBoth(self):
+    directory = self._Saved()
+    for _ in range(2):
+      _Damage(directory, 30, 'garbage index')
+      ckpt = checkpointer.Checkpointer(directory, _State()[2])
+      ckpt.Restore()
+      ckpt.Save(30)
+    self.assertTrue(os.path.exists(os.path.join(directory, 'bad',
+                                                'ckpt-30.index')))
+    self.assertTrue(os.path.exists(os.path.join(directory, 'bad', '2',
+                                                'ckpt-30.index')))
+
+
+class FinalMarkTest(tf.test.TestCase):
+
+  def testWriteReadRemove(self):
+    directory = self.get_temp_dir()
+    self.assertIsNone(checkpoint_files.ReadFinalMark(directory))
+    checkpoint_files.WriteFinalMark(directory, 120, 'max_steps 120 reached')
+    self.assertEqual(checkpoint_files.ReadFinalMark(directory),
+                     dict(step=120, reason='max_steps 120 reached'))
+    checkpoint_files.RemoveFinalMark(directory)
+    self.assertIsNone(checkpoint_files.ReadFinalMark(directory))
+
+  def testOnlyTheWriterMarks(self):
+    directory = self.get_temp_dir()
+    w, _, objects = _State()
+    del w
+    checkpointer.Checkpointer(directory, objects, writer=False).MarkFinal('x')
+    self.assertIsNone(checkpoint_files.ReadFinalMark(directory))
+    writer = checkpointer.Checkpointer(directory, objects)
+    writer.MarkFinal('no checkpoint yet')
+    self.assertEqual(checkpoint_files.ReadFinalMark(directory),
+                     dict(step=None, reason='no checkpoint yet'))
+    writer.Save(5)
+    writer.MarkFinal('max_steps 5 reached')
+    self.assertEqual(checkpoint_files.ReadFinalMark(directory)['step'], 5)
+    writer.ClearFinal()
+    self.assertIsNone(checkpoint_files.ReadFinalMark(directory))
+
+
+if __name__ == '__main__':
+  tf.test.main()
