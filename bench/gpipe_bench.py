@@ -30,9 +30,10 @@ by that row and by pipelined / accumulated, the pipeline's own cost.
 
 Then one step of each pipelined configuration (rebuilt with trace_actions,
 so that the profile names each op's action) runs under the TF profiler
-(framework/timeline.py): the measured bubble (idle share of the
+(framework/pipeline/timeline.py): the measured bubble (idle share of the
 devices' time between the first and the last pipeline action) next to the
-ideal (K-1)/(M+K-1).
+ideal, the bubble of the schedule's action lists when every action takes the
+same time ((K-1)/(M+K-1) for GPipe and 1F1B).
 
 Run:
   .venv/bin/python bench/gpipe_bench.py [--rounds 5]
@@ -54,7 +55,6 @@ tf.config.set_logical_device_configuration(
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import device_call
 from cadence.framework import nested_map
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import timeline as timeline_lib
@@ -192,12 +192,10 @@ class _Model(tf.Module):
       x = self.emb.FProp(self.emb.theta, ids)
     theta = base_layer.WithStepSeed(self.stack.theta, seed)
     side = nested_map.NestedMap(labels=labels)
-    if self.stack.loss_inside:   # 1F1B: the loss per micro-batch inside.
-      return self.stack.FPropLoss(theta, x, paddings, gpipe.PipelineCell(
-          fprop=self._Loss, theta=self.softmax.theta, meta=None), side)
-    x = self.stack.FProp(theta, x, paddings)
-    return device_call.OnDevice(self.last_device, self._Loss,
-                                self.softmax.theta, x, side)
+    # The stack runs the loss where its schedule needs it: per micro-batch
+    # inside the pipeline (1F1B), after it (GPipe), or once (unpipelined).
+    return self.stack.FPropLoss(theta, x, paddings, gpipe.PipelineCell(
+        fprop=self._Loss, theta=self.softmax.theta, meta=None), side)
 
   def _Apply(self, grads):
     for v, g in zip(self.train_vars, grads):
@@ -288,7 +286,8 @@ def main():
         print(f'{variant:>13} K={k}' + ''.join(
             f'{statistics.median(table[(variant, k, m)]) / base / floor[m]:9.2f}x'
             + ' ' * 7 for m in (1, 4, 8)))
-  print('\nbubble of one profiled step: measured (ideal (K-1)/(M+K-1))')
+  print('\nbubble of one profiled step: measured (ideal: the schedule\'s '
+        'actions at equal times)')
   print(f'{"":18}' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
   for variant in variants:
     for k in (1, 2, 4):
@@ -302,7 +301,8 @@ def main():
         ops = timeline_lib.ProfileOps(lambda: float(step(  # pylint: disable=cell-var-from-loop
             ids, labels, paddings, tf.constant(0, tf.int64))))
         devices = [f'/device:CPU:{i}' for i in range(k)]
-        timeline = timeline_lib.Timeline(ops, devices)
+        timeline = timeline_lib.Timeline(ops, devices,
+                                         schedule=overrides['schedule'])
         cells.append(f'{timeline.measured_bubble:.2f} '
                      f'({timeline.ideal_bubble:.2f})')
       print(f'{variant:>13} K={k}' + ''.join(f'{c:>16}' for c in cells),

@@ -4,30 +4,35 @@ Huang et al., 2019, "GPipe: Efficient Training of Giant Neural Networks
 using Pipeline Parallelism", arXiv:1811.06965.
 
 A model that is a sequence of layers is cut into K *cells* (contiguous
-groups of layers of near-equal FLOPs, `PartitionSequentialLayers`); cell i
-lives on device i % D of the current model split (`cluster.Cluster`). The
-batch is split into M micro-batches (framework/pipeline/microbatch.py) and the
-cells process them as a wavefront (framework/pipeline/stacked_recurrent.py):
-cell i works on micro-batch t - i at tick t, so the devices overlap except for
-the (K-1)/(M+K-1) bubble. In the backward pass each cell re-runs its forward on
-each micro-batch before back-propagating through it (rematerialisation), so
-a device holds the activations of its cell for at most `backward_window`
-micro-batches at a time (with remat='except_last', the last micro-batch
-keeps its forward activations instead of re-running; it is back-propagated
-first).
+groups of layers of near-equal FLOPs, `PartitionSequentialLayers`); the
+pipeline's *stages* run them, stage i on the device its schedule places it
+on among the D devices of the current model split (`cluster.Cluster`;
+stage i on device i % D for most schedules). The batch is split into M
+*micro-batches* (framework/pipeline/microbatch.py) and one executor
+(framework/pipeline/executor.py) runs the actions of the schedule `schedule`
+names (framework/pipeline/schedules.py, a registry of schedules as data:
+each device's ordered forwards and backwards). With GPipe's, stage i works
+on micro-batch t - i at tick t, so the devices overlap except for the
+(K-1)/(M+K-1) bubble, and the backward re-runs each stage's forward before
+back-propagating through it (rematerialisation, `remat`), so a device holds
+the activations of its stage for at most `backward_window` micro-batches at
+a time (with remat='except_last', the last micro-batch keeps its forward
+activations instead of re-running; it is back-propagated first); remat
+'selective' keeps only the outputs of products with a weight
+(framework/pipeline/remat_policy.py).
 
-Schedules (`schedule`): 'gpipe' runs every forward, then every backward
-(behind one custom gradient: FProp works under any tape); '1f1b' (PipeDream-
-flush) lets each cell alternate the forward of a new micro-batch with the
-backward of an old one, so a cell holds at most K micro-batches'
-activations instead of M. Each micro-batch's backward must then start as
-soon as its forward leaves the last cell, so the loss moves inside the
-pipeline: the owner calls `FPropLoss(cells, loss, *inputs, side_inputs=)`
-with a per-micro-batch loss (framework/pipeline/pipeline_loss.py), e.g. the LM's
-softmax and cross-entropy on that micro-batch's labels; the losses and
-metric sums come back summed over micro-batches, and `tape.gradient` of the
-total equals the sequential model's. `remat` 'selective' keeps only the
-outputs of products with a weight (framework/pipeline/remat_policy.py).
+The loss: `FProp`/`FPropCells` return the cells' outputs and the caller
+computes the loss after them, which works with a schedule that runs every
+forward first (GPipe). A schedule whose backwards start before the forward
+ends (1F1B: each stage alternates the forward of a new micro-batch with the
+backward of an old one, so it holds at most K micro-batches' activations
+instead of M) needs each micro-batch's loss as soon as it leaves the last
+stage. The owner of a pipeline trains it with any schedule by calling
+`FPropLoss(cells, loss, *inputs, side_inputs=)` with a per-micro-batch
+loss, e.g. the LM's softmax and cross-entropy on that micro-batch's
+labels; the layer runs the loss inside the pipeline or after it as its
+schedule needs, and returns the losses and metric sums summed over
+micro-batches: `tape.gradient` of the total equals the sequential model's.
 
 Two ways to give a PipeliningLayer its cells:
   * `cell_tpl`: the layer builds the cells as its children `cells[i]`
@@ -63,9 +68,10 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import device_call
+from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import microbatch
-from cadence.framework.pipeline import pipeline_loss
-from cadence.framework.pipeline import stacked_recurrent
+from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import validation
@@ -188,16 +194,23 @@ class SeqLayer(base_layer.BaseLayer):
     """The model split's devices this layer was built for."""
     return list(self._devices)
 
-  def CellDevice(self, i):
-    """The device of cell i: device i % D of the model split."""
-    return self._devices[i % len(self._devices)]
+  def StageDevices(self, num_cells):
+    """The device of each of `num_cells` cells: cell i on device i % D of
+    the model split (`schedules.Looped`)."""
+    return [self._devices[d] for d in schedules.Looped(num_cells,
+                                                        len(self._devices))]
+
+  def CellDevice(self, i, num_cells=None):
+    """The device of cell i of `num_cells` (default: len(cell_tpl))."""
+    return self.StageDevices(num_cells or len(self.params.cell_tpl))[i]
 
   def CheckNumCells(self, num_cells):
     """Checks K cells against the D devices of the model split.
 
     K < D would leave devices idle: an error (say --worker_split_size=K).
-    K > D puts several cells on a device (cell i on device i % D): allowed,
-    and logged, as a deliberate choice (e.g. a 4-stage model on 2 GPUs).
+    K > D puts several cells on a device (`StageDevices`; most schedules:
+    cell i on device i % D): allowed, and logged, as a deliberate choice
+    (e.g. a 4-stage model on 2 GPUs).
     """
     d = len(self._devices)
     if num_cells < d:
@@ -207,10 +220,10 @@ class SeqLayer(base_layer.BaseLayer):
           f'use --worker_split_size={num_cells} (one device per cell) or '
           f'cut the model into {d} cells.')
     if num_cells > d:
-      logging.info('%s: %d pipeline cells on %d device(s): cell i runs on '
-                   'device i %% %d (%s).', validation.Owner(self), num_cells, d,
-                   d, ', '.join(f'cell {i} on {self.CellDevice(i)}'
-                                for i in range(num_cells)))
+      logging.info('%s: %d pipeline cells on %d device(s): %s.',
+                   validation.Owner(self), num_cells, d, ', '.join(
+                       f'cell {i} on {device}' for i, device in
+                       enumerate(self.StageDevices(num_cells))))
 
   def _Before(self, theta, inputs):
     with cluster_lib.DeviceScope(self._devices[0]):
@@ -298,28 +311,32 @@ class PipeliningLayer(SeqLayer):
              'NestedMap instead of tuples of tensors.')
     p.Define('remat', 'except_last', 'Which micro-batches re-run their '
              'forward in the backward: ' + ', '.join(
-                 stacked_recurrent.REMAT_MODES) +
-             ' (see framework/pipeline/stacked_recurrent.py).')
-    p.Define('backward_window', 1, 'At most this many micro-batches per '
-             'cell hold activations in the backward (1: one at a time; 2: '
-             'the next re-run overlaps the current back-propagation; None: '
-             'unbounded); see framework/pipeline/stacked_recurrent.py.')
+                 executor.REMAT_MODES) +
+             ' (see framework/pipeline/executor.py).')
+    p.Define('backward_window', 1, 'Each action of a device waits for the '
+             'one this many places before it, so at most this many '
+             'micro-batches per device hold re-run activations (1: a device '
+             'runs one action at a time; 2: the next re-run overlaps the '
+             'current back-propagation; None: no wait); see '
+             'framework/pipeline/executor.py.')
     p.Define('trace_actions', False, 'Inline the cells\' traced functions '
              'into the step\'s graph per (cell, micro-batch) call, so that a '
-             'profile names the action of every op (framework/'
-             'pipeline_timeline.py, --mode=inspect_pipeline sets it); by '
+             'profile names the action of every op (framework/pipeline/'
+             'timeline.py, --mode=inspect_pipeline sets it); by '
              'default each call runs the cell\'s one traced body (a smaller '
              'graph, faster tracing).')
-    p.Define('schedule', 'gpipe', "'gpipe': all forwards, then all "
-             "backwards; '1f1b': after a warm-up each cell alternates a "
-             'forward and a backward, so it holds at most K micro-batches of '
-             'activations (needs the per-micro-batch loss: FPropLoss; see '
-             'framework/pipeline/pipeline_loss.py).')
+    p.Define('schedule', schedules.DEFAULT, 'The pipeline schedule, a '
+             'registered name (framework/pipeline/schedules.py): '
+             + ', '.join(schedules.Names()) + '. A schedule whose '
+             'backwards start before the forward ends (e.g. 1F1B: each cell '
+             'holds at most K micro-batches of activations) runs the loss '
+             'inside the pipeline: the owner calls FPropLoss.')
     return p
 
   def __init__(self, params):
+    # Checked first: SeqLayer places the cells by the schedule.
+    self.CheckParams(params, validation.Owner(params))
     super().__init__(params)
-    self.CheckParams(self.params, validation.Owner(self))
 
   @classmethod
   def CheckParams(cls, p, owner):
@@ -328,16 +345,21 @@ class PipeliningLayer(SeqLayer):
                                 p.num_micro_batches)
     validation.CheckOptionalInt(owner, 'micro_batch_size', p.micro_batch_size)
     validation.CheckInt(owner, 'batch_dim', p.batch_dim, low=0)
-    validation.CheckOneOf(owner, 'remat', p.remat,
-                          stacked_recurrent.REMAT_MODES)
-    validation.CheckOneOf(owner, 'schedule', p.schedule,
-                          tuple(pipeline_loss.SCHEDULES))
+    validation.CheckOneOf(owner, 'remat', p.remat, executor.REMAT_MODES)
+    validation.CheckOneOf(owner, 'schedule', p.schedule, schedules.Names())
     validation.CheckOptionalInt(owner, 'backward_window', p.backward_window)
     validation.CheckBool(owner, 'nested_map_fprop', p.nested_map_fprop)
     validation.CheckBool(owner, 'trace_actions', p.trace_actions)
 
   def _CellsGivenByOwner(self):
     return True
+
+  def StageDevices(self, num_cells):
+    """The device of each of `num_cells` cells, as `schedule` places its
+    stages on the D devices of the model split (most: cell i on device
+    i % D)."""
+    return [self._devices[d] for d in schedules.StageDevices(
+        self.params.schedule, num_cells, len(self._devices))]
 
   @classmethod
   def MicroBatching(cls, p, batch, owner=None):
@@ -473,11 +495,11 @@ class PipeliningLayer(SeqLayer):
   def FPropCells(self, cells, *inputs, step_seed=None):
     """Runs `cells` (a list of PipelineCell) as this layer's pipeline.
 
-    Cell i runs on `CellDevice(i)`. With is_inference and one device per
-    split the cells run one after the other on the whole batch. The
-    schedule is GPipe's whatever `schedule` says: a 1F1B schedule needs the
-    loss inside the pipeline (`FPropLoss`); a training step's FProp with
-    schedule='1f1b' is an error.
+    Cell i runs on `CellDevice(i, K)`. With is_inference and one device per
+    split the cells run one after the other on the whole batch. The loss
+    is the caller's, after the pipeline: a training step with a schedule
+    that needs the loss inside (`schedules.LossInside`) is an error; call
+    FPropLoss.
 
     Args:
       cells: K PipelineCells.
@@ -490,28 +512,28 @@ class PipeliningLayer(SeqLayer):
     p = self.params
     if p.is_inference and len(self._devices) == 1:
       return self._Sequential(cells, inputs, step_seed)
-    if p.schedule != 'gpipe' and not p.is_inference:
+    schedule = p.schedule if not p.is_inference else schedules.DEFAULT
+    if schedules.LossInside(schedule):
       raise ValueError(
           f'{validation.Owner(self)}: schedule={p.schedule!r} runs each '
           "micro-batch's backward inside the pipeline, so it needs the "
           'loss: call FPropLoss(cells, loss, *inputs, side_inputs=...) '
-          "(or set schedule='gpipe').")
-    m, specs, mb_inputs = self._MicroBatches(cells, inputs)
-    del m
+          f'(or set schedule={schedules.DEFAULT!r}).')
+    _, specs, mb_inputs = self._MicroBatches(cells, inputs)
+    devices = self.StageDevices(len(cells))
     init_states = []
-    for i, spec in enumerate(specs):
-      with cluster_lib.DeviceScope(self.CellDevice(i)):
+    for device, spec in zip(devices, specs):
+      with cluster_lib.DeviceScope(device):
         init_states.append(spec.Transform(
             lambda s: tf.zeros(s.shape, s.dtype)))
     cell_fns = [lambda th, unused_state, x, fn=self._CellFn(c): fn(th, x)
                 for c in cells]
-    acc, _ = stacked_recurrent.StackedRecurrent(
-        [self.CellDevice(i) for i in range(len(cells))], cell_fns,
-        [_StripSeed(c.theta) for c in cells], init_states, mb_inputs,
-        step_seed=step_seed, remat=p.remat,
+    acc, _ = executor.StackedRecurrent(
+        devices, cell_fns, [_StripSeed(c.theta) for c in cells], init_states,
+        mb_inputs, step_seed=step_seed, remat=p.remat,
         backward_window=p.backward_window, name=self.path,
-        trace_actions=p.trace_actions)
-    with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
+        trace_actions=p.trace_actions, schedule=schedule)
+    with cluster_lib.DeviceScope(devices[-1]):
       out = microbatch.Concat(acc, p.batch_dim)
     return self._Outputs(out)
 
@@ -525,12 +547,12 @@ class PipeliningLayer(SeqLayer):
     def _Fn(th, xs):
       outputs, side = xs
       res = loss.fprop(th, self._Outputs(outputs), side)
-      if not isinstance(res, NestedMap) or pipeline_loss.LOSS_KEY not in res:
+      if not isinstance(res, NestedMap) or executor.LOSS_KEY not in res:
         raise ValueError(f'{owner}: the loss function must return a '
-                         f'NestedMap with a scalar {pipeline_loss.LOSS_KEY!r}'
+                         f'NestedMap with a scalar {executor.LOSS_KEY!r}'
                          f'; got {type(res).__name__} {res!r}.')
       return res.Transform(tf.convert_to_tensor).Pack([
-          x if k == pipeline_loss.LOSS_KEY else tf.stop_gradient(x)
+          x if k == executor.LOSS_KEY else tf.stop_gradient(x)
           for k, x in res.Transform(tf.convert_to_tensor).FlattenItems()])
     return _Fn
 
@@ -547,12 +569,17 @@ class PipeliningLayer(SeqLayer):
   def FPropLoss(self, cells, loss, *inputs, side_inputs, step_seed=None):
     """Runs `cells`, then `loss` on each micro-batch, as this `schedule`.
 
-    The loss runs on the last cell's device right after it, on the
-    micro-batch's outputs and its slice of `side_inputs` (e.g. labels),
-    with the micro-batch's seed: with schedule='1f1b' each micro-batch's
-    backward starts as soon as its loss is known (framework/
-    pipeline_loss.py). Same math as running the cells and the loss on each
-    micro-batch in turn with `MicroBatchSeed(step_seed, j)` and summing.
+    The documented way to train a pipeline with any schedule: the layer,
+    not its owner, decides where the loss runs. A schedule whose backwards
+    start before the forward ends (`schedules.LossInside`, e.g. 1F1B) runs
+    the loss of micro-batch j on the last cell's device right after the
+    cells, inside the pipeline (framework/pipeline/executor.py
+    `PipelineLoss`), so that micro-batch's backward can start at once; any
+    other schedule (GPipe) runs the cells (`FPropCells`), then the loss on
+    each micro-batch after them, on the last cell's device (its backward
+    too). Either way the same math as running the cells and the loss on
+    each micro-batch in turn with `MicroBatchSeed(step_seed, j)` and
+    summing.
 
     Args:
       cells: K PipelineCells.
@@ -575,17 +602,23 @@ class PipeliningLayer(SeqLayer):
     p = self.params
     bd = p.batch_dim
     loss_fn = self._LossFn(loss)
-    if p.is_inference:   # The cells' outputs, then the loss on each part.
+    last_device = self.CellDevice(len(cells) - 1, len(cells))
+    if p.is_inference or not schedules.LossInside(p.schedule):
       outputs = self._ToState(self.FPropCells(cells, *inputs,
                                               step_seed=step_seed))
-      m = self.MicroBatching(p, outputs.Flatten()[0].shape[bd])[0]
-      parts = zip(microbatch.Split(outputs, m, bd),
-                  microbatch.Split(side_inputs, m, bd))
-      with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
+
+      def _Losses(theta, outputs, side):
+        m = self.MicroBatching(p, outputs.Flatten()[0].shape[bd])[0]
+        parts = zip(microbatch.Split(outputs, m, bd),
+                    microbatch.Split(side, m, bd))
         return self._Combine([loss_fn(
-            loss.theta if step_seed is None else base_layer.WithStepSeed(
-                loss.theta, step_seed_lib.MicroBatchSeed(step_seed, j)),
+            theta if step_seed is None else base_layer.WithStepSeed(
+                theta, step_seed_lib.MicroBatchSeed(step_seed, j)),
             part) for j, part in enumerate(parts)])
+
+      return device_call.OnDevice(last_device, _Losses,
+                                  _StripSeed(loss.theta), outputs,
+                                  side_inputs)
     m, specs, mb_inputs = self._MicroBatches(cells, inputs)
     with cluster_lib.DeviceScope(self._devices[0]):
       side_parts = microbatch.Split(side_inputs, m, bd)
@@ -596,15 +629,15 @@ class PipeliningLayer(SeqLayer):
         lambda th, xs: loss_fn(th.loss, (last_fn(th.cell, xs[0]), xs[1]))]
     template = self._LossTemplate(loss_fn, thetas[-1].loss, specs[-1],
                                   side_parts[0], step_seed)
-    total, per_step = pipeline_loss.PipelineLoss(
-        [self.CellDevice(i) for i in range(len(cells))], cell_fns, thetas,
+    total, per_step = executor.PipelineLoss(
+        self.StageDevices(len(cells)), cell_fns, thetas,
         specs[:-1] + [template], mb_inputs, side_parts, step_seed=step_seed,
         schedule=p.schedule, remat=p.remat, name=self.path,
-        trace_actions=p.trace_actions)
-    with cluster_lib.DeviceScope(self.CellDevice(len(cells) - 1)):
+        trace_actions=p.trace_actions, backward_window=p.backward_window)
+    with cluster_lib.DeviceScope(last_device):
       out = self._Combine([per_step.Transform(lambda x, j=j: x[j])
                            for j in range(m)])
-    out[pipeline_loss.LOSS_KEY] = total
+    out[executor.LOSS_KEY] = total
     return out
 
   def _LossTemplate(self, loss_fn, theta, out_spec, side, step_seed):

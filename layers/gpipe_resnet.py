@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import hyperparams
+from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import batch_norm
@@ -145,12 +146,13 @@ class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
       if pipe.batch_dim != 0:
         raise validation.Error(owner, 'pipeline_tpl.batch_dim',
                                pipe.batch_dim, 'must be 0: images are NHWC.')
-      if pipe.schedule != 'gpipe':
-        raise validation.Error(owner, 'pipeline_tpl.schedule', pipe.schedule,
-                               "must be 'gpipe': the ResNet does not run its "
-                               'loss inside the pipeline (FPropLoss), which '
-                               '1F1B needs.')
       gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
+      if schedules.LossInside(pipe.schedule):
+        raise validation.Error(
+            owner, 'pipeline_tpl.schedule', pipe.schedule,
+            f'must be {schedules.DEFAULT!r} (or another schedule that runs '
+            'every forward first): the ResNet does not run its loss inside '
+            'the pipeline (FPropLoss), which this schedule needs.')
     cls.Boundaries(p)
 
   @classmethod
@@ -200,7 +202,7 @@ class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
       pipe = self.CreateChild('pipeline', p.pipeline_tpl.Copy().Set(
           nested_map_fprop=True))
       pipe.CheckNumCells(k)
-      cell_devices = [pipe.CellDevice(c) for c in range(k)]
+      cell_devices = pipe.StageDevices(k)
     else:
       cell_devices = [None] * k
     units = self.UnitParams(p)

@@ -99,20 +99,21 @@ class GPipeTransformerStack(gpipe.SplitCells,
     self._bounds = self.Boundaries(p)
     pipe = self.CreateChild('pipeline', p.pipeline_tpl)
     pipe.CheckNumCells(self.num_cells)
-    devices = [pipe.CellDevice(c) for c in range(self.num_cells)
+    cell_devices = pipe.StageDevices(self.num_cells)
+    devices = [cell_devices[c] for c in range(self.num_cells)
                for _ in range(self._bounds[c], self._bounds[c + 1])]
     super()._CreateLayers(layer_devices=devices,
-                          final_ln_device=pipe.CellDevice(self.num_cells - 1))
+                          final_ln_device=cell_devices[-1])
 
   @property
   def input_device(self):
     """The first cell's device (where a task puts what feeds the stack)."""
-    return self.pipeline.CellDevice(0)
+    return self.pipeline.CellDevice(0, self.num_cells)
 
   @property
   def output_device(self):
     """The last cell's device (where a task puts what reads the stack)."""
-    return self.pipeline.CellDevice(self.num_cells - 1)
+    return self.pipeline.CellDevice(self.num_cells - 1, self.num_cells)
 
   def _HasFinalLn(self, c):
     return c == self.num_cells - 1 and self.params.final_layer_norm
@@ -150,19 +151,14 @@ class GPipeTransformerStack(gpipe.SplitCells,
         step_seed=theta.get(base_layer.STEP_SEED_KEY))
     return out
 
-  @property
-  def loss_inside(self):
-    """Whether a training step must hand the pipeline its loss
-    (`FPropLoss`): the pipeline's schedule interleaves backwards."""
-    pipe = self.pipeline.params
-    return pipe.schedule != 'gpipe' and not pipe.is_inference
-
   @tf.autograph.experimental.do_not_convert
   def FPropLoss(self, theta, inputs, paddings, loss, side_inputs):
-    """The stack, then `loss` on each micro-batch, inside the pipeline.
+    """The stack, then `loss` on each micro-batch, as the schedule needs.
 
-    What a 1F1B schedule needs (`PipeliningLayer.FPropLoss`): the loss of
-    micro-batch j runs on the last cell's device right after the stack.
+    How a task trains the stack with any schedule
+    (`PipeliningLayer.FPropLoss`): the loss of micro-batch j runs on the
+    last cell's device right after the stack, inside the pipeline when the
+    schedule needs it (1F1B), after it otherwise (GPipe).
 
     Args:
       theta: the stack's theta (its step seed seeds the micro-batches).

@@ -11,6 +11,7 @@ caller masks); they are never attended to.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import device_call
 from cadence.framework import hyperparams
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -155,7 +156,7 @@ class TransformerLayer(base_layer.BaseLayer):
     'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
     output projections) + b*t*f (the first feed-forward product); with a
     residual dropout in training, the input too (b*t*d).
-    Held to pipeline_memory.SavedBytes of the real gradient by the tests.
+    Held to memory_estimate.SavedBytes of the real gradient by the tests.
     """
     b, t, d = shapes.AsShape(inputs)
     if b is None or t is None:
@@ -260,11 +261,25 @@ class TransformerStack(base_layer.BaseLayer):
     """Where a task puts what reads the stack; None: the device in scope."""
     return None
 
-  @property
-  def loss_inside(self):
-    """Whether a training step must hand the stack its loss (`FPropLoss`
-    of a pipelined stack with a 1F1B schedule); never for this stack."""
-    return False
+  def FPropLoss(self, theta, inputs, paddings, loss, side_inputs):
+    """The stack, then `loss` on its outputs, on `output_device` (the
+    loss's backward there too); what a pipelined stack's FPropLoss does
+    per micro-batch, here once on the whole batch.
+
+    Args:
+      theta: the stack's theta.
+      inputs: [batch, time, dim]; paddings: [batch, time].
+      loss: an object with fprop(theta, outputs [batch, time, dim], side)
+        -> a NestedMap holding a scalar `loss`, and its theta
+        (gpipe.PipelineCell).
+      side_inputs: NestedMap of [batch, ...] tensors (e.g. labels).
+
+    Returns:
+      The loss's NestedMap.
+    """
+    outputs = self.FProp(theta, inputs, paddings)
+    return device_call.OnDevice(self.output_device, loss.fprop, loss.theta,
+                                outputs, side_inputs)
 
   @staticmethod
   def FinalLnParams(p):

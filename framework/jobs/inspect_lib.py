@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import schedules
 
 
 def _Count(shape):
@@ -113,13 +114,24 @@ def _Short(device):
   return f'{spec.device_type}:{spec.device_index}' if spec.device_type else ''
 
 
-def _CellWeights(rows, devices, num_cells, optimizer):
-  """Per cell [parameters, their bytes, gradient bytes, slot bytes] of its
-  device's variables (a device's variables count in its first cell;
-  unplaced ones, or all of an unpipelined model's, in cell 0)."""
+def StageDevices(memory, devices):
+  """The device of each stage of a task's FPropMeta `memory`, as its
+  schedule places them on the model split's `devices` (an unpipelined
+  model: the first)."""
+  if memory.schedule is None:
+    return [devices[0]] * len(memory.cells)
+  return [devices[d] for d in schedules.StageDevices(
+      memory.schedule, len(memory.cells), len(devices))]
+
+
+def _CellWeights(rows, stage_devices, optimizer):
+  """Per stage [parameters, their bytes, gradient bytes, slot bytes] of its
+  device's variables (a device's variables count in its first stage;
+  unplaced ones, or all of an unpipelined model's, in stage 0)."""
+  num_cells = len(stage_devices)
   cell_of = {}
-  for i in range(num_cells):
-    cell_of.setdefault(_Short(devices[i % len(devices)]), i)
+  for i, device in enumerate(stage_devices):
+    cell_of.setdefault(_Short(device), i)
   out = [[0, 0, 0, 0] for _ in range(num_cells)]
   for _, shape, dtype, device in rows:
     cell = out[cell_of.get(_Short(device), 0) if num_cells > 1 else 0]
@@ -140,14 +152,14 @@ def _Stages(memory, weights, estimate=memory_estimate.StageMemory):
 
 def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
   """Per pipeline stage: parameters, forward FLOPs and their share of the
-  step, and the memory estimate at the step's peak (pipeline_memory).
+  step, and the memory estimate at the step's peak (memory_estimate).
 
   Args:
     meta: the task's FPropMeta (with `memory`, and `partitions` when
       pipelined), or None.
     rows: the variables, as _VarRows gives them.
     optimizer: the learner's optimizer (its slot shapes).
-    devices: the model split's devices; cell i runs on devices[i % D].
+    devices: the model split's devices (the schedule places the stages).
     device_memory_gib: if set, each stage says whether it fits.
   """
   memory = meta.get('memory') if meta is not None else None
@@ -155,7 +167,8 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
     return ('Memory per stage: not available (the task has no FPropMeta '
             '`memory`, or the batch size is unknown).\n')
   k = len(memory.cells)
-  weights = _CellWeights(rows, devices, k, optimizer)
+  stage_devices = StageDevices(memory, devices)
+  weights = _CellWeights(rows, stage_devices, optimizer)
   stages = _Stages(memory, weights)
   flops = meta.get('partitions') or [meta.flops]
   known = [f for f in flops if f is not None]
@@ -170,7 +183,7 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
     table[0] += (f'fits {device_memory_gib:g} GiB',)
   limit = (device_memory_gib or 0) * 2**30
   for i, (stage, w) in enumerate(zip(stages, weights)):
-    row = (f'cell {i}', devices[i % len(devices)], f'{w[0]:,}',
+    row = (f'cell {i}', stage_devices[i], f'{w[0]:,}',
            _Flops(flops[i]), _Share(flops[i], total_flops),
            FormatBytes(stage.params + stage.grads + stage.slots),
            FormatBytes(stage.activations + stage.transient), FormatBytes(stage.total))
@@ -250,8 +263,16 @@ def TaskStages(task, estimate=memory_estimate.StageMemory):
   memory = meta.get('memory') if meta is not None else None
   if memory is None:
     return None
-  return _Stages(memory, _CellWeights(rows, devices, len(memory.cells),
+  return _Stages(memory, _CellWeights(rows, StageDevices(memory, devices),
                                       optimizer), estimate)
+
+
+def TaskStageDevices(task):
+  """The device of each stage of a built task's memory estimate (as
+  TaskStages), None without one."""
+  meta, _, _, devices = _TaskArgs(task)
+  memory = meta.get('memory') if meta is not None else None
+  return None if memory is None else StageDevices(memory, devices)
 
 
 def ModelReport(params, device_memory_gib=None):

@@ -10,7 +10,7 @@ bubble next to the ideal one, and a Gantt chart, written to
 `<logdir>/inspect_pipeline/`: timeline.svg (.png with
 matplotlib) and a TensorBoard image summary `pipeline_timeline`. The same
 profile's allocator events give each device's measured memory peak
-(memory_profile), printed next to its stage's estimate (pipeline_memory).
+(memory_profile), printed next to its stage's estimate (memory_estimate).
 
 Example:
   with cluster:
@@ -53,24 +53,29 @@ def TrainStep(task):
   return tf.function(_Step, autograph=False)
 
 
+def _PipelineKeys(params):
+  """The params paths of every pipeline (the parents of `trace_actions`)."""
+  keys = [line.split(' : ', 1)[0] for line in str(params).splitlines()]
+  return [k.rsplit('.', 1)[0] for k in keys
+          if k.rsplit('.', 1)[-1] == 'trace_actions']
+
+
 def TraceActions(params):
   """A copy of model params with every pipeline's `trace_actions` on (the
   cells inlined per call, so that the profile names each op's action)."""
   params = params.Copy()
-  for line in str(params).splitlines():
-    key = line.split(' : ', 1)[0]
-    if key.rsplit('.', 1)[-1] == 'trace_actions':
-      params.Set(**{key: True})
+  for key in _PipelineKeys(params):
+    params.Set(**{f'{key}.trace_actions': True})
   return params
 
 
 def MemoryReport(task, devices, peaks, variables):
   """Per device: the measured peak (the step's tensors + its variables)
-  next to the estimate of its stages (pipeline_memory.StageMemory).
+  next to the estimate of its stages (memory_estimate.StageMemory).
 
   Args:
     task: the built task (its FPropMeta gives the estimate).
-    devices: the model split's devices; cell i runs on devices[i % D].
+    devices: the model split's devices.
     peaks: memory_profile.DevicePeaks of the step, or None (no events).
     variables: the tf.Variables the step uses (the task's, the optimizer's):
       memory_profile.DeviceTotals adds them to the peaks.
@@ -83,8 +88,8 @@ def MemoryReport(task, devices, peaks, variables):
   measured = memory_profile.DeviceTotals(peaks, variables)
   stages = inspect_lib.TaskStages(task) or []
   estimate = {}
-  for i, stage in enumerate(stages):
-    d = short(devices[i % len(devices)])
+  for device, stage in zip(inspect_lib.TaskStageDevices(task) or [], stages):
+    d = short(device)
     estimate[d] = estimate.get(d, 0) + stage.total
   lines = ['Memory per device (measured in this step: its tensors at their '
            'peak + its variables; estimate: '
@@ -126,8 +131,10 @@ def InspectPipeline(params, logdir=None):
   space = timeline_lib.ProfileSpace(
       lambda: step(batch, tf.constant(1, tf.int64)).numpy(), out)
   devices = cluster_lib.Cluster.Current().DevicesInModelSplit(0)
-  timeline = timeline_lib.Timeline(timeline_lib.OpEvents(space),
-                                        devices)
+  pipelines = _PipelineKeys(params)
+  timeline = timeline_lib.Timeline(
+      timeline_lib.OpEvents(space), devices,
+      schedule=params.Get(f'{pipelines[0]}.schedule') if pipelines else None)
   events = memory_profile.AllocatorEvents(space)
   memory = MemoryReport(
       task, devices,

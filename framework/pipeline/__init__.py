@@ -10,8 +10,9 @@ when. It imports only the core.
   recurrent       Recurrent: one cell over the steps of a sequence.
   microbatch      cutting a batch into micro-batches and stitching it back.
   schedules       schedules as data: actions per device, one registry.
-  stacked_recurrent, pipeline_loss
-                  the executor that runs a schedule's actions.
+  executor        the one executor that runs any schedule's actions, with
+                  the loss outside (StackedRecurrent) or inside
+                  (PipelineLoss) the pipeline.
   memory_estimate each stage's bytes at every moment of a schedule.
   timeline        a profiled step as actions per device, and its chart.
   memory_profile  each device's measured peak in a profiled step.

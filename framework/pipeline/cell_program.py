@@ -121,7 +121,7 @@ class CellProgram:
       caller's scope); True: each call builds the cell's ops in the caller's
       graph (as eagerly; a kept forward cut by a remat policy, see
       `_KeepFunctions`, by importing the cut trace), named in its scope:
-      what a profile of pipeline actions needs (pipeline_timeline).
+      what a profile of pipeline actions needs (timeline.py).
   """
 
   def __init__(self, cell_fn, theta, state, inputs, device, has_seed, owner,

@@ -61,8 +61,6 @@ import tensorflow as tf
 from cadence.framework.pipeline import remat_policy
 from cadence.framework.pipeline import schedules
 
-_SCHEDULES = {'gpipe': schedules.GPipeSchedule,
-              '1f1b': schedules.OneFOneBSchedule}
 # Ops whose output shares its input's buffer.
 _ALIASES = frozenset(['Reshape', 'Identity', 'ExpandDims', 'Squeeze',
                       'StopGradient', 'Snapshot', 'IdentityN'])
@@ -78,7 +76,7 @@ class Stage(collections.namedtuple(
     return sum(self)
 
 
-def _KeptRule(schedule, remat, num_micro_batches, backward_window):
+def _KeptRule(loss_inside, remat, num_micro_batches, backward_window):
   """kept(live, backward, last): how many micro-batches' activations a cell
   keeps at a tick where `live` micro-batches are in flight, given whether
   it runs a backward then and whether it has run its last forward."""
@@ -88,12 +86,14 @@ def _KeptRule(schedule, remat, num_micro_batches, backward_window):
   if remat == 'always':
     return lambda live, backward, last: min(w, live) if backward else 0
   if remat == 'except_last':
-    if schedule == '1f1b':
+    if loss_inside:
+      # Forwards and backwards interleave: the last micro-batch's kept
+      # forward overlaps the re-runs.
       return lambda live, backward, last: min(w + 1, live)
-    # GPipe keeps its last forward, back-propagated first, then re-runs
-    # one at a time.
+    # All forwards first: the last one kept is back-propagated first, then
+    # the others are re-run one at a time.
     return lambda live, backward, last: 1 if last and live else 0
-  raise ValueError(f'pipeline_memory: remat={remat!r}; expected '
+  raise ValueError(f'memory_estimate: remat={remat!r}; expected '
                    "'never', 'selective', 'always' or 'except_last'.")
 
 
@@ -102,13 +102,20 @@ def _Counts(schedule, remat, num_cells, num_micro_batches, backward_window):
   backward), outside): micro-batches whose activations the cell keeps; in
   flight (forwarded, not yet back-propagated: their outputs wait); its
   backwards finished before; whether it runs a backward then. A moment is
-  a tick of the schedule; GPipe adds one between its phases (`outside`
-  True), where the loss runs on the whole batch."""
-  if schedule not in _SCHEDULES:
-    raise ValueError(f'pipeline_memory: schedule={schedule!r}; expected one '
-                     f'of {sorted(_SCHEDULES)}.')
-  ticks = _SCHEDULES[schedule](num_cells, num_micro_batches)
-  kept = _KeptRule(schedule, remat, num_micro_batches, backward_window)
+  a tick of the schedule (`schedules.Schedule.Ticks`, each stage on a
+  device of its own); a schedule whose loss runs outside the pipeline adds
+  one after its last forward (`outside` True), where the loss runs on the
+  whole batch."""
+  try:
+    table = schedules.Build(schedule, num_cells, num_cells,
+                            num_micro_batches)
+  except KeyError as e:
+    raise ValueError(f'memory_estimate: {e.args[0]}') from None
+  ticks = table.Ticks()
+  kept = _KeptRule(table.loss_inside, remat, num_micro_batches,
+                   backward_window)
+  last_forward = max(t for t, tick in enumerate(ticks)
+                     if any(a.kind == schedules.FORWARD for a in tick))
   live, done, last = [0] * num_cells, [0] * num_cells, [False] * num_cells
   for t, tick in enumerate(ticks):
     backward = {i for kind, i, _ in tick if kind == schedules.BACKWARD}
@@ -121,7 +128,7 @@ def _Counts(schedule, remat, num_cells, num_micro_batches, backward_window):
     for i in backward:
       live[i] -= 1
       done[i] += 1
-    if schedule == 'gpipe' and t == len(ticks) // 2 - 1:
+    if not table.loss_inside and t == last_forward:
       yield [(kept(live[i], False, last[i]), live[i], 0, False)
              for i in range(num_cells)], True
 
@@ -145,7 +152,7 @@ def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
 def Moments(memory, params, slots, grads=None):
   """Each stage's bytes at every moment of a training step.
 
-  A moment is a tick of the schedule (pipeline_schedule), plus, for GPipe,
+  A moment is a tick of the schedule (schedules), plus, for GPipe,
   the one between its phases. At a tick a cell holds its params and slots;
   its gradients' sum once it runs or has run a backward;
   the activations it keeps (KeptMicroBatches' rule at that tick) and the

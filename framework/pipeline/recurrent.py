@@ -22,7 +22,7 @@ ValueError (it would silently get no gradient); pass the layer's theta.
 Non-trainable variables (counters) may be read or updated.
 
 `StackedRecurrent` (K cells on K devices as a pipeline wavefront) lives in
-`stacked_recurrent.py` and is re-exported here.
+the pipeline executor (`executor.py`) and is re-exported here.
 
 Example:
   def cell_fn(theta, state, inputs):                 # a tanh RNN
@@ -38,11 +38,10 @@ Example:
 import tensorflow as tf
 
 from cadence.framework.pipeline import cell_program
-from cadence.framework.pipeline import stacked_recurrent
+from cadence.framework.pipeline import executor
 from cadence.framework import step_seed as step_seed_lib
 
-StackedRecurrent = stacked_recurrent.StackedRecurrent
-WavefrontSchedule = stacked_recurrent.WavefrontSchedule
+StackedRecurrent = executor.StackedRecurrent
 
 
 def _StepTemplate(inputs_flat, owner):

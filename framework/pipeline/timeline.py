@@ -2,17 +2,19 @@
 
 A step runs under TensorFlow's profiler; every op the pipeline executors
 build carries the name scope of its action (`schedules.Action.
-scope`: forward F or backward B, with its re-run, of cell i on micro-batch
-j), so the profile says when each action ran. An action's interval spans
-its first op's start to its last op's end. Per device (cell i runs on
-device i % D of the model split, as layers/gpipe.py places it):
+scope`: forward F, backward B (with its re-run) or weight gradient W, of
+stage s on micro-batch j), so the profile says when each action ran. An
+action's interval spans its first op's start to its last op's end. Per
+device (the schedule's placement of the stages; by default stage s on
+device s % D of the model split):
 
   forward / backward: time inside F / B actions (their union);
   idle: the rest of the pipeline's span (first action start to last end).
 
 The measured bubble is the idle share of all devices' time in the span,
-next to the ideal (K-1)/(M+K-1) of a schedule whose actions all take the
-same time. The chart is a Gantt chart, one row per device, one box per
+next to the ideal: the bubble of the schedule's own action lists when every
+action takes the same time (`schedules.Schedule.Bubble`; (K-1)/(M+K-1) for
+GPipe and 1F1B). The chart is a Gantt chart, one row per device, one box per
 action labelled with its micro-batch: an SVG (no dependency), a PNG if
 matplotlib is installed, and an RGB array for a TensorBoard image summary.
 
@@ -40,7 +42,8 @@ OpEvent = collections.namedtuple('OpEvent', ['name', 'start', 'end'])
 # Colours of forward and backward boxes (SVG and image), by micro-batch
 # parity so that neighbours differ.
 _COLOURS = {schedules.FORWARD: ((66, 133, 244), (120, 170, 250)),
-            schedules.BACKWARD: ((234, 134, 0), (246, 178, 90))}
+            schedules.BACKWARD: ((234, 134, 0), (246, 178, 90)),
+            schedules.WEIGHT: ((52, 168, 83), (129, 201, 149))}
 
 
 def _ReadXSpace(logdir):
@@ -110,13 +113,17 @@ class Timeline:
 
   Args:
     op_events: OpEvents (ProfileOps); those outside any action are ignored.
-    devices: the model split's devices; cell i ran on devices[i % D].
+    devices: the model split's devices.
+    schedule: the registered name of the schedule that ran: where each
+      stage ran and the ideal bubble come from its action lists
+      (`schedules.Build`); None: stage s ran on devices[s % D], ideal
+      (K-1)/(M+K-1).
 
   Raises:
     NoPipelineError: if no op of the profile belongs to a pipeline action.
   """
 
-  def __init__(self, op_events, devices):
+  def __init__(self, op_events, devices, schedule=None):
     spans = {}
     for ev in op_events:
       action = schedules.ActionOfOp(ev.name + '/')
@@ -128,8 +135,10 @@ class Timeline:
                        'action; does the model run a pipeline '
                        '(PipeliningLayer or GPipeTransformerStack)?')
     self.devices = list(devices)
-    self.num_cells = 1 + max(a.cell for a in spans)
-    self.num_steps = 1 + max(a.step for a in spans)
+    self.num_cells = 1 + max(a.stage for a in spans)
+    self.num_steps = 1 + max(a.micro_batch for a in spans)
+    self.schedule = None if schedule is None else schedules.Build(
+        schedule, self.num_cells, len(self.devices), self.num_steps)
     self.start = min(a for a, _ in spans.values())
     self.end = max(b for _, b in spans.values())
     self.actions = {a: (s - self.start, e - self.start)
@@ -140,23 +149,30 @@ class Timeline:
     """Seconds from the first action's start to the last one's end."""
     return self.end - self.start
 
+  def StageDevice(self, stage):
+    """The device string stage `stage` ran on."""
+    placed = (self.schedule.stage_devices if self.schedule is not None else
+              schedules.Looped(self.num_cells, len(self.devices)))
+    return self.devices[placed[stage]]
+
   @property
   def rows(self):
-    """The devices the cells used, in cell order."""
-    used = [self.devices[i % len(self.devices)] for i in range(self.num_cells)]
-    return list(dict.fromkeys(used))
+    """The devices the stages used, in stage order."""
+    return list(dict.fromkeys(self.StageDevice(s)
+                              for s in range(self.num_cells)))
 
   def Row(self, action):
-    return self.rows.index(self.devices[action.cell % len(self.devices)])
+    return self.rows.index(self.StageDevice(action.stage))
 
   def DeviceTimes(self):
     """Per row: dict(forward=s, backward=s, idle=s)."""
     out = []
     for r in range(len(self.rows)):
       mine = [(a, iv) for a, iv in self.actions.items() if self.Row(a) == r]
-      times = {name: _Union([iv for a, iv in mine if a.kind == kind])
-               for name, kind in (('forward', schedules.FORWARD),
-                                  ('backward', schedules.BACKWARD))}
+      times = {name: _Union([iv for a, iv in mine if a.kind in kinds])
+               for name, kinds in (('forward', (schedules.FORWARD,)),
+                                   ('backward', (schedules.BACKWARD,
+                                                 schedules.WEIGHT)))}
       times['idle'] = self.span - _Union([iv for _, iv in mine])
       out.append(times)
     return out
@@ -169,7 +185,9 @@ class Timeline:
 
   @property
   def ideal_bubble(self):
-    """(K-1)/(M+K-1): the bubble of equal-time actions."""
+    """The bubble of the schedule's actions when all take the same time."""
+    if self.schedule is not None:
+      return self.schedule.Bubble()
     k, m = self.num_cells, self.num_steps
     return (k - 1) / (m + k - 1)
 
@@ -184,7 +202,7 @@ class Timeline:
       lines.append(f'{device:<24}{1000 * t["forward"]:12.1f}'
                    f'{1000 * t["backward"]:13.1f}{1000 * t["idle"]:10.1f}')
     lines.append(f'bubble: measured {self.measured_bubble:.3f}, ideal '
-                 f'(K-1)/(M+K-1) = {self.ideal_bubble:.3f}')
+                 f'(equal-time actions) = {self.ideal_bubble:.3f}')
     return '\n'.join(lines) + '\n'
 
   # --- pictures ---------------------------------------------------------------
@@ -211,14 +229,14 @@ class Timeline:
       out.append(f'<text x="4" y="{top + r * row_height + 16}">{device}'
                  '</text>')
     for a, x, y, w, h in self._Boxes(width, left, row_height, top):
-      rgb = _COLOURS[a.kind][a.step % 2]
+      rgb = _COLOURS[a.kind][a.micro_batch % 2]
       out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h}" '
                  f'fill="rgb{rgb}" stroke="white"><title>{a} '
                  f'{1000 * self.actions[a][0]:.2f}-'
                  f'{1000 * self.actions[a][1]:.2f} ms</title></rect>')
       if w >= 10:
         out.append(f'<text x="{x + w / 2:.1f}" y="{y + h / 2 + 4}" '
-                   f'text-anchor="middle">{a.step}</text>')
+                   f'text-anchor="middle">{a.micro_batch}</text>')
     axis = top + row_height * len(self.rows) + 14
     for f in np.linspace(0, 1, 5):
       x = left + f * (width - left)
@@ -232,7 +250,7 @@ class Timeline:
     image = np.full([row_height * len(self.rows), width, 3], 255, np.uint8)
     for a, x, y, w, h in self._Boxes(width, 0, row_height, 2):
       x0, x1 = int(x), max(int(x) + 1, int(x + w) - 1)
-      image[int(y):int(y + h), x0:x1] = _COLOURS[a.kind][a.step % 2]
+      image[int(y):int(y + h), x0:x1] = _COLOURS[a.kind][a.micro_batch % 2]
     return image
 
   def WritePictures(self, logdir, name='pipeline_timeline'):
@@ -249,7 +267,7 @@ class Timeline:
     fig, ax = pyplot.subplots(figsize=(10, 1 + 0.5 * len(self.rows)))
     for a, (s, e) in self.actions.items():
       ax.barh(self.Row(a), 1000 * (e - s), left=1000 * s,
-              color=np.array(_COLOURS[a.kind][a.step % 2]) / 255)
+              color=np.array(_COLOURS[a.kind][a.micro_batch % 2]) / 255)
     ax.set_yticks(range(len(self.rows)), self.rows)
     ax.invert_yaxis()
     ax.set_xlabel('ms')

@@ -62,6 +62,7 @@ from cadence.framework import base_model_params
 from cadence.framework import lr_schedule
 from cadence.framework import model_registry
 from cadence.framework import optimizer
+from cadence.framework.pipeline import schedules
 from cadence.layers import gpipe_transformer
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import model
@@ -86,7 +87,9 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
   SPLITS = 4
   WORKER_SPLIT_SIZE = SPLITS   # One device per pipeline stage.
   NUM_MICRO_BATCHES = 32
-  SCHEDULE = 'gpipe'          # or '1f1b': activations of K micro-batches.
+  # A registered pipeline schedule (framework/pipeline/schedules.py): GPipe
+  # by default; 1f1b holds the activations of K micro-batches, not M.
+  SCHEDULE = schedules.DEFAULT
   REMAT = 'except_last'       # 'never' with '1f1b': no re-run forwards.
   SOFTMAX_MAX_ALLOC = 128 * 1024 * 1024   # logits computed at once
   LEARNING_RATE = 1.0                     # x the rsqrt schedule

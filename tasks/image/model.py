@@ -87,7 +87,7 @@ class ImageClassifier(base_model.BaseTask):
     Returns:
       NestedMap(flops, out_shapes=(), breakdown=[(unit, flops)],
       partitions=[flops per cell] (the loss counted in the last),
-      memory=the activations per cell for pipeline_memory; None if the
+      memory=the activations per cell for memory_estimate; None if the
       batch is unknown).
     """
     net = base_layer.InheritParams(params, params.resnet_tpl)
@@ -109,7 +109,7 @@ class ImageClassifier(base_model.BaseTask):
 
   @classmethod
   def _MemoryMeta(cls, net, image):
-    """pipeline_memory's NestedMap: per cell its activation bytes for one
+    """memory_estimate's NestedMap: per cell its activation bytes for one
     micro-batch (the whole batch unpipelined); None if the batch is
     unknown."""
     if image[0] is None:

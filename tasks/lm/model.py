@@ -58,9 +58,9 @@ import tensorflow as tf
 
 from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import device_call
 from cadence.framework import hyperparams
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import embedding
@@ -300,29 +300,19 @@ class LanguageModel(base_model.BaseTask):
           nats_per_sentence - self._entropy_per_sentence, sentences)
     return metrics, NestedMap(xent=sums.xent, num_tokens=sums.num_tokens)
 
-  def ComputeLoss(self, theta, predictions, input_batch):
-    """Metrics of the module docstring; per_example xent and tokens [b]."""
-    sums = device_call.OnDevice(self._last_device, self._LossSums,
-                                theta.softmax, predictions.encoded,
-                                input_batch)
-    with cluster_lib.DeviceScope(self._last_device):
-      return self._Metrics(sums)
-
   def FPropTower(self, theta, input_batch):
-    """BaseTask's; with a 1F1B stack (`stack.loss_inside`) the softmax and
-    the cross-entropy of each micro-batch run inside the pipeline
-    (GPipeTransformerStack.FPropLoss), metrics summed over micro-batches:
-    the same metrics and gradients."""
-    stack = self.children.stack
-    if not stack.loss_inside:
-      return super().FPropTower(theta, input_batch)
+    """BaseTask's: the stack, then the softmax and cross-entropy; the stack
+    runs them where its pipeline's schedule needs them (FPropLoss: per
+    micro-batch inside the pipeline for 1F1B, after it for GPipe, once on
+    the whole batch for an unpipelined stack), on the stack's last device;
+    metrics summed over micro-batches are the same metrics and gradients."""
     x, paddings = self._Embed(theta, input_batch.ids, input_batch.paddings)
     side = NestedMap(labels=input_batch.labels, weights=input_batch.weights)
     if 'sentence_weights' in input_batch:
       side.sentence_weights = input_batch.sentence_weights
     loss = gpipe_transformer.gpipe.PipelineCell(
         fprop=self._LossSums, theta=theta.softmax, meta=None)
-    sums = stack.FPropLoss(theta.stack, x, paddings, loss, side)
+    sums = self.children.stack.FPropLoss(theta.stack, x, paddings, loss, side)
     with cluster_lib.DeviceScope(self._last_device):
       metrics, per_example = self._Metrics(sums)
     return base_model.CheckMetrics(metrics, validation.Owner(self)), \
@@ -538,7 +528,7 @@ class LanguageModel(base_model.BaseTask):
 
   @classmethod
   def _MemoryMeta(cls, c, x):
-    """What `pipeline_memory.StageMemory` needs of the activations.
+    """What `memory_estimate.StageMemory` needs of the activations.
 
     Args:
       c: the children's params (inherited).
@@ -547,7 +537,7 @@ class LanguageModel(base_model.BaseTask):
     Returns:
       NestedMap(schedule, remat, num_micro_batches, backward_window,
       cells=[NestedMap(act, act_weights, out, transient, outside)]) as
-      `pipeline_memory.StageMemory` takes it: per cell the bytes its
+      `memory_estimate.StageMemory` takes it: per cell the bytes its
       backward reads for one micro-batch (the softmax's in the last cell
       with 1F1B, where it runs inside the pipeline), of them those remat
       'selective' keeps, of its output for one micro-batch, of its largest
@@ -574,7 +564,7 @@ class LanguageModel(base_model.BaseTask):
     cells = stack.cls.CellMemory(stack, mb)
     for cell in cells:
       cell.outside = 0
-    if pipe.schedule == '1f1b':
+    if schedules.LossInside(pipe.schedule):
       loss = c.softmax.cls.FPropMeta(c.softmax, mb)
       cells[-1].act += loss.act_bytes
       cells[-1].act_weights += loss.act_bytes_weights

@@ -128,7 +128,7 @@ class InspectTest(tf.test.TestCase):
     self.assertEqual(code, trainer_lib.EXIT_OK)
     self.assertIn('Pipeline step: 2 cells x 4 micro-batches', out.getvalue())
     self.assertRegex(out.getvalue(), r'bubble: measured [\d.]+, ideal '
-                     r'\(K-1\)/\(M\+K-1\) = 0.200')
+                     r'\(equal-time actions\) = 0.200')
     # Each device's measured memory (this task gives no estimate).
     for i in range(2):
       self.assertRegex(out.getvalue(), rf'\n  CPU:{i}: measured [\d.]+ '

@@ -98,7 +98,7 @@ class StageMemoryTest(tf.test.TestCase):
         self.assertEqual((act, out), memory_estimate.KeptMicroBatches(
             schedule, remat, k, m, window))
     with self.assertRaisesRegex(ValueError, "schedule='2f2b'; expected one "
-                                r"of \['1f1b', 'gpipe'\]"):
+                                r"of \['gpipe', '1f1b'\]"):
       memory_estimate.KeptMicroBatches('2f2b', 'never', 2, 2)
     with self.assertRaisesRegex(ValueError, "remat='some'; expected"):
       memory_estimate.KeptMicroBatches('gpipe', 'some', 2, 2)

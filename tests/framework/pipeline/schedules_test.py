@@ -1,30 +1,66 @@
-"""Tests for cadence.framework.pipeline.schedules."""
+"""Tests for cadence.framework.pipeline.schedules: schedules as data."""
 import itertools
 
 import tensorflow as tf
 
 from cadence.framework.pipeline import schedules as ps
 
-F, B = ps.FORWARD, ps.BACKWARD
+F, B, W = ps.FORWARD, ps.BACKWARD, ps.WEIGHT
+a = ps.Action
 
 
 def _Hand1F1B():
-  """1F1B for K=2, M=4 by hand: cell 0 runs one forward ahead, then both
-  cells alternate a backward and a forward."""
-  a = ps.Action
+  """1F1B for K=2, M=4 by hand, as ticks: stage 0 runs one forward ahead,
+  then both stages alternate a backward and a forward."""
   return [[a(F, 0, 0)], [a(F, 0, 1), a(F, 1, 0)], [a(B, 1, 0)],
           [a(B, 0, 0), a(F, 1, 1)], [a(F, 0, 2), a(B, 1, 1)],
           [a(B, 0, 1), a(F, 1, 2)], [a(F, 0, 3), a(B, 1, 2)],
           [a(B, 0, 2), a(F, 1, 3)], [a(B, 1, 3)], [a(B, 0, 3)]]
 
 
-class GPipeScheduleTest(tf.test.TestCase):
+def _Schedule(lists, stage_devices=(0, 1), m=2, loss_inside=True):
+  return ps.Schedule('hand', len(stage_devices), m, stage_devices, lists,
+                     loss_inside)
+
+
+class WavefrontScheduleTest(tf.test.TestCase):
+
+  def testExhaustiveSmall(self):
+    for k, m in itertools.product(range(1, 6), range(1, 7)):
+      ticks = ps.WavefrontSchedule(k, m)
+      self.assertLen(ticks, m + k - 1)
+      seen = {}
+      for t, tick in enumerate(ticks):
+        self.assertEqual(sorted(tick), tick)
+        self.assertLessEqual(len(tick), min(k, m))
+        for i, j in tick:
+          self.assertEqual(t, i + j)             # stage i works on mb t-i.
+          seen[(i, j)] = t
+      self.assertCountEqual(itertools.product(range(k), range(m)), seen)
+      for (i, j), t in seen.items():       # Dependencies ran earlier.
+        if i > 0:
+          self.assertLess(seen[(i - 1, j)], t)
+        if j > 0:
+          self.assertLess(seen[(i, j - 1)], t)
+
+  def testExplicitTable(self):
+    self.assertEqual([[(0, 0)], [(0, 1), (1, 0)], [(0, 2), (1, 1)], [(1, 2)]],
+                     ps.WavefrontSchedule(2, 3))
+
+  def testBadSizes(self):
+    with self.assertRaisesRegex(ValueError,
+                                'num_stages=0 and num_micro_batches=3'):
+      ps.WavefrontSchedule(0, 3)
+
+
+class GPipeTest(tf.test.TestCase):
 
   def testExhaustiveSmall(self):
     for k, m in itertools.product(range(1, 5), range(1, 9)):
       with self.subTest(k=k, m=m):
-        ticks = ps.GPipeSchedule(k, m)
-        ps.CheckSchedule(ticks, k, m)   # Every rule of the module docstring.
+        schedule = ps.Build('gpipe', k, k, m, recurrent=True)
+        self.assertFalse(schedule.loss_inside)
+        ticks = schedule.Ticks()
         n = m + k - 1
         self.assertLen(ticks, 2 * n)
         wave = ps.WavefrontSchedule(k, m)
@@ -32,146 +68,237 @@ class GPipeScheduleTest(tf.test.TestCase):
                                  if kind == F] for tick in ticks[:n]])
         self.assertEqual(wave[::-1], [[(i, j) for kind, i, j in tick
                                        if kind == B] for tick in ticks[n:]])
-        for i in range(k):   # Each cell: steps up, then back down.
-          mine = [a for tick in ticks for a in tick if a.cell == i]
+        for i in range(k):   # Each stage: micro-batches up, then back down.
           self.assertEqual([(F, i, j) for j in range(m)] +
-                           [(B, i, j) for j in reversed(range(m))], mine)
-        self.assertEqual([m] * k, ps.InFlight(ticks, k))
-        forward, backward = ps.SplitPhases(ticks)
-        self.assertEqual([a for tick in ticks[:n] for a in tick], forward)
-        self.assertEqual([a for tick in ticks[n:] for a in tick], backward)
+                           [(B, i, j) for j in reversed(range(m))],
+                           list(schedule.actions[i]))
+        self.assertEqual([m] * k, schedule.InFlight())
+        self.assertAllClose((k - 1) / (m + k - 1), schedule.Bubble())
 
-  def testNoTickCanMove(self):
-    # Every tick needs the one before it, so swapping any two breaks a rule.
+  def testNoTwoActionsOfADeviceCanSwap(self):
+    # With state between micro-batches every action of a device needs the
+    # one before it, so swapping any two breaks a rule.
     for k, m in itertools.product(range(1, 4), range(1, 4)):
-      ticks = ps.GPipeSchedule(k, m)
-      for t, u in itertools.combinations(range(len(ticks)), 2):
-        swapped = list(ticks)
-        swapped[t], swapped[u] = ticks[u], ticks[t]
-        with self.subTest(k=k, m=m, t=t, u=u):
-          with self.assertRaisesRegex(ValueError, 'needs'):
-            ps.CheckSchedule(swapped, k, m)
+      good = ps.Build('gpipe', k, k, m)
+      for d in range(k):
+        for t, u in itertools.combinations(range(len(good.actions[d])), 2):
+          lists = [list(x) for x in good.actions]
+          lists[d][t], lists[d][u] = lists[d][u], lists[d][t]
+          with self.subTest(k=k, m=m, d=d, t=t, u=u):
+            with self.assertRaisesRegex(ValueError, 'deadlocks|comes after'):
+              ps.Check(ps.Schedule('gpipe', k, m, range(k), lists, False),
+                       recurrent=True)
 
   def testExplicitTable(self):
     self.assertEqual(
         '[[F(0, 0)], [F(0, 1), F(1, 0)], [F(1, 1)], '
         '[B(1, 1)], [B(0, 1), B(1, 0)], [B(0, 0)]]',
-        str(ps.GPipeSchedule(2, 2)))
+        str(ps.Build('gpipe', 2, 2, 2).Ticks()))
+    self.assertEqual('F0:0 F0:1 B0:1 B0:0\nF1:0 F1:1 B1:1 B1:0',
+                     ps.Build('gpipe', 2, 2, 2).Text())
+
+  def testLoopedStagesShareDevices(self):
+    # 4 stages on 2 devices: stage s on device s % 2, each device's list in
+    # the order of the stage-level ticks.
+    schedule = ps.Build('gpipe', 4, 2, 2)
+    self.assertEqual((0, 1, 0, 1), schedule.stage_devices)
+    self.assertEqual([0, 2], schedule.Stages(0))
+    self.assertEqual(
+        'F0:0 F0:1 F2:0 F2:1 B2:1 B2:0 B0:1 B0:0\n'
+        'F1:0 F1:1 F3:0 F3:1 B3:1 B3:0 B1:1 B1:0', schedule.Text())
 
   def testBadSizes(self):
-    with self.assertRaisesRegex(ValueError,
-                                'GPipeSchedule: num_cells=2 and num_steps=0'):
-      ps.GPipeSchedule(2, 0)
+    with self.assertRaisesRegex(
+        ValueError, r"Schedule 'gpipe': num_micro_batches=0 must be an int "
+        '>= 1'):
+      ps.Build('gpipe', 2, 2, 0)
+    with self.assertRaisesRegex(
+        ValueError, r"Schedule 'gpipe': 2 stage\(s\) on 3 devices leave "
+        r'device\(s\) \[2\] idle'):
+      ps.Build('gpipe', 2, 3, 4)
 
 
-class OneFOneBScheduleTest(tf.test.TestCase):
+class OneFOneBTest(tf.test.TestCase):
 
   def testExhaustiveSmall(self):
     for k, m in itertools.product(range(1, 6), range(1, 9)):
       with self.subTest(k=k, m=m):
-        ticks = ps.OneFOneBSchedule(k, m)
-        ps.CheckSchedule(ticks, k, m, recurrent=False)
-        # As long as GPipe's in unit-time ticks, with K - i steps in flight
-        # instead of M.
-        self.assertLen(ticks, 2 * (m + k - 1))
+        schedule = ps.Build('1f1b', k, k, m)
+        self.assertTrue(schedule.loss_inside)
+        # As long as GPipe's in unit-time ticks, with K - i micro-batches
+        # in flight instead of M.
+        self.assertLen(schedule.Ticks(), 2 * (m + k - 1))
         self.assertEqual([min(k - i, m) for i in range(k)],
-                         ps.InFlight(ticks, k))
-        for i, order in enumerate(ps.CellOrders(ticks, k)):
+                         schedule.InFlight())
+        for i, order in enumerate(schedule.actions):
           warm = min(k - i - 1, m)
-          self.assertEqual([F] * warm, [a.kind for a in order[:warm]])
+          self.assertEqual([F] * warm, [x.kind for x in order[:warm]])
           steady = order[warm:warm + 2 * (m - warm)]
-          self.assertEqual([F, B] * (m - warm), [a.kind for a in steady])
-          self.assertEqual([a.step for a in order if a.kind == F],
+          self.assertEqual([F, B] * (m - warm), [x.kind for x in steady])
+          self.assertEqual([x.micro_batch for x in order if x.kind == F],
                            list(range(m)))
-          self.assertEqual([a.step for a in order if a.kind == B],
+          self.assertEqual([x.micro_batch for x in order if x.kind == B],
                            list(range(m)))
 
   def testHandWrittenTable(self):
-    self.assertEqual(_Hand1F1B(), ps.OneFOneBSchedule(2, 4))
+    self.assertEqual(_Hand1F1B(), ps.Build('1f1b', 2, 2, 4).Ticks())
     self.assertEqual('[[F(0, 0)], [F(0, 1), F(1, 0)], [B(1, 0)], '
                      '[B(0, 0), F(1, 1)], [B(1, 1)], [B(0, 1)]]',
-                     str(ps.OneFOneBSchedule(2, 2)))
+                     str(ps.Build('1f1b', 2, 2, 2).Ticks()))
 
-  def testListScheduleOfGPipeOrdersIsGPipe(self):
-    for k, m in itertools.product(range(1, 4), range(1, 5)):
-      gpipe = ps.GPipeSchedule(k, m)
-      self.assertEqual(gpipe, ps.ListSchedule(ps.CellOrders(gpipe, k), m,
-                                              recurrent=True))
+  def testStagesShareDevicesInTickOrder(self):
+    # 4 stages on 2 devices: each device runs its two stages' 1F1B orders
+    # merged by the ticks of the stage-level table; valid and complete.
+    schedule = ps.Build('1f1b', 4, 2, 4)
+    for d in range(2):
+      self.assertCountEqual(
+          [x for s in schedule.Stages(d)
+           for x in ps.OneFOneBOrder(s, 4, 4)], schedule.actions[d])
+    self.assertEqual([4, 3, 2, 1], schedule.InFlight())
 
-  def testDeadlockAndBadSizes(self):
-    a = ps.Action
+  def testNeedsStatelessCells(self):
+    # B(1, 0) runs before B(1, 1): wrong for cells with state between
+    # micro-batches.
     with self.assertRaisesRegex(
-        ValueError, r"ListSchedule: deadlock after 1 ticks; the next "
-        r"actions \['B\(0, 0\)', 'F\(1, 1\)'\] all wait"):
-      ps.ListSchedule([[a(F, 0, 0), a(B, 0, 0), a(F, 0, 1), a(B, 0, 1)],
-                       [a(F, 1, 1), a(F, 1, 0), a(B, 1, 0), a(B, 1, 1)]], 2)
-    with self.assertRaisesRegex(ValueError, 'OneFOneBSchedule: num_cells=0'):
-      ps.OneFOneBSchedule(0, 2)
+        ValueError, r"Schedule '1f1b' deadlocks: .*device 1 at tick 1: "
+        r'B\(1, 0\) waits for B\(1, 1\)'):
+      ps.Build('1f1b', 2, 2, 4, recurrent=True)
 
 
 class ActionScopeTest(tf.test.TestCase):
 
   def testScopeRoundTrip(self):
-    a = ps.Action(B, 1, 12)
-    self.assertEqual('pipeline_action_B_1_12', a.scope)
-    self.assertEqual(a, ps.ActionOfOp(f'train/{a.scope}/PartitionedCall/Mul'))
+    x = ps.Action(B, 1, 12)
+    self.assertEqual('pipeline_action_B_1_12', x.scope)
+    self.assertEqual(x, ps.ActionOfOp(f'train/{x.scope}/PartitionedCall/Mul'))
     # TF uniquifies a repeated scope with a suffix; the outermost counts
     # (gradient ops carry their forward op's name).
-    self.assertEqual(a, ps.ActionOfOp(
+    self.assertEqual(x, ps.ActionOfOp(
         'pipeline_action_B_1_12_1/gradient_tape/pipeline_action_F_1_12/Mul'))
     self.assertEqual(ps.Action(B, 0, 3), ps.ActionOfOp(
         'gradient_tape/pipeline_action_F_0_3/MatMul_1/MatMul'))
+    self.assertEqual(ps.Action(W, 2, 0), ps.ActionOfOp(
+        'pipeline_action_W_2_0/MatMul'))
     self.assertIsNone(ps.ActionOfOp('pipeline_action_F_0_3'))
     self.assertIsNone(ps.ActionOfOp('dense/MatMul'))
 
 
-class CheckScheduleTest(tf.test.TestCase):
-
-  def testWavefrontIsAForwardSchedule(self):
-    for k, m in itertools.product(range(1, 5), range(1, 9)):
-      with self.subTest(k=k, m=m):
-        wave = ps.WavefrontSchedule(k, m)
-        ps.CheckSchedule([[(F, i, j) for i, j in tick] for tick in wave],
-                         k, m, backward=False)
+class CheckTest(tf.test.TestCase):
 
   def testEachBrokenRule(self):
-    a = ps.Action
-    good = ps.GPipeSchedule(2, 2)
+    good = [list(x) for x in ps.Build('1f1b', 2, 2, 2).actions]
+    # good: [F0:0 F0:1 B0:0 B0:1], [F1:0 B1:0 F1:1 B1:1]
     cases = [
-        ([good[1], good[0]] + good[2:],
-         r'F\(0, 1\) at tick 0 needs F\(0, 0\), which runs at tick 1'),
-        ([good[0] + good[1]] + good[2:],
-         r'tick 0 has two actions of cell 0: \[F\(0, 0\), F\(0, 1\), '),
-        (good + [[a(F, 0, 0)]], r'F\(0, 0\) runs twice, at ticks 0 and 6'),
-        (good[:-1], r'B\(0, 0\) never runs'),
-        (good + [[a(F, 2, 0)]], r"tick 6 has F\(2, 0\); expected kinds "
-                                r"\('F', 'B'\) with cell < 2 and step < 2"),
-        (good[:2] + [[a(F, 1, 1)], [a('X', 0, 0)]] + good[3:],
-         r'tick 3 has X\(0, 0\)'),
+        ([[a(F, 0, 0), a(B, 0, 0), a(F, 0, 1), a(B, 0, 1)],
+          [a(F, 1, 1), a(F, 1, 0), a(B, 1, 0), a(B, 1, 1)]],
+         r'deadlocks: device 0 at tick 1: B\(0, 0\) waits for B\(1, 0\); '
+         r'device 1 at tick 0: F\(1, 1\) waits for F\(0, 1\)'),
+        ([good[0] + [a(F, 1, 0)], good[1]],
+         r"device 0, tick 4: F\(1, 0\): stage 1 runs on device 1, not 0"),
+        ([good[0] + [a(F, 0, 0)], good[1]],
+         r"device 0, tick 4: F\(0, 0\) runs twice \(first at device 0, tick "
+         r'0\)'),
+        ([good[0][:-1], good[1]],
+         r'device 0: micro-batch 1 never finishes stage 0: B\(0, 1\) is '
+         'missing'),
+        ([good[0] + [a(F, 2, 0)], good[1]],
+         r"device 0, tick 4: F\(2, 0\) is not an action of kinds \('F', "
+         r"'B', 'W'\) with stage < 2 and micro-batch < 2"),
+        ([good[0] + [a('X', 0, 0)], good[1]], r'tick 4: X\(0, 0\) is not'),
+        ([good[0] + [a(W, 0, 0)], good[1]],
+         r'device 0: the weight gradient of B\(0, 1\) \(tick 3\) is never '
+         r'applied: W\(0, 1\) is missing'),
     ]
-    for ticks, error in cases:
+    for lists, error in cases:
       with self.subTest(error=error):
-        with self.assertRaisesRegex(ValueError, 'CheckSchedule: ' + error):
-          ps.CheckSchedule(ticks, 2, 2)
-    with self.assertRaisesRegex(ValueError, r"tick 3 has B\(1, 1\); expected "
-                                r"kinds \('F',\)"):
-      ps.CheckSchedule(good, 2, 2, backward=False)
+        with self.assertRaisesRegex(ValueError, "Schedule 'hand'.*" + error):
+          ps.Check(_Schedule(lists))
+    ps.Check(_Schedule(good))
 
-  def testOneFOneBNeedsStatelessCells(self):
-    # The table a 1F1B schedule would give: valid when cells ignore their
-    # previous state, K - i steps in flight per cell, and not splittable
-    # into a forward phase and a backward phase.
-    ticks = _Hand1F1B()
-    ps.CheckSchedule(ticks, 2, 4, recurrent=False)
-    self.assertEqual([2, 1], ps.InFlight(ticks, 2))
+  def testLossOutsideNeedsForwardsFirst(self):
+    lists = [list(x) for x in ps.Build('1f1b', 2, 2, 2).actions]
     with self.assertRaisesRegex(
-        ValueError, r'B\(1, 0\) at tick 2 needs B\(1, 1\), which runs at '
-        r'tick 4'):
-      ps.CheckSchedule(ticks, 2, 4)
+        ValueError, r"device 1, tick 2: F\(1, 1\) comes after B\(1, 0\) at "
+        'tick 1; with the loss outside the pipeline every forward'):
+      ps.Check(_Schedule(lists, loss_inside=False))
+
+  def testWeightGradientsAfterTheirBackward(self):
+    # Each backward split into B and W, W deferred: valid; W before its B
+    # is not.
+    lists = [[a(F, 0, 0), a(F, 0, 1), a(B, 0, 0), a(B, 0, 1), a(W, 0, 0),
+              a(W, 0, 1)],
+             [a(F, 1, 0), a(B, 1, 0), a(F, 1, 1), a(B, 1, 1), a(W, 1, 0),
+              a(W, 1, 1)]]
+    schedule = _Schedule(lists)
+    ps.Check(schedule)
+    self.assertTrue(schedule.splits_backward)
+    lists[1][4], lists[1][1] = lists[1][1], lists[1][4]
     with self.assertRaisesRegex(
-        ValueError, r'SplitPhases: F\(1, 1\) at tick 3 comes after B\(1, 0\) '
-        r'at tick 2; a schedule that interleaves forwards and backwards'):
-      ps.SplitPhases(ticks)
+        ValueError, r'device 1 at tick 1: W\(1, 0\) waits for B\(1, 0\)'):
+      ps.Check(_Schedule(lists))
+
+
+class RegistryTest(tf.test.TestCase):
+
+  def testNames(self):
+    self.assertEqual(('gpipe', '1f1b'), ps.Names())
+    self.assertEqual(ps.DEFAULT, 'gpipe')
+    self.assertFalse(ps.LossInside('gpipe'))
+    self.assertTrue(ps.LossInside('1f1b'))
+    with self.assertRaisesRegex(
+        KeyError, r"schedule='2f2b'; expected one of \['gpipe', '1f1b'\]"):
+      ps.Build('2f2b', 2, 2, 2)
+
+  def testDocstringToySchedule(self):
+    # The module docstring's example: one micro-batch's forward and
+    # backward at a time. Registered, built and checked like any other.
+    @ps.Register('one_at_a_time', loss_inside=True)
+    def OneAtATime(stage_devices, num_devices, num_micro_batches):  # pylint: disable=unused-variable
+      order = []
+      for j in range(num_micro_batches):
+        order += [a(F, s, j) for s in range(len(stage_devices))]
+        order += [a(B, s, j) for s in reversed(range(len(stage_devices)))]
+      return [[x for x in order if stage_devices[x.stage] == d]
+              for d in range(num_devices)]
+
+    try:
+      schedule = ps.Build('one_at_a_time', 3, 3, 2)
+      self.assertEqual('F0:0 B0:0 F0:1 B0:1\nF1:0 B1:0 F1:1 B1:1\n'
+                       'F2:0 B2:0 F2:1 B2:1', schedule.Text())
+      self.assertEqual([1, 1, 1], schedule.InFlight())
+      # Each micro-batch walks 3 stages there and back: 2 x 3 ticks, one
+      # device busy at a time.
+      self.assertLen(schedule.Ticks(), 12)
+      self.assertAllClose(2 / 3, schedule.Bubble())
+      with self.assertRaisesRegex(ValueError, 'registered twice'):
+        ps.Register('one_at_a_time', loss_inside=True)(OneAtATime)
+    finally:
+      ps.Unregister('one_at_a_time')
+    self.assertNotIn('one_at_a_time', ps.Names())
+
+
+class SimulateTest(tf.test.TestCase):
+
+  def testCostsAndLatency(self):
+    # GPipe, 2 stages x 2 micro-batches; F takes 1, B takes 2, a transfer
+    # between devices 0.5.
+    schedule = ps.Build('gpipe', 2, 2, 2)
+    times = ps.Simulate(
+        schedule, cost=lambda x: 1.0 if x.kind == F else 2.0,
+        latency=lambda need, x: 0.5)
+    self.assertEqual((0.0, 1.0), times[a(F, 0, 0)])
+    self.assertEqual((1.0, 2.0), times[a(F, 0, 1)])
+    self.assertEqual((1.5, 2.5), times[a(F, 1, 0)])
+    self.assertEqual((2.5, 3.5), times[a(F, 1, 1)])
+    self.assertEqual((3.5, 5.5), times[a(B, 1, 1)])
+    self.assertEqual((5.5, 7.5), times[a(B, 1, 0)])
+    self.assertEqual((6.0, 8.0), times[a(B, 0, 1)])
+    self.assertEqual((8.0, 10.0), times[a(B, 0, 0)])
+    # Busy 2 x (2 + 4) of 2 x 10: bubble 0.4; without the transfers the
+    # step takes 9: 1/3.
+    cost = lambda x: 1.0 if x.kind == F else 2.0
+    self.assertAllClose(0.4, schedule.Bubble(cost, lambda need, x: 0.5))
+    self.assertAllClose(1 / 3, schedule.Bubble(cost))
 
 
 if __name__ == '__main__':

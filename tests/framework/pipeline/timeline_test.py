@@ -4,9 +4,8 @@ import os
 import tensorflow as tf
 
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import pipeline_loss
+from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import schedules as ps
-from cadence.framework.pipeline import stacked_recurrent
 from cadence.framework.pipeline import timeline as timeline_lib
 from cadence.framework.train import summary_utils
 
@@ -53,7 +52,7 @@ class TimelineTest(tf.test.TestCase):
     report = timeline.Report()
     self.assertIn('2 cells x 2 micro-batches, 8000.0 ms', report)
     self.assertRegex(report, r'/device:CPU:1 +2000.0 +2000.0 +4000.0')
-    self.assertIn('bubble: measured 0.438, ideal (K-1)/(M+K-1) = 0.333',
+    self.assertIn('bubble: measured 0.438, ideal (equal-time actions) = 0.333',
                   report)
 
   def testCellsShareDevices(self):
@@ -107,7 +106,7 @@ class TimelineTest(tf.test.TestCase):
     @tf.function
     def _Step(xs):
       with tf.GradientTape() as tape:
-        loss, _ = pipeline_loss.PipelineLoss(
+        loss, _ = executor.PipelineLoss(
             _DEVICES, [_Cell, _Last], [NestedMap(w=w) for w in ws],
             [NestedMap(h=tf.TensorSpec([32, 64])),
              NestedMap(loss=tf.TensorSpec([]))], NestedMap(h=xs),
@@ -118,7 +117,7 @@ class TimelineTest(tf.test.TestCase):
       @tf.function
       def _Step(xs):
         with tf.GradientTape() as tape:
-          acc, _ = stacked_recurrent.StackedRecurrent(
+          acc, _ = executor.StackedRecurrent(
               _DEVICES, [lambda th, s, x: _Cell(th, x)] * k,
               [NestedMap(w=w) for w in ws],
               [NestedMap(h=tf.zeros([32, 64]))] * k, NestedMap(h=xs),
@@ -131,28 +130,27 @@ class TimelineTest(tf.test.TestCase):
     # 'selective' keeps a cut trace of the cell's forward and gradient: its
     # ops must be named by their actions too.
     for name, step, table in (
-        ('1f1b', _Step, ps.OneFOneBSchedule(k, m)),
-        ('gpipe', _GPipeStep('always'), ps.GPipeSchedule(k, m)),
-        ('gpipe selective', _GPipeStep('selective'), ps.GPipeSchedule(k, m))):
+        ('1f1b', _Step, ps.Build('1f1b', k, k, m)),
+        ('gpipe', _GPipeStep('always'), ps.Build('gpipe', k, k, m)),
+        ('gpipe selective', _GPipeStep('selective'),
+         ps.Build('gpipe', k, k, m))):
       step(xs)
       logdir = os.path.join(self.get_temp_dir(), name)
       ops = timeline_lib.ProfileOps(lambda: step(xs), logdir)  # pylint: disable=cell-var-from-loop
-      timeline = timeline_lib.Timeline(ops, _DEVICES)
+      timeline = timeline_lib.Timeline(ops, _DEVICES, schedule=table.name)
       self.assertEqual((k, m), (timeline.num_cells, timeline.num_steps))
       # Every product of the step ran inside an action.
       products = [e.name for e in ops if e.name.split('/')[-1] == 'MatMul']
       self.assertNotEmpty(products)
       self.assertEqual([], [n for n in products
                             if ps.ActionOfOp(n + '/') is None], name)
-      # Each cell ran every one of its actions, in the table's order (GPipe
-      # chains only its backwards: its forwards may run in any order).
-      for i, order in enumerate(ps.CellOrders(table, k)):
-        ran = sorted((a for a in timeline.actions if a.cell == i),
+      # Each device ran every one of its actions, in the schedule's order
+      # (the executor chains each device's actions).
+      self.assertLen(timeline.actions, 2 * k * m)
+      for i, order in enumerate(table.actions):
+        ran = sorted((a for a in timeline.actions if a.stage == i),
                      key=lambda a: timeline.actions[a][0])
-        if name != '1f1b':
-          order, ran = ([a for a in x if a.kind == 'B'] for x in (order, ran))
-          self.assertLen(timeline.actions, 2 * k * m)
-        self.assertEqual(order, ran, name)
+        self.assertEqual(list(order), ran, name)
       self.assertBetween(timeline.measured_bubble, 0.0, 1.0)
 
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import model_registry
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework.train import eval_programs
 from cadence.framework.train import programs
@@ -203,7 +204,8 @@ class LanguageModelTest(tf.test.TestCase):
       k = 1 if splits == 1 else 2   # One device per pipeline cell.
       task = _Build(_Params(splits=splits, num_micro_batches=m,
                             schedule=schedule, label_smoothing=0.1), k)
-      self.assertEqual(schedule == '1f1b', task.stack.loss_inside)
+      self.assertEqual(schedule == '1f1b', schedules.LossInside(
+          task.stack.pipeline.params.schedule))
       if splits != 1:
         self.assertEqual(task.stack.num_cells, 2)
         self.assertIn('CPU:1', task.children.softmax.vars.w.device)

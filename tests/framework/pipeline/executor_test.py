@@ -1,4 +1,5 @@
-"""Tests for cadence.framework.pipeline.stacked_recurrent."""
+"""Tests for cadence.framework.pipeline.executor with the loss outside the
+pipeline (StackedRecurrent); executor_loss_test.py has the loss inside."""
 import functools
 import itertools
 import json
@@ -9,9 +10,9 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import recurrent
 from cadence.framework.pipeline import schedules
-from cadence.framework.pipeline import stacked_recurrent
 from cadence.framework import step_seed
 from cadence.tests import test_utils
 
@@ -38,35 +39,6 @@ def _Sequential(thetas, init_states, mb_inputs, seed):
       x = states[i]
     outs.append(x)
   return outs, states
-
-
-class WavefrontScheduleTest(tf.test.TestCase):
-
-  def testExhaustiveSmall(self):
-    for k, m in itertools.product(range(1, 6), range(1, 7)):
-      ticks = stacked_recurrent.WavefrontSchedule(k, m)
-      self.assertLen(ticks, m + k - 1)
-      seen = {}
-      for t, tick in enumerate(ticks):
-        self.assertEqual(sorted(tick), tick)
-        self.assertLessEqual(len(tick), min(k, m))
-        for i, j in tick:
-          self.assertEqual(t, i + j)             # cell i works on step t-i.
-          seen[(i, j)] = t
-      self.assertCountEqual(itertools.product(range(k), range(m)), seen)
-      for (i, j), t in seen.items():       # Dependencies ran earlier.
-        if i > 0:
-          self.assertLess(seen[(i - 1, j)], t)
-        if j > 0:
-          self.assertLess(seen[(i, j - 1)], t)
-
-  def testExplicitTable(self):
-    self.assertEqual([[(0, 0)], [(0, 1), (1, 0)], [(0, 2), (1, 1)], [(1, 2)]],
-                     stacked_recurrent.WavefrontSchedule(2, 3))
-
-  def testBadSizes(self):
-    with self.assertRaisesRegex(ValueError, 'num_cells=0 and num_steps=3'):
-      stacked_recurrent.WavefrontSchedule(0, 3)
 
 
 class StackedRecurrentTest(tf.test.TestCase):
@@ -127,7 +99,7 @@ class StackedRecurrentTest(tf.test.TestCase):
     for k, m in itertools.product((1, 2, 4), (1, 2, 4)):
       self._Setup(k, m)
       want = self._Reference(k)
-      for remat in stacked_recurrent.REMAT_MODES:
+      for remat in executor.REMAT_MODES:
         with self.subTest(k=k, m=m, remat=remat):
           self._AssertClose(want, self._Run(self._Stacked(k, remat), k))
 
@@ -140,6 +112,20 @@ class StackedRecurrentTest(tf.test.TestCase):
       got = tf.function(functools.partial(self._Run, fn, k))()
       with self.subTest(k=k, m=m, remat=remat):
         self._AssertClose(want, got)
+
+  def testGradientTwiceGivesItTwice(self):
+    # TF may call the custom gradient more than once (a tape, then
+    # tf.gradients through it from a caller's custom gradient): each call
+    # gives the whole gradient, not the sum of the calls so far.
+    self._Setup(2, 3)
+    variables = [v for th in self.thetas for v in th.Flatten()]
+    fn = self._Stacked(2, 'except_last')
+    with tf.GradientTape() as tape:
+      want = tape.gradient(tf.reduce_sum(fn()[0].h ** 2), variables)
+    with tf.GradientTape(persistent=True) as tape:
+      loss = tf.reduce_sum(fn()[0].h ** 2)
+    self._AssertClose(want, tape.gradient(loss, variables))
+    self._AssertClose(want, tape.gradient(loss, variables))
 
   def testListInputsAndSharedDevice(self):
     self._Setup(3, 3)
@@ -227,8 +213,8 @@ class StackedRecurrentTest(tf.test.TestCase):
           NestedMap(h=tf.ones([m, _B, _D]), n=tf.range(m)), remat='always')
       loss = tf.reduce_sum(acc.h)
     tape.gradient(loss, weights)
-    self.assertEqual([(a.cell, a.step) for tick in
-                      schedules.GPipeSchedule(k, m) for a in tick],
+    self.assertEqual([(a.stage, a.micro_batch) for tick in
+                      schedules.Build('gpipe', k, k, m).Ticks() for a in tick],
                      ran)
 
   def testBadArguments(self):

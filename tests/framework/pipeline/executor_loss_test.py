@@ -1,4 +1,5 @@
-"""Tests for cadence.framework.pipeline.pipeline_loss."""
+"""Tests for cadence.framework.pipeline.executor with the loss inside the
+pipeline (PipelineLoss)."""
 import itertools
 import json
 import textwrap
@@ -8,7 +9,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import pipeline_loss
+from cadence.framework.pipeline import executor
 from cadence.framework import step_seed
 from cadence.tests import test_utils
 
@@ -77,7 +78,7 @@ class PipelineLossTest(tf.test.TestCase):
 
   def _Pipelined(self, k, schedule, remat):
     def _Fn():
-      loss, per_step = pipeline_loss.PipelineLoss(
+      loss, per_step = executor.PipelineLoss(
           _DEVICES[:k], [_Cell] * (k - 1) + [_Loss], self.thetas,
           _Templates(k), self.xs, self.side, step_seed=self.seed,
           schedule=schedule, remat=remat)
@@ -114,21 +115,21 @@ class PipelineLossTest(tf.test.TestCase):
             self.xs, self.side)
     with self.assertRaisesRegex(
         ValueError, r"PipelineLoss 'PipelineLoss': schedule='2f2b'; expected "
-        r"one of \['1f1b', 'gpipe'\]"):
-      pipeline_loss.PipelineLoss(*args, schedule='2f2b')
+        r"one of \['gpipe', '1f1b'\]"):
+      executor.PipelineLoss(*args, schedule='2f2b')
     templates = _Templates(2)
     templates[-1] = NestedMap(total=tf.TensorSpec([]))
     with self.assertRaisesRegex(ValueError, "the last cell must return a "
                                 "NestedMap with a scalar 'loss'"):
-      pipeline_loss.PipelineLoss(*args[:3], templates, *args[4:])
+      executor.PipelineLoss(*args[:3], templates, *args[4:])
     templates[-1] = NestedMap(loss=tf.TensorSpec([2]))
     with self.assertRaisesRegex(ValueError, "'loss' must be a float scalar"):
-      pipeline_loss.PipelineLoss(*args[:3], templates, *args[4:])
+      executor.PipelineLoss(*args[:3], templates, *args[4:])
     with self.assertRaisesRegex(ValueError, r"remat='sometimes'"):
-      pipeline_loss.PipelineLoss(*args, remat='sometimes')
+      executor.PipelineLoss(*args, remat='sometimes')
     with self.assertRaisesRegex(ValueError, 'side_inputs have 1 steps; the '
                                 'inputs have M=2'):
-      pipeline_loss.PipelineLoss(*args[:5], NestedMap(y=self.side.y[:1]))
+      executor.PipelineLoss(*args[:5], NestedMap(y=self.side.y[:1]))
 
 
 _MEMORY_SCRIPT = textwrap.dedent("""
@@ -138,7 +139,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from cadence.framework.nested_map import NestedMap
-    from cadence.framework.pipeline import pipeline_loss
+    from cadence.framework.pipeline import executor
     w1 = tf.Variable(tf.random.normal([64, 2048], stddev=0.1))
     w2 = tf.Variable(tf.random.normal([2048, 64], stddev=0.1))
 
@@ -155,7 +156,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
       @tf.function
       def Step(xs):
         with tf.GradientTape() as tape:
-          loss, _ = pipeline_loss.PipelineLoss(
+          loss, _ = executor.PipelineLoss(
               ['/device:CPU:%d' % i for i in range(k)],
               [Cell] * (k - 1) + [Last], [NestedMap(w1=w1, w2=w2)] * k,
               [NestedMap(h=tf.TensorSpec([32, 64]))] * (k - 1) +
