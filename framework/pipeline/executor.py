@@ -481,7 +481,7 @@ class _Run:
               for j, g in enumerate(col)]))
     return grads
 
-  # --- running actions ---------------------------------------------------------
+  # --- running actions -------------------------------------------------------
 
   def RunActions(self, actions, loss_index=None):
     """Runs `actions` (in an order that respects their needs), each device's
