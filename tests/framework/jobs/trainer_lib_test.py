@@ -275,12 +275,16 @@ class LoggingTest(tf.test.TestCase):
     ours = self._Record(py_logging.INFO, 'Saved checkpoint', name='absl',
                         path=programs.__file__)
     self.assertTrue(keep(ours))
-    verbosity = logging.get_verbosity()
+    # Restore the absl logger's own level (usually unset): set_verbosity of
+    # get_verbosity() would pin it to the root's WARNING and silence the
+    # INFO records later tests assert.
+    absl_logger = logging.get_absl_logger()
+    level = absl_logger.level
     logging.set_verbosity(logging.DEBUG)
     try:
       self.assertTrue(keep(noise))
     finally:
-      logging.set_verbosity(verbosity)
+      absl_logger.setLevel(level)
 
   def testTensorFlowRecordsReachTheRootHandlerOnceWithoutInfo(self):
     tf_logger = tf.get_logger()
