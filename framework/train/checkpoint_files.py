@@ -22,8 +22,9 @@ TensorFlow; this module handles what TensorFlow leaves to its user:
     and decoders stop after handling that checkpoint.
 
 Only the directory's writer (the trainer; the chief of several hosts) calls
-`MoveAside`, `RepairState` and the mark's writers: a reader (evaler, decoder) skips an
-unreadable checkpoint, since it may not own, or see the end of, the files.
+`MoveAside`, `RepairState` and the mark's writers: a reader (evaler,
+decoder) skips an unreadable checkpoint, since it may not own, or see the
+end of, the files.
 
 Example:
   Problem('/tmp/run/train/ckpt-300')  # 'its data is unreadable (Read less..)'
