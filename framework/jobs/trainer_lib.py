@@ -560,8 +560,9 @@ def _WriterLock(options, params, setup, kind):
   except OSError as e:
     if _Finished(options, params, kind, ''):
       return None   # Nothing to write; _BuildJob says it is finished.
-    raise UserError(f'--logdir: cannot write in {options.logdir}: '
-                    f'{checkpoint_files.ErrorLine(e)}.') from None
+    _CheckWritable(options.logdir, '')   # Says why, as for other jobs.
+    raise UserError(f'--logdir: cannot write the lock file in '
+                    f'{options.logdir}: {e}.') from None
 
 
 def _OtherModel(options, params):
