@@ -3,6 +3,7 @@
 Each subprocess pays TensorFlow's import (seconds), so independent runs are
 started together and the assertions are grouped per run.
 """
+import json
 import os
 import re
 import signal
@@ -114,6 +115,10 @@ class TrainerTest(tf.test.TestCase):
     self.assertEqual(victim.Finish()[0], -signal.SIGKILL)
     self.assertFalse(os.path.exists(os.path.join(killed, 'train',
                                                  'ckpt-1500.index')))
+    # Its writer lock file stays, naming it; the kernel released the lock,
+    # so the restart below proceeds (framework/train/logdir_lock.py).
+    with open(os.path.join(killed, '.writer.lock')) as f:
+      self.assertEqual(json.load(f)['pid'], victim.proc.pid)
     code, _, err = _Run(*args, f'--logdir={killed}').Finish()
     self.assertEqual(code, 0, err[-3000:])
     restored = re.search(r'Restored \S+ckpt-\d+: global step (\d+)', err)

@@ -8,8 +8,12 @@ returns the process exit code:
      and an evaler or decoder stopped by one;
   2  a user error: unknown --model, a bad override key or value, bad params,
      missing or empty input files, an unknown --job, a logdir that cannot
-     be written, checkpoints none of which can be read. One readable
-     message on stderr, no traceback;
+     be written, checkpoints none of which can be read, a logdir another
+     trainer is writing (framework/train/logdir_lock.py), a logdir whose
+     checkpoints hold another model (framework/train/checkpoint_match.py),
+     a training step whose memory estimate exceeds the device's or host's
+     memory (framework/jobs/memory_check.py). One readable message on
+     stderr, no traceback; the last three leave the logdir as it was;
   3  training stopped: too many consecutive skipped steps or non-finite
      weights (the message names the last good checkpoint);
   4  the run cannot go on, and nothing is lost: a checkpoint could not be
@@ -24,9 +28,13 @@ A second SIGTERM/SIGINT ends the process at once, killed by that signal
 The set-up runs in a fixed order: devices, the cluster and the strategy
 first (framework/distribute/distribution.py; TensorFlow allows logical devices
 and MultiWorkerMirroredStrategy only before any op runs), then the params
-(registry, file override, text override, --max_steps), then `params.txt`,
-one copy of the task per local replica and the job's programs; any user
-error up to there exits with 2. Then the
+(registry, file override, text override, --max_steps), the logdir's writer
+lock (trainer jobs on the chief: one writer per logdir), the checks that
+read only (the memory estimate, the logdir's checkpoints against the
+model, both from the model built without weights), then `params.txt` (a
+different one already there is kept as params.txt.<UTC time>:
+framework/jobs/params_file.py), one copy of the task per local replica and
+the job's programs; any user error up to there exits with 2. Then the
 job runs: `trainer`, `trainer_and_evaler` (eval on Dev after each
 checkpoint, in process, and a decode of Dev with the final weights),
 `evaler_<dataset>` or `decoder_<dataset>` (each new checkpoint of
@@ -58,10 +66,14 @@ from cadence.framework.distribute import ps_programs
 from cadence.framework.distribute import tpu_programs
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
+from cadence.framework.jobs import memory_check
+from cadence.framework.jobs import params_file
 from cadence.framework import model_registry
 from cadence.framework.train import checkpoint_files
+from cadence.framework.train import checkpoint_match
 from cadence.framework.train import checkpointer
 from cadence.framework.train import eval_programs
+from cadence.framework.train import logdir_lock
 from cadence.framework.train import preemption
 from cadence.framework.train import programs
 from cadence.framework.train import replicas
@@ -211,11 +223,13 @@ def ParamsText(params):
 
 
 def WriteParams(params, path):
-  """Writes the params text to `path`; returns the text."""
+  """Writes the params text to `path`; returns the text. A different file
+  already there is kept (params_file.Write), in one log line."""
   text = ParamsText(params)
   tf.io.gfile.makedirs(os.path.dirname(path))
-  with tf.io.gfile.GFile(path, 'w') as f:
-    f.write(text)
+  kept = params_file.Write(path, text)
+  if kept:
+    logging.warning('%s', kept)
   return text
 
 
@@ -342,8 +356,9 @@ class _TrainerJob:
   chief's program builds the one task on them (ps_programs.PsTrainProgram).
   """
 
-  def __init__(self, options, params, setup, with_eval, watcher):
+  def __init__(self, options, params, setup, with_eval, watcher, lock=None):
     start = time.perf_counter()
+    self._lock = lock   # The logdir's writer lock, released by Run.
     tasks = None
     if options.xla and setup.num_ps:
       raise UserError('--xla with parameter servers: the coordinator '
@@ -391,10 +406,15 @@ class _TrainerJob:
           xla=options.xla, **common)
 
   def Run(self):
-    step = self._program.Run()
-    if self._decode is not None:
-      logging.info('Decoding Dev with the final weights (step %d)...', step)
-      self._decode.Run(step, self._program.EmaTheta())
+    try:
+      step = self._program.Run()
+      if self._decode is not None:
+        logging.info('Decoding Dev with the final weights (step %d)...',
+                     step)
+        self._decode.Run(step, self._program.EmaTheta())
+    finally:
+      if self._lock is not None:
+        self._lock.Release()
 
 
 def _LogBuilt(tasks, start, device_memory_gib):
@@ -523,6 +543,116 @@ def _CheckWritable(logdir, sub):
                       f'{checkpoint_files.ErrorLine(e)}.') from None
 
 
+def _WriterLock(options, params, setup, kind):
+  """The logdir's writer lock (logdir_lock) of a trainer job on the chief,
+  the one host that writes; None for readers (evaler, decoder), the other
+  hosts, and a finished run in a logdir it cannot write."""
+  if kind not in ('trainer', 'trainer_and_evaler') or not setup.is_chief:
+    return None
+  if '://' in options.logdir:   # gs://...: no OS lock there.
+    logging.warning('--logdir %s is not a local folder: no writer lock; make '
+                    'sure no other trainer writes there.', options.logdir)
+    return None
+  try:
+    return logdir_lock.WriterLock(options.logdir)
+  except logdir_lock.HeldError as e:
+    raise UserError(str(e)) from None
+  except OSError as e:
+    if _Finished(options, params, kind, ''):
+      return None   # Nothing to write; _BuildJob says it is finished.
+    _CheckWritable(options.logdir, '')   # Says why, as for other jobs.
+    raise UserError(f'--logdir: cannot write the lock file in '
+                    f'{options.logdir}: {e}.') from None
+
+
+def _OtherModel(options, params):
+  """How the logdir's params.txt (the params its checkpoints were trained
+  with) differs from this run's: the experiment, else the task's first
+  differing keys; '' when it cannot say."""
+  text = params_file.Read(os.path.join(options.logdir, 'params.txt'))
+  if text is None:
+    return ''
+  ours = ParamsText(params)
+  diffs = params_file.Differences(text, ours)
+  if any(d[0] in ('name', 'task.cls') for d in diffs):
+    def _Model(pairs):   # "'lm' (LanguageModel)"
+      cls = pairs.get('task.cls', '').rpartition('.')[2].rstrip("')")
+      return f"{pairs.get('name', '?')} ({cls or '?'})"
+    return (f' Its params.txt is of the model '
+            f'{_Model(params_file.Pairs(text))}, this run\'s is '
+            f'{_Model(params_file.Pairs(ours))}.')
+  model = [d for d in diffs if d[0].startswith('task.') and
+           not d[0].startswith(('task.train.', 'task.eval.',
+                                'task.is_inference'))]
+  if model:
+    return (" Its params.txt differs from this run's in " +
+            params_file.DescribeDifferences(model) + '.')
+  return ''
+
+
+def _CheckCheckpointFits(options, params, task, paths):
+  """Raises UserError unless the newest readable of `paths` (checkpoints of
+  logdir/train) holds the model variables of `task` (same paths, shapes
+  and dtypes). A damaged checkpoint is left to the restore, which says
+  so."""
+  for path in reversed(paths):
+    try:
+      saved = checkpoint_match.SavedVariables(path)
+      break
+    except checkpoint_files.READ_ERRORS:
+      continue
+  else:
+    return
+  mismatch = checkpoint_match.Mismatch(saved, checkpoint_match.ModelVariables(
+      checkpointer.TaskVariables(task)))
+  if mismatch:
+    raise UserError(
+        f'--logdir {options.logdir} holds checkpoints of another model: '
+        f'{path} does not fit --model={options.model}: {mismatch}.'
+        f'{_OtherModel(options, params)} Use a new --logdir, or the model '
+        'and overrides that wrote it; nothing was changed.')
+
+
+def _CheckBeforeWriting(options, params, setup, kind):
+  """The checks that read only, before the job writes anything: the memory
+  estimate of a training step (trainer jobs; memory_check) and the
+  logdir's checkpoints against the model. Both need the model's
+  variables: it is built without weights (inspect_lib.BuildSymbolically).
+
+  Raises:
+    UserError: the step does not fit, or the checkpoints hold another
+      model.
+  """
+  start = time.perf_counter()
+  trainer = kind in ('trainer', 'trainer_and_evaler')
+  paths = checkpointer.ListCheckpoints(
+      os.path.join(options.logdir, 'train'), when_missing=True)
+  if not trainer and not paths:
+    return
+  model, _ = inspect_lib.BuildSymbolically(
+      params if trainer else InferenceParams(params))
+  verdict = None
+  if trainer and (options.device_memory_gib or not setup.num_ps):
+    device = tf.DeviceSpec.from_string(setup.cluster.devices[0])
+    verdict = memory_check.Check(
+        model.task, device.device_type or 'CPU', setup.num_local_replicas,
+        options.device_memory_gib)
+  if verdict is not None and not verdict.fits:
+    batch = getattr(params.input, 'batch_size', None)
+    batch = f'input.batch_size ({batch}), ' if batch else ''
+    raise UserError(
+        f'--model={options.model}: a training step does not fit in memory: '
+        f'{verdict.text}. Lower {batch}the model size or the micro-batch '
+        'size (more micro-batches, remat); --mode=inspect_model prints the '
+        'estimate per stage.')
+  _CheckCheckpointFits(options, params, model.task, paths)
+  checked = ([f'memory {verdict.text}'] if verdict else []) + (
+      [f'{os.path.basename(paths[-1])} holds this model'] if paths else [])
+  if checked:
+    logging.info('Checked before writing (%.1f s): %s.',
+                 time.perf_counter() - start, '; '.join(checked))
+
+
 def _BuildJob(options, setup, watcher):
   """The job of `options`, or a message (str) when it already finished."""
   kind, dataset = _ParseJob(options.job)
@@ -539,11 +669,29 @@ def _BuildJob(options, setup, watcher):
   if setup.server is not None:
     logging.info('%s', setup)
     return _ServerJob(options, params, setup, kind, watcher)
+  lock = _WriterLock(options, params, setup, kind)
+  try:
+    job = _BuildLocalJob(options, params, setup, kind, dataset, sub,
+                         watcher, lock)
+  except BaseException:
+    if lock is not None:
+      lock.Release()
+    raise
+  if isinstance(job, str) and lock is not None:
+    lock.Release()
+  return job
+
+
+def _BuildLocalJob(options, params, setup, kind, dataset, sub, watcher,
+                   lock):
+  """_BuildJob's job past the writer lock (`lock`, or None), which the
+  trainer job releases when it ends."""
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
-  _CheckWritable(options.logdir, sub)
   logging.info('%s', setup)
+  _CheckBeforeWriting(options, params, setup, kind)
+  _CheckWritable(options.logdir, sub)
   path = os.path.join(options.logdir, sub, 'params.txt')
   if setup.is_chief:
     try:
@@ -555,7 +703,8 @@ def _BuildJob(options, setup, watcher):
                  options.job, path)
   if kind in ('trainer', 'trainer_and_evaler'):
     return _TrainerJob(options, params, setup,
-                       with_eval=kind == 'trainer_and_evaler', watcher=watcher)
+                       with_eval=kind == 'trainer_and_evaler', watcher=watcher,
+                       lock=lock)
   return _CheckpointJob(options, params, setup, kind, dataset, watcher)
 
 

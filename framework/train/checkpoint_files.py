@@ -9,6 +9,12 @@ TensorFlow; this module handles what TensorFlow leaves to its user:
   * `MoveAside(directory, paths)`: moves unreadable checkpoints' files into
     `directory/bad/` (never deletes them) and rewrites the `checkpoint`
     state file without them, so the newest readable one is the latest.
+  * The `checkpoint` state file is a cache, not the truth: `ReadState`
+    lists the checkpoints it names, or, when it is unreadable (garbage
+    text, random bytes, empty), the checkpoints found from their own files
+    (`<name>-<step>.index` and its data); `RepairState` rewrites it from
+    them. TensorFlow would ignore such a file (or fail on it), and a
+    trainer would start from step 0 over the checkpoints beside it.
   * The *final mark* `final_checkpoint.json`: the trainer writes it
     (atomically) when its run ends for good (max_steps reached, a stop for
     non-finite steps, or max_steps lowered below the restored step), naming
@@ -16,11 +22,14 @@ TensorFlow; this module handles what TensorFlow leaves to its user:
     and decoders stop after handling that checkpoint.
 
 Only the directory's writer (the trainer; the chief of several hosts) calls
-`MoveAside` and the mark's writers: a reader (evaler, decoder) skips an
-unreadable checkpoint, since it may not own, or see the end of, the files.
+`MoveAside`, `RepairState` and the mark's writers: a reader (evaler,
+decoder) skips an unreadable checkpoint, since it may not own, or see the
+end of, the files.
 
 Example:
   Problem('/tmp/run/train/ckpt-300')  # 'its data is unreadable (Read less..)'
+  ReadState('/tmp/run/train')   # (['/tmp/run/train/ckpt-100', ...], None)
+  RepairState('/tmp/run/train') # None, or the one line saying what it did
   MoveAside('/tmp/run/train', ['/tmp/run/train/ckpt-300'])
   WriteFinalMark('/tmp/run/train', 200, 'max_steps 200 reached')
   ReadFinalMark('/tmp/run/train')     # {'step': 200, 'reason': ...}
@@ -28,11 +37,22 @@ Example:
 import glob
 import json
 import os
+import re
 
 import tensorflow as tf
 
 BAD_DIR = 'bad'
 FINAL_MARK = 'final_checkpoint.json'
+STATE_FILE = 'checkpoint'
+
+_STEP_RE = re.compile(r'-(\d+)$')
+# A line of the state file as TensorFlow writes it (a text proto of four
+# fields): checked before TensorFlow parses it, which on garbage logs
+# "Checkpoint ignored" and carries on as if there were no checkpoint.
+_STATE_LINE = re.compile(
+    r'(model_checkpoint_path|all_model_checkpoint_paths|'
+    r'all_model_checkpoint_timestamps|last_preserved_timestamp): '
+    r'("(?:[^"\\\n]|\\.)*"|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)')
 
 # What reading a damaged checkpoint raises: TensorFlow's errors, and the
 # IndexError of a truncated data file ('Read less bytes than requested').
@@ -117,7 +137,7 @@ def _DropFromState(directory, names):
   stamps = list(state.all_model_checkpoint_timestamps)
   keep = [i for i, p in enumerate(paths) if os.path.basename(p) not in names]
   if not keep:
-    tf.io.gfile.remove(os.path.join(directory, 'checkpoint'))
+    tf.io.gfile.remove(os.path.join(directory, STATE_FILE))
     return
   # Relative names, as CheckpointManager writes them (the proto read back
   # holds absolute paths).
@@ -128,7 +148,7 @@ def _DropFromState(directory, names):
     del state.all_model_checkpoint_timestamps[:]
     state.all_model_checkpoint_timestamps.extend(stamps[i] for i in keep)
   state.model_checkpoint_path = os.path.basename(paths[keep[-1]])
-  _WriteAtomically(os.path.join(directory, 'checkpoint'), str(state))
+  _WriteAtomically(os.path.join(directory, STATE_FILE), str(state))
 
 
 def _WriteAtomically(path, text):
@@ -136,6 +156,112 @@ def _WriteAtomically(path, text):
   with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
     f.write(text)
   tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+
+
+# --- the state file -----------------------------------------------------------
+
+
+def FoundCheckpoints(directory):
+  """The checkpoints of `directory` found from their files, oldest first:
+  each `<name>-<step>.index` (its data is checked when it is restored)."""
+  paths = [f[:-len('.index')] for f in
+           glob.glob(os.path.join(glob.escape(directory), '*.index'))]
+  return sorted((p for p in paths if _STEP_RE.search(p)),
+                key=lambda p: int(_STEP_RE.search(p).group(1)))
+
+
+def _StateProblem(path):
+  """Why the state file `path` cannot be read, or None."""
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    data = f.read()
+  if not data.strip():
+    return 'is empty'
+  try:
+    text = data.decode('utf-8')
+  except UnicodeDecodeError:
+    return 'is not text'
+  for n, line in enumerate(text.splitlines(), 1):
+    if line.strip() and not _STATE_LINE.fullmatch(line.strip()):
+      return f'is not a checkpoint state (line {n}: {line.strip()[:40]!r})'
+  if not any(line.startswith('model_checkpoint_path:')
+             for line in text.splitlines()):
+    return 'names no latest checkpoint'
+  return None
+
+
+def ReadState(directory, when_missing=False):
+  """The checkpoints of `directory`, oldest first, and why its state file
+  cannot be trusted.
+
+  Args:
+    directory: the train folder.
+    when_missing: also find the checkpoints from their files when there
+      is no state file (the writer, and hosts restoring at start). Without
+      it a missing state file means no checkpoint, as for TensorFlow: a
+      reader polling a live directory waits for the state file, which the
+      writer writes once a save is complete.
+
+  Returns:
+    (paths, problem): the paths the state file names (absolute, whether
+    their files exist or not) and None; or, when the state file is
+    unreadable (or missing, with `when_missing`), the checkpoints found
+    from their files (`FoundCheckpoints`) and what is wrong with it, e.g.
+    'is not text'.
+  """
+  path = os.path.join(directory, STATE_FILE)
+  if not tf.io.gfile.exists(path):
+    found = FoundCheckpoints(directory) if when_missing else []
+    return found, 'is missing' if found else None
+  problem = _StateProblem(path)
+  if problem is None:
+    try:
+      state = tf.train.get_checkpoint_state(directory)
+    except (ValueError, UnicodeDecodeError) as e:
+      state, problem = None, f'is unreadable ({ErrorLine(e)})'
+    if state is None and problem is None:
+      problem = 'is unreadable'
+  if problem:
+    return FoundCheckpoints(directory), problem
+  return [p if os.path.isabs(p) else os.path.join(directory, p)
+          for p in state.all_model_checkpoint_paths], None
+
+
+def _WriteState(directory, paths):
+  """Writes the state file naming `paths` (oldest first), atomically; each
+  stamped with its index's time, so CheckpointManager keeps managing them
+  (max_to_keep deletes the oldest beyond it)."""
+  stamps = [os.path.getmtime(p + '.index') for p in paths]
+  state = tf.compat.v1.train.generate_checkpoint_state_proto(
+      directory, os.path.basename(paths[-1]),
+      [os.path.basename(p) for p in paths],
+      all_model_checkpoint_timestamps=stamps,
+      last_preserved_timestamp=min(stamps) - 1)
+  _WriteAtomically(os.path.join(directory, STATE_FILE), str(state))
+
+
+def RepairState(directory):
+  """Rewrites an unreadable or missing state file from the checkpoints'
+  files (the writer only); an unreadable one without any checkpoint
+  beside it goes into `bad/` (never deleted).
+
+  Returns:
+    None when the state file was fine (or there is none and no
+    checkpoint), else one line saying what was wrong and what was done.
+  """
+  paths, problem = ReadState(directory, when_missing=True)
+  if problem is None:
+    return None
+  path = os.path.join(directory, STATE_FILE)
+  if not paths:
+    target = _FreeName(os.path.join(directory, BAD_DIR), [STATE_FILE])
+    tf.io.gfile.makedirs(target)
+    tf.io.gfile.rename(path, os.path.join(target, STATE_FILE))
+    return (f'The checkpoint state file {path} {problem}; no checkpoint '
+            f'files beside it: moved it into {target}.')
+  _WriteState(directory, paths)
+  names = ', '.join(os.path.basename(p) for p in paths)
+  return (f'The checkpoint state file {path} {problem}: rewrote it from the '
+          f'checkpoint files beside it ({names}).')
 
 
 # --- the final mark -----------------------------------------------------------

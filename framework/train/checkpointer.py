@@ -20,7 +20,10 @@ which and why and restores the newest readable one; the directory's writer
 (the trainer) also moves the damaged files into `bad/`
 (framework/train/checkpoint_files.py). No readable checkpoint at all raises
 `UnreadableError`. A readable checkpoint that does not fit the model is not
-damage: its error is raised as TensorFlow gives it.
+damage: its error is raised as TensorFlow gives it. The `checkpoint` state
+file is a cache: when it is unreadable (or missing beside checkpoint
+files) the checkpoints are found from their own files, and the writer
+rewrites it (one warning line; checkpoint_files.RepairState).
 
 Example:
   ckpt = Checkpointer('/tmp/run/train', dict(
@@ -104,13 +107,11 @@ def RemoveTempFiles(directory):
   return removed
 
 
-def ListCheckpoints(directory):
-  """Paths of the checkpoints in `directory`, oldest first."""
-  state = tf.train.get_checkpoint_state(directory)
-  if state is None:
-    return []
-  paths = [p if os.path.isabs(p) else os.path.join(directory, p)
-           for p in state.all_model_checkpoint_paths]
+def ListCheckpoints(directory, when_missing=False):
+  """Paths of the checkpoints in `directory`, oldest first: those its state
+  file names, or those found from their files when it is unreadable (or
+  missing, with `when_missing`: checkpoint_files.ReadState)."""
+  paths, _ = checkpoint_files.ReadState(directory, when_missing)
   return sorted((p for p in paths if tf.io.gfile.exists(p + '.index')),
                 key=StepOf)
 
@@ -131,21 +132,27 @@ class Checkpointer:
     objects: dict name -> trackable (tf.Module, tf.Variable, ...).
     max_to_keep: checkpoints kept; older ones are deleted.
     writer: this process writes the directory (the trainer; the chief of
-      several hosts). Only the writer deletes `*_temp*` leftovers (now) and
-      moves unreadable checkpoints aside: for a reader (an evaler) a
-      leftover can be a save in progress.
+      several hosts). Only the writer deletes `*_temp*` leftovers (now),
+      rewrites an unreadable state file (now) and moves unreadable
+      checkpoints aside: for a reader (an evaler) a leftover can be a save
+      in progress. A reader saves nothing.
   """
 
   def __init__(self, directory, objects, max_to_keep=5, writer=True):
     tf.io.gfile.makedirs(directory)
-    for path in RemoveTempFiles(directory) if writer else []:
-      logging.warning('Removed %s, left by an interrupted checkpoint save.',
-                      path)
+    if writer:
+      for path in RemoveTempFiles(directory):
+        logging.warning('Removed %s, left by an interrupted checkpoint '
+                        'save.', path)
+      repaired = checkpoint_files.RepairState(directory)
+      if repaired:
+        logging.warning('%s', repaired)
     self._directory = directory
     self._writer = writer
     self._max_to_keep = max_to_keep
     self._checkpoint = tf.train.Checkpoint(**objects)
-    self._manager = self._NewManager()
+    # The writer's manager saves; a reader lists the directory afresh.
+    self._manager = self._NewManager() if writer else None
     self._float_vars = [
         v for v in self._checkpoint_variables(objects)
         if v.dtype.is_floating]
@@ -174,7 +181,10 @@ class Checkpointer:
 
   @property
   def latest_checkpoint(self):
-    return self._manager.latest_checkpoint
+    if self._manager is not None:
+      return self._manager.latest_checkpoint
+    paths = ListCheckpoints(self._directory, when_missing=True)
+    return paths[-1] if paths else None
 
   def Restore(self, checkpoint_path=None, expect_partial=False):
     """Restores `checkpoint_path`, or else the newest readable checkpoint.
@@ -199,10 +209,8 @@ class Checkpointer:
         raise UnreadableError(f'Checkpoint {checkpoint_path} is unreadable: '
                               f'{problem}.')
       return StepOf(checkpoint_path)
-    state = tf.train.get_checkpoint_state(self._directory)
-    candidates = [] if state is None else [
-        p if os.path.isabs(p) else os.path.join(self._directory, p)
-        for p in reversed(state.all_model_checkpoint_paths)]
+    candidates = checkpoint_files.ReadState(self._directory,
+                                            when_missing=True)[0][::-1]
     bad = []
     for path in candidates:
       problem = self._TryRestore(path, expect_partial)

@@ -251,6 +251,16 @@ class _Records(py_logging.Handler):
 
 class LoggingTest(tf.test.TestCase):
 
+  def setUp(self):
+    # The trainer's verbosity (absl's app.run sets it from --verbosity);
+    # the absl logger's own level is restored after each test: pinning it
+    # (set_verbosity(get_verbosity()) would, to the root's WARNING)
+    # silences the INFO records later test files assert.
+    super().setUp()
+    absl_logger = logging.get_absl_logger()
+    self.addCleanup(absl_logger.setLevel, absl_logger.level)
+    logging.set_verbosity(logging.INFO)
+
   def _Record(self, level, message, name='tensorflow', path=__file__):
     return py_logging.LogRecord(name, level, path, 1, message, None, None)
 
@@ -275,12 +285,8 @@ class LoggingTest(tf.test.TestCase):
     ours = self._Record(py_logging.INFO, 'Saved checkpoint', name='absl',
                         path=programs.__file__)
     self.assertTrue(keep(ours))
-    verbosity = logging.get_verbosity()
     logging.set_verbosity(logging.DEBUG)
-    try:
-      self.assertTrue(keep(noise))
-    finally:
-      logging.set_verbosity(verbosity)
+    self.assertTrue(keep(noise))
 
   def testTensorFlowRecordsReachTheRootHandlerOnceWithoutInfo(self):
     tf_logger = tf.get_logger()

@@ -2,6 +2,7 @@
 import gc
 import glob
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -118,16 +119,22 @@ _WHY = {'truncated data': r'its data is unreadable \(.*Read less bytes',
         'garbage index': r'its index is unreadable \(.*bad magic number'}
 
 
+def _Saved(test, steps=(10, 20, 30)):
+  """A new folder in `test`'s temp dir holding checkpoints of `steps`, each
+  with w filled with its step."""
+  directory = tempfile.mkdtemp(dir=test.get_temp_dir())
+  w, _, objects = _State()
+  ckpt = checkpointer.Checkpointer(directory, objects)
+  for s in steps:
+    w.assign(tf.fill([2, 3], float(s)))
+    ckpt.Save(s)
+  return directory
+
+
 class DamagedCheckpointTest(tf.test.TestCase):
 
   def _Saved(self, steps=(10, 20, 30)):
-    directory = tempfile.mkdtemp(dir=self.get_temp_dir())
-    w, _, objects = _State()
-    ckpt = checkpointer.Checkpointer(directory, objects)
-    for s in steps:
-      w.assign(tf.fill([2, 3], float(s)))
-      ckpt.Save(s)
-    return directory
+    return _Saved(self, steps)
 
   def testWriterRestoresTheNewestReadableAndMovesTheBadAside(self):
     for how, why in _WHY.items():
@@ -202,6 +209,106 @@ class DamagedCheckpointTest(tf.test.TestCase):
                                                 'ckpt-30.index')))
     self.assertTrue(os.path.exists(os.path.join(directory, 'bad', '2',
                                                 'ckpt-30.index')))
+
+
+# An unreadable `checkpoint` state file, as a user or a cut copy leaves it.
+_BAD_STATES = {
+    'garbage text': (b'these are not the checkpoints\n',
+                     r"is not a checkpoint state \(line 1: 'these are not"),
+    'random bytes': (bytes(np.random.RandomState(0).randint(
+        128, 256, 64, dtype=np.uint8)), r'is not text'),
+    'empty': (b'', r'is empty'),
+    'no latest': (b'all_model_checkpoint_paths: "ckpt-10"\n',
+                  r'names no latest checkpoint'),
+}
+
+
+class StateFileTest(tf.test.TestCase):
+  """The `checkpoint` state file is a cache of the checkpoints' own files."""
+
+  def _Saved(self):
+    return _Saved(self)
+
+  def _Steps(self, directory, **kw):
+    return [checkpointer.StepOf(p) for p in
+            checkpointer.ListCheckpoints(directory, **kw)]
+
+  def testUnreadableStateFindsTheCheckpointsFromTheirFiles(self):
+    for name, (content, why) in _BAD_STATES.items():
+      with self.subTest(name):
+        directory = self._Saved()
+        state = os.path.join(directory, 'checkpoint')
+        with open(state, 'wb') as f:
+          f.write(content)
+        # TensorFlow alone would see no checkpoint, or fail.
+        paths, problem = checkpoint_files.ReadState(directory)
+        self.assertRegex(problem, why)
+        self.assertEqual(self._Steps(directory), [10, 20, 30])
+        # A reader restores the newest and leaves the file as it is.
+        w, _, objects = _State(-1.0)
+        reader = checkpointer.Checkpointer(directory, objects, writer=False)
+        self.assertEqual(reader.Restore(), 30)
+        self.assertEqual(reader.latest_checkpoint, paths[-1])
+        self.assertAllEqual(w, np.full([2, 3], 30.0))
+        with open(state, 'rb') as f:
+          self.assertEqual(f.read(), content)
+        # The writer rewrites it at once, saying so in one line.
+        w, _, objects = _State(-1.0)
+        with self.assertLogs(level='WARNING') as logs:
+          writer = checkpointer.Checkpointer(directory, objects,
+                                             max_to_keep=3)
+        self.assertLen(logs.output, 1)
+        self.assertRegex(
+            logs.output[0], rf'The checkpoint state file {state} {why}.*: '
+            r'rewrote it from the checkpoint files beside it \(ckpt-10, '
+            r'ckpt-20, ckpt-30\)\.$')
+        self.assertEqual(checkpoint_files.ReadState(directory),
+                         ([os.path.join(directory, f'ckpt-{s}')
+                           for s in (10, 20, 30)], None))
+        self.assertEqual(writer.Restore(), 30)
+        self.assertAllEqual(w, np.full([2, 3], 30.0))
+        # The manager manages them again: max_to_keep drops the oldest.
+        writer.Save(40)
+        self.assertEqual(self._Steps(directory), [20, 30, 40])
+        self.assertEqual(os.listdir(directory).count('checkpoint.tmp'), 0)
+
+  def testAMissingStateFileIsFoundByTheWriterOnly(self):
+    directory = self._Saved()
+    os.remove(os.path.join(directory, 'checkpoint'))
+    # A reader polling a live directory waits for the state file.
+    self.assertEqual(self._Steps(directory), [])
+    self.assertEqual(self._Steps(directory, when_missing=True), [10, 20, 30])
+    with self.assertLogs(level='WARNING') as logs:
+      self.assertEqual(checkpointer.Checkpointer(
+          directory, _State()[2]).Restore(), 30)
+    self.assertRegex(logs.output[0], r'checkpoint is missing: rewrote it')
+    self.assertEqual(self._Steps(directory), [10, 20, 30])
+
+  def testAnUnreadableStateWithoutCheckpointsGoesAside(self):
+    directory = self.get_temp_dir()
+    with open(os.path.join(directory, 'checkpoint'), 'wb') as f:
+      f.write(b'\xff\xfe')
+    with self.assertLogs(level='WARNING') as logs:
+      ckpt = checkpointer.Checkpointer(directory, _State()[2])
+    self.assertRegex(logs.output[0], rf'is not text; no checkpoint files '
+                     rf'beside it: moved it into {directory}/bad\.$')
+    self.assertIsNone(ckpt.Restore())
+    self.assertEqual(sorted(os.listdir(directory)), ['bad'])
+    with open(os.path.join(directory, 'bad', 'checkpoint'), 'rb') as f:
+      self.assertEqual(f.read(), b'\xff\xfe')
+
+  def testAReadableStateIsTrusted(self):
+    directory = self._Saved()
+    # A checkpoint the state file does not name (a save cut before its
+    # state was written) is not listed: as TensorFlow does.
+    for suffix in ('.index', '.data-00000-of-00001'):
+      shutil.copy(os.path.join(directory, 'ckpt-30' + suffix),
+                  os.path.join(directory, 'ckpt-35' + suffix))
+    self.assertEqual(checkpoint_files.ReadState(directory)[1], None)
+    self.assertEqual(self._Steps(directory), [10, 20, 30])
+    self.assertEqual([checkpointer.StepOf(p) for p in
+                      checkpoint_files.FoundCheckpoints(directory)],
+                     [10, 20, 30, 35])
 
 
 class FinalMarkTest(tf.test.TestCase):

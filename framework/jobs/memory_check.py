@@ -1,0 +1,105 @@
+"""Does a training step fit in memory? Answered before the model is built.
+
+`input.batch_size=1048576` used to build for minutes and then die in the
+allocator. The trainer now estimates the memory of one training step from
+the params alone: the model built without weights (inspect_lib's
+BuildSymbolically: its variables' shapes and devices) and the task's
+FPropMeta `memory` on the input's batch shapes, through
+framework/pipeline/memory_estimate.py (weights, gradients, optimizer
+slots, the activations the schedule and remat keep). A step that needs
+more than the limit stops the trainer with one line giving both.
+
+The limit:
+  * --device_memory_gib, when given: each device's own memory. Every
+    pipeline stage's worst moment (memory_estimate.StageMemory) must fit.
+  * else, on CPU: the host's physical memory (SC_PHYS_PAGES x
+    SC_PAGE_SIZE). Logical CPU devices are not separate memories: all the
+    host's replicas and stages share it. So the check adds up what they
+    hold at the step's worst moment (memory_estimate.SharedMemory of one
+    replica's stages, times the replicas on this host) and compares the
+    sum with the whole memory, rather than dividing the memory evenly by
+    the devices: stages are not even (the LM's first and last hold the
+    embedding and softmax), and an even split would refuse runs that fit.
+    It is the total, not the free memory: other processes come and go, and
+    the check is for configurations that cannot fit, not a forecast.
+  * else (GPUs, a TPU, or parameter servers, whose steps run on other
+    hosts): the memory is not known before TensorFlow sets the devices up,
+    so there is no check (a debug line says so); give --device_memory_gib.
+
+Experiments whose task has no FPropMeta `memory` (the regression and Keras
+examples; LM and image tasks have one) are not checked: a debug line says
+so.
+
+Example:
+  with cluster:
+    model, _ = inspect_lib.BuildSymbolically(params)
+    verdict = Check(model.task, 'CPU', num_local_replicas=1)
+  verdict.fits, verdict.text  # True, 'estimate 52.91 MiB of the host's ...'
+"""
+import collections
+import os
+
+from absl import logging
+
+from cadence.framework.jobs import inspect_lib
+from cadence.framework.pipeline import memory_estimate
+
+Verdict = collections.namedtuple('Verdict', ['fits', 'text'])
+
+
+def HostMemoryBytes():
+  """The host's physical memory in bytes."""
+  return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+
+
+def _Parts(stage):
+  fmt = inspect_lib.FormatBytes
+  return (f'weights, gradients and optimizer slots '
+          f'{fmt(stage.params + stage.grads + stage.slots)}, activations '
+          f'{fmt(stage.activations + stage.transient)}')
+
+
+def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
+          host_memory=None):
+  """Whether a training step of `task` fits; see the module docstring.
+
+  Args:
+    task: the task, built (symbolically) under the run's cluster, which
+      gives the devices of its stages.
+    device_type: the devices' type, e.g. 'CPU', 'GPU'.
+    num_local_replicas: the replicas on this host (sharing its memory on
+      CPU).
+    device_memory_gib: --device_memory_gib (0: not given).
+    host_memory: the host's memory in bytes (default: HostMemoryBytes()).
+
+  Returns:
+    A Verdict (fits, text: the estimate and the limit, in words), or None
+    when there is no check (no estimate for the task, or no known limit).
+  """
+  fmt = inspect_lib.FormatBytes
+  stages = inspect_lib.TaskStages(task)
+  if stages is None:
+    logging.debug('No memory check: %s has no FPropMeta memory estimate.',
+                  type(task).__name__)
+    return None
+  if device_memory_gib:
+    limit = device_memory_gib * 2**30
+    i = max(range(len(stages)), key=lambda s: stages[s].total)
+    where = f'stage {i} of {len(stages)}' if len(stages) > 1 else 'the model'
+    text = (f'estimate {fmt(stages[i].total)} a device ({where} at its '
+            f'peak: {_Parts(stages[i])}) against --device_memory_gib='
+            f'{device_memory_gib:g}')
+    return Verdict(stages[i].total <= limit, text)
+  if device_type.upper() != 'CPU':
+    logging.debug('No memory check: the memory of a %s is not known before '
+                  'TensorFlow sets it up; give --device_memory_gib.',
+                  device_type)
+    return None
+  limit = HostMemoryBytes() if host_memory is None else host_memory
+  shared = inspect_lib.TaskStages(task, memory_estimate.SharedMemory)
+  total = shared.total * num_local_replicas
+  text = (f"estimate {fmt(total)} for this host's {num_local_replicas} "
+          f'replica(s) x {len(stages)} stage(s) at the step\'s worst moment '
+          f'({_Parts(shared)} a replica) against the host\'s memory '
+          f'{fmt(limit)}')
+  return Verdict(total <= limit, text)
