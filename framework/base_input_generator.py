@@ -23,6 +23,18 @@ names (`/data/train@8` = `/data/train-00000-of-00008` ... `-00007-of-00008`).
 A pattern matching no file, or only empty files, is an `InputError`
 naming it.
 
+Hosts: batch i of the job is one *global batch* whatever the layout. With
+`num_input_shards` S hosts (the trainer sets S and `input_shard_index` h),
+each host builds the global batches of S x num_replicas replicas and keeps
+its share, rows `HostRows(n)` of a batch of n rows (the h-th of S equal
+shares), which its replicas split in turn. So S hosts x R replicas train
+on exactly the rows one host with S*R replicas would, and every subclass
+gets this by building its batches in `Dataset` (or by selecting rows with
+`HostRows`, as tasks/lm/input_generator.py does). Every host reads every
+file; when rows are processed one by one (`_ProcessRecordBatch`) a host
+processes only its share, otherwise it builds the whole global batch (so
+that bucketing, filtering and padding see the same examples) and slices it.
+
 Example (a subclass reading 'x,y' text lines):
   class PairInput(BaseInputGenerator):
     def _ProcessRecord(self, record):
@@ -102,10 +114,11 @@ class BaseInputGenerator:
     p.Define('shuffle_buffer_size', 1024, 'Records in the shuffle buffer.')
     p.Define('repeat', True, 'Cycle over the data forever (train) or read '
              'it once (eval).')
-    p.Define('num_input_shards', 1, 'Split the files among this many input '
-             'workers, an int > 0.')
-    p.Define('input_shard_index', 0, 'Which share of the files this worker '
-             'reads, in [0, num_input_shards).')
+    p.Define('num_input_shards', 1, 'Hosts that read this input together, '
+             'an int > 0: each reads its share of every global batch (set '
+             'by the trainer; see the module docstring).')
+    p.Define('input_shard_index', 0, 'Which share of the global batches '
+             'this host reads, in [0, num_input_shards).')
     p.Define('bucket_upper_bound', [], 'Bucketing by length: inclusive '
              'upper bounds of the buckets, increasing ints; longer examples '
              'are dropped. Empty: no bucketing.')
@@ -175,20 +188,7 @@ class BaseInputGenerator:
       raise InputError(
           f'{type(self).__name__} {p.name!r}: file_pattern '
           f'{p.file_pattern!r} matches {len(files)} file(s), all empty.')
-    files = self._ShardFiles(files)
-    if not files:
-      raise InputError(
-          f'{type(self).__name__} {p.name!r}: input shard '
-          f'{p.input_shard_index} of {p.num_input_shards} gets none of the '
-          f'files of {p.file_pattern!r}; use fewer input shards.')
     return files
-
-  def _ShardFiles(self, files):
-    """This input shard's share of the sorted files: every
-    `num_input_shards`-th from `input_shard_index`. A subclass that shards
-    its batches instead (LmInput) returns all of them."""
-    p = self._params
-    return files[p.input_shard_index::p.num_input_shards]
 
   # --- properties --------------------------------------------------------
 
@@ -198,8 +198,32 @@ class BaseInputGenerator:
 
   @property
   def files(self):
-    """The data files this generator reads, sorted (this shard's share)."""
+    """The data files this generator reads, sorted (every host reads all)."""
     return list(self._files)
+
+  def HostRows(self, n):
+    """[begin, end): this host's rows of a global batch of `n` rows.
+
+    The `input_shard_index`-th of `num_input_shards` consecutive shares of
+    ceil(n / num_input_shards) rows (the last ones shorter, possibly empty,
+    when n is not a multiple); `n` may be an int or an int tensor.
+    """
+    p = self._params
+    share = -(-n // p.num_input_shards)
+    return p.input_shard_index * share, (p.input_shard_index + 1) * share
+
+  def _HostShare(self, batch):
+    """This host's rows of a global batch (a NestedMap); all of them on one
+    host. A static batch dim stays static."""
+    if self._params.num_input_shards == 1:
+      return batch
+    batch = NestedMap(batch)
+    first = batch.Flatten()[0]
+    n = first.shape[0] if first.shape[0] is not None else tf.shape(first)[0]
+    begin, end = self.HostRows(n)
+    if isinstance(n, int):
+      begin, end = min(begin, n), min(end, n)
+    return batch.Transform(lambda x: x[begin:end])
 
   @classmethod
   def BatchShapes(cls, params):
@@ -333,8 +357,9 @@ class BaseInputGenerator:
 
     Args:
       start_batch: batches to skip (the input position to resume from).
-      num_replicas: replicas the batches are split among; batches hold
-        `num_replicas * batch_size` examples.
+      num_replicas: this host's replicas, which split its batches; batches
+        hold `num_replicas * batch_size` examples, this host's share of a
+        global batch of `num_input_shards` times as many.
 
     Returns:
       A tf.data.Dataset of NestedMaps of batched tensors ([batch, ...]).
@@ -344,11 +369,14 @@ class BaseInputGenerator:
     if p.shuffle:
       records = records.shuffle(p.shuffle_buffer_size, seed=p.random_seed,
                                 reshuffle_each_iteration=True)
-    if self._Vectorised():
-      batches = records.batch(p.batch_size * num_replicas,
+    # The global batches of all hosts' replicas; this host keeps its share.
+    global_replicas = num_replicas * p.num_input_shards
+    if self._Vectorised():  # Rows are independent: share the records.
+      batches = records.batch(p.batch_size * global_replicas,
                               drop_remainder=bool(p.fixed_input_shape))
       batches = batches.map(
-          lambda r: NestedMap(self._ProcessRecordBatch(r)),
+          lambda r: NestedMap(self._ProcessRecordBatch(
+              self._HostShare(NestedMap(r=r)).r)),
           num_parallel_calls=p.num_parallel_calls, deterministic=True)
     else:
       examples = records.map(
@@ -356,7 +384,9 @@ class BaseInputGenerator:
           num_parallel_calls=p.num_parallel_calls, deterministic=True)
       if type(self)._KeepExample is not BaseInputGenerator._KeepExample:
         examples = examples.filter(self._KeepExample)
-      batches = self._Batch(examples, num_replicas)
+      batches = self._Batch(examples, global_replicas)
+      if p.num_input_shards > 1:
+        batches = batches.map(self._HostShare)
     if start_batch:
       batches = batches.skip(int(start_batch))
     return batches.prefetch(tf.data.AUTOTUNE)
