@@ -20,8 +20,8 @@ to the position, never correctness.
 
 File patterns: a comma-separated list of globs (`/data/train-*`) or sharded
 names (`/data/train@8` = `/data/train-00000-of-00008` ... `-00007-of-00008`).
-A pattern matching no file, or only empty files, is an `InputError`
-naming it.
+A pattern matching no file, a directory, only empty files, or (for text) a
+file that is not text (`FileProblem`) is an `InputError` naming it.
 
 Hosts: batch i of the job is one *global batch* whatever the layout. With
 `num_input_shards` S hosts (the trainer sets S and `input_shard_index` h),
@@ -57,8 +57,40 @@ from cadence.framework import validation
 _SHARDED_RE = re.compile(r'^(.*)@(\d+)$')
 
 
+_TEXT_HEAD_BYTES = 1 << 16
+
+
 class InputError(ValueError):
   """Bad input configuration: no files, empty files, bad batching params."""
+
+
+def FileProblem(path, file_type='text'):
+  """Why `path` cannot be a data file of `file_type`, or None if it can.
+
+  A directory never can. A text file must be UTF-8 text: its first 64 KiB
+  hold no NUL byte and at most a quarter of undecodable bytes (a corpus
+  with a few bad lines passes; binary, compressed or UTF-16 files do not).
+
+  Returns:
+    None, or the rule `path` breaks, a phrase to follow its name
+    ('is a directory, ...').
+  """
+  if tf.io.gfile.isdir(path):
+    return (f'is a directory, not a file; name the files in it (e.g. '
+            f'{os.path.join(path, "*")!r})')
+  if file_type != 'text':
+    return None
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    head = f.read(_TEXT_HEAD_BYTES)
+  if b'\0' in head:
+    return (f'is not text: it holds NUL bytes (byte {head.index(0)}); a '
+            'binary, compressed or UTF-16 file?')
+  bad = (head.decode('utf-8', errors='replace').count('\ufffd') -
+         head.count('\ufffd'.encode('utf-8')))
+  if 4 * bad > len(head):
+    return (f'is not text: {bad} of its first {len(head)} bytes are not '
+            'UTF-8; a binary or compressed file?')
+  return None
 
 
 def ExpandFilePattern(pattern):
@@ -85,6 +117,37 @@ def ExpandFilePattern(pattern):
         missing.append(part)
     files.update(found)
   return sorted(files), missing
+
+
+def CheckedFiles(pattern, owner, file_type='text', field='file_pattern'):
+  """The files of `pattern`, checked: some match, none is a directory or
+  (for text) not text (`FileProblem`), not all are empty.
+
+  Args:
+    pattern: a file pattern (see the module docstring).
+    owner: who reads them, for messages ("LmInput 'lm_train'").
+    file_type: 'text' or 'tfrecord'.
+    field: the params field that holds `pattern`, for messages.
+
+  Returns:
+    The sorted list of files.
+
+  Raises:
+    InputError: naming `owner`, the pattern, the file and the rule.
+  """
+  files, missing = ExpandFilePattern(pattern)
+  if missing:
+    raise InputError(f'{owner}: {field} {pattern!r} matches no files for: '
+                     f'{", ".join(missing)}.')
+  for path in files:
+    problem = FileProblem(path, file_type)
+    if problem:
+      raise InputError(f'{owner}: {path!r} (of {field} {pattern!r}) '
+                       f'{problem}.')
+  if all(tf.io.gfile.stat(f).length == 0 for f in files):
+    raise InputError(f'{owner}: {field} {pattern!r} matches {len(files)} '
+                     'file(s), all empty.')
+  return files
 
 
 class BaseInputGenerator:
@@ -179,16 +242,8 @@ class BaseInputGenerator:
         raise self._Error('file_pattern', p.file_pattern,
                           'is empty; set it to the data files.')
       return []
-    files, missing = ExpandFilePattern(p.file_pattern)
-    if missing:
-      raise InputError(
-          f'{type(self).__name__} {p.name!r}: file_pattern '
-          f'{p.file_pattern!r} matches no files for: {", ".join(missing)}.')
-    if all(tf.io.gfile.stat(f).length == 0 for f in files):
-      raise InputError(
-          f'{type(self).__name__} {p.name!r}: file_pattern '
-          f'{p.file_pattern!r} matches {len(files)} file(s), all empty.')
-    return files
+    return CheckedFiles(p.file_pattern, f'{type(self).__name__} {p.name!r}',
+                        p.file_type)
 
   # --- properties --------------------------------------------------------
 

@@ -18,23 +18,15 @@ from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
 from cadence.tests import test_utils
 
-_KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
-_SHRUNK = ('task.model_dim=32;task.stack_tpl.num_layers=2;'
-           'task.stack_tpl.transformer_tpl.num_heads=2;'
-           'task.stack_tpl.transformer_tpl.hidden_dim=64;'
-           'task.stack_tpl.pipeline_tpl.num_micro_batches=2;'
-           'input.max_seq_len=8;input.batch_size=4;'
-           'task.train.save_interval_steps=3;task.train.log_interval_steps=3;'
-           'task.train.summary_interval_steps=3')
+_KEY = test_utils.TINY_LM
 
 
 def _Overrides(tmp):
-  """The shrunk model on a small corpus (made once, by `_MakeCorpus`)."""
-  return (f'{_SHRUNK};input.data_dir={tmp}/data;'
-          f'input.tokenizer.cache_dir={tmp}/spm;'
-          'input.synthetic.num_train_shards=2;'
-          'input.synthetic.sentences_per_shard=2000;'
-          'input.synthetic.num_heldout_sentences=64')
+  """The shrunk model on a small corpus (made once, by `_MakeCorpus`),
+  a checkpoint every 3 steps."""
+  return (f'{test_utils.SmallLmOverrides(tmp)};'
+          'task.train.save_interval_steps=3;task.train.log_interval_steps=3;'
+          'task.train.summary_interval_steps=3')
 
 
 def _MakeCorpus(tmp):

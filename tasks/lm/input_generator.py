@@ -201,8 +201,8 @@ class LmInput(base_input_generator.BaseInputGenerator):
     if not lengths.size:
       raise base_input_generator.InputError(
           f'{type(self).__name__} {p.name!r}: file_pattern '
-          f'{p.file_pattern!r} has no non-empty lines in {len(self._files)} '
-          f'file(s) ({empty} empty lines).')
+          f'{p.file_pattern!r} has no sentences: its {len(self._files)} '
+          f'file(s) hold {empty} lines, all blank.')
     # Each sentence becomes BOS ids EOS in one flat array.
     self._lengths = lengths + 2
     self._starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]])

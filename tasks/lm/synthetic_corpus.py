@@ -63,10 +63,12 @@ from absl import logging
 import numpy as np
 
 from cadence.framework import nested_map
+from cadence.tasks.lm import cache_files
 
 # Bump when the grammar, the sampler or the file layout changes: data written
-# by another version is regenerated.
-_VERSION = 1
+# by another version is regenerated. 2: the manifest holds each file's
+# SHA-256.
+_VERSION = 2
 _MANIFEST = 'synthetic_corpus.json'
 
 _WORDS = {
@@ -293,24 +295,37 @@ def GenerateSentences(n, seed):
   return [' '.join(words[e - k:e]) for e, k in zip(ends, lengths.tolist())]
 
 
-def _AtomicWrite(path, text):
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
+def _ReadManifest(path):
+  """The manifest's dict; None if there is none or it is not one."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding='utf-8') as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    manifest = None
+  if not isinstance(manifest, dict):
+    logging.warning('synthetic_corpus: %s is not a readable manifest; '
+                    'rewriting the corpus', path)
+    return {}
+  return manifest
 
 
 def WriteShards(data_dir, num_train_shards=10, sentences_per_shard=10000,
                 seed=0, num_heldout_sentences=None):
   """Writes the corpus in the one-billion-words layout; idempotent.
 
-  Files already written with the same configuration are kept as they are.
-  Otherwise the files of an earlier configuration (listed in the directory's
-  manifest) are deleted with any SentencePiece models that older versions
-  cached beside them (`spm_*.model`, trained on the old text; models are now
-  cached elsewhere, keyed by the files' sizes and times), and everything is
-  rewritten.
-  Every file is written to a temporary name and renamed, the manifest last.
+  Files already written with the same configuration are kept as they are
+  if their bytes still match the SHA-256 digests in the manifest; a file
+  that does not (damaged, truncated, edited) or is missing is rewritten
+  (the samples are deterministic, so it comes back as it was), with one
+  warning line naming it. Otherwise the files of an earlier configuration
+  (listed in the directory's manifest) are deleted with any SentencePiece
+  models that older versions cached beside them (`spm_*.model`, trained on
+  the old text; models are now cached elsewhere, keyed by the files' sizes
+  and times), and everything is rewritten.
+  Every file is written to a temporary name and renamed, the manifest (the
+  configuration and the files' digests) last.
 
   Args:
     data_dir: directory, created if missing.
@@ -345,27 +360,42 @@ def WriteShards(data_dir, num_train_shards=10, sentences_per_shard=10000,
       test=os.path.join(data_dir, 'test-00000-of-00001'))
 
   manifest = os.path.join(data_dir, _MANIFEST)
-  old = None
-  if os.path.exists(manifest):
-    with open(manifest, encoding='utf-8') as f:
-      old = json.load(f)
-  if old == config and all(
-      os.path.exists(os.path.join(data_dir, f)) for f in files):
-    logging.info('synthetic_corpus: %s already holds this corpus', data_dir)
-    return patterns
-  if old is not None:
-    stale = [os.path.join(data_dir, f) for f in old.get('files', [])]
+  old = _ReadManifest(manifest)
+  digests = (old or {}).get('sha256')
+  if old is not None and {k: v for k, v in old.items() if k != 'sha256'} == (
+      config) and isinstance(digests, dict):
+    damaged = [f for f in sorted(files) if not os.path.exists(
+        os.path.join(data_dir, f)) or cache_files.Sha256(
+            os.path.join(data_dir, f)) != digests.get(f)]
+    if not damaged:
+      logging.info('synthetic_corpus: %s already holds this corpus (digests '
+                   'checked)', data_dir)
+      return patterns
+    logging.warning('synthetic_corpus: %s: %s missing or not as written (its '
+                    'digest differs); rewriting it', data_dir,
+                    ', '.join(damaged))
+    files = {f: files[f] for f in damaged}
+  elif old is not None:
+    stale = [os.path.join(data_dir, f) for f in old.get('files', [])
+             if isinstance(f, str)]
     stale += glob.glob(os.path.join(data_dir, 'spm_*.model'))
     for path in stale:
       if os.path.exists(path):
         os.remove(path)
     os.remove(manifest)
+    digests = {}
+  else:
+    digests = {}
   for name, (count, file_seed) in sorted(files.items()):
     text = '\n'.join(GenerateSentences(count, file_seed)) + '\n'
-    _AtomicWrite(os.path.join(data_dir, name), text)
-  _AtomicWrite(manifest, json.dumps(config, indent=1, sort_keys=True))
-  logging.info('synthetic_corpus: wrote %d train shards x %d sentences and '
-               '%d Dev/Test sentences to %s; entropy %.4f nats/sentence',
-               n, sentences_per_shard, num_heldout_sentences, data_dir,
-               EntropyPerSentence())
+    path = os.path.join(data_dir, name)
+    cache_files.AtomicWrite(path, text)
+    digests[name] = cache_files.Sha256(path)
+  config['sha256'] = digests
+  cache_files.AtomicWrite(manifest, json.dumps(config, indent=1,
+                                               sort_keys=True))
+  logging.info('synthetic_corpus: wrote %d of the files (%d train shards x %d '
+               'sentences, %d Dev/Test sentences) to %s; entropy %.4f '
+               'nats/sentence', len(files), n, sentences_per_shard,
+               num_heldout_sentences, data_dir, EntropyPerSentence())
   return patterns

@@ -1,5 +1,6 @@
 """Tests for cadence.framework.base_input_generator."""
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -78,6 +79,38 @@ class BaseInputGeneratorTest(tf.test.TestCase):
           file_pattern=os.path.join(self.dir, 'empty.txt')).Instantiate()
     with self.assertRaisesRegex(big.InputError, 'file_pattern=.* is empty'):
       self._Params().Set(file_pattern='').Instantiate()
+
+  def testDirectoriesAndFilesThatAreNotText(self):
+    sub = os.path.join(self.dir, 'sub')
+    os.makedirs(sub)
+    with self.assertRaisesRegex(big.InputError, re.escape(
+        f"_TokenInput 'input': {sub!r} (of file_pattern {self.dir + '/*'!r}) "
+        f"is a directory, not a file; name the files in it (e.g. "
+        f"{sub + '/*'!r}).")):
+      self._Params().Set(file_pattern=self.dir + '/*').Instantiate()
+    cases = {  # file contents -> the rule its message states
+        # Random bytes (seeded): NULs among them.
+        np.random.RandomState(0).bytes(3000):
+            r'is not text: it holds NUL bytes \(byte \d+\); a binary, '
+            r'compressed or UTF-16 file\?',
+        'ab\n'.encode('utf-16'): r'is not text: it holds NUL bytes',
+        b'\xff\xfe\x80abc\n': r'is not text: 3 of its first 7 bytes are not '
+                              r'UTF-8; a binary or compressed file\?'}
+    for i, (data, rule) in enumerate(cases.items()):
+      path = os.path.join(sub, f'bad-{i}')
+      with open(path, 'wb') as f:
+        f.write(data)
+      self.assertRegex(big.FileProblem(path), '^' + rule)
+      with self.assertRaisesRegex(big.InputError, f"_TokenInput 'input': "
+                                  f"'{path}' \\(of file_pattern '{path}'\\) "
+                                  + rule):
+        self._Params().Set(file_pattern=path).Instantiate()
+    # A few bad bytes in text (1 of 22 here) pass; tfrecords are binary.
+    ok = os.path.join(sub, 'mostly-text')
+    with open(ok, 'wb') as f:
+      f.write(b'a line\nc\xff d\nmore text\n')
+    self.assertIsNone(big.FileProblem(ok))
+    self.assertIsNone(big.FileProblem(path, 'tfrecord'))
 
   def testBadParams(self):
     with self.assertRaisesRegex(big.InputError,

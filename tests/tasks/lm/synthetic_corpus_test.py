@@ -1,5 +1,7 @@
 """Tests of tasks/lm/synthetic_corpus.py: sampling, exact entropy, shards."""
 import glob
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -129,6 +131,50 @@ class WriteShardsTest(tf.test.TestCase):
         'dev-00000-of-00001', 'synthetic_corpus.json', 'test-00000-of-00001',
         'train-00000-of-00002', 'train-00001-of-00002'])
     self.assertLen(glob.glob(patterns.train), 2)
+
+  def testDamagedFilesAreRewrittenFromTheirDigests(self):
+    data_dir = os.path.join(self.get_temp_dir(), 'corpus3')
+    args = dict(num_train_shards=3, sentences_per_shard=20, seed=4,
+                num_heldout_sentences=7)
+    patterns = synthetic_corpus.WriteShards(data_dir, **args)
+    files = sorted(glob.glob(data_dir + '/*-of-*'))
+    written = {}
+    for f in files:
+      with open(f, 'rb') as fh:
+        written[f] = fh.read()
+    with open(os.path.join(data_dir, 'synthetic_corpus.json')) as fh:
+      manifest = json.load(fh)
+    self.assertEqual(manifest['sha256'], {
+        os.path.basename(f): hashlib.sha256(data).hexdigest()
+        for f, data in written.items()})
+    damaged, deleted = files[1], files[3]
+    with open(damaged, 'wb') as fh:   # Same size, random bytes.
+      fh.write(np.random.RandomState(0).bytes(len(written[damaged])))
+    os.remove(deleted)
+    mtimes = {f: os.stat(f).st_mtime_ns for f in files if f != deleted}
+    with self.assertLogs(level='WARNING') as logs:
+      again = synthetic_corpus.WriteShards(data_dir, **args)
+    self.assertEqual(again, patterns)
+    self.assertLen(logs.output, 1)
+    self.assertIn(f'synthetic_corpus: {data_dir}: '
+                  f'{os.path.basename(damaged)}, {os.path.basename(deleted)} '
+                  'missing or not as written (its digest differs); '
+                  'rewriting it', logs.output[0])
+    for f in files:   # Back as written; the intact files were not touched.
+      with open(f, 'rb') as fh:
+        self.assertEqual(fh.read(), written[f], f)
+      if f not in (damaged, deleted):
+        self.assertEqual(os.stat(f).st_mtime_ns, mtimes[f])
+    # A manifest that is not one: everything is rewritten.
+    with open(os.path.join(data_dir, 'synthetic_corpus.json'), 'wb') as fh:
+      fh.write(b'\x00garbage')
+    with self.assertLogs(level='WARNING') as logs:
+      synthetic_corpus.WriteShards(data_dir, **args)
+    self.assertRegex(logs.output[0], 'is not a readable manifest; rewriting '
+                     'the corpus')
+    for f in files:
+      with open(f, 'rb') as fh:
+        self.assertEqual(fh.read(), written[f], f)
 
   def testBadShardCount(self):
     with self.assertRaisesRegex(ValueError, 'num_train_shards=0 must be'):
