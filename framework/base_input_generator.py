@@ -150,6 +150,26 @@ def CheckedFiles(pattern, owner, file_type='text', field='file_pattern'):
   return files
 
 
+def RealExamples(batch):
+  """[b] bool: which examples of a batch are real, not padding.
+
+  An example is padding when every value of its '*paddings' fields is 1
+  (`BaseInputGenerator._PaddingValue`'s fill), as the rows that fill up the
+  last batch of a pass (LmInput with fixed_input_shape); in a batch without
+  such fields every example is real.
+
+  Args:
+    batch: a NestedMap of [b, ...] tensors.
+  """
+  batch = NestedMap(batch)
+  real = tf.ones([tf.shape(batch.Flatten()[0])[0]], tf.bool)
+  for key, x in batch.FlattenItems():
+    if key.split('.')[-1].endswith('paddings'):
+      x = tf.reshape(x, [tf.shape(x)[0], -1])
+      real = tf.logical_and(real, tf.reduce_any(x < 1, axis=1))
+  return real
+
+
 class BaseInputGenerator:
   """Builds batches from records; subclasses define records and examples.
 

@@ -230,6 +230,15 @@ class BaseInputGeneratorTest(tf.test.TestCase):
     with self.assertRaisesRegex(big.InputError, 'needs bucket_upper_bound'):
       self._Params(fixed_input_shape=True).Instantiate().Dataset()
 
+  def testRealExamplesAreTheRowsNotAllPadding(self):
+    batch = NestedMap(ids=tf.zeros([4, 3], tf.int32), paddings=tf.constant(
+        [[0, 0, 1], [1, 1, 1], [0, 0, 0], [1, 1, 1]], tf.float32))
+    self.assertAllEqual(big.RealExamples(batch), [True, False, True, False])
+    batch.sub = NestedMap(tgt_paddings=tf.constant([[0.], [0.], [1.], [1.]]))
+    self.assertAllEqual(big.RealExamples(batch), [True, False, False, False])
+    self.assertAllEqual(big.RealExamples(NestedMap(x=tf.zeros([3, 2]))),
+                        [True] * 3)
+
   def testGlobalBatchAcrossReplicas(self):
     gen = self._Params().Instantiate()
     self.assertEqual(gen.GlobalBatchSize(3), 15)
