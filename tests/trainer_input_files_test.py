@@ -1,13 +1,14 @@
 """Bad data files and damaged caches through the trainer's command line.
 
 Files that cannot be data (a directory, random bytes, only blank lines, for
-the input or for the SentencePiece training text) stop the trainer before
-any step with exit code 2 and one `Error: Input: ...` line naming the file
-and the rule. The command lines run through `trainer.py`'s own flag parsing
-and `main` in ONE subprocess; the first also runs as a real `python
-trainer.py` process. A cache damaged on disk (a corpus file and a trained
-SentencePiece model overwritten with random bytes) is rebuilt by a real
-trainer run, which says so in one warning line per file and trains.
+the input or for the SentencePiece training text; words where the
+regression expects CSV numbers) stop the trainer before any step with exit
+code 2 and one `Error: Input: ...` line naming the file and the rule. The
+command lines run through `trainer.py`'s own flag parsing and `main` in ONE
+subprocess; the first also runs as a real `python trainer.py` process.
+A cache damaged on disk (a corpus file and a trained SentencePiece model
+overwritten with random bytes) is rebuilt by a real trainer run, which
+says so in one warning line per file and trains.
 """
 import os
 
@@ -49,6 +50,12 @@ class InputFilesTest(tf.test.TestCase):
          rf"^Error: Input: RegressionInput 'input': '{tmp}/a_dir' \(of "
          rf"file_pattern '{tmp}/a_\*'\) is a directory, not a file; name the "
          rf"files in it \(e\.g\. '{tmp}/a_dir/\*'\)\.$"),
+        ([f'--model={_REGRESSION}',
+          f'--model_params_override=input.file_pattern={text}'],
+         rf"^Error: Input: RegressionInput 'input': line 1 of '{text}' "
+         r"\('the cat sees alice'\) holds something else; each line must be "
+         r'input_dim \+ 1 = 9 comma-separated numbers \(x_0,...,x_\{d-1\},y\)'
+         r'\.$'),
         (lm + [f'--model_params_override={spm};input.file_pattern={text};'
                f'input.tokenizer.train_file_pattern={noise}'],
          rf"^Error: Input: SentencePieceTokenizer 'tokenizer': '{noise}' "
