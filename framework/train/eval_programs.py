@@ -220,8 +220,7 @@ class DecodeProgram(_InferenceProgram):
       out = tf.nest.map_structure(lambda x: np.asarray(x), out)
       if left is not None:  # The metrics and the lines see the same rows.
         out = tf.nest.map_structure(lambda x: x[:left] if x.ndim else x, out)
-        left -= min(left, len(next(
-            x for x in tf.nest.flatten(out) if x.ndim)))
+        left -= len(next(x for x in tf.nest.flatten(out) if x.ndim))
       lines.extend(self._task.PostProcessDecodeOut(out, metrics))
     path = os.path.join(self._dir, f'decoder_out-{int(step):08d}.txt')
     with tf.io.gfile.GFile(path, 'w') as f:

@@ -296,7 +296,8 @@ def GenerateSentences(n, seed):
 
 
 def _ReadManifest(path):
-  """The manifest's dict; None if there is none or it is not one."""
+  """The manifest's dict; None if there is none, {} (and a warning) if it
+  is not a readable one."""
   if not os.path.exists(path):
     return None
   try:
