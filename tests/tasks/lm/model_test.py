@@ -103,9 +103,13 @@ class LanguageModelTest(tf.test.TestCase):
     self.assertAllClose(metrics.tokens_per_batch, (tokens, 1.0), atol=0)
     self.assertAllClose(metrics.nats_per_sentence,
                         ((nll * w).sum() / B, B), atol=1e-4)
-    self.assertAllClose(metrics.excess_nats_per_sentence,
-                        ((nll * w).sum() / B - 2.5, B), atol=1e-4)
     self.assertAllClose(per_example.xent, (nll * w).sum(1), atol=1e-4)
+    # The gap to the entropy is an eval metric (is_inference) only.
+    self.assertNotIn('excess_nats_per_sentence', metrics)
+    evaler = _Build(_Params(entropy_per_sentence=2.5, is_inference=True))
+    eval_metrics, _ = evaler.FPropTower(evaler.theta, batch)
+    self.assertAllClose(eval_metrics.excess_nats_per_sentence,
+                        ((nll * w).sum() / B - 2.5, B), atol=1e-4)
     # Untrained on VOCAB classes: about log(VOCAB) nats a token.
     self.assertAllClose(metrics.log_pplx[0], np.log(VOCAB), atol=0.5)
 
@@ -125,7 +129,8 @@ class LanguageModelTest(tf.test.TestCase):
         shuffle=False, repeat=False, fixed_input_shape=True).Instantiate()
     batch = NestedMap({k: tf.constant(v)
                        for k, v in gen.InputBatchAt(0).items()})
-    task = _Build(_Params(vocab_size=260, entropy_per_sentence=2.5))
+    task = _Build(_Params(vocab_size=260, entropy_per_sentence=2.5,
+                          is_inference=True))
     metrics, _ = task.FPropTower(task.theta, batch)
     nll = _Nll(task, batch)
     whole = [(0, [0, 1, 2], 6 / 4), (0, [4, 5], 6 / 5), (1, [1, 2, 3], 6 / 4)]
@@ -152,7 +157,7 @@ class LanguageModelTest(tf.test.TestCase):
         (synthetic.Copy().Set(file_pattern='/my/text'), None, False),
         (corpus_input.LmCorpusInput.Params().Set(
             corpus='one_billion_words'), None, False)):
-      p = _Params()
+      p = _Params(is_inference=True)
       p.input = input_p
       task = _Build(p)
       self.assertEqual(task.entropy_per_sentence, entropy)
@@ -416,7 +421,7 @@ class TinyExperimentTest(tf.test.TestCase):
       p = model_registry.GetParams(key, dataset)
       p.input.Set(data_dir=data_dir, batch_size=8)
       p.input.synthetic.Set(num_train_shards=2, sentences_per_shard=1000,
-                            num_heldout_sentences=64)
+                            num_heldout_sentences=60)
       p.input.tokenizer.Set(vocab_size=300, cache_dir=os.path.join(
           self.get_temp_dir(), 'spm'))
       p.task.Set(vocab_size=300, model_dim=32)
@@ -424,7 +429,7 @@ class TinyExperimentTest(tf.test.TestCase):
       p.task.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=64)
       p.task.train.Set(max_steps=120, save_interval_steps=120,
                        summary_interval_steps=40, log_interval_steps=40)
-      p.task.eval.samples_per_summary = 0  # The whole (64-sentence) Dev set.
+      p.task.eval.samples_per_summary = 0  # The whole (60-sentence) Dev set.
       p.task.train.learner.lr_schedule.Set(model_dim=32, warmup_steps=20)
       if dataset == 'Train':
         p.input.max_seq_len = 32
@@ -452,8 +457,12 @@ class TinyExperimentTest(tf.test.TestCase):
     self.assertAllClose(before['excess_nats_per_sentence'],
                         before['nats_per_sentence'] -
                         task.entropy_per_sentence, atol=1e-3)
+    # 8 batches of 8 rows: the last 4 rows only fill up the last batch.
+    self.assertEqual(before['num_samples'], 60)
     train = summary_utils.ReadScalars(os.path.join(logdir, 'train'))
     self.assertIn('mfu', train)
+    self.assertIn('nats_per_sentence', train)
+    self.assertNotIn('excess_nats_per_sentence', train)   # Eval only.
     self.assertLess(train['loss'][-1][1], train['loss'][0][1])
 
 
