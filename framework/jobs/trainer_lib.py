@@ -8,8 +8,9 @@ returns the process exit code:
      and an evaler or decoder stopped by one;
   2  a user error: unknown --model, a bad override key or value, bad params,
      missing or empty input files, an unknown --job, a logdir that cannot
-     be written, checkpoints none of which can be read. One readable
-     message on stderr, no traceback;
+     be written, checkpoints none of which can be read, an export that
+     cannot be made (framework/jobs/export.py). One readable message on
+     stderr, no traceback;
   3  training stopped: too many consecutive skipped steps or non-finite
      weights (the message names the last good checkpoint);
   4  the run cannot go on, and nothing is lost: a checkpoint could not be
@@ -56,6 +57,7 @@ from cadence.framework import base_model
 from cadence.framework.distribute import distribution
 from cadence.framework.distribute import ps_programs
 from cadence.framework.distribute import tpu_programs
+from cadence.framework.jobs import export
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
 from cadence.framework import model_registry
@@ -78,7 +80,8 @@ EXIT_PEER_FAILED = 4
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
                 tf.errors.CancelledError, tf.errors.DeadlineExceededError)
 
-MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline')
+MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline',
+         'export')
 _JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
               'decoder_<dataset>')
 
@@ -113,6 +116,10 @@ class TrainerOptions:
   tpu_zone: str = ''
   tpu_project: str = ''
   xla: bool = False
+  export_dir: str = ''            # --mode=export (framework/jobs/export.py)
+  checkpoint: str = ''
+  export_batch_size: int = None
+  export_max_len: int = None
 
 
 # --- params -------------------------------------------------------------------
@@ -574,8 +581,25 @@ def _InspectPipeline(options):
   sys.stdout.flush()
 
 
+def _Export(options):
+  """--mode=export: the SavedModel of a checkpoint (framework/jobs/export.py).
+  Reads the params of Dev (the decoder's data) if the experiment has it."""
+  params = LoadParams(options, 'Train')
+  if _HasDataset(options, 'Dev'):
+    params = LoadParams(options, 'Dev')
+  try:
+    path, step = export.Export(
+        params, options.logdir, options.export_dir, options.checkpoint,
+        options.export_batch_size, options.export_max_len)
+  except export.ExportError as e:
+    raise UserError(str(e)) from None
+  sys.stdout.write(f'Exported step {step} to {path}\n')
+
+
 def _Inspect(options, setup):
   logging.info('%s', setup)
+  if options.mode == 'export':
+    return _Export(options)
   if options.mode == 'inspect_pipeline':
     return _InspectPipeline(options)
   params = LoadParams(options, 'Train')
