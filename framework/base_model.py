@@ -273,8 +273,9 @@ class BaseTask(base_layer.BaseLayer):
     del batch_size, max_len
     raise NotImplementedError(
         f'{type(self).__name__} implements no Inference(batch_size, '
-        'max_len): it has no export for serving (tasks/lm/model.py and '
-        'tasks/image/model.py have one).')
+        'max_len): it has no export for serving (tasks/lm/model.py, '
+        'tasks/image/model.py and tasks/synthetic/keras_regression.py have '
+        'one).')
 
   # --- training set-up -----------------------------------------------------
 

@@ -405,10 +405,12 @@ class LanguageModel(base_model.BaseTask):
     step for the whole batch: step s re-encodes the rows (no cache) and
     writes position s of each row whose prompt ended before s and that has
     not yet emitted EOS. Only ids the tokenizer has are emitted. Sampling
-    is stateless, `tf.random.stateless_categorical` over the [b, vocab]
-    logits seeded by (theta's step seed, this layer, s): the same weights,
-    batch, temperatures and seed give the same ids; a row's draws depend on
-    its index in the batch (measured: not on the other rows).
+    is stateless: Gumbel noise on the [b, vocab] logits from
+    `tf.random.stateless_uniform` seeded by (theta's step seed, this layer,
+    s); the same weights, batch, temperatures and seed give the same ids,
+    and a row's draws depend on its index in the batch, not on the other
+    rows. Static shapes compile with XLA (jit_compile), whose stateless
+    generator draws other numbers for the same seed (greedy rows agree).
 
     Args:
       theta: the task's theta with a step seed (`SampleSeed`).
@@ -447,9 +449,14 @@ class LanguageModel(base_model.BaseTask):
       logits = tf.cast(self._LastLogits(theta, buf, step - 1), tf.float32)
       logits = tf.where(in_tokenizer, logits, -1e9)
       best = tf.argmax(logits, -1, output_type=buf.dtype)
-      drawn = tf.random.stateless_categorical(
-          logits / divisor, 1, seed=self.OpSeed(theta, step),
-          dtype=buf.dtype)[:, 0]
+      # Gumbel-max: argmax(logits / T + Gumbel noise) is a draw of
+      # softmax(logits / T); unlike stateless_categorical, it compiles
+      # with XLA (a static export on an XLA server).
+      u = tf.random.stateless_uniform(
+          tf.shape(logits), seed=self.OpSeed(theta, step),
+          minval=np.finfo(np.float32).tiny, maxval=1.0)
+      drawn = tf.argmax(logits / divisor - tf.math.log(-tf.math.log(u)), -1,
+                        output_type=buf.dtype)
       new = tf.where(greedy, best, drawn)                     # [b]
       write = tf.logical_and(step >= lens, tf.logical_not(done))
       at_step = tf.logical_and(tf.equal(pos, step), write[:, None])
@@ -779,7 +786,8 @@ _SAMPLE_DOC = """sample(prompt_ids, prompt_lengths, temperature, seed) -> ids,
     that temperature.
   seed [] int64: the sampling seed. Stateless: the same batch, temperatures
     and seed give the same ids; the draws of a row depend on its index in
-    the batch (not on the other rows). The decoder job with decoder.seed=s
+    the batch (not on the other rows); compiled with XLA the draws are
+    other ones (XLA's generator). The decoder job with decoder.seed=s
     (or, with decoder.seed None, at checkpoint step s) decodes a batch of b
     prompts as one batch of 2b rows: the prompts twice, temperatures b x 0
     then b x decoder.temperature; this signature given that batch and seed s

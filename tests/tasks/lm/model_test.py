@@ -1,4 +1,5 @@
 """Tests for cadence.tasks.lm.model: the LanguageModel task."""
+import functools
 import os
 import re
 
@@ -463,6 +464,27 @@ class ServingTest(tf.test.TestCase):
       self.assertEqual(bool(done), eos.size > 0)
       self.assertEqual(n, start + eos[0] + 1 if eos.size else T)
       self.assertTrue((row[n:] == 0).all())
+
+  def testStaticShapesCompileWithXla(self):
+    """What a static export (--export_batch_size, --export_max_len) gives
+    an XLA server: score and sample compile; score and the greedy rows
+    compute the same. (XLA's stateless generator draws other numbers than
+    TensorFlow's kernels for the same seed: sampled rows differ.)"""
+    task = self._Task()
+    signatures = task.Inference(batch_size=B, max_len=T + 1).signatures
+    batch = _Batch(seed=3)
+    ids = tf.concat([batch.ids[:, :1], batch.labels], 1)
+    paddings = tf.pad(1.0 - batch.weights, [[0, 0], [1, 0]])
+    prompts = (tf.pad(batch.ids, [[0, 0], [0, 1]]), tf.fill([B], 2),
+               tf.constant([0.0, 1.0] * (B // 2)), tf.constant(4, tf.int64))
+    for name, args, check in (
+        ('score', (ids, paddings), lambda x, y: self.assertAllClose(
+            x['log_probs'], y['log_probs'], atol=1e-5)),
+        ('sample', prompts, lambda x, y: self.assertAllEqual(
+            x['ids'][::2], y['ids'][::2]))):
+      with self.subTest(signature=name):
+        fn = functools.partial(signatures[name].fn, task.theta)
+        check(tf.function(fn, jit_compile=True)(*args), fn(*args))
 
   def testInferenceSignatures(self):
     task = self._Task()
