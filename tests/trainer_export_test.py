@@ -15,6 +15,7 @@ import tempfile
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import summary_utils
@@ -80,6 +81,19 @@ def _DevBatches(model, override, n):
   batches = [tf.nest.map_structure(np.asarray, b) for b in
              generator.Dataset().take(n)]
   return params, batches
+
+
+def _PlacedOps(path):
+  """Ops of the SavedModel's own functions that name a device (TF's
+  save/restore functions excepted, which pin to the CPU)."""
+  model = saved_model_pb2.SavedModel()
+  with open(os.path.join(path, 'saved_model.pb'), 'rb') as f:
+    model.ParseFromString(f.read())
+  return [(fn.signature.name, node.name, node.device)
+          for graph in model.meta_graphs
+          for fn in graph.graph_def.library.function
+          if not re.search('traced_(save|restore)', fn.signature.name)
+          for node in fn.node_def if node.device]
 
 
 def _ReadmeSnippet():
@@ -173,6 +187,9 @@ class TrainerExportTest(tf.test.TestCase):
       doc = f.read()
     self.assertIn('score(ids, paddings) -> log_probs', doc)
     self.assertIn('sample(prompt_ids, prompt_lengths, temperature, seed)', doc)
+    # Trained on 2 stages, exported without devices: the loader places it.
+    for path in (self.lm_export, self.image_export):
+      self.assertEqual(_PlacedOps(path), [])
 
   def testScoreEqualsTheTrainersEval(self):
     out = self.outputs

@@ -31,7 +31,9 @@ target, then renamed into place. A failure (or a kill) leaves the target as
 it was; an existing export at the target is replaced only by a complete
 one (moved aside, the new one renamed in, the old one deleted), and a
 target that exists but is not a SavedModel is never touched. A kill
-leaves at most the hidden `.<name>.tmp-*` folder beside the target.
+leaves at most hidden folders beside the target: `.<name>.tmp-*` (a
+partial export), or, between the two renames of a replacement, the old
+export whole in `.<name>.old-*` and the new one whole in `.<name>.tmp-*`.
 
 Export reads the logdir like an evaler: it takes no lock and moves no
 damaged checkpoint aside. Its errors (no checkpoint, an unreadable one, an
