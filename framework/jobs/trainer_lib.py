@@ -8,9 +8,8 @@ returns the process exit code:
      and an evaler or decoder stopped by one;
   2  a user error: unknown --model, a bad override key or value, bad params,
      missing or empty input files, an unknown --job, a logdir that cannot
-     be written, checkpoints none of which can be read, an export that
-     cannot be made (framework/jobs/export.py). One readable message on
-     stderr, no traceback;
+     be written, checkpoints none of which can be read. One readable
+     message on stderr, no traceback;
   3  training stopped: too many consecutive skipped steps or non-finite
      weights (the message names the last good checkpoint);
   4  the run cannot go on, and nothing is lost: a checkpoint could not be
