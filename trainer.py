@@ -35,7 +35,9 @@ flags.DEFINE_enum('mode', 'sync', list(trainer_lib.MODES), 'sync: run --job; '
                   'inspect_params: print (and write) the params text; '
                   'inspect_model: print variables and FLOPs; '
                   'inspect_pipeline: profile one training step and print '
-                  '(and write to --logdir) its pipeline timeline.')
+                  '(and write to --logdir) its pipeline timeline; export: '
+                  'a checkpoint as a SavedModel for serving '
+                  '(framework/jobs/export.py).')
 flags.DEFINE_string('job', 'trainer_and_evaler', 'trainer, '
                     'trainer_and_evaler (train, and eval Dev after each '
                     'checkpoint), evaler_<dataset> or decoder_<dataset> '
@@ -89,6 +91,18 @@ flags.DEFINE_bool('xla', False, 'Compile each replica\'s forward and '
                   'backward pass with XLA (tf.function(jit_compile=True)); '
                   'needs static shapes and --worker_split_size=1 off a TPU.')
 
+flags.DEFINE_string('export_dir', '', '--mode=export: the SavedModel\'s '
+                    'folder (default: <logdir>/export/<step>); written whole '
+                    'or not at all.')
+flags.DEFINE_string('checkpoint', '', '--mode=export: the checkpoint to '
+                    'export, a path (<logdir>/train/ckpt-300) or a step '
+                    '(default: the latest).')
+flags.DEFINE_integer('export_batch_size', None, '--mode=export: a static '
+                     'batch size (TPU/XLA servers); default: dynamic.')
+flags.DEFINE_integer('export_max_len', None, '--mode=export: a static '
+                     'sequence length for sequence models (TPU/XLA '
+                     "servers); default: the task's (see its Inference).")
+
 FLAGS = flags.FLAGS
 
 
@@ -109,7 +123,9 @@ def main(argv):
       device_memory_gib=FLAGS.device_memory_gib,
       eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME,
       tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, tpu_project=FLAGS.tpu_project,
-      xla=FLAGS.xla)
+      xla=FLAGS.xla, export_dir=FLAGS.export_dir, checkpoint=FLAGS.checkpoint,
+      export_batch_size=FLAGS.export_batch_size,
+      export_max_len=FLAGS.export_max_len)
   return trainer_lib.Main(options)
 
 

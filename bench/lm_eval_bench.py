@@ -65,7 +65,7 @@ def main():
   cluster = cluster_lib.Cluster.Params().Set(
       num_devices=2, worker_split_size=2).Instantiate()
   times = {s: [] for s in sizes}
-  rows = {}
+  evaluated = {}
   with cluster, tempfile.TemporaryDirectory() as logdir:
     programs = {s: _Program(*s, os.path.join(logdir, '_'.join(map(str, s))))
                 for s in sizes}
@@ -75,13 +75,13 @@ def main():
         start = time.perf_counter()
         result = program.Run(step, task.theta)
         times[s].append(time.perf_counter() - start)
-        rows[s] = int(result['num_samples'])
+        evaluated[s] = int(result['num_samples'])
   base = statistics.median(times[sizes[0]][1:])
-  print(f'{"samples":>8} {"t":>4} {"batch":>5} {"rows":>6} {"first s":>8} '
+  print(f'{"samples":>8} {"t":>4} {"batch":>5} {"examples":>8} {"first s":>8} '
         f'{"median s":>9} {"x first":>8}')
   for s in sizes:
     med = statistics.median(times[s][1:])
-    print(f'{s[0] or "all":>8} {s[1]:>4} {s[2]:>5} {rows[s]:>6} '
+    print(f'{s[0] or "all":>8} {s[1]:>4} {s[2]:>5} {evaluated[s]:>8} '
           f'{times[s][0]:>8.2f} {med:>9.2f} {med / base:>8.2f}')
 
 

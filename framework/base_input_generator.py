@@ -20,8 +20,20 @@ to the position, never correctness.
 
 File patterns: a comma-separated list of globs (`/data/train-*`) or sharded
 names (`/data/train@8` = `/data/train-00000-of-00008` ... `-00007-of-00008`).
-A pattern matching no file, or only empty files, is an `InputError`
-naming it.
+A pattern matching no file, a directory, only empty files, or (for text) a
+file that is not text (`FileProblem`) is an `InputError` naming it.
+
+Hosts: batch i of the job is one *global batch* whatever the layout. With
+`num_input_shards` S hosts (the trainer sets S and `input_shard_index` h),
+each host builds the global batches of S x num_replicas replicas and keeps
+its share, rows `HostRows(n)` of a batch of n rows (the h-th of S equal
+shares), which its replicas split in turn. So S hosts x R replicas train
+on exactly the rows one host with S*R replicas would, and every subclass
+gets this by building its batches in `Dataset` (or by selecting rows with
+`HostRows`, as tasks/lm/input_generator.py does). Every host reads every
+file; when rows are processed one by one (`_ProcessRecordBatch`) a host
+processes only its share, otherwise it builds the whole global batch (so
+that bucketing, filtering and padding see the same examples) and slices it.
 
 Example (a subclass reading 'x,y' text lines):
   class PairInput(BaseInputGenerator):
@@ -45,8 +57,40 @@ from cadence.framework import validation
 _SHARDED_RE = re.compile(r'^(.*)@(\d+)$')
 
 
+_TEXT_HEAD_BYTES = 1 << 16
+
+
 class InputError(ValueError):
   """Bad input configuration: no files, empty files, bad batching params."""
+
+
+def FileProblem(path, file_type='text'):
+  """Why `path` cannot be a data file of `file_type`, or None if it can.
+
+  A directory never can. A text file must be UTF-8 text: its first 64 KiB
+  hold no NUL byte and at most a quarter of undecodable bytes (a corpus
+  with a few bad lines passes; binary, compressed or UTF-16 files do not).
+
+  Returns:
+    None, or the rule `path` breaks, a phrase to follow its name
+    ('is a directory, ...').
+  """
+  if tf.io.gfile.isdir(path):
+    return (f'is a directory, not a file; name the files in it (e.g. '
+            f'{os.path.join(path, "*")!r})')
+  if file_type != 'text':
+    return None
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    head = f.read(_TEXT_HEAD_BYTES)
+  if b'\0' in head:
+    return (f'is not text: it holds NUL bytes (byte {head.index(0)}); a '
+            'binary, compressed or UTF-16 file?')
+  bad = (head.decode('utf-8', errors='replace').count('\ufffd') -
+         head.count('\ufffd'.encode('utf-8')))
+  if 4 * bad > len(head):
+    return (f'is not text: {bad} of its first {len(head)} bytes are not '
+            'UTF-8; a binary or compressed file?')
+  return None
 
 
 def ExpandFilePattern(pattern):
@@ -73,6 +117,57 @@ def ExpandFilePattern(pattern):
         missing.append(part)
     files.update(found)
   return sorted(files), missing
+
+
+def CheckedFiles(pattern, owner, file_type='text', field='file_pattern'):
+  """The files of `pattern`, checked: some match, none is a directory or
+  (for text) not text (`FileProblem`), not all are empty.
+
+  Args:
+    pattern: a file pattern (see the module docstring).
+    owner: who reads them, for messages ("LmInput 'lm_train'").
+    file_type: 'text' or 'tfrecord'.
+    field: the params field that holds `pattern`, for messages.
+
+  Returns:
+    The sorted list of files.
+
+  Raises:
+    InputError: naming `owner`, the pattern, the file and the rule.
+  """
+  files, missing = ExpandFilePattern(pattern)
+  if missing:
+    raise InputError(f'{owner}: {field} {pattern!r} matches no files for: '
+                     f'{", ".join(missing)}.')
+  for path in files:
+    problem = FileProblem(path, file_type)
+    if problem:
+      raise InputError(f'{owner}: {path!r} (of {field} {pattern!r}) '
+                       f'{problem}.')
+  if all(tf.io.gfile.stat(f).length == 0 for f in files):
+    raise InputError(f'{owner}: {field} {pattern!r} matches {len(files)} '
+                     'file(s), all empty.')
+  return files
+
+
+def RealExamples(batch):
+  """[b] bool: which examples of a batch are real, not padding.
+
+  An example is padding when every value of its '*paddings' fields is 1
+  (`BaseInputGenerator._PaddingValue`'s fill), as the rows that fill up the
+  last batch of a pass (LmInput with fixed_input_shape); in a batch without
+  such fields every example is real.
+
+  Args:
+    batch: a NestedMap of [b, ...] tensors.
+  """
+  batch = NestedMap(batch)
+  real = tf.ones([tf.shape(batch.Flatten()[0])[0]], tf.bool)
+  for key, x in batch.FlattenItems():
+    if key.split('.')[-1].endswith('paddings'):
+      x = tf.reshape(x, [tf.shape(x)[0], -1])
+      real = tf.logical_and(real, tf.reduce_any(x < 1, axis=1))
+  return real
 
 
 class BaseInputGenerator:
@@ -102,10 +197,11 @@ class BaseInputGenerator:
     p.Define('shuffle_buffer_size', 1024, 'Records in the shuffle buffer.')
     p.Define('repeat', True, 'Cycle over the data forever (train) or read '
              'it once (eval).')
-    p.Define('num_input_shards', 1, 'Split the files among this many input '
-             'workers, an int > 0.')
-    p.Define('input_shard_index', 0, 'Which share of the files this worker '
-             'reads, in [0, num_input_shards).')
+    p.Define('num_input_shards', 1, 'Hosts that read this input together, '
+             'an int > 0: each reads its share of every global batch (set '
+             'by the trainer; see the module docstring).')
+    p.Define('input_shard_index', 0, 'Which share of the global batches '
+             'this host reads, in [0, num_input_shards).')
     p.Define('bucket_upper_bound', [], 'Bucketing by length: inclusive '
              'upper bounds of the buckets, increasing ints; longer examples '
              'are dropped. Empty: no bucketing.')
@@ -166,29 +262,8 @@ class BaseInputGenerator:
         raise self._Error('file_pattern', p.file_pattern,
                           'is empty; set it to the data files.')
       return []
-    files, missing = ExpandFilePattern(p.file_pattern)
-    if missing:
-      raise InputError(
-          f'{type(self).__name__} {p.name!r}: file_pattern '
-          f'{p.file_pattern!r} matches no files for: {", ".join(missing)}.')
-    if all(tf.io.gfile.stat(f).length == 0 for f in files):
-      raise InputError(
-          f'{type(self).__name__} {p.name!r}: file_pattern '
-          f'{p.file_pattern!r} matches {len(files)} file(s), all empty.')
-    files = self._ShardFiles(files)
-    if not files:
-      raise InputError(
-          f'{type(self).__name__} {p.name!r}: input shard '
-          f'{p.input_shard_index} of {p.num_input_shards} gets none of the '
-          f'files of {p.file_pattern!r}; use fewer input shards.')
-    return files
-
-  def _ShardFiles(self, files):
-    """This input shard's share of the sorted files: every
-    `num_input_shards`-th from `input_shard_index`. A subclass that shards
-    its batches instead (LmInput) returns all of them."""
-    p = self._params
-    return files[p.input_shard_index::p.num_input_shards]
+    return CheckedFiles(p.file_pattern, f'{type(self).__name__} {p.name!r}',
+                        p.file_type)
 
   # --- properties --------------------------------------------------------
 
@@ -198,8 +273,32 @@ class BaseInputGenerator:
 
   @property
   def files(self):
-    """The data files this generator reads, sorted (this shard's share)."""
+    """The data files this generator reads, sorted (every host reads all)."""
     return list(self._files)
+
+  def HostRows(self, n):
+    """[begin, end): this host's rows of a global batch of `n` rows.
+
+    The `input_shard_index`-th of `num_input_shards` consecutive shares of
+    ceil(n / num_input_shards) rows (the last ones shorter, possibly empty,
+    when n is not a multiple); `n` may be an int or an int tensor.
+    """
+    p = self._params
+    share = -(-n // p.num_input_shards)
+    return p.input_shard_index * share, (p.input_shard_index + 1) * share
+
+  def _HostShare(self, batch):
+    """This host's rows of a global batch (a NestedMap); all of them on one
+    host. A static batch dim stays static."""
+    if self._params.num_input_shards == 1:
+      return batch
+    batch = NestedMap(batch)
+    first = batch.Flatten()[0]
+    n = first.shape[0] if first.shape[0] is not None else tf.shape(first)[0]
+    begin, end = self.HostRows(n)
+    if isinstance(n, int):
+      begin, end = min(begin, n), min(end, n)
+    return batch.Transform(lambda x: x[begin:end])
 
   @classmethod
   def BatchShapes(cls, params):
@@ -333,8 +432,9 @@ class BaseInputGenerator:
 
     Args:
       start_batch: batches to skip (the input position to resume from).
-      num_replicas: replicas the batches are split among; batches hold
-        `num_replicas * batch_size` examples.
+      num_replicas: this host's replicas, which split its batches; batches
+        hold `num_replicas * batch_size` examples, this host's share of a
+        global batch of `num_input_shards` times as many.
 
     Returns:
       A tf.data.Dataset of NestedMaps of batched tensors ([batch, ...]).
@@ -344,11 +444,14 @@ class BaseInputGenerator:
     if p.shuffle:
       records = records.shuffle(p.shuffle_buffer_size, seed=p.random_seed,
                                 reshuffle_each_iteration=True)
-    if self._Vectorised():
-      batches = records.batch(p.batch_size * num_replicas,
+    # The global batches of all hosts' replicas; this host keeps its share.
+    global_replicas = num_replicas * p.num_input_shards
+    if self._Vectorised():  # Rows are independent: share the records.
+      batches = records.batch(p.batch_size * global_replicas,
                               drop_remainder=bool(p.fixed_input_shape))
       batches = batches.map(
-          lambda r: NestedMap(self._ProcessRecordBatch(r)),
+          lambda r: NestedMap(self._ProcessRecordBatch(
+              self._HostShare(NestedMap(r=r)).r)),
           num_parallel_calls=p.num_parallel_calls, deterministic=True)
     else:
       examples = records.map(
@@ -356,7 +459,9 @@ class BaseInputGenerator:
           num_parallel_calls=p.num_parallel_calls, deterministic=True)
       if type(self)._KeepExample is not BaseInputGenerator._KeepExample:
         examples = examples.filter(self._KeepExample)
-      batches = self._Batch(examples, num_replicas)
+      batches = self._Batch(examples, global_replicas)
+      if p.num_input_shards > 1:
+        batches = batches.map(self._HostShare)
     if start_batch:
       batches = batches.skip(int(start_batch))
     return batches.prefetch(tf.data.AUTOTUNE)

@@ -12,7 +12,8 @@ inside its train/eval steps, where `metrics` is a NestedMap of
 objective) and `per_example` a NestedMap of [batch, ...] tensors. A task
 implements `ComputePredictions` and `ComputeLoss` (or overrides
 `FPropTower`), and optionally `Decode` / `PostProcessDecodeOut` for the
-decoder job and `FPropMeta` for FLOP accounting.
+decoder job, `FPropMeta` for FLOP accounting and `Inference` for an export
+to serve (framework/inference.py).
 
 A *model* holds the tasks of an experiment; `SingleTaskModel` holds one.
 """
@@ -254,6 +255,27 @@ class BaseTask(base_layer.BaseLayer):
     """
     del decode_out, decoder_metrics
     return []
+
+  # --- serving ---------------------------------------------------------------
+
+  def Inference(self, batch_size=None, max_len=None):
+    """The task's serving signatures, for `trainer.py --mode=export`.
+
+    Args:
+      batch_size: None (a dynamic batch) or the static batch size.
+      max_len: None (dynamic) or the static sequence length, for tasks with
+        sequences.
+
+    Returns:
+      An `inference.InferenceGraph` (framework/inference.py). Build the task
+      with is_inference=True.
+    """
+    del batch_size, max_len
+    raise NotImplementedError(
+        f'{type(self).__name__} implements no Inference(batch_size, '
+        'max_len): it has no export for serving (tasks/lm/model.py, '
+        'tasks/image/model.py and tasks/synthetic/keras_regression.py have '
+        'one).')
 
   # --- training set-up -----------------------------------------------------
 

@@ -24,6 +24,8 @@ is the package `cadence`; tests/ is not installed).
   DamageCheckpoint(path, how)  a checkpoint as a dying disk leaves it
   FreePorts(n)                 n localhost ports free now (bound to port 0)
   LocalCluster(**tasks)        a TF_CONFIG cluster of localhost tasks
+  SmallLmOverrides(tmp)        the Tiny GPipe LM (TINY_LM) shrunk, on a
+                               small corpus and SentencePiece cache in tmp
 """
 import glob
 import json
@@ -415,3 +417,21 @@ def LocalCluster(**num_tasks):
   ports = iter(FreePorts(sum(num_tasks.values())))
   return {job: [f'127.0.0.1:{next(ports)}' for _ in range(n)]
           for job, n in num_tasks.items()}
+
+
+TINY_LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+
+
+def SmallLmOverrides(tmp):
+  """A --model_params_override of TINY_LM: a 2-layer d 32 model on rows of
+  8 tokens, batch 4, reading a small grammar corpus in `tmp`/data (written
+  at first use) with its SentencePiece model cached in `tmp`/spm."""
+  return ('task.model_dim=32;task.stack_tpl.num_layers=2;'
+          'task.stack_tpl.transformer_tpl.num_heads=2;'
+          'task.stack_tpl.transformer_tpl.hidden_dim=64;'
+          'task.stack_tpl.pipeline_tpl.num_micro_batches=2;'
+          'input.max_seq_len=8;input.batch_size=4;'
+          f'input.data_dir={tmp}/data;input.tokenizer.cache_dir={tmp}/spm;'
+          'input.synthetic.num_train_shards=2;'
+          'input.synthetic.sentences_per_shard=2000;'
+          'input.synthetic.num_heldout_sentences=64')

@@ -3,9 +3,11 @@
 MultiWorkerMirroredStrategy over 2 processes, each one replica of the
 2-stage Tiny GPipe LM (shrunk) on its own 2 logical CPUs, must train to the
 weights one process gets with 2 replicas x 2 stages on 4 logical CPUs (the
-same global batch: LmInput shards batches of one stream). Killing one
-worker makes the other stop on its own with exit code 4 and one line; the
-same command on both then resumes from the latest checkpoint.
+same global batch: each host reads its share of it), and so must
+RegressionTiny (whose input builds its batches with tf.data: the same
+mechanism, framework/base_input_generator.py). Killing one worker makes the
+other stop on its own with exit code 4 and one line; the same command on
+both then resumes from the latest checkpoint.
 """
 import os
 import time
@@ -16,23 +18,15 @@ from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
 from cadence.tests import test_utils
 
-_KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
-_SHRUNK = ('task.model_dim=32;task.stack_tpl.num_layers=2;'
-           'task.stack_tpl.transformer_tpl.num_heads=2;'
-           'task.stack_tpl.transformer_tpl.hidden_dim=64;'
-           'task.stack_tpl.pipeline_tpl.num_micro_batches=2;'
-           'input.max_seq_len=8;input.batch_size=4;'
-           'task.train.save_interval_steps=3;task.train.log_interval_steps=3;'
-           'task.train.summary_interval_steps=3')
+_KEY = test_utils.TINY_LM
 
 
 def _Overrides(tmp):
-  """The shrunk model on a small corpus (made once, by `_MakeCorpus`)."""
-  return (f'{_SHRUNK};input.data_dir={tmp}/data;'
-          f'input.tokenizer.cache_dir={tmp}/spm;'
-          'input.synthetic.num_train_shards=2;'
-          'input.synthetic.sentences_per_shard=2000;'
-          'input.synthetic.num_heldout_sentences=64')
+  """The shrunk model on a small corpus (made once, by `_MakeCorpus`),
+  a checkpoint every 3 steps."""
+  return (f'{test_utils.SmallLmOverrides(tmp)};'
+          'task.train.save_interval_steps=3;task.train.log_interval_steps=3;'
+          'task.train.summary_interval_steps=3')
 
 
 def _MakeCorpus(tmp):
@@ -56,14 +50,41 @@ def _Workers(logdir, max_steps):
           for i in range(2)]
 
 
+def _RegressionRuns(tmp):
+  """RegressionTiny for 20 steps, batch 16 a replica: one host of 2
+  replicas, and 2 hosts of one (started at once)."""
+  flags = ['--model=synthetic.linear_regression.RegressionTiny',
+           '--job=trainer', '--max_steps=20',
+           '--model_params_override=input.batch_size=16']
+  cluster = test_utils.LocalCluster(worker=2)
+  return [test_utils.TrainerRun(
+      *flags, f'--logdir={tmp}/reg_one', '--worker_replicas=2',
+      script=True)] + [test_utils.TrainerRun(
+          *flags, f'--logdir={tmp}/reg_two', script=True, cluster=cluster,
+          task=('worker', i)) for i in range(2)]
+
+
 
 class MultiHostTest(tf.test.TestCase):
 
+  def _AssertSameWeights(self, one, two, atol):
+    want = checkpointer.ReadValues(one)
+    got = checkpointer.ReadValues(two)
+    self.assertCountEqual(want, got)
+    for key in want:
+      self.assertAllClose(want[key], got[key], atol=atol, msg=key)
+
   def testTwoHostsEqualOneHostThenSurviveAPeerDeath(self):
     tmp = self.get_temp_dir()
+    regression = _RegressionRuns(tmp)
     _MakeCorpus(tmp)
     one_host = _Trainer(os.path.join(tmp, 'one'), 6, '--worker_replicas=2')
     workers = _Workers(os.path.join(tmp, 'two'), 6)
+    for run in regression:
+      code, _, err = run.Finish()
+      self.assertEqual(0, code, err[-3000:])
+    self._AssertSameWeights(f'{tmp}/reg_one/train/ckpt-20',
+                            f'{tmp}/reg_two/train/ckpt-20', atol=1e-6)
     code, _, err = one_host.Finish()
     self.assertEqual(0, code, err[-3000:])
     for i, run in enumerate(workers):
@@ -71,13 +92,9 @@ class MultiHostTest(tf.test.TestCase):
       self.assertEqual(0, code, err[-3000:])
       self.assertIn(f'2 replica(s) of 2 device(s), worker {i} of 2 hosts',
                     err)
-    want = checkpointer.ReadValues(os.path.join(tmp, 'one', 'train',
-                                                'ckpt-6'))
-    got = checkpointer.ReadValues(os.path.join(tmp, 'two', 'train',
-                                               'ckpt-6'))
-    self.assertCountEqual(want, got)
-    for key in want:
-      self.assertAllClose(want[key], got[key], atol=1e-5, msg=key)
+    self._AssertSameWeights(os.path.join(tmp, 'one', 'train', 'ckpt-6'),
+                            os.path.join(tmp, 'two', 'train', 'ckpt-6'),
+                            atol=1e-5)
 
     # A peer dies after the first checkpoint: the survivor stops on its own.
     logdir = os.path.join(tmp, 'killed')

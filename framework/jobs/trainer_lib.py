@@ -64,6 +64,7 @@ from cadence.framework import base_model
 from cadence.framework.distribute import distribution
 from cadence.framework.distribute import ps_programs
 from cadence.framework.distribute import tpu_programs
+from cadence.framework.jobs import export
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
 from cadence.framework.jobs import memory_check
@@ -90,7 +91,8 @@ EXIT_PEER_FAILED = 4
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
                 tf.errors.CancelledError, tf.errors.DeadlineExceededError)
 
-MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline')
+MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline',
+         'export')
 _JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
               'decoder_<dataset>')
 
@@ -125,6 +127,10 @@ class TrainerOptions:
   tpu_zone: str = ''
   tpu_project: str = ''
   xla: bool = False
+  export_dir: str = ''            # --mode=export (framework/jobs/export.py)
+  checkpoint: str = ''
+  export_batch_size: int = None
+  export_max_len: int = None
 
 
 # --- params -------------------------------------------------------------------
@@ -723,8 +729,25 @@ def _InspectPipeline(options):
   sys.stdout.flush()
 
 
+def _Export(options):
+  """--mode=export: the SavedModel of a checkpoint (framework/jobs/export.py).
+  Reads the params of Dev (the decoder's data) if the experiment has it."""
+  params = LoadParams(options, 'Train')
+  if _HasDataset(options, 'Dev'):
+    params = LoadParams(options, 'Dev')
+  try:
+    path, step = export.Export(
+        params, options.logdir, options.export_dir, options.checkpoint,
+        options.export_batch_size, options.export_max_len)
+  except export.ExportError as e:
+    raise UserError(str(e)) from None
+  sys.stdout.write(f'Exported step {step} to {path}\n')
+
+
 def _Inspect(options, setup):
   logging.info('%s', setup)
+  if options.mode == 'export':
+    return _Export(options)
   if options.mode == 'inspect_pipeline':
     return _InspectPipeline(options)
   params = LoadParams(options, 'Train')

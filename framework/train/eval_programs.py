@@ -3,8 +3,14 @@
 Both programs run a task built with `is_inference=True` over a fresh pass
 of one dataset (`eval.samples_per_summary` / `eval.decoder_samples`
 examples, or the whole non-repeating dataset when 0) with a theta given per
-call: the trainer's own variables (trainer_and_evaler), the EMA variables,
-or the variables an evaler job restored from a checkpoint. Each run writes
+call. The evaler reads whole batches (its metrics are sums over batches)
+and reports `num_samples`, the real examples it averaged over (rows that
+only fill up a last batch are not counted:
+`base_input_generator.RealExamples`); the decoder decodes whole batches but
+keeps exactly `decoder_samples` rows, so its metrics and its output lines
+cover the same examples. The theta is the
+trainer's own variables (trainer_and_evaler), the EMA variables, or the
+variables an evaler job restored from a checkpoint. Each run writes
 its summaries at the checkpoint's global step into
 `logdir/eval_<dataset>` or `logdir/decoder_<dataset>`; the decoder also
 writes its text output to `decoder_<dataset>/decoder_out-<step>.txt`.
@@ -28,6 +34,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import base_input_generator
 from cadence.framework import base_layer
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import step_seed
@@ -129,8 +136,9 @@ class EvalProgram(_InferenceProgram):
                                   tf.cast(w, tf.float32),
                                   w=tf.cast(w, tf.float32))
                      for k, (v, w) in metrics.items()})
-    out.num_samples = tf.cast(tf.shape(NestedMap(batch).Flatten()[0])[0],
-                              tf.float32)
+    # Examples, not rows: rows that only fill up a last batch are padding.
+    out.num_samples = tf.reduce_sum(tf.cast(
+        base_input_generator.RealExamples(batch), tf.float32))
     return out
 
   def _EvalStep(self, theta, batch):
@@ -206,12 +214,14 @@ class DecodeProgram(_InferenceProgram):
     theta = self._Theta(theta, step)
     metrics = self._task.CreateDecoderMetrics()
     lines = []
+    left = self._samples or None   # Examples still to decode (None: all).
     for batch in self._Batches():
       out = self._decode_step(theta, batch)
       out = tf.nest.map_structure(lambda x: np.asarray(x), out)
+      if left is not None:  # The metrics and the lines see the same rows.
+        out = tf.nest.map_structure(lambda x: x[:left] if x.ndim else x, out)
+        left -= len(next(x for x in tf.nest.flatten(out) if x.ndim))
       lines.extend(self._task.PostProcessDecodeOut(out, metrics))
-    if self._samples:
-      lines = lines[:self._samples]
     path = os.path.join(self._dir, f'decoder_out-{int(step):08d}.txt')
     with tf.io.gfile.GFile(path, 'w') as f:
       f.write(''.join(f'{line}\n' for line in lines))

@@ -18,8 +18,11 @@ nats a sentence; 0 is the best possible model in expectation; this Dev
 set's own mean -log p is 31.9, so about 0.3 of the excess is its sampling
 error). The training lines' nats_per_sentence counts only the sentences
 whole in their 64-token windows, weighted for their length (see
-tasks/lm/input_generator.py), so it estimates the same quantity as Dev's.
-tokens_per_batch is the mean number of label tokens in a batch. Then
+tasks/lm/input_generator.py), so it estimates the same quantity as Dev's,
+from ~8,000 sentences a 50-step window: about +-0.34 nats of noise even for
+the exact model (bench/lm_train_metric_noise.py), which is why the gap to
+the entropy is reported for Dev only. tokens_per_batch is the mean number
+of label tokens in a batch. Then
 
   python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \
       --logdir=/tmp/cadence_lm --worker_split_size=2 --job=decoder_dev

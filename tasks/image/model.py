@@ -5,6 +5,10 @@ example. In training the ResNet's batch-norm statistics of every
 micro-batch come back from the network and the moving averages are updated
 after the pipeline, once per micro-batch in order (layers/batch_norm.py);
 eval and decode (is_inference) normalise with the moving averages.
+
+Serving (`Inference`, written by `trainer.py --mode=export`): `predict`,
+images -> class probabilities, normalised with the moving averages; a
+pipelined ResNet exports its cells run one after the other on one device.
 """
 import numpy as np
 import tensorflow as tf
@@ -12,6 +16,7 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import base_model
 from cadence.framework import hyperparams
+from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -80,6 +85,40 @@ class ImageClassifier(base_model.BaseTask):
     decoder_metrics['accuracy'].Update(np.mean(pred == label), pred.size)
     return [f'label={l} prediction={y}' for l, y in zip(label, pred)]
 
+  def Inference(self, batch_size=None, max_len=None):
+    """`predict` for serving; see BaseTask.Inference.
+
+    The network as the evaler runs it (batch-norm with the moving
+    averages). A pipelined ResNet is built on one device for the export
+    (framework/jobs/export.py): its PipeliningLayer runs the cells one
+    after the other on the whole batch, with the same weights.
+
+    Args:
+      batch_size: None (dynamic) or the static batch size.
+      max_len: must be None (images have no sequence length).
+
+    Returns:
+      An inference.InferenceGraph.
+    """
+    inference.CheckDims(f'{validation.Owner(self)} Inference', batch_size,
+                        max_len, uses_max_len=False)
+    net = self.params.resnet_tpl
+    h, w = net.image_size
+
+    def _Predict(theta, images):
+      logits = tf.cast(self.ComputePredictions(
+          theta, NestedMap(image=images)).logits, tf.float32)
+      return dict(probabilities=tf.nn.softmax(logits),
+                  classes=tf.argmax(logits, -1, output_type=tf.int32))
+
+    spec = tf.TensorSpec([batch_size, h, w, net.input_dim], tf.float32)
+    doc = _PREDICT_DOC.format(h=h, w=w, c=net.input_dim, n=net.num_classes)
+    return inference.InferenceGraph(
+        signatures=dict(predict=inference.Signature(
+            _Predict, dict(images=spec), doc)),
+        doc=f'{type(self).__name__} {self.path!r}: {net.num_classes} '
+        'classes.')
+
   @classmethod
   def FPropMeta(cls, params, input_shapes):
     """Forward FLOPs of FPropTower on `input_shapes.image` [b, h, w, c].
@@ -124,3 +163,10 @@ class ImageClassifier(base_model.BaseTask):
                      num_micro_batches=m,
                      backward_window=pipe.backward_window,
                      cells=net.cls.CellMemory(net, image.WithDim(0, size)))
+
+
+_PREDICT_DOC = """predict(images) -> probabilities, classes
+  images [batch, {h}, {w}, {c}] float32: pixels scaled to [-1, 1]
+    (uint8 / 127.5 - 1, as tasks/image/input_generator.py gives them).
+  probabilities [batch, {n}] float32: the class probabilities (softmax).
+  classes [batch] int32: the most probable class."""

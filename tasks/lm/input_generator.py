@@ -15,11 +15,12 @@ holds rows `i*B .. i*B+B-1` of that endless stream (`B` = batch_size x
 num_replicas). Resuming at the global step costs one permutation, never a
 replay of the skipped batches.
 
-Input shards split batches, not files: with `num_input_shards` S, shard h's
-batch i is batch i*S + h of the one stream. So S hosts together read
-exactly the batches one host would (global batch i of S hosts x R replicas
-= rows of batch i with num_replicas=S*R), whatever S is, and their batches
-are disjoint; every host reads every file.
+Hosts share batches, not files (as every input generator does; see
+framework/base_input_generator.py): with `num_input_shards` S, host h's
+batch i is its share (`HostRows`) of global batch i, the rows of batch i
+with S times the replicas. So S hosts x R replicas together read exactly
+the rows one host with S*R replicas would, and their shares are disjoint;
+every host reads every file.
 
 Two ways to cut sequences of `max_seq_len` tokens:
   * padded (`packed=False`): one sentence per row, `ids = BOS w1 .. wn`,
@@ -181,9 +182,6 @@ class LmInput(base_input_generator.BaseInputGenerator):
     if not validation.IsInt(p.random_seed, 0):
       raise self._Error('random_seed', p.random_seed, 'must be an int >= 0.')
 
-  def _ShardFiles(self, files):
-    return files   # Shards split batches (see the module docstring).
-
   def _Load(self):
     """Reads and tokenises this shard's files into one flat array."""
     p = self._params
@@ -203,8 +201,8 @@ class LmInput(base_input_generator.BaseInputGenerator):
     if not lengths.size:
       raise base_input_generator.InputError(
           f'{type(self).__name__} {p.name!r}: file_pattern '
-          f'{p.file_pattern!r} has no non-empty lines in {len(self._files)} '
-          f'file(s) ({empty} empty lines).')
+          f'{p.file_pattern!r} has no sentences: its {len(self._files)} '
+          f'file(s) hold {empty} lines, all blank.')
     # Each sentence becomes BOS ids EOS in one flat array.
     self._lengths = lengths + 2
     self._starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]])
@@ -247,11 +245,10 @@ class LmInput(base_input_generator.BaseInputGenerator):
     return self._lengths.size
 
   def NumBatchesPerEpoch(self, num_replicas=1):
-    """This shard's batches of a single pass (`repeat=False`), the last one
-    partial."""
-    p = self._params
-    total = -(-self._NumRows() // self.GlobalBatchSize(num_replicas))
-    return max(0, -(-(total - p.input_shard_index) // p.num_input_shards))
+    """Batches of a single pass (`repeat=False`), the last one partial; the
+    same on every host (a host's share of the last may be padding only)."""
+    rows = self.GlobalBatchSize(num_replicas) * self._params.num_input_shards
+    return -(-self._NumRows() // rows)
 
   # --- batches as numpy --------------------------------------------------
 
@@ -326,19 +323,19 @@ class LmInput(base_input_generator.BaseInputGenerator):
     The pure function behind `Dataset`: same params and index, same batch.
 
     Args:
-      batch_index: int >= 0, the input position (the global step) in this
-        shard's batches: batch batch_index * num_input_shards +
-        input_shard_index of the stream.
-      num_replicas: the batch holds `num_replicas * batch_size` rows.
+      batch_index: int >= 0, the input position (the global step).
+      num_replicas: this host's replicas: the batch holds `num_replicas *
+        batch_size` rows, this host's share (`HostRows`) of global batch
+        `batch_index` (num_input_shards times as many rows).
 
     Returns:
       NestedMap(ids, labels, paddings, weights, sentence_weights), each
       [b, t] (see the module docstring).
     """
     p = self._params
-    b = self.GlobalBatchSize(num_replicas)
-    index = int(batch_index) * p.num_input_shards + p.input_shard_index
-    rows = np.arange(b, dtype=np.int64) + index * b
+    n = self.GlobalBatchSize(num_replicas) * p.num_input_shards
+    begin, end = self.HostRows(n)
+    rows = np.arange(begin, end, dtype=np.int64) + int(batch_index) * n
     tokens, inside = (self._PackedRows if p.packed else self._PaddedRows)(rows)
     # Position j is real iff its label (token j + 1) is.
     valid = inside[:, 1:]

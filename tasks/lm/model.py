@@ -31,10 +31,21 @@ Metrics (each a (value, weight) pair, averaged by weight by the trainer):
                          without that field counts every EOS label's
                          sentence (exact on one whole sentence a row);
   excess_nats_per_sentence  nats_per_sentence - entropy_per_sentence, when
-                         the data's entropy is known; 0 is the best any
-                         model can do in expectation (a finite Dev set's
-                         own mean -log p differs from the entropy by its
-                         sampling error).
+                         the data's entropy is known, in eval and decode
+                         (is_inference) only; 0 is the best any model can
+                         do in expectation (a finite Dev set's own mean
+                         -log p differs from the entropy by its sampling
+                         error). Training does not report it: a summary
+                         window's nats_per_sentence is an unbiased but
+                         noisy estimate from ~8,000 sampled sentences; for
+                         the exact model (the grammar itself) on the Tiny
+                         experiment's 50-step windows its standard
+                         deviation is 0.34 nats and about half the windows
+                         fall below the entropy, while over 8,000 batches
+                         it is within 0.01 of the corpus's mean
+                         (bench/lm_train_metric_noise.py). That noise is
+                         larger than the gap late in training, so a
+                         train-side "gap" would often be negative.
 
 `entropy_per_sentence` and `decoder.grammar_metrics` default to 'auto': they
 follow the input the task is built with (`params.input`). Reading the
@@ -48,9 +59,17 @@ Decoding: for each row of a batch, the BOS and the first
 first token of the next word: a token the tokenizer's `WordStartMask`
 marks, a SentencePiece piece starting with U+2581 or the byte tokenizer's
 space); the task continues it greedily and by temperature sampling
-(stateless, seeded by the step seed: same checkpoint, same samples) until
-EOS or the batch's length, and `PostProcessDecodeOut` turns the ids into
-text lines. Both use the tokenizer of `params.input`.
+(`Sample`: stateless, seeded by `decoder.seed`, or by the checkpoint's step
+when that is None: same checkpoint and seed, same samples) until EOS or the
+batch's length, and `PostProcessDecodeOut` turns the ids into text lines.
+Both use the tokenizer of `params.input`.
+
+Serving (`Inference`, written by `trainer.py --mode=export`): `score`
+(ids -> log-probabilities, `Score`) and `sample` (prompts -> continuations,
+`Sample`, the decoder's own code: the same prompts, temperatures and seed
+give the decoder's ids). Ids in, ids out: the SentencePiece model travels
+in the SavedModel's assets and the caller tokenises with the
+`sentencepiece` package (see `Inference` for why).
 """
 from absl import logging
 import numpy as np
@@ -59,9 +78,11 @@ import tensorflow as tf
 from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import hyperparams
+from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
+from cadence.framework import step_seed
 from cadence.framework import validation
 from cadence.layers import embedding
 from cadence.layers import gpipe_transformer
@@ -81,6 +102,9 @@ def _DecoderParams():
            'Shorter sentences are prompted whole.')
   p.Define('temperature', 1.0, 'Temperature of the sampled continuation, a '
            'float > 0 (1.0: the model distribution).')
+  p.Define('seed', None, 'Seed of the sampled continuations, an int >= 0, '
+           "or None: the checkpoint's global step (each checkpoint draws "
+           'anew). An export\'s `sample` given this seed draws the same.')
   p.Define('log_samples', 3, 'Decoded lines logged per decoded batch (all '
            'are written to the decoder output file).')
   p.Define('grammar_metrics', 'auto', 'Whether the decoder reports the '
@@ -138,7 +162,7 @@ class LanguageModel(base_model.BaseTask):
     p.Define('entropy_per_sentence', 'auto', 'Known entropy of the data in '
              'nats per sentence (EOS included), None, or \'auto\': the '
              'embedded grammar\'s if the input reads its corpus, else None. '
-             'When known, metrics include excess_nats_per_sentence.')
+             'When known, eval metrics include excess_nats_per_sentence.')
     p.Define('decoder', _DecoderParams(), 'Decoding params.')
     return p
 
@@ -195,6 +219,7 @@ class LanguageModel(base_model.BaseTask):
     validation.CheckInt(owner, 'decoder.prompt_words', d.prompt_words)
     validation.CheckNumber(owner, 'decoder.temperature', d.temperature, low=0,
                            low_open=True)
+    validation.CheckOptionalInt(owner, 'decoder.seed', d.seed, low=0)
 
   def __init__(self, params):
     super().__init__(params)
@@ -250,6 +275,14 @@ class LanguageModel(base_model.BaseTask):
     return NestedMap(encoded=self._Encode(theta, input_batch.ids,
                                           input_batch.paddings))
 
+  def _TokenNll(self, softmax_theta, encoded, labels, weights):
+    """(the softmax's output NestedMap, nll [b, t]): the negative
+    log-likelihood of each label (unsmoothed) given encoded [b, t, d]."""
+    out = self.children.softmax.FProp(softmax_theta, encoded, labels, weights)
+    if self.params.label_smoothing:
+      return out, -tf.gather(out.log_probs, labels, batch_dims=2)
+    return out, out.per_example_xent
+
   def _LossSums(self, softmax_theta, encoded, batch):
     """The sums behind the metrics, of a batch or a micro-batch.
 
@@ -266,13 +299,9 @@ class LanguageModel(base_model.BaseTask):
     """
     p = self.params
     labels = batch.labels
-    out = self.children.softmax.FProp(softmax_theta, encoded, labels,
-                                      batch.weights)
+    out, nll = self._TokenNll(softmax_theta, encoded, labels,
+                              batch.weights)                   # [b, t]
     weights = out.per_example_weight                           # [b, t]
-    if p.label_smoothing:
-      nll = -tf.gather(out.log_probs, labels, batch_dims=2)    # [b, t]
-    else:
-      nll = out.per_example_xent
     # Per sentence: only sentences whole in their row (see the docstring).
     sentence_weights = batch.get('sentence_weights')
     sentence_weights = weights if sentence_weights is None else tf.cast(
@@ -295,7 +324,7 @@ class LanguageModel(base_model.BaseTask):
         log_pplx=(tf.math.divide_no_nan(sums.nll, tokens), tokens),
         tokens_per_batch=(tokens, tf.constant(1.0, tokens.dtype)),
         nats_per_sentence=(nats_per_sentence, sentences))
-    if self._entropy_per_sentence is not None:
+    if self._entropy_per_sentence is not None and self.params.is_inference:
       metrics.excess_nats_per_sentence = (
           nats_per_sentence - self._entropy_per_sentence, sentences)
     return metrics, NestedMap(xent=sums.xent, num_tokens=sums.num_tokens)
@@ -343,12 +372,16 @@ class LanguageModel(base_model.BaseTask):
       self._vocab_tables = tables
     return self._vocab_tables
 
-  def _PromptLengths(self, ids, paddings):
+  def PromptLengths(self, ids, paddings):
     """[b] int32 tokens of each row's prompt: the BOS and prompt_words words.
 
     A token begins a word if the tokenizer's WordStartMask marks it or it
     follows a BOS; the prompt ends before the token that begins word
     prompt_words + 1 (or with the row).
+
+    Args:
+      ids: [b, t] int32, rows starting with a BOS.
+      paddings: [b, t] float, 1.0 past each row's end.
     """
     word_starts = tf.constant(self._VocabTables().word_starts)
     real = paddings < 0.5                                     # [b, t]
@@ -360,11 +393,93 @@ class LanguageModel(base_model.BaseTask):
     in_prompt = tf.logical_and(real, words <= self.params.decoder.prompt_words)
     return tf.maximum(tf.reduce_sum(tf.cast(in_prompt, tf.int32), 1), 1)
 
+  def SampleSeed(self, seed):
+    """The step seed, int64 [2], that sampling with `seed` (an int or a
+    scalar integer tensor: decoder.seed, or a checkpoint's step) uses; the
+    decoder job's for the same seed (eval_programs.DecodeProgram)."""
+    return step_seed.MakeStepSeed(seed, self.params.random_seed or 0)
+
+  def Sample(self, theta, prompt_ids, prompt_lengths, temperature, max_len):
+    """Continues each prompt, greedily or by sampling, to EOS or max_len.
+
+    The decoder's code (Decode) and the exported `sample`'s. One token per
+    step for the whole batch: step s re-encodes the rows (no cache) and
+    writes position s of each row whose prompt ended before s and that has
+    not yet emitted EOS. Only ids the tokenizer has are emitted. Sampling
+    is stateless: Gumbel noise on the [b, vocab] logits from
+    `tf.random.stateless_uniform` seeded by (theta's step seed, this layer,
+    s); the same weights, batch, temperatures and seed give the same ids,
+    and a row's draws depend on its index in the batch, not on the other
+    rows. Static shapes compile with XLA (jit_compile), whose stateless
+    generator draws other numbers for the same seed (greedy rows agree).
+
+    Args:
+      theta: the task's theta with a step seed (`SampleSeed`).
+      prompt_ids: [b, p] int32, p <= max_len: row i's prompt (BOS first) in
+        its first prompt_lengths[i] places; the rest is ignored.
+      prompt_lengths: [b] int32 in [1, max_len].
+      temperature: [b] float32: 0 decodes the row greedily (argmax), > 0
+        samples it at that temperature.
+      max_len: int or scalar int32 tensor, the length of the output rows.
+
+    Returns:
+      NestedMap of
+        ids [b, max_len] int32: prompt, continuation, EOS, then pads (0);
+        lengths [b] int32: tokens up to and including the EOS, or max_len;
+        finished [b] bool: whether the row emitted EOS.
+    """
+    p = self.params
+    prompt_ids = tf.convert_to_tensor(prompt_ids)[:, :max_len]
+    lens = tf.convert_to_tensor(prompt_lengths, tf.int32)
+    b = tf.shape(prompt_ids)[0]
+    pos = tf.range(max_len)[None, :]                          # [1, T]
+    pad = tf.constant(tokenizers.PAD_ID, prompt_ids.dtype)
+    buf = tf.pad(prompt_ids, [[0, 0], [0, max_len - tf.shape(prompt_ids)[1]]])
+    buf = tf.where(pos < lens[:, None], buf, pad)             # [b, T]
+    temperature = tf.convert_to_tensor(temperature, tf.float32)
+    greedy = temperature <= 0                                 # [b]
+    divisor = tf.where(greedy, 1.0, temperature)[:, None]     # [b, 1]
+    in_tokenizer = tf.constant(
+        self._VocabTables().in_tokenizer[:p.vocab_size])[None]  # [1, V]
+
+    def _Cond(step, unused_buf, done, unused_ends):
+      return tf.logical_and(step < max_len,
+                            tf.logical_not(tf.reduce_all(done)))
+
+    def _Body(step, buf, done, ends):
+      logits = tf.cast(self._LastLogits(theta, buf, step - 1), tf.float32)
+      logits = tf.where(in_tokenizer, logits, -1e9)
+      best = tf.argmax(logits, -1, output_type=buf.dtype)
+      # Gumbel-max: argmax(logits / T + Gumbel noise) is a draw of
+      # softmax(logits / T); unlike stateless_categorical, it compiles
+      # with XLA (a static export on an XLA server).
+      u = tf.random.stateless_uniform(
+          tf.shape(logits), seed=self.OpSeed(theta, step),
+          minval=np.finfo(np.float32).tiny, maxval=1.0)
+      drawn = tf.argmax(logits / divisor - tf.math.log(-tf.math.log(u)), -1,
+                        output_type=buf.dtype)
+      new = tf.where(greedy, best, drawn)                     # [b]
+      write = tf.logical_and(step >= lens, tf.logical_not(done))
+      at_step = tf.logical_and(tf.equal(pos, step), write[:, None])
+      buf = tf.where(at_step, new[:, None], buf)
+      eos = tf.logical_and(write, tf.equal(new, p.eos_id))
+      return step + 1, buf, tf.logical_or(done, eos), tf.where(
+          eos, step + 1, ends)
+
+    _, buf, done, ends = tf.while_loop(
+        _Cond, _Body, (tf.reduce_min(lens), buf, tf.zeros([b], tf.bool),
+                       tf.fill([b], tf.convert_to_tensor(max_len, tf.int32))))
+    return NestedMap(ids=buf, lengths=ends, finished=done)
+
   def Decode(self, theta, input_batch):
     """Greedy and sampled continuations of each row's prompt.
 
+    Rows [0, b) of one `Sample` batch decode greedily, rows [b, 2b) sample
+    at decoder.temperature, seeded by `SampleSeed(decoder.seed)`, or by
+    theta's step seed (the checkpoint's step) when decoder.seed is None.
+
     Args:
-      theta: the task's theta with a step seed (it seeds the sampling).
+      theta: the task's theta with a step seed.
       input_batch: NestedMap with ids, labels, paddings, weights [b, t].
 
     Returns:
@@ -376,47 +491,126 @@ class LanguageModel(base_model.BaseTask):
         sampled_ids [b, t] int32: the same with temperature sampling;
         reference_ids [b, t] int32: the row's true labels (pads elsewhere).
     """
-    p = self.params
+    d = self.params.decoder
     ids = tf.convert_to_tensor(input_batch.ids)
     b, t = tf.shape(ids)[0], tf.shape(ids)[1]
-    prompt_len = self._PromptLengths(ids, input_batch.paddings)  # [b]
-    pos = tf.range(t)[None, :]
+    prompt_len = self.PromptLengths(ids, input_batch.paddings)  # [b]
+    if d.seed is not None:
+      theta = base_model.base_layer.WithStepSeed(theta,
+                                                 self.SampleSeed(d.seed))
+    temperature = tf.concat([tf.zeros([b]), tf.fill([b], float(
+        d.temperature))], 0)
+    out = self.Sample(theta, tf.concat([ids, ids], 0),
+                      tf.concat([prompt_len, prompt_len], 0), temperature, t)
     pad = tf.constant(tokenizers.PAD_ID, ids.dtype)
-    prompt = tf.where(pos < prompt_len[:, None], ids, pad)
-    # Rows [0, b) decode greedily, rows [b, 2b) sample.
-    buf = tf.concat([prompt, prompt], 0)                     # [2b, t]
-    lens = tf.concat([prompt_len, prompt_len], 0)            # [2b]
-    greedy = tf.range(2 * b) < b
-    temperature = tf.cast(p.decoder.temperature, tf.float32)
-
-    def _Cond(step, unused_buf, done):
-      return tf.logical_and(step < t, tf.logical_not(tf.reduce_all(done)))
-
-    in_tokenizer = tf.constant(
-        self._VocabTables().in_tokenizer[:p.vocab_size])[None]  # [1, V]
-
-    def _Body(step, buf, done):
-      logits = tf.cast(self._LastLogits(theta, buf, step - 1), tf.float32)
-      logits = tf.where(in_tokenizer, logits, -1e9)
-      best = tf.argmax(logits, -1, output_type=ids.dtype)
-      drawn = tf.random.stateless_categorical(
-          logits / temperature, 1, seed=self.OpSeed(theta, step),
-          dtype=ids.dtype)[:, 0]
-      new = tf.where(greedy, best, drawn)                     # [2b]
-      write = tf.logical_and(step >= lens, tf.logical_not(done))
-      at_step = tf.logical_and(tf.equal(pos, step), write[:, None])
-      buf = tf.where(at_step, new[:, None], buf)
-      done = tf.logical_or(done, tf.logical_and(write,
-                                                tf.equal(new, p.eos_id)))
-      return step + 1, buf, done
-
-    _, buf, _ = tf.while_loop(
-        _Cond, _Body, (tf.reduce_min(prompt_len),
-                       buf, tf.zeros([2 * b], tf.bool)))
     reference = tf.where(input_batch.weights > 0,
                          tf.convert_to_tensor(input_batch.labels), pad)
-    return NestedMap(prompt_lengths=prompt_len, greedy_ids=buf[:b],
-                     sampled_ids=buf[b:], reference_ids=reference)
+    return NestedMap(prompt_lengths=prompt_len, greedy_ids=out.ids[:b],
+                     sampled_ids=out.ids[b:], reference_ids=reference)
+
+  # --- serving ---------------------------------------------------------------
+
+  def Score(self, theta, ids, paddings):
+    """Log-probabilities of each row's tokens given the tokens before them.
+
+    Args:
+      theta: the task's theta.
+      ids: [b, t] int32: BOS, the sentence's tokens, EOS, then pads. (An
+        input batch row is ids[:, :-1], its labels ids[:, 1:].)
+      paddings: [b, t] float32, 1.0 past the row's end.
+
+    Returns:
+      NestedMap of
+        log_probs [b, t] float32: log p(ids[:, i] | ids[:, :i]) for i >= 1;
+          0 at i = 0 (the BOS is given) and on padding;
+        sentence_log_prob [b] float32: their sum, the row's log-likelihood
+          (the negative of the evaler's per-row xent);
+        num_tokens [b] float32: tokens scored (the EOS included).
+    """
+    ids = tf.convert_to_tensor(ids)
+    paddings = tf.convert_to_tensor(paddings, tf.float32)
+    encoded = self._Encode(theta, ids[:, :-1], paddings[:, :-1])
+    weights = 1.0 - paddings[:, 1:]
+    with cluster_lib.DeviceScope(self._last_device):
+      _, nll = self._TokenNll(theta.softmax, encoded, ids[:, 1:], weights)
+      log_probs = -tf.cast(nll, tf.float32) * weights          # [b, t - 1]
+      log_probs = tf.pad(log_probs, [[0, 0], [1, 0]])
+      return NestedMap(log_probs=log_probs,
+                       sentence_log_prob=tf.reduce_sum(log_probs, 1),
+                       num_tokens=tf.reduce_sum(weights, 1))
+
+  def Inference(self, batch_size=None, max_len=None):
+    """`score` and `sample` for serving; see BaseTask.Inference.
+
+    Token ids in and out. Text cannot go in or out of the graph on plain
+    TensorFlow: SentencePiece's ops are TF Text's (tensorflow-text), which
+    is not a dependency of Cadence and which every process that loads the
+    SavedModel would have to import (TF Serving needs a custom build). So
+    the SavedModel carries the tokenizer's model file as the asset
+    `tokenizer_model` (SentencePiece input only) and the caller tokenises
+    with the `sentencepiece` package, which needs no TensorFlow (README:
+    "Export for serving"). Special ids: pad 0, BOS 1, EOS 2, unk 3.
+
+    A pipelined stack exports its inference computation: the task is built
+    with is_inference on one device (framework/jobs/export.py), where a
+    PipeliningLayer runs its cells one after the other on the whole batch;
+    the weights are the same (their paths do not depend on the partition).
+
+    Args:
+      batch_size: None (dynamic) or the static batch of both signatures.
+      max_len: the static row length of both signatures (BOS and EOS
+        included): score's ids and sample's prompts and outputs; None:
+        score's length is dynamic and sample's rows are params.input's
+        max_seq_len long (the decoder's).
+
+    Returns:
+      An inference.InferenceGraph.
+    """
+    owner = f'{validation.Owner(self)} Inference'
+    inference.CheckDims(owner, batch_size, max_len)
+    sample_len = max_len
+    if sample_len is None:
+      sample_len = (self.params.input.Get('max_seq_len') if
+                    'max_seq_len' in (self.params.input or {}) else None)
+      if sample_len is None:
+        raise validation.Error(owner, 'max_len', None, "needs a value: "
+                               "params.input has no max_seq_len (sample's "
+                               'rows are that long by default).')
+    b, t = batch_size, max_len
+
+    def _Score(theta, ids, paddings):
+      return dict(self.Score(theta, ids, paddings))
+
+    def _Sample(theta, prompt_ids, prompt_lengths, temperature, seed):
+      theta = base_model.base_layer.WithStepSeed(theta,
+                                                 self.SampleSeed(seed))
+      return dict(self.Sample(theta, prompt_ids, prompt_lengths, temperature,
+                              sample_len))
+
+    int_ids = lambda shape: tf.TensorSpec(shape, tf.int32)
+    graph = inference.InferenceGraph(signatures=dict(
+        score=inference.Signature(_Score, dict(
+            ids=int_ids([b, t]), paddings=tf.TensorSpec([b, t], tf.float32)),
+            _SCORE_DOC),
+        sample=inference.Signature(_Sample, dict(
+            prompt_ids=int_ids([b, t]), prompt_lengths=int_ids([b]),
+            temperature=tf.TensorSpec([b], tf.float32),
+            seed=tf.TensorSpec([], tf.int64)),
+            _SAMPLE_DOC.format(max_len=sample_len))))
+    tok = self._Tokenizer()
+    if isinstance(tok, tokenizers.SentencePieceTokenizer):
+      graph.assets['tokenizer_model'] = tok.model_file
+      how = ('SentencePiece: the asset tokenizer_model (tokenise with the '
+             'sentencepiece package; README "Export for serving")')
+    else:
+      how = (f'{type(tok).__name__}: UTF-8 byte b is id b + '
+             f'{tokenizers.NUM_RESERVED_IDS}')
+    graph.doc = (f'{type(self).__name__} {self.path!r}: vocabulary '
+                 f'{self.params.vocab_size} ids; special ids pad '
+                 f'{tokenizers.PAD_ID}, BOS {tokenizers.BOS_ID}, EOS '
+                 f'{self.params.eos_id}, unk {tokenizers.UNK_ID}; tokenizer '
+                 f'{how}.')
+    return graph
 
   def _Tokenizer(self):
     if self._tokenizer is None:
@@ -574,6 +768,34 @@ class LanguageModel(base_model.BaseTask):
     return NestedMap(schedule=pipe.schedule, remat=pipe.remat,
                      num_micro_batches=m,
                      backward_window=pipe.backward_window, cells=cells)
+
+
+_SCORE_DOC = """score(ids, paddings) -> log_probs, sentence_log_prob, num_tokens
+  ids [batch, time] int32: BOS, a sentence's tokens, EOS, then pad ids.
+  paddings [batch, time] float32: 1.0 past each row's end, else 0.
+  log_probs [batch, time] float32: log p(ids[:, i] | ids[:, :i]) in nats;
+    0 at i = 0 (the BOS) and on padding.
+  sentence_log_prob [batch] float32: the sum of a row's log_probs.
+  num_tokens [batch] float32: tokens scored per row (EOS included)."""
+
+_SAMPLE_DOC = """sample(prompt_ids, prompt_lengths, temperature, seed) -> ids,
+    lengths, finished
+  prompt_ids [batch, p] int32 (p <= {max_len}): a row's prompt (BOS first)
+    in its first prompt_lengths places; the rest is ignored.
+  prompt_lengths [batch] int32 in [1, {max_len}].
+  temperature [batch] float32: 0 continues the row greedily, > 0 samples at
+    that temperature.
+  seed [] int64: the sampling seed. Stateless: the same batch, temperatures
+    and seed give the same ids; the draws of a row depend on its index in
+    the batch (not on the other rows); compiled with XLA the draws are
+    other ones (XLA's generator). The decoder job with decoder.seed=s
+    (or, with decoder.seed None, at checkpoint step s) decodes a batch of b
+    prompts as one batch of 2b rows: the prompts twice, temperatures b x 0
+    then b x decoder.temperature; this signature given that batch and seed s
+    returns its greedy_ids (rows :b) and sampled_ids (rows b:).
+  ids [batch, {max_len}] int32: prompt, continuation, EOS, then pad ids.
+  lengths [batch] int32: tokens up to and including the EOS (or {max_len}).
+  finished [batch] bool: whether the row emitted EOS."""
 
 
 def _InGrammar(sentence):

@@ -63,11 +63,15 @@ from absl import logging
 import numpy as np
 
 from cadence.framework import nested_map
+from cadence.tasks.lm import cache_files
 
 # Bump when the grammar, the sampler or the file layout changes: data written
 # by another version is regenerated.
 _VERSION = 1
 _MANIFEST = 'synthetic_corpus.json'
+# The SHA-256 of each file, beside the manifest (which stays as versions
+# without digests wrote it, so they and this one share a cache).
+_DIGESTS = 'synthetic_corpus.sha256.json'
 
 _WORDS = {
     'det': 'the a every this that some one no',
@@ -293,24 +297,47 @@ def GenerateSentences(n, seed):
   return [' '.join(words[e - k:e]) for e, k in zip(ends, lengths.tolist())]
 
 
-def _AtomicWrite(path, text):
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
+def _FileBytes(path):
+  """The file's bytes; None if it does not exist."""
+  if not os.path.exists(path):
+    return None
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def _ReadJson(path):
+  """The dict in a JSON file; None if there is none (or, with a warning,
+  if it is not a readable one)."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding='utf-8') as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    value = None
+  if not isinstance(value, dict):
+    logging.warning('synthetic_corpus: %s is not readable; ignoring it', path)
+    return None
+  return value
 
 
 def WriteShards(data_dir, num_train_shards=10, sentences_per_shard=10000,
                 seed=0, num_heldout_sentences=None):
   """Writes the corpus in the one-billion-words layout; idempotent.
 
-  Files already written with the same configuration are kept as they are.
-  Otherwise the files of an earlier configuration (listed in the directory's
-  manifest) are deleted with any SentencePiece models that older versions
-  cached beside them (`spm_*.model`, trained on the old text; models are now
-  cached elsewhere, keyed by the files' sizes and times), and everything is
-  rewritten.
-  Every file is written to a temporary name and renamed, the manifest last.
+  Files already written with the same configuration (the manifest) are
+  kept as they are if their bytes still match the SHA-256 digests recorded
+  beside it (`synthetic_corpus.sha256.json`; written without one, by an
+  older version, they are compared with the samples once and the record is
+  written); a file that does not match (damaged, truncated, edited) or is
+  missing is rewritten (the samples are deterministic, so it comes back as
+  it was), with one warning line naming it. Otherwise the files of an
+  earlier configuration (listed in its manifest) are deleted with any
+  SentencePiece models that older versions cached beside them
+  (`spm_*.model`, trained on the old text; models are now cached
+  elsewhere, keyed by the files' sizes and times), and everything is
+  rewritten. Every file is written to a temporary name and renamed: the
+  corpus, then the digests, the manifest last.
 
   Args:
     data_dir: directory, created if missing.
@@ -344,28 +371,50 @@ def WriteShards(data_dir, num_train_shards=10, sentences_per_shard=10000,
       dev=os.path.join(data_dir, 'dev-00000-of-00001'),
       test=os.path.join(data_dir, 'test-00000-of-00001'))
 
-  manifest = os.path.join(data_dir, _MANIFEST)
-  old = None
-  if os.path.exists(manifest):
-    with open(manifest, encoding='utf-8') as f:
-      old = json.load(f)
-  if old == config and all(
-      os.path.exists(os.path.join(data_dir, f)) for f in files):
-    logging.info('synthetic_corpus: %s already holds this corpus', data_dir)
-    return patterns
-  if old is not None:
-    stale = [os.path.join(data_dir, f) for f in old.get('files', [])]
-    stale += glob.glob(os.path.join(data_dir, 'spm_*.model'))
-    for path in stale:
-      if os.path.exists(path):
-        os.remove(path)
-    os.remove(manifest)
-  for name, (count, file_seed) in sorted(files.items()):
-    text = '\n'.join(GenerateSentences(count, file_seed)) + '\n'
-    _AtomicWrite(os.path.join(data_dir, name), text)
-  _AtomicWrite(manifest, json.dumps(config, indent=1, sort_keys=True))
-  logging.info('synthetic_corpus: wrote %d train shards x %d sentences and '
-               '%d Dev/Test sentences to %s; entropy %.4f nats/sentence',
-               n, sentences_per_shard, num_heldout_sentences, data_dir,
+  def _Path(name):
+    return os.path.join(data_dir, name)
+
+  def _Text(name):
+    count, file_seed = files[name]
+    return '\n'.join(GenerateSentences(count, file_seed)) + '\n'
+
+  manifest, record = _Path(_MANIFEST), _Path(_DIGESTS)
+  old = _ReadJson(manifest)
+  texts = {}
+  if old == config:
+    digests = _ReadJson(record)
+    if digests is not None:
+      rewrite = [f for f in sorted(files) if not os.path.exists(_Path(f)) or
+                 cache_files.Sha256(_Path(f)) != digests.get(f)]
+    else:  # Written without a digest record: compare with the samples.
+      texts = {f: _Text(f) for f in files}
+      rewrite = [f for f in sorted(files)
+                 if _FileBytes(_Path(f)) != texts[f].encode('utf-8')]
+    if not rewrite and digests is not None:
+      logging.info('synthetic_corpus: %s already holds this corpus (digests '
+                   'checked)', data_dir)
+      return patterns
+    if rewrite:
+      logging.warning('synthetic_corpus: %s: %s missing or not as written; '
+                      'rewriting it', data_dir, ', '.join(rewrite))
+  else:
+    if old is not None:
+      stale = [_Path(f) for f in old.get('files', []) if isinstance(f, str)]
+      stale += glob.glob(_Path('spm_*.model')) + [record, manifest]
+      for path in stale:
+        if os.path.exists(path):
+          os.remove(path)
+    rewrite = sorted(files)
+  for name in rewrite:
+    cache_files.AtomicWrite(_Path(name), texts.get(name) or _Text(name))
+  cache_files.AtomicWrite(record, json.dumps(
+      {f: cache_files.Sha256(_Path(f)) for f in sorted(files)}, indent=1))
+  if old != config:
+    cache_files.AtomicWrite(manifest, json.dumps(config, indent=1,
+                                                 sort_keys=True))
+  logging.info('synthetic_corpus: wrote %d file(s) of the corpus (%d train '
+               'shards x %d sentences, %d Dev/Test sentences) and their '
+               'digests to %s; entropy %.4f nats/sentence', len(rewrite), n,
+               sentences_per_shard, num_heldout_sentences, data_dir,
                EntropyPerSentence())
   return patterns

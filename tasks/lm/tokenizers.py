@@ -23,11 +23,11 @@ Example:
       train_file_pattern='/tmp/lm_data/train-*', vocab_size=256).Instantiate()
   spm.vocab_size                # pieces of the model (<= 256 on tiny data)
 """
-import glob
 import hashlib
+import io
 import json
 import os
-import uuid
+import re
 
 from absl import logging
 import numpy as np
@@ -35,6 +35,7 @@ import sentencepiece as spm
 
 from cadence.framework import base_input_generator
 from cadence.framework import hyperparams
+from cadence.tasks.lm import cache_files
 
 PAD_ID = 0
 BOS_ID = 1
@@ -159,17 +160,37 @@ def _DataDigest(files, params):
 
 
 def _TrainingSentences(files, limit):
-  """Non-empty stripped lines of `files` in order, at most `limit`."""
-  count = 0
+  """(non-empty stripped lines of `files` in order, at most `limit`;
+  number of lines read)."""
+  sentences, lines = [], 0
   for path in files:
     with open(path, 'rb') as f:
       for line in f:
+        lines += 1
         text = line.decode('utf-8', errors='replace').strip()
         if text:
-          yield text
-          count += 1
-          if count >= limit:
-            return
+          sentences.append(text)
+          if len(sentences) >= limit:
+            return sentences, lines
+  return sentences, lines
+
+
+def _TrainingError(owner, error, params):
+  """The ValueError of a SentencePiece training failure (a RuntimeError
+  whose message is SentencePiece's C++ check), in the house's words."""
+  text = str(error)
+  chars = re.search(r'required_chars\. (\d+) vs (\d+)', text)
+  if chars:
+    return ValueError(
+        f'{owner}: vocab_size={params.vocab_size} is too small for the '
+        f'{int(chars.group(2)) - NUM_RESERVED_IDS} distinct characters that '
+        f'character_coverage={params.character_coverage} keeps in the text '
+        f'of train_file_pattern {params.train_file_pattern!r} (SentencePiece '
+        f'needs a piece for each); raise vocab_size (to at least '
+        f'{chars.group(2)}) or lower character_coverage (e.g. 0.9995).')
+  last = [l for l in text.splitlines() if l.strip()][-1:] or [repr(error)]
+  return ValueError(f'{owner}: SentencePiece training on train_file_pattern '
+                    f'{params.train_file_pattern!r} failed: {last[0]}')
 
 
 class SentencePieceTokenizer(BaseTokenizer):
@@ -185,8 +206,14 @@ class SentencePieceTokenizer(BaseTokenizer):
   text trains a new model, and nothing is written beside the data (data
   directories are often read-only or shared). Training writes to a unique
   temporary name and renames it into place, so concurrent trainers (a
-  trainer and an evaler) never see a partial file. A `cache_dir` that
-  cannot be written is an `InputError` (the trainer's exit 2) naming it.
+  trainer and an evaler) never see a partial file, then records the
+  model's SHA-256 beside it (`<model>.sha256`, tasks/lm/cache_files.py); a
+  cached model whose bytes no longer match is trained again, with one
+  warning line. A `cache_dir` that cannot be written, and training files
+  that are missing, directories, not text or only blank lines, are an
+  `InputError` (the trainer's exit 2) naming them; a vocab_size too small
+  for the text's characters is a ValueError naming vocab_size and
+  character_coverage.
 
   Trained models reserve pad=0, bos=1, eos=2, unk=3 and use the identity
   normalisation (no NFKC), so decoding returns the text as written. With
@@ -252,6 +279,7 @@ class SentencePieceTokenizer(BaseTokenizer):
 
   def _TrainedModelFile(self):
     p = self._params
+    owner = f'{type(self).__name__} {p.name!r}'
     if p.vocab_size <= NUM_RESERVED_IDS:
       raise ValueError(f'SentencePieceTokenizer {p.name!r}: vocab_size='
                        f'{p.vocab_size} must be > {NUM_RESERVED_IDS}')
@@ -262,46 +290,48 @@ class SentencePieceTokenizer(BaseTokenizer):
       raise ValueError(f'SentencePieceTokenizer {p.name!r}: set model_file or '
                        'train_file_pattern (the training text); both are '
                        'None')
-    files = sorted(glob.glob(p.train_file_pattern))
-    if not files:
-      raise ValueError(f'SentencePieceTokenizer {p.name!r}: '
-                       f'train_file_pattern={p.train_file_pattern!r} matches '
-                       'no files')
+    files = base_input_generator.CheckedFiles(
+        p.train_file_pattern, owner, field='train_file_pattern')
     cache_dir = os.path.abspath(os.path.expanduser(
         p.cache_dir or DefaultCacheDir()))
     path = os.path.join(cache_dir, f'spm_{p.model_type}_{p.vocab_size}-'
                         f'{_DataDigest(files, p)}.model')
-    if os.path.exists(path):
+    if cache_files.Verified(path):
       return path
-    sentences = list(_TrainingSentences(files, p.max_train_sentences))
+    if os.path.exists(path):
+      logging.warning('SentencePieceTokenizer %r: the cached %s does not '
+                      'match its recorded digest (damaged, or cached before '
+                      'digests); training it again', p.name, path)
+    sentences, lines = _TrainingSentences(files, p.max_train_sentences)
     if not sentences:
-      raise ValueError(f'SentencePieceTokenizer {p.name!r}: '
-                       f'train_file_pattern={p.train_file_pattern!r} has no '
-                       'non-empty lines to train on')
-    tmp = f'{path}.tmp-{uuid.uuid4().hex}'
+      raise base_input_generator.InputError(
+          f'{owner}: train_file_pattern {p.train_file_pattern!r} has no '
+          f'sentences to train on: its {len(files)} file(s) hold {lines} '
+          'lines, all blank.')
+    model = io.BytesIO()
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sentences), model_writer=model,
+          vocab_size=p.vocab_size, model_type=p.model_type,
+          character_coverage=p.character_coverage,
+          byte_fallback=p.byte_fallback,
+          hard_vocab_limit=p.hard_vocab_limit,
+          normalization_rule_name='identity',
+          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+          input_sentence_size=0, num_threads=1,
+          minloglevel=2)
+    except RuntimeError as e:
+      raise _TrainingError(owner, e, p) from None
     try:
       os.makedirs(cache_dir, exist_ok=True)
-      with open(tmp, 'wb') as model:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model,
-            vocab_size=p.vocab_size, model_type=p.model_type,
-            character_coverage=p.character_coverage,
-            byte_fallback=p.byte_fallback,
-            hard_vocab_limit=p.hard_vocab_limit,
-            normalization_rule_name='identity',
-            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-            input_sentence_size=0, num_threads=1,
-            minloglevel=2)
-      os.replace(tmp, path)
+      cache_files.AtomicWrite(path, model.getvalue())
+      cache_files.WriteDigest(path)
     except OSError as e:
       raise base_input_generator.InputError(
           f'SentencePieceTokenizer {p.name!r}: cannot write the trained model '
           f'to cache_dir={cache_dir!r} ({type(e).__name__}: '
           f'{e.strerror or e}); set tokenizer.cache_dir to a writable '
           'directory (input.tokenizer.cache_dir).') from None
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
     logging.info('SentencePieceTokenizer %r: trained %s on %d sentences of %s',
                  p.name, path, len(sentences), p.train_file_pattern)
     return path

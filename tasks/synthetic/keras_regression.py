@@ -3,12 +3,18 @@ by Cadence (replicas, pipeline-free) as any task.
 
 The network is a KerasLayer (layers/keras_layer.py) around the model that
 `net_tpl.layer` builds; the data, loss, metrics and decoding are
-RegressionModel's (tasks/synthetic/regression.py).
+RegressionModel's (tasks/synthetic/regression.py). Its export for serving
+(`trainer.py --mode=export`) is the Keras model's own (`keras.Model.export`):
+the trained weights in the model the user wrote, with Keras's 'serve'
+endpoint, which TF Serving and `keras.layers.TFSMLayer` load.
 """
 import keras
+import tensorflow as tf
 
+from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.layers import keras_layer
 from cadence.tasks.synthetic import regression
 
@@ -46,6 +52,24 @@ class KerasRegressionModel(regression.RegressionModel):
   @classmethod
   def _NetParams(cls, p):
     return p.net_tpl.Copy().Set(name='net')
+
+  def Inference(self, batch_size=None, max_len=None):
+    """The Keras model, exported the Keras way; see BaseTask.Inference.
+
+    Its variables are this task's, so the export holds the restored
+    weights. The SavedModel's endpoint 'serve' (and signature
+    'serving_default') maps x [batch, input_dim] float32 to
+    [batch, 1] float32, the model's output (`predictions.y` unsqueezed).
+    """
+    inference.CheckDims(f'{validation.Owner(self)} Inference', batch_size,
+                        max_len, uses_max_len=False)
+    spec = tf.TensorSpec([batch_size, self.params.input_dim], tf.float32,
+                         name='x')
+    return inference.InferenceGraph(
+        keras_model=self.net.keras_object, keras_inputs=[spec],
+        doc=f'{type(self).__name__} {self.path!r}: the Keras model '
+        f'{self.net.keras_object.name!r}; serve(x [batch, '
+        f'{self.params.input_dim}] float32) -> [batch, 1] float32.')
 
   @classmethod
   def FPropMeta(cls, params, input_shapes):

@@ -14,6 +14,7 @@ from cadence.framework import base_input_generator
 from cadence.framework import base_model
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.layers import dropout
 from cadence.layers import gpipe
 from cadence.layers import linear
@@ -86,6 +87,29 @@ class RegressionInput(base_input_generator.BaseInputGenerator):
     if not self.files:  # Generated once, then read by index.
       self._data = SyntheticData(p.num_examples, p.input_dim, p.teacher_seed,
                                  p.noise_stddev, p.first_example)
+    elif p.file_type == 'text':
+      self._CheckFirstLine()
+
+  def _CheckFirstLine(self):
+    """An InputError unless the first line of the files is a CSV example
+    (x_0,...,x_{d-1},y): a wrong file or input_dim is found here, before
+    any step, not by the first batch."""
+    p = self.params
+    path = next(f for f in self.files if tf.io.gfile.stat(f).length)
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      line = f.readline().decode('utf-8', errors='replace').strip()
+    try:
+      values = [float(v) for v in line.split(',')]
+    except ValueError:
+      values = None
+    if values is None or len(values) != p.input_dim + 1:
+      found = ('holds something else' if values is None else
+               f'has {len(values)} value(s)')
+      raise base_input_generator.InputError(
+          f'{type(self).__name__} {p.name!r}: line 1 of {path!r} '
+          f'({validation.ShortRepr(line, 60)}) {found}; each line must be '
+          f'input_dim + 1 = {p.input_dim + 1} comma-separated numbers '
+          '(x_0,...,x_{d-1},y).')
 
   @classmethod
   def BatchShapes(cls, params):

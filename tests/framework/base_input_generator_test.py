@@ -1,5 +1,6 @@
 """Tests for cadence.framework.base_input_generator."""
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -17,6 +18,14 @@ class _TokenInput(big.BaseInputGenerator):
 
   def _ExampleLength(self, example):
     return tf.shape(example.ids)[0]
+
+
+class _FirstIdInput(big.BaseInputGenerator):
+  """Vectorised: [n] lines -> ids [n, 1], each line's first int."""
+
+  def _ProcessRecordBatch(self, records):
+    first = tf.strings.split(records).to_tensor()[:, :1]
+    return NestedMap(ids=tf.strings.to_number(first, tf.int32))
 
 
 def _WriteLines(path, lines):
@@ -71,6 +80,38 @@ class BaseInputGeneratorTest(tf.test.TestCase):
     with self.assertRaisesRegex(big.InputError, 'file_pattern=.* is empty'):
       self._Params().Set(file_pattern='').Instantiate()
 
+  def testDirectoriesAndFilesThatAreNotText(self):
+    sub = os.path.join(self.dir, 'sub')
+    os.makedirs(sub)
+    with self.assertRaisesRegex(big.InputError, re.escape(
+        f"_TokenInput 'input': {sub!r} (of file_pattern {self.dir + '/*'!r}) "
+        f"is a directory, not a file; name the files in it (e.g. "
+        f"{sub + '/*'!r}).")):
+      self._Params().Set(file_pattern=self.dir + '/*').Instantiate()
+    cases = {  # file contents -> the rule its message states
+        # Random bytes (seeded): NULs among them.
+        np.random.RandomState(0).bytes(3000):
+            r'is not text: it holds NUL bytes \(byte \d+\); a binary, '
+            r'compressed or UTF-16 file\?',
+        'ab\n'.encode('utf-16'): r'is not text: it holds NUL bytes',
+        b'\xff\xfe\x80abc\n': r'is not text: 3 of its first 7 bytes are not '
+                              r'UTF-8; a binary or compressed file\?'}
+    for i, (data, rule) in enumerate(cases.items()):
+      path = os.path.join(sub, f'bad-{i}')
+      with open(path, 'wb') as f:
+        f.write(data)
+      self.assertRegex(big.FileProblem(path), '^' + rule)
+      with self.assertRaisesRegex(big.InputError, f"_TokenInput 'input': "
+                                  f"'{path}' \\(of file_pattern '{path}'\\) "
+                                  + rule):
+        self._Params().Set(file_pattern=path).Instantiate()
+    # A few bad bytes in text (1 of 22 here) pass; tfrecords are binary.
+    ok = os.path.join(sub, 'mostly-text')
+    with open(ok, 'wb') as f:
+      f.write(b'a line\nc\xff d\nmore text\n')
+    self.assertIsNone(big.FileProblem(ok))
+    self.assertIsNone(big.FileProblem(path, 'tfrecord'))
+
   def testBadParams(self):
     with self.assertRaisesRegex(big.InputError,
                                 r"batch_size=0 must be an int >= 1"):
@@ -110,13 +151,51 @@ class BaseInputGeneratorTest(tf.test.TestCase):
     resumed = _Ids(gen.Dataset(start_batch=23).take(17))
     self.assertEqual(resumed, full[23:])
 
-  def testInputShardsSplitTheFiles(self):
-    shards = [self._Params(num_input_shards=2, input_shard_index=i,
-                           repeat=False).Instantiate() for i in range(2)]
-    self.assertEqual([len(s.files) for s in shards], [2, 2])
-    ids = [set(sum(_Ids(s.Dataset()), [])) for s in shards]
-    self.assertEmpty(ids[0] & ids[1])
-    self.assertEqual(ids[0] | ids[1], set(range(100)))
+  def _AssertHostsShareGlobalBatches(self, params, num_batches=3):
+    """2 hosts x 2 replicas read the rows of 1 host x 4 replicas, in order
+    (from a resumed position)."""
+    for start in (2,):
+      whole = list(params.Copy().Instantiate().Dataset(
+          start_batch=start, num_replicas=4).take(num_batches))
+      hosts = [list(params.Copy().Set(
+          num_input_shards=2, input_shard_index=h).Instantiate().Dataset(
+              start_batch=start, num_replicas=2).take(num_batches))
+               for h in range(2)]
+      self.assertLen(whole, num_batches)
+      for batch, *shares in zip(whole, *hosts):
+        for key in batch:
+          self.assertAllEqual(batch[key], np.concatenate(
+              [share[key] for share in shares]), msg=key)
+
+  def testHostsShareGlobalBatches(self):
+    self._AssertHostsShareGlobalBatches(self._Params())    # padded
+    self._AssertHostsShareGlobalBatches(self._Params(      # bucketed
+        bucket_upper_bound=[2, 4, 7], bucket_batch_limit=[3, 2, 1]))
+    self._AssertHostsShareGlobalBatches(self._Params(      # static shapes
+        bucket_upper_bound=[7], fixed_input_shape=True))
+    self._AssertHostsShareGlobalBatches(                   # vectorised
+        _FirstIdInput.Params().Set(file_pattern=self.pattern, batch_size=3))
+    # A static batch dim stays static in each host's share.
+    share = self._Params(bucket_upper_bound=[7], fixed_input_shape=True,
+                         num_input_shards=2, input_shard_index=1)
+    self.assertEqual(share.Instantiate().Dataset(
+        num_replicas=2).element_spec.ids.shape.as_list(), [10, 7])
+
+  def testHostSharesOfOnePassAreDisjointAndCover(self):
+    shares = [self._Params(num_input_shards=2, input_shard_index=h,
+                           repeat=False).Instantiate() for h in range(2)]
+    self.assertEqual([len(s.files) for s in shares], [4, 4])  # All files.
+    ids = [sum(_Ids(s.Dataset()), []) for s in shares]
+    self.assertEmpty(set(ids[0]) & set(ids[1]))
+    self.assertCountEqual(ids[0] + ids[1], range(100))
+    # The last global batch (100 = 10 x 10) splits in equal halves; with
+    # 3 hosts the shares are ceil(10 / 3) = 4, 4 and 2 rows.
+    self.assertEqual([shares[0].HostRows(10), shares[1].HostRows(10)],
+                     [(0, 5), (5, 10)])
+    three = [self._Params(num_input_shards=3,
+                          input_shard_index=h).Instantiate().HostRows(10)
+             for h in range(3)]
+    self.assertEqual(three, [(0, 4), (4, 8), (8, 12)])
 
   def testBucketingByLength(self):
     gen = self._Params(bucket_upper_bound=[2, 4, 6],
@@ -150,6 +229,15 @@ class BaseInputGeneratorTest(tf.test.TestCase):
       self.assertEqual(batch.paddings.shape, [10, 7])
     with self.assertRaisesRegex(big.InputError, 'needs bucket_upper_bound'):
       self._Params(fixed_input_shape=True).Instantiate().Dataset()
+
+  def testRealExamplesAreTheRowsNotAllPadding(self):
+    batch = NestedMap(ids=tf.zeros([4, 3], tf.int32), paddings=tf.constant(
+        [[0, 0, 1], [1, 1, 1], [0, 0, 0], [1, 1, 1]], tf.float32))
+    self.assertAllEqual(big.RealExamples(batch), [True, False, True, False])
+    batch.sub = NestedMap(tgt_paddings=tf.constant([[0.], [0.], [1.], [1.]]))
+    self.assertAllEqual(big.RealExamples(batch), [True, False, False, False])
+    self.assertAllEqual(big.RealExamples(NestedMap(x=tf.zeros([3, 2]))),
+                        [True] * 3)
 
   def testGlobalBatchAcrossReplicas(self):
     gen = self._Params().Instantiate()

@@ -6,6 +6,7 @@ dataset method it defines (Train, and Dev/Test when present) come back from
 whose class name ends in 'Tiny' are small enough to build fully here: the
 model, its learner, and the Train input generator.
 """
+import numpy as np
 import pytest
 
 from cadence.framework import base_model
@@ -42,3 +43,39 @@ def testTinyModelsBuild(key):
   learner.Build()
   assert learner.trainable, f'{key}: nothing trains'
   params.input.Instantiate()
+
+
+def _SmallData(input_p, tmp):
+  """`input_p` reading less data (fewer and smaller examples, a small
+  grammar corpus in `tmp`), with every setting that groups examples into
+  batches kept."""
+  p = input_p.Copy()
+  if 'num_examples' in p:
+    p.num_examples = min(p.num_examples, 512)
+  if 'image_size' in p:
+    p.image_size = [min(d, 16) for d in p.image_size]
+  if 'corpus' in p:   # LmCorpusInput: the embedded corpus, made small.
+    p.Set(corpus='synthetic', data_dir=str(tmp / 'data'))
+    p.synthetic.Set(num_train_shards=2, sentences_per_shard=300,
+                    num_heldout_sentences=50)
+    p.tokenizer.cache_dir = str(tmp / 'spm')
+  return p
+
+
+@pytest.mark.parametrize('key', _KEYS)
+def testSameGlobalBatchesOnAnyHostLayout(key, tmp_path):
+  """1 host x 2 replicas and 2 hosts x 1 replica read the same global
+  batches (each host its share, in order), from a resumed position."""
+  input_p = _SmallData(model_registry.GetParams(key, 'Train').input,
+                       tmp_path)
+  whole = list(input_p.Instantiate().Dataset(start_batch=1,
+                                             num_replicas=2).take(2))
+  hosts = [list(input_p.Copy().Set(
+      num_input_shards=2, input_shard_index=h).Instantiate().Dataset(
+          start_batch=1, num_replicas=1).take(2)) for h in range(2)]
+  assert len(whole) == 2
+  for batch, *shares in zip(whole, *hosts):
+    for name in batch:
+      np.testing.assert_array_equal(
+          batch[name], np.concatenate([s[name] for s in shares]),
+          err_msg=f'{key}: {name}')

@@ -229,6 +229,25 @@ class EvalProgramsTest(tf.test.TestCase):
     texts = summary_utils.ReadTexts(os.path.join(logdir, 'decoder_test'))
     self.assertEqual(texts['decoder_out'][0][1].split('\n\n')[0], lines[0])
 
+  def testDecoderMetricsCoverExactlyTheLinesWritten(self):
+    # 40 samples: 2 batches of 32 are decoded, 40 rows kept.
+    p = _Params('Test')
+    p.task.is_inference = True
+    p.task.eval.decoder_samples = 40
+    task = p.Instantiate().task
+    logdir = self.get_temp_dir()
+    results = eval_programs.DecodeProgram(task, 'Test', logdir).Run(
+        3, task.theta)
+    x, y = regression.SyntheticData(40, 8, first_example=2_000_000)
+    pred = task.ComputePredictions(task.theta, regression.NestedMap(
+        x=tf.constant(x), y=tf.constant(y))).y.numpy()
+    self.assertAllClose(results['mae'], np.mean(np.abs(pred - y)), atol=1e-5)
+    self.assertAllClose(results['mse'], np.mean((pred - y) ** 2), rtol=1e-5)
+    lines = open(os.path.join(logdir, 'decoder_test',
+                              'decoder_out-00000003.txt')).read().splitlines()
+    self.assertEqual(lines, [f'target={t:.4f} prediction={v:.4f}'
+                             for t, v in zip(y, pred)])
+
   def testWholeDatasetNeedsANonRepeatingInput(self):
     p = _Params('Train')
     p.task.eval.samples_per_summary = 0

@@ -87,6 +87,26 @@ class ImageClassifierTest(tf.test.TestCase):
                                     meta.memory.schedule))
     self.assertLen(meta.memory.cells, 2)
 
+  def testInferencePredictIsTheEvalersSoftmax(self):
+    p = model.ImageClassifier.Params().Set(name='image', is_inference=True)
+    p.resnet_tpl.Set(image_size=[8, 8], stage_dims=[4], stage_blocks=[1],
+                     num_classes=5, pipeline_tpl=None)
+    task = p.Instantiate()
+    graph = task.Inference(batch_size=3)
+    predict = graph.signatures['predict']
+    self.assertEqual(predict.inputs['images'].shape.as_list(), [3, 8, 8, 3])
+    images = tf.random.stateless_uniform([3, 8, 8, 3], seed=[1, 2],
+                                         minval=-1, maxval=1)
+    out = predict.fn(task.theta, images)
+    logits = task.ComputePredictions(task.theta, NestedMap(image=images))
+    self.assertAllClose(out['probabilities'], tf.nn.softmax(logits.logits),
+                        atol=1e-6)
+    self.assertAllEqual(out['classes'], tf.argmax(logits.logits, -1))
+    with self.assertRaisesRegex(
+        ValueError, r"ImageClassifier 'image' Inference: max_len=4 has no "
+        'meaning for this task: it has no sequence length.'):
+      task.Inference(max_len=4)
+
   def testBadResNetTemplate(self):
     p = model.ImageClassifier.Params().Set(name='image', resnet_tpl=NestedMap())
     with self.assertRaisesRegex(ValueError, r"ImageClassifier 'image': "

@@ -281,9 +281,9 @@ class LmInputTest(tf.test.TestCase):
     data_dir = self._Dir('empty')
     blank = os.path.join(data_dir, 'blank-*')
     _Write(os.path.join(data_dir, 'blank-0'), b'\n \n\n')
-    with self.assertRaisesRegex(ValueError, re.escape(
-        f"file_pattern '{blank}' has no non-empty lines in 1 file(s) (3 "
-        'empty lines)')):
+    with self.assertRaisesRegex(base_input_generator.InputError, re.escape(
+        f"LmInput 'lm_input': file_pattern '{blank}' has no sentences: its 1 "
+        'file(s) hold 3 lines, all blank.')):
       self._Params(blank).Instantiate()
     zero = os.path.join(data_dir, 'zero-*')
     _Write(os.path.join(data_dir, 'zero-0'), b'')

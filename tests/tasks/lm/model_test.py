@@ -1,4 +1,5 @@
 """Tests for cadence.tasks.lm.model: the LanguageModel task."""
+import functools
 import os
 import re
 
@@ -104,9 +105,13 @@ class LanguageModelTest(tf.test.TestCase):
     self.assertAllClose(metrics.tokens_per_batch, (tokens, 1.0), atol=0)
     self.assertAllClose(metrics.nats_per_sentence,
                         ((nll * w).sum() / B, B), atol=1e-4)
-    self.assertAllClose(metrics.excess_nats_per_sentence,
-                        ((nll * w).sum() / B - 2.5, B), atol=1e-4)
     self.assertAllClose(per_example.xent, (nll * w).sum(1), atol=1e-4)
+    # The gap to the entropy is an eval metric (is_inference) only.
+    self.assertNotIn('excess_nats_per_sentence', metrics)
+    evaler = _Build(_Params(entropy_per_sentence=2.5, is_inference=True))
+    eval_metrics, _ = evaler.FPropTower(evaler.theta, batch)
+    self.assertAllClose(eval_metrics.excess_nats_per_sentence,
+                        ((nll * w).sum() / B - 2.5, B), atol=1e-4)
     # Untrained on VOCAB classes: about log(VOCAB) nats a token.
     self.assertAllClose(metrics.log_pplx[0], np.log(VOCAB), atol=0.5)
 
@@ -126,7 +131,8 @@ class LanguageModelTest(tf.test.TestCase):
         shuffle=False, repeat=False, fixed_input_shape=True).Instantiate()
     batch = NestedMap({k: tf.constant(v)
                        for k, v in gen.InputBatchAt(0).items()})
-    task = _Build(_Params(vocab_size=260, entropy_per_sentence=2.5))
+    task = _Build(_Params(vocab_size=260, entropy_per_sentence=2.5,
+                          is_inference=True))
     metrics, _ = task.FPropTower(task.theta, batch)
     nll = _Nll(task, batch)
     whole = [(0, [0, 1, 2], 6 / 4), (0, [4, 5], 6 / 5), (1, [1, 2, 3], 6 / 4)]
@@ -153,7 +159,7 @@ class LanguageModelTest(tf.test.TestCase):
         (synthetic.Copy().Set(file_pattern='/my/text'), None, False),
         (corpus_input.LmCorpusInput.Params().Set(
             corpus='one_billion_words'), None, False)):
-      p = _Params()
+      p = _Params(is_inference=True)
       p.input = input_p
       task = _Build(p)
       self.assertEqual(task.entropy_per_sentence, entropy)
@@ -407,6 +413,105 @@ class DecodeTest(tf.test.TestCase):
           self.assertTrue(lines[i].startswith(f'prompt: {prompt!r}  '))
 
 
+class ServingTest(tf.test.TestCase):
+  """Score and Sample, the code of the exported `score` and `sample`
+  (export and load: tests/trainer_export_test.py)."""
+
+  def _Task(self, splits=None, seed=None, num_layers=3):
+    p = _Params(is_inference=True, splits=splits, num_micro_batches=2,
+                vocab_size=260)
+    p.stack_tpl.num_layers = num_layers
+    p.decoder.seed = seed
+    p.input = corpus_input.LmCorpusInput.Params().Set(max_seq_len=T)
+    return _Build(p, 2 if splits else 1)
+
+  def testScoreIsTheEvalersNll(self):
+    """Rows BOS w.. EOS: ids[:, 1:] scored given the ones before, as the
+    loss scores the batch's labels given its ids."""
+    for splits in (None, 2):
+      with self.subTest(splits=splits):
+        task = self._Task(splits)
+        batch = _Batch(seed=2)
+        ids = tf.concat([batch.ids[:, :1], batch.labels], 1)     # [b, t+1]
+        paddings = tf.pad(1.0 - batch.weights, [[0, 0], [1, 0]])
+        out = task.Score(task.theta, ids, paddings)
+        nll = _Nll(task, batch) * np.asarray(batch.weights)
+        self.assertAllClose(out.log_probs[:, 1:], -nll, atol=1e-5)
+        self.assertAllEqual(out.log_probs[:, 0], np.zeros(B))
+        self.assertAllClose(out.sentence_log_prob, -nll.sum(1), atol=1e-5)
+        self.assertAllEqual(out.num_tokens, np.sum(batch.weights, 1))
+        _, per_example = task.FPropTower(task.theta, batch)
+        self.assertAllClose(out.sentence_log_prob, -per_example.xent,
+                            atol=1e-5)
+
+  def testSampleIsTheDecodersCodeWithItsSeed(self):
+    """decoder.seed=5 decodes as a checkpoint of step 5 does, and Sample
+    given the decoder's batch (prompts twice, b greedy then b sampled rows)
+    and SampleSeed(5) returns its ids."""
+    task = self._Task()
+    seeded = self._Task(seed=5)
+    batch = _Batch(seed=1)
+    ids = np.asarray(batch.ids).copy()
+    ids[:, 2::2] = np.where(ids[:, 2::2] > 0, _SPACE, 0)
+    batch.ids = tf.constant(ids)
+    at_step_5 = task.Decode(test_utils.Seeded(task, seed=task.SampleSeed(5)),
+                            batch)
+    with_seed = seeded.Decode(test_utils.Seeded(seeded, 99), batch)
+    for key in ('greedy_ids', 'sampled_ids', 'prompt_lengths'):
+      self.assertAllEqual(at_step_5[key], with_seed[key])
+    lengths = at_step_5.prompt_lengths
+    out = task.Sample(
+        test_utils.Seeded(task, seed=task.SampleSeed(5)),
+        tf.concat([batch.ids] * 2, 0), tf.concat([lengths] * 2, 0),
+        [0.0] * B + [1.0] * B, T)
+    self.assertAllEqual(out.ids, tf.concat([at_step_5.greedy_ids,
+                                            at_step_5.sampled_ids], 0))
+    for row, n, done, start in zip(np.asarray(out.ids), out.lengths,
+                                   out.finished, np.tile(lengths, 2)):
+      eos = np.flatnonzero(row[start:] == tokenizers.EOS_ID)
+      self.assertEqual(bool(done), eos.size > 0)
+      self.assertEqual(n, start + eos[0] + 1 if eos.size else T)
+      self.assertTrue((row[n:] == 0).all())
+
+  def testStaticSampleCompilesWithXla(self):
+    """What a static export (--export_batch_size, --export_max_len) gives
+    an XLA server: sample compiles (stateless_categorical has no XLA
+    kernel; score compiles too: 1e-6 from the uncompiled, measured) and
+    its greedy rows are the uncompiled ones. (XLA's stateless generator
+    draws other numbers than TensorFlow's kernels: sampled rows differ.)"""
+    task = self._Task(num_layers=1)   # XLA compiles the stack per step.
+    sample = task.Inference(batch_size=B, max_len=T + 1).signatures['sample']
+    self.assertEqual(sample.inputs['prompt_ids'].shape.as_list(), [B, T + 1])
+    batch = _Batch(seed=3)
+    args = (tf.pad(batch.ids, [[0, 0], [0, 1]]), tf.fill([B], 2),
+            tf.constant([0.0, 1.0] * (B // 2)), tf.constant(4, tf.int64))
+    fn = functools.partial(sample.fn, task.theta)
+    compiled = tf.function(fn, jit_compile=True)(*args)['ids']
+    self.assertAllEqual(compiled[::2], fn(*args)['ids'][::2])
+    self.assertEqual(compiled.shape, [B, T + 1])
+
+  def testInferenceSignatures(self):
+    task = self._Task()
+    graph = task.Inference()
+    self.assertEqual(list(graph.signatures), ['score', 'sample'])
+    self.assertEqual(graph.assets, {})   # ByteTokenizer: no model file.
+    sample = graph.signatures['sample']
+    self.assertEqual({k: v.shape.as_list() for k, v in sample.inputs.items()},
+                     dict(prompt_ids=[None, None], prompt_lengths=[None],
+                          temperature=[None], seed=[]))
+    out = sample.fn(task.theta, tf.ones([2, 1], tf.int32), [1, 1],
+                    [0.0, 0.0], tf.constant(3, tf.int64))
+    self.assertEqual(out['ids'].shape, [2, T])       # input.max_seq_len
+    static = task.Inference(batch_size=4, max_len=10).signatures
+    self.assertEqual(static['score'].inputs['ids'].shape.as_list(), [4, 10])
+    self.assertEqual(static['sample'].inputs['temperature'].shape.as_list(),
+                     [4])
+    with self.assertRaisesRegex(
+        ValueError, r"LanguageModel 'lm' Inference: max_len=1 must be None "
+        r'or an int >= 2\.'):
+      task.Inference(max_len=1)
+
+
 class TinyExperimentTest(tf.test.TestCase):
 
   def testTrainsWithAPipelineAndLogPplxFalls(self):
@@ -418,7 +523,7 @@ class TinyExperimentTest(tf.test.TestCase):
       p = model_registry.GetParams(key, dataset)
       p.input.Set(data_dir=data_dir, batch_size=8)
       p.input.synthetic.Set(num_train_shards=2, sentences_per_shard=1000,
-                            num_heldout_sentences=64)
+                            num_heldout_sentences=60)
       p.input.tokenizer.Set(vocab_size=300, cache_dir=os.path.join(
           self.get_temp_dir(), 'spm'))
       p.task.Set(vocab_size=300, model_dim=32)
@@ -426,7 +531,7 @@ class TinyExperimentTest(tf.test.TestCase):
       p.task.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=64)
       p.task.train.Set(max_steps=120, save_interval_steps=120,
                        summary_interval_steps=40, log_interval_steps=40)
-      p.task.eval.samples_per_summary = 0  # The whole (64-sentence) Dev set.
+      p.task.eval.samples_per_summary = 0  # The whole (60-sentence) Dev set.
       p.task.train.learner.lr_schedule.Set(model_dim=32, warmup_steps=20)
       if dataset == 'Train':
         p.input.max_seq_len = 32
@@ -454,8 +559,12 @@ class TinyExperimentTest(tf.test.TestCase):
     self.assertAllClose(before['excess_nats_per_sentence'],
                         before['nats_per_sentence'] -
                         task.entropy_per_sentence, atol=1e-3)
+    # 8 batches of 8 rows: the last 4 rows only fill up the last batch.
+    self.assertEqual(before['num_samples'], 60)
     train = summary_utils.ReadScalars(os.path.join(logdir, 'train'))
     self.assertIn('mfu', train)
+    self.assertIn('nats_per_sentence', train)
+    self.assertNotIn('excess_nats_per_sentence', train)   # Eval only.
     self.assertLess(train['loss'][-1][1], train['loss'][0][1])
 
 

@@ -1,5 +1,7 @@
 """Tests of tasks/lm/synthetic_corpus.py: sampling, exact entropy, shards."""
 import glob
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -85,6 +87,11 @@ class GrammarTest(tf.test.TestCase):
       synthetic_corpus.GenerateSentences(-1, seed=0)
 
 
+def _Warning(message):
+  """How assertLogs shows an absl warning."""
+  return f'WARNING:absl:{message}'
+
+
 class WriteShardsTest(tf.test.TestCase):
 
   def _Lines(self, path):
@@ -126,9 +133,64 @@ class WriteShardsTest(tf.test.TestCase):
     patterns = synthetic_corpus.WriteShards(data_dir, 2, 5, seed=0)
     self.assertFalse(os.path.exists(stale_model))
     self.assertEqual(sorted(os.listdir(data_dir)), [
-        'dev-00000-of-00001', 'synthetic_corpus.json', 'test-00000-of-00001',
+        'dev-00000-of-00001', 'synthetic_corpus.json',
+        'synthetic_corpus.sha256.json', 'test-00000-of-00001',
         'train-00000-of-00002', 'train-00001-of-00002'])
     self.assertLen(glob.glob(patterns.train), 2)
+
+  def testDamagedFilesAreRewrittenFromTheirDigests(self):
+    data_dir = os.path.join(self.get_temp_dir(), 'corpus3')
+    args = dict(num_train_shards=3, sentences_per_shard=20, seed=4,
+                num_heldout_sentences=7)
+    patterns = synthetic_corpus.WriteShards(data_dir, **args)
+    files = sorted(glob.glob(data_dir + '/*-of-*'))
+    written = {}
+    for f in files:
+      with open(f, 'rb') as fh:
+        written[f] = fh.read()
+    record = os.path.join(data_dir, 'synthetic_corpus.sha256.json')
+    with open(record) as fh:
+      self.assertEqual(json.load(fh), {
+          os.path.basename(f): hashlib.sha256(data).hexdigest()
+          for f, data in written.items()})
+
+    def _Damage():
+      damaged, deleted = files[1], files[3]
+      with open(damaged, 'wb') as fh:   # Same size, random bytes.
+        fh.write(np.random.RandomState(0).bytes(len(written[damaged])))
+      os.remove(deleted)
+      return (f'synthetic_corpus: {data_dir}: {os.path.basename(damaged)}, '
+              f'{os.path.basename(deleted)} missing or not as written; '
+              'rewriting it')
+
+    def _AssertAsWritten(untouched_since=None):
+      for f in files:
+        with open(f, 'rb') as fh:
+          self.assertEqual(fh.read(), written[f], f)
+        if untouched_since and f in untouched_since:
+          self.assertEqual(os.stat(f).st_mtime_ns, untouched_since[f])
+
+    warning = _Damage()
+    intact = {f: os.stat(f).st_mtime_ns for f in (files[0], files[2])}
+    with self.assertLogs(level='WARNING') as logs:
+      self.assertEqual(synthetic_corpus.WriteShards(data_dir, **args),
+                       patterns)
+    self.assertEqual(logs.output, [_Warning(warning)])
+    _AssertAsWritten(untouched_since=intact)
+    # A corpus written without the digest record (by an older version) or
+    # with an unreadable one is compared with the samples once.
+    for how in ('missing', 'garbage'):
+      if how == 'missing':
+        os.remove(record)
+      else:
+        with open(record, 'wb') as fh:
+          fh.write(b'\x00garbage')
+      warning = _Damage()
+      with self.assertLogs(level='WARNING') as logs:
+        synthetic_corpus.WriteShards(data_dir, **args)
+      self.assertEqual(logs.output[-1], _Warning(warning))
+      _AssertAsWritten()
+      self.assertTrue(os.path.exists(record))
 
   def testBadShardCount(self):
     with self.assertRaisesRegex(ValueError, 'num_train_shards=0 must be'):

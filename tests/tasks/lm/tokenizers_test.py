@@ -79,7 +79,8 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
     path = tok.model_file
     self.assertRegex(path, '^' + re.escape(cache) +
                      r'/spm_bpe_300-[0-9a-f]{16}\.model$')
-    self.assertEqual(os.listdir(cache), [os.path.basename(path)])  # No temps.
+    self.assertCountEqual(os.listdir(cache), [   # No temporary files.
+        os.path.basename(path), os.path.basename(path) + '.sha256'])
     stat = os.stat(path)
     again = self._Params(cache_dir=cache).Instantiate()
     self.assertEqual(again.model_file, path)
@@ -91,6 +92,31 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
     text = 'the brave farmer sees alice near the bridge'
     self.assertEqual(given.Encode(text), tok.Encode(text))
     self.assertEqual(again.Encode(text), tok.Encode(text))
+
+  def testDamagedCachedModelIsTrainedAgain(self):
+    cache = os.path.join(self.get_temp_dir(), 'cache_damaged')
+    tok = self._Params(cache_dir=cache).Instantiate()
+    with open(tok.model_file, 'rb') as f:
+      good = f.read()
+    text = 'the brave farmer sees alice near the bridge'
+    for damage in (np.random.RandomState(0).bytes(len(good)),  # garbage
+                   good[:-1] + bytes([good[-1] ^ 1])):         # one bit
+      with open(tok.model_file, 'wb') as f:
+        f.write(damage)
+      with self.assertLogs(level='WARNING') as logs:
+        again = self._Params(cache_dir=cache).Instantiate()
+      self.assertLen(logs.output, 1)
+      self.assertRegex(logs.output[0], re.escape(
+          f'the cached {tok.model_file} does not match its recorded digest'))
+      self.assertEqual(again.model_file, tok.model_file)
+      self.assertEqual(again.Encode(text), tok.Encode(text))
+      with open(tok.model_file, 'rb') as f:
+        self.assertEqual(f.read(), good)   # Training is deterministic.
+    # A model cached without a digest (by an older version) is retrained.
+    os.remove(tok.model_file + '.sha256')
+    with self.assertLogs(level='WARNING'):
+      self._Params(cache_dir=cache).Instantiate()
+    self.assertTrue(os.path.exists(tok.model_file + '.sha256'))
 
   def testDefaultCacheIsUnderTheHomeCache(self):
     self.assertEqual(tokenizers.DefaultCacheDir(), os.path.join(
@@ -121,7 +147,7 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
       f.write('the cat sees alice\n')
     changed = p.Instantiate()
     self.assertNotEqual(changed.model_file, first.model_file)
-    self.assertLen(os.listdir(cache), 3)
+    self.assertLen(glob.glob(os.path.join(cache, '*.model')), 3)
 
   def testUnwritableCacheFailsWithOneLine(self):
     blocker = os.path.join(self.get_temp_dir(), 'a_file')
@@ -182,8 +208,9 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
                                 'train_file_pattern'):
       p.Copy().Instantiate()
     missing = os.path.join(self.get_temp_dir(), 'nothing-*')
-    with self.assertRaisesRegex(ValueError, re.escape(
-        f'train_file_pattern={missing!r} matches no files')):
+    with self.assertRaisesRegex(base_input_generator.InputError, re.escape(
+        f"SentencePieceTokenizer 'spm': train_file_pattern {missing!r} "
+        f'matches no files for: {missing}.')):
       p.Copy().Set(train_file_pattern=missing).Instantiate()
     with self.assertRaisesRegex(ValueError, 'model_file=.*does not exist'):
       p.Copy().Set(model_file=missing).Instantiate()
@@ -191,12 +218,43 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
       self._Params().Set(vocab_size=4).Instantiate()
     with self.assertRaisesRegex(ValueError, "model_type='word' must be"):
       self._Params().Set(model_type='word').Instantiate()
-    empty = os.path.join(self.get_temp_dir(), 'empty.txt')
-    with open(empty, 'w') as f:
-      f.write('\n  \n')
-    with self.assertRaisesRegex(ValueError, 'has no non-empty lines'):
-      p.Copy().Set(train_file_pattern=empty).Instantiate()
     self.assertEmpty(glob.glob(os.path.join(self.get_temp_dir(), '*.tmp-*')))
+
+  def testTrainingFilesThatCannotTrainAModel(self):
+    d = self.get_temp_dir()
+    p = tokenizers.SentencePieceTokenizer.Params().Set(
+        name='spm', vocab_size=64, cache_dir=os.path.join(d, 'cache'))
+    owner = "SentencePieceTokenizer 'spm'"
+    blank = os.path.join(d, 'blank.txt')
+    with open(blank, 'w') as f:
+      f.write('\n  \n\t\n')
+    with self.assertRaisesRegex(base_input_generator.InputError, re.escape(
+        f'{owner}: train_file_pattern {blank!r} has no sentences to train '
+        'on: its 1 file(s) hold 3 lines, all blank.')):
+      p.Copy().Set(train_file_pattern=blank).Instantiate()
+    noise = os.path.join(d, 'noise.bin')
+    with open(noise, 'wb') as f:
+      f.write(np.random.RandomState(0).bytes(20000))
+    with self.assertRaisesRegex(base_input_generator.InputError, re.escape(
+        f'{owner}: {noise!r} (of train_file_pattern {noise!r}) is not text: '
+        'it holds NUL bytes')):
+      p.Copy().Set(train_file_pattern=noise).Instantiate()
+    with self.assertRaisesRegex(base_input_generator.InputError, re.escape(
+        f'{owner}: {d!r} (of train_file_pattern {d!r}) is a directory, not '
+        'a file')):
+      p.Copy().Set(train_file_pattern=d).Instantiate()
+    # Text with more distinct characters than pieces: the settings' fault.
+    many = os.path.join(d, 'many_chars.txt')
+    with open(many, 'w', encoding='utf-8') as f:
+      f.write(' '.join(chr(0x4e00 + i) for i in range(200)) + '\n')
+    with self.assertRaisesRegex(ValueError, re.escape(
+        f'{owner}: vocab_size=64 is too small for the 201 distinct '
+        'characters that character_coverage=1.0 keeps in the text of '
+        f'train_file_pattern {many!r} (SentencePiece needs a piece for '
+        'each); raise vocab_size (to at least 205) or lower '
+        'character_coverage')):
+      p.Copy().Set(train_file_pattern=many).Instantiate()
+    self.assertFalse(os.path.exists(os.path.join(d, 'cache')))  # Nothing.
 
 
 if __name__ == '__main__':

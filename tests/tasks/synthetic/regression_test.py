@@ -1,9 +1,11 @@
 """Tests for cadence.tasks.synthetic.regression."""
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import base_input_generator
 from cadence.tasks.synthetic import regression
 
 
@@ -37,6 +39,23 @@ class RegressionInputTest(tf.test.TestCase):
     for a, b in batches:
       self.assertAllClose(a.x, b.x, atol=1e-6)
       self.assertAllClose(a.y, b.y, atol=1e-6)
+
+  def testAFileThatIsNotCsvExamplesIsAnInputError(self):
+    d = self.get_temp_dir()
+    for name, text, found in (
+        ('words.csv', 'the cat sees alice\n', 'holds something else'),
+        ('short.csv', '1,2,3\n4,5,6\n', 'has 3 value(s)')):
+      path = os.path.join(d, name)
+      with open(path, 'w') as f:
+        f.write(text)
+      first = repr(text.split('\n')[0])
+      with self.assertRaisesRegex(
+          base_input_generator.InputError, re.escape(
+              f"RegressionInput 'input': line 1 of {path!r} ({first}) "
+              f'{found}; each line must be input_dim + 1 = 9 comma-separated '
+              'numbers (x_0,...,x_{d-1},y).')):
+        regression.RegressionInput.Params().Set(
+            file_pattern=path, input_dim=8).Instantiate()
 
   def testPerRecordPathEqualsVectorisedPath(self):
     gen = regression.RegressionInput.Params().Set(
