@@ -14,6 +14,7 @@ from cadence.framework import base_input_generator
 from cadence.framework import base_model
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.layers import dropout
 from cadence.layers import gpipe
 from cadence.layers import linear
@@ -86,6 +87,15 @@ class RegressionInput(base_input_generator.BaseInputGenerator):
     if not self.files:  # Generated once, then read by index.
       self._data = SyntheticData(p.num_examples, p.input_dim, p.teacher_seed,
                                  p.noise_stddev, p.first_example)
+
+  @classmethod
+  def _CheckParams(cls, p, owner):
+    super()._CheckParams(p, owner)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    validation.CheckInt(owner, 'teacher_seed', p.teacher_seed, 0)
+    validation.CheckNumber(owner, 'noise_stddev', p.noise_stddev, 0)
+    validation.CheckInt(owner, 'first_example', p.first_example, 0)
+    validation.CheckInt(owner, 'num_examples', p.num_examples)
 
   @classmethod
   def BatchShapes(cls, params):
@@ -181,7 +191,21 @@ class RegressionModel(base_model.BaseTask):
 
   def __init__(self, params):
     super().__init__(params)
+    self.CheckParams(self.params, validation.Owner(self))
     self.CreateChild('net', self._NetParams(self.params))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    """Raises ValueError for a bad task param; __init__ and FPropMeta (so
+    the task's static check) call it before the layers are made of them."""
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    if not isinstance(p.hidden_dims, (list, tuple)):
+      raise validation.Error(owner, 'hidden_dims', p.hidden_dims,
+                             'must be a list of ints >= 1 (may be empty).')
+    for i, d in enumerate(p.hidden_dims):
+      validation.CheckInt(owner, f'hidden_dims[{i}]', d)
+    validation.CheckProb(owner, 'dropout_prob', p.dropout_prob)
+    validation.CheckInt(owner, 'pipeline_cells', p.pipeline_cells)
 
   def ComputePredictions(self, theta, input_batch):
     out = self.children.net.FProp(theta.net, input_batch.x)  # [batch, 1]
@@ -211,6 +235,7 @@ class RegressionModel(base_model.BaseTask):
 
   @classmethod
   def FPropMeta(cls, params, input_shapes):
+    cls.CheckParams(params, validation.Owner(params))
     x = shapes.AsShape(input_shapes.x)
     net_p = cls._NetParams(params)
     breakdown, shape = [], x
