@@ -318,10 +318,11 @@ class SingleTaskModel(tf.Module):
       raise ValueError(f'SingleTaskModel {params.name!r}: params.task is '
                        'None; build the params with '
                        'SingleTaskModel.Params(task_params).')
-    if params.input is not None and hasattr(params.input.cls, 'CheckParams'):
+    check = getattr(getattr(params.input, 'cls', None), 'CheckParams', None)
+    if check is not None:
       # Here its errors name the key a user overrides ('input.batch_size');
       # the task checks it again as 'task.input'.
-      params.input.cls.CheckParams(params.input)
+      check(params.input)
     task_p = params.task.Copy()
     task_p.input = params.input.Copy() if params.input is not None else None
     self.task = task_p.Instantiate()
