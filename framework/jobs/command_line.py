@@ -62,12 +62,13 @@ class UserError(Exception):
 
 
 def _Hint(value, choices, form=repr):
-  """' Did you mean X?' for the closest of `choices` (written by `form`),
-  or ''."""
-  close = difflib.get_close_matches(str(value), list(choices), n=2,
+  """' Did you mean X?' for the closest of `choices` (written by `form`;
+  case ignored), or ''."""
+  by_lower = {str(c).lower(): c for c in choices}
+  close = difflib.get_close_matches(str(value).lower(), list(by_lower), n=2,
                                     cutoff=0.6)
-  return (f' Did you mean {" or ".join(map(form, close))}?' if close else
-          '')
+  return (f' Did you mean {" or ".join(form(by_lower[c]) for c in close)}?'
+          if close else '')
 
 
 def _NotOneOf(flag, value, choices):

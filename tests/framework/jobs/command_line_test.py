@@ -51,6 +51,8 @@ class CheckTest(unittest.TestCase):
          r"you mean 'evaler_dev'"),
         (dict(run_locally='cpus'), r"^--run_locally='cpus' is not one of "
          r"cpu, gpu\. Did you mean 'cpu'\?$"),
+        (dict(run_locally='GPU'), r"^--run_locally='GPU' is not one of "
+         r"cpu, gpu\. Did you mean 'gpu'"),
         (dict(max_steps=-1), r'^--max_steps=-1 must be None or an int >= 0 '),
         (dict(max_steps=2.5), r'^--max_steps=2\.5 must be None or an int'),
         (dict(worker_replicas=0), r'^--worker_replicas=0 must be an int >= '
