@@ -330,8 +330,7 @@ def StartTrainerMains(argvs, env=None, case_envs=None):
   the trainer's own flag parsing; TensorFlow is imported once, when the
   first case needs it). `case_envs`: per argv, environment variables set
   for that case only (e.g. TF_CONFIG). Returns the Popen;
-  `FinishTrainerMains` gives [(exit code, stderr and log, whether
-  TensorFlow was imported by then)] per argv."""
+  `FinishTrainerMains` gives [(exit code, stderr and log)] per argv."""
   env = dict(env or QUIET_ENV)
   env.pop('TF_CONFIG', None)
   cases = list(zip(argvs, case_envs or [{}] * len(argvs)))
@@ -340,13 +339,15 @@ def StartTrainerMains(argvs, env=None, case_envs=None):
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def FinishTrainerMains(proc, timeout=600):
-  """[(exit code, stderr, TensorFlow imported)] per argv of
-  `StartTrainerMains`'s process."""
+def FinishTrainerMains(proc, timeout=600, imports=False):
+  """[(exit code, stderr)] per argv of `StartTrainerMains`'s process; with
+  `imports`, [(exit code, stderr, whether TensorFlow was imported after
+  that argv's run)]."""
   out, err = proc.communicate(timeout=timeout)
   if proc.returncode:
     raise AssertionError(f'trainer driver failed: {err[-3000:]}')
-  return json.loads(out.strip().splitlines()[-1])
+  results = json.loads(out.strip().splitlines()[-1])
+  return results if imports else [r[:2] for r in results]
 
 
 def StartTrainer(argv, env=None):
@@ -455,7 +456,8 @@ def RunBadInputs(test, groups, root, timeout=600):
     runs[group] = (rows, logdirs, befores, driver, reals)
   out = {}
   for group, (rows, logdirs, befores, driver, reals) in runs.items():
-    results = out[group] = FinishTrainerMains(driver, timeout=timeout)
+    results = out[group] = FinishTrainerMains(driver, timeout=timeout,
+                                              imports=True)
     for row, logdir, before, (code, stderr, _) in zip(rows, logdirs, befores,
                                                       results):
       with test.subTest(group=group, row=row.name):
