@@ -85,17 +85,16 @@ def _CheckCluster(cluster, source):
 def _CheckTask(cluster, task_type, index, type_name, index_name):
   """Checks this host's task against the cluster; names the fields as
   `type_name` and `index_name` (the flags, or TF_CONFIG's entries)."""
-  if task_type == 'evaluator' and 'evaluator' not in cluster:
-    jobs = {'evaluator': ['(not in the cluster)']}
+  if task_type in cluster:
+    count = len(cluster[task_type])
+  elif task_type == 'evaluator':
+    count = 1   # Named by its task alone, as TensorFlow has it.
   else:
-    jobs = cluster
-  if task_type not in jobs:
     raise ConfigError(f'{type_name}={task_type!r} is not a job of the '
                       f'cluster ({", ".join(map(repr, cluster))}).'
                       f'{_Hint(task_type, cluster)}')
   if isinstance(index, bool) or not isinstance(index, int):
     raise ConfigError(f'{index_name}={index!r} must be an int.')
-  count = len(jobs[task_type])
   if not 0 <= index < count:
     raise ConfigError(f'{index_name}={index} is out of range: job '
                       f'{task_type!r} has {count} task(s), so the index is '
