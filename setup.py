@@ -2,7 +2,8 @@
 
 TensorFlow is an extra so that a CPU-only machine does not download the
 GPU wheel: `pip install -e ".[cpu]"` pulls `tensorflow-cpu`,
-`pip install -e ".[gpu]"` pulls `tensorflow[and-cuda]`.
+`pip install -e ".[gpu]"` pulls `tensorflow[and-cuda]`; `.[tpu]` adds the
+Google API client that looks a TPU's name up (cloud-tpu-client).
 """
 import setuptools
 from setuptools.command import build_py
@@ -36,5 +37,8 @@ setuptools.setup(
         'gpu': ['tensorflow[and-cuda]>=2.16'],
         'tf': ['tensorflow>=2.16'],
         'test': ['pytest'],
+        # A TPU named by --tpu=<name> is looked up with the Cloud TPU API
+        # (a grpc://host:8470 address needs nothing more).
+        'tpu': ['cloud-tpu-client'],
     },
 )

@@ -14,24 +14,31 @@ stderr; also an unwritable logdir or no readable checkpoint), 3 training stopped
 (too many skipped steps or non-finite weights), 4 a checkpoint could not be
 written (the message names the path and the OS error). A second SIGTERM/SIGINT
 ends the process at once (killed by the signal).
+
+The flags are checked before TensorFlow is imported
+(`framework/jobs/command_line.py`: every value, the experiment key, the
+job, the cluster), so a typo is answered in well under a second; an absl
+flag error (unknown flag, unparsable value) exits 2 as well, naming the
+closest flag. TensorFlow's own C++ log lines are hidden unless --tf_log
+(`framework/jobs/tf_log.py`).
 """
-import os
 import sys
 import time
 
 _START_TIME = time.time()
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # Hide TF's INFO lines.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 
-from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top
+# Neither imports TensorFlow: the flags are checked before it loads.
+from cadence.framework.jobs import command_line  # pylint: disable=g-import-not-at-top
+from cadence.framework.jobs import tf_log  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
                     'synthetic.linear_regression.RegressionTiny.')
 flags.DEFINE_string('logdir', '', 'Folder of checkpoints, summaries and '
                     'params.txt.')
-flags.DEFINE_enum('mode', 'sync', list(trainer_lib.MODES), 'sync: run --job; '
+flags.DEFINE_enum('mode', 'sync', list(command_line.MODES), 'sync: run --job; '
                   'inspect_params: print (and write) the params text; '
                   'inspect_model: print variables and FLOPs; '
                   'inspect_pipeline: profile one training step and print '
@@ -42,7 +49,8 @@ flags.DEFINE_string('job', 'trainer_and_evaler', 'trainer, '
                     'trainer_and_evaler (train, and eval Dev after each '
                     'checkpoint), evaler_<dataset> or decoder_<dataset> '
                     '(dataset: train, dev, test).')
-flags.DEFINE_string('run_locally', 'cpu', 'cpu or gpu.')
+flags.DEFINE_enum('run_locally', 'cpu', list(command_line.RUN_LOCALLY),
+                  'Devices of this host to run on.')
 flags.DEFINE_string('model_params_override', '', "Params text ('key : "
                     "value' lines) or ';'-separated key=value items.")
 flags.DEFINE_string('model_params_file_override', '', 'A file of Params '
@@ -102,14 +110,36 @@ flags.DEFINE_integer('export_batch_size', None, '--mode=export: a static '
 flags.DEFINE_integer('export_max_len', None, '--mode=export: a static '
                      'sequence length for sequence models (TPU/XLA '
                      "servers); default: the task's (see its Inference).")
+flags.DEFINE_bool('tf_log', False, 'Show TensorFlow\'s and gRPC\'s own C++ '
+                  'log lines (oneDNN, CPU features, tf.data, gRPC); hidden '
+                  'by default (framework/jobs/tf_log.py).')
 
 FLAGS = flags.FLAGS
+
+
+def ParseFlags(argv):
+  """absl's parsing of `argv`; a flag error exits 2 with one `Error:` line
+  (an unknown flag names the closest ones, a bad value the rule)."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    sys.stderr.write(f'Error: {command_line.FlagErrorLine(e, FLAGS)}\n')
+    sys.exit(command_line.EXIT_USER_ERROR)
 
 
 def main(argv):
   if len(argv) > 1:
     sys.stderr.write(f'Error: unexpected arguments {argv[1:]}\n')
-    return trainer_lib.EXIT_USER_ERROR
+    return command_line.EXIT_USER_ERROR
+  try:
+    command_line.Check(FLAGS)
+  except command_line.UserError as e:
+    sys.stderr.write(f'Error: {e}\n')
+    return command_line.EXIT_USER_ERROR
+  # TensorFlow loads only now, its C++ log levels set first.
+  tf_log.Configure(FLAGS.tf_log)
+  with tf_log.QuietImport(FLAGS.tf_log):
+    from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top
   options = trainer_lib.TrainerOptions(
       model=FLAGS.model, logdir=FLAGS.logdir, mode=FLAGS.mode, job=FLAGS.job,
       run_locally=FLAGS.run_locally,
@@ -130,4 +160,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=ParseFlags)

@@ -218,7 +218,7 @@ class BaseInputGenerator:
 
   def __init__(self, params):
     self._params = params.Copy().Freeze()
-    self._Validate()
+    type(self).CheckParams(self._params)
     self._files = self._ResolveFiles()
 
   # --- validation --------------------------------------------------------
@@ -228,28 +228,55 @@ class BaseInputGenerator:
     return validation.Error(validation.Owner(self), field, value, rule,
                             error_cls=InputError)
 
-  def _Validate(self):
-    p = self._params
+  @classmethod
+  def CheckParams(cls, params):
+    """Checks the values of `params` from params alone (no file is read).
+
+    Each error names the generator, its params path (the key to override,
+    e.g. 'input'), the field, the value and the rule:
+
+      LmInput 'lm_train' (params 'input'): batch_size=32.5 must be an int
+      >= 1.
+
+    The generator checks its params when built, and a task before it
+    derives shapes from them (`BaseTask.CheckStaticShapes`). Subclasses
+    extend `_CheckParams`.
+
+    Raises:
+      InputError: a bad value.
+    """
     try:
-      owner = validation.Owner(self)
-      validation.CheckInt(owner, 'batch_size', p.batch_size)
-      validation.CheckOneOf(owner, 'file_type', p.file_type,
-                            ('text', 'tfrecord'))
-      validation.CheckInt(owner, 'num_input_shards', p.num_input_shards)
-      validation.CheckInt(owner, 'input_shard_index', p.input_shard_index, 0,
-                          p.num_input_shards - 1)
-      bounds = validation.CheckIntList(owner, 'bucket_upper_bound',
-                                       list(p.bucket_upper_bound))
-      if bounds != sorted(set(bounds)):
-        raise validation.Error(owner, 'bucket_upper_bound', bounds,
-                               'must be strictly increasing ints >= 1.')
-      limits = validation.CheckIntList(owner, 'bucket_batch_limit',
-                                       list(p.bucket_batch_limit))
-      if limits and len(limits) != len(bounds):
-        raise validation.Error(owner, 'bucket_batch_limit', limits,
-                               f'needs one entry per bucket ({len(bounds)}).')
-    except ValueError as e:
+      cls._CheckParams(params, validation.Owner(params))
+    except InputError:
+      raise
+    except (ValueError, TypeError) as e:
       raise InputError(str(e)) from None
+
+  @classmethod
+  def _CheckParams(cls, p, owner):
+    """Raises ValueError (validation's checks) for a bad value of `p`;
+    subclasses add their params' checks after calling super."""
+    validation.CheckInt(owner, 'batch_size', p.batch_size)
+    validation.CheckOneOf(owner, 'file_type', p.file_type, ('text', 'tfrecord'))
+    validation.CheckInt(owner, 'random_seed', p.random_seed, 0)
+    for field in ('shuffle', 'repeat', 'fixed_input_shape'):
+      validation.CheckBool(owner, field, p.Get(field))
+    validation.CheckInt(owner, 'shuffle_buffer_size', p.shuffle_buffer_size)
+    validation.CheckInt(owner, 'num_input_shards', p.num_input_shards)
+    validation.CheckInt(owner, 'input_shard_index', p.input_shard_index, 0,
+                        p.num_input_shards - 1)
+    if p.num_parallel_calls != tf.data.AUTOTUNE:
+      validation.CheckInt(owner, 'num_parallel_calls', p.num_parallel_calls)
+    bounds = validation.CheckIntList(owner, 'bucket_upper_bound',
+                                     list(p.bucket_upper_bound))
+    if bounds != sorted(set(bounds)):
+      raise validation.Error(owner, 'bucket_upper_bound', bounds,
+                             'must be strictly increasing ints >= 1.')
+    limits = validation.CheckIntList(owner, 'bucket_batch_limit',
+                                     list(p.bucket_batch_limit))
+    if limits and len(limits) != len(bounds):
+      raise validation.Error(owner, 'bucket_batch_limit', limits,
+                             f'needs one entry per bucket ({len(bounds)}).')
 
   def _NeedsFiles(self):
     """True if the records come from `file_pattern` (the default)."""

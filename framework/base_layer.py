@@ -332,6 +332,20 @@ class BaseLayer(tf.Module):
     return self.FPropDefaultTheta(*inputs, **kwargs)
 
   @classmethod
+  def CheckParams(cls, p, owner):
+    """Raises ValueError for a bad value of params `p`, from params alone.
+
+    `owner` names the layer in the message (`validation.Owner`: of the
+    layer in `__init__`, of `p` in `FPropMeta`). A subclass checks its
+    params here (super first) and calls it from `__init__` and from
+    `FPropMeta` before it reads a dim: FPropMeta runs on params before any
+    layer is built (`BaseTask.CheckStaticShapes`), so a value of the wrong
+    type or range ('512' for an int) is named there, with its params path,
+    instead of failing as a shape.
+    """
+    del p, owner
+
+  @classmethod
   def FPropMeta(cls, params, *input_shapes):
     """Static cost: NestedMap(flops=int, out_shapes=tuple of Shape).
 

@@ -162,8 +162,9 @@ class BaseTask(base_layer.BaseLayer):
   def CheckStaticShapes(cls, params):
     """Checks the task's params against its input's batch shapes, statically.
 
-    Runs `FPropMeta` on the shapes of one batch as the input params give
-    them (`BaseInputGenerator.BatchShapes`, no data read): every layer that
+    Checks the input params (`BaseInputGenerator.CheckParams`), then runs
+    `FPropMeta` on the shapes of one batch as they give them
+    (`BaseInputGenerator.BatchShapes`, no data read): every layer that
     checks its params against shapes there (dims, a pipeline's micro-batches
     dividing the batch, ...) reports a bad configuration as a ValueError
     when the task is built, before any step. Does nothing when the task has
@@ -176,6 +177,9 @@ class BaseTask(base_layer.BaseLayer):
     p = params
     if p.input is None:
       return None
+    check = getattr(p.input.cls, 'CheckParams', None)
+    if check is not None:   # Shapes are made of the input's params.
+      check(p.input)
     try:
       batch_shapes = p.input.cls.BatchShapes(p.input)
       return cls.FPropMeta(p, batch_shapes)
@@ -336,6 +340,11 @@ class SingleTaskModel(tf.Module):
       raise ValueError(f'SingleTaskModel {params.name!r}: params.task is '
                        'None; build the params with '
                        'SingleTaskModel.Params(task_params).')
+    check = getattr(getattr(params.input, 'cls', None), 'CheckParams', None)
+    if check is not None:
+      # Here its errors name the key a user overrides ('input.batch_size');
+      # the task checks it again as 'task.input'.
+      check(params.input)
     task_p = params.task.Copy()
     task_p.input = params.input.Copy() if params.input is not None else None
     self.task = task_p.Instantiate()

@@ -14,9 +14,17 @@ Modules are imported on demand from the key, so `trainer.py` imports only
 the experiment it runs. The registry is the one table this module owns;
 it is filled by the decorators at import time and read through the
 functions below.
+
+`ScanKeys` lists the keys without importing anything: it reads the
+decorators in the source of params/ with `ast` (about 10 ms; importing the
+experiments imports TensorFlow, seconds), so the trainer answers a
+misspelt --model before TensorFlow loads (`CheckKey`). This module imports
+no TensorFlow.
 """
+import ast
 import difflib
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -86,6 +94,83 @@ def GetAllRegisteredKeys():
   return sorted(_registry)
 
 
+_DECORATORS = ('RegisterSingleTaskModel', 'RegisterMultiTaskModel')
+
+
+def _IsRegistration(node):
+  """True for `RegisterSingleTaskModel` / `model_registry.Register...`."""
+  name = node.attr if isinstance(node, ast.Attribute) else getattr(
+      node, 'id', None)
+  return name in _DECORATORS
+
+
+def _ScanModule(path, module):
+  """Keys registered in one params module's source: classes decorated at
+  its top level, and top-level `Register...(Name)` calls."""
+  with open(path, 'rb') as f:
+    tree = ast.parse(f.read(), path)
+  keys = []
+  for node in tree.body:
+    if isinstance(node, ast.ClassDef) and any(
+        _IsRegistration(d) for d in node.decorator_list):
+      keys.append(f'{module}.{node.name}')
+    elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and
+          _IsRegistration(node.value.func) and node.value.args and
+          isinstance(node.value.args[0], ast.Name)):
+      keys.append(f'{module}.{node.value.args[0].id}')
+  return keys
+
+
+def ScanKeys():
+  """Sorted keys of the experiments under cadence.params, from the source.
+
+  Nothing is imported: the files of the package's folders are parsed with
+  `ast` and the classes decorated with RegisterSingleTaskModel or
+  RegisterMultiTaskModel (or passed to them at a module's top level) are
+  listed. A registration made any other way is not seen here;
+  tests/framework/model_registry_test.py holds this list equal to
+  `GetAllRegisteredKeys()`. A file that does not parse is skipped (its
+  import will report it).
+  """
+  package = importlib.import_module(_PARAMS_PACKAGE)
+  keys = set()
+  for root in package.__path__:
+    for folder, dirs, files in os.walk(root):
+      # Packages only, as pkgutil.walk_packages imports them.
+      dirs[:] = sorted(d for d in dirs if os.path.isfile(
+          os.path.join(folder, d, '__init__.py')))
+      rel = os.path.relpath(folder, root)
+      package_name = '' if rel == '.' else rel.replace(os.sep, '.')
+      for name in sorted(f for f in files if f.endswith('.py')):
+        module = package_name if name == '__init__.py' else '.'.join(
+            filter(None, [package_name, name[:-len('.py')]]))
+        try:
+          keys.update(_ScanModule(os.path.join(folder, name), module))
+        except (SyntaxError, ValueError, OSError):
+          continue
+  return sorted(keys)
+
+
+def _UnknownKeyError(key, keys):
+  """The KeyError of an unknown key, naming the closest known keys."""
+  close = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
+  hint = (f' Did you mean {", ".join(map(repr, close))}?' if close else
+          f' Registered keys: {", ".join(keys) or "(none)"}.')
+  return KeyError(f'Unknown model {key!r}.{hint}')
+
+
+def CheckKey(key):
+  """Raises the KeyError of `GetClass` for a key that no params module
+  registers, without importing any (`ScanKeys`); keys registered in this
+  process already count too. Returns `key`."""
+  if key in _registry:
+    return key
+  keys = ScanKeys()
+  if key not in keys:
+    raise _UnknownKeyError(key, sorted(set(keys) | set(_registry)))
+  return key
+
+
 def GetClass(key):
   """Returns the experiment class of `key`, importing its module.
 
@@ -101,11 +186,7 @@ def GetClass(key):
         raise  # A module the experiment file imports is missing.
   if key in _registry:
     return _registry[key][0]
-  keys = GetAllRegisteredKeys()
-  close = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
-  hint = (f' Did you mean {", ".join(map(repr, close))}?' if close else
-          f' Registered keys: {", ".join(keys) or "(none)"}.')
-  raise KeyError(f'Unknown model {key!r}.{hint}')
+  raise _UnknownKeyError(key, GetAllRegisteredKeys())
 
 
 def GetParams(key, dataset):

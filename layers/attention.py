@@ -99,17 +99,8 @@ class MultiHeadedAttention(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
-    validation.CheckInt(owner, 'input_dim', p.input_dim)
-    validation.CheckInt(owner, 'num_heads', p.num_heads)
-    if p.source_dim:
-      validation.CheckInt(owner, 'source_dim', p.source_dim)
-    if p.hidden_dim:
-      validation.CheckInt(owner, 'hidden_dim', p.hidden_dim)
-    validation.CheckProb(owner, 'atten_dropout_prob', p.atten_dropout_prob)
+    self.CheckParams(p, validation.Owner(self))
     hidden, source_dim = self._HiddenDim(p), p.source_dim or p.input_dim
-    which = 'hidden_dim' if p.hidden_dim else 'input_dim (the hidden_dim)'
-    validation.CheckDivides(owner, 'num_heads', p.num_heads, hidden, which)
     self.CreateVariable('query_w', WeightParams([p.input_dim, hidden]))
     self.CreateVariable('key_w', WeightParams([source_dim, hidden]))
     self.CreateVariable('value_w', WeightParams([source_dim, hidden]))
@@ -119,6 +110,19 @@ class MultiHeadedAttention(base_layer.BaseLayer):
       for name, dim in (('query_b', hidden), ('key_b', hidden),
                         ('value_b', hidden), ('post_b', p.input_dim)):
         self.CreateVariable(name, WeightParams([dim], init=zero))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    validation.CheckInt(owner, 'num_heads', p.num_heads)
+    validation.CheckInt(owner, 'source_dim', p.source_dim, 0)
+    validation.CheckInt(owner, 'hidden_dim', p.hidden_dim, 0)
+    validation.CheckProb(owner, 'atten_dropout_prob', p.atten_dropout_prob)
+    validation.CheckBool(owner, 'use_bias', p.use_bias)
+    which = 'hidden_dim' if p.hidden_dim else 'input_dim (the hidden_dim)'
+    validation.CheckDivides(owner, 'num_heads', p.num_heads,
+                            cls._HiddenDim(p), which)
 
   @staticmethod
   def _HiddenDim(p):
@@ -216,6 +220,7 @@ class MultiHeadedAttention(base_layer.BaseLayer):
       NestedMap(flops, out_shapes=(Shape[b, tq, d], Shape[b, h, tq, tk])).
     """
     del value_shape, paddings_shape
+    cls.CheckParams(p, validation.Owner(p))
     query_shape = shapes.AsShape(query_shape)
     key_shape = query_shape if key_shape is None else shapes.AsShape(key_shape)
     if query_shape.rank != 3 or query_shape[-1] not in (None, p.input_dim):

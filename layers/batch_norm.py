@@ -116,10 +116,7 @@ class BatchNormLayer(BatchStatsLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
-    validation.CheckInt(owner, 'dim', p.dim)
-    validation.CheckNumber(owner, 'decay', p.decay, 0, 1, high_open=True)
-    validation.CheckNumber(owner, 'epsilon', p.epsilon, low=0, low_open=True)
+    self.CheckParams(p, validation.Owner(self))
     d = p.dim
     self.CreateVariable('beta', WeightParams([d], WeightInit.Constant(0.0)))
     self.CreateVariable('gamma', WeightParams([d], WeightInit.Constant(1.0)))
@@ -127,6 +124,13 @@ class BatchNormLayer(BatchStatsLayer):
       self.CreateVariable(name, WeightParams(
           [d], WeightInit.Constant(value), trainable=False,
           aggregation=tf.VariableAggregation.MEAN))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    validation.CheckInt(owner, 'dim', p.dim)
+    validation.CheckNumber(owner, 'decay', p.decay, 0, 1, high_open=True)
+    validation.CheckNumber(owner, 'epsilon', p.epsilon, low=0, low_open=True)
 
   def _ComputeDtype(self):
     return tf.float64 if self.fprop_dtype == tf.float64 else tf.float32
@@ -195,6 +199,7 @@ class BatchNormLayer(BatchStatsLayer):
     2 * dim. None if N is unknown. act_bytes: the input and the normalised
     input the backward reads.
     """
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     if shape.rank is None or shape.rank < 2 or shape[-1] not in (None, p.dim):
       raise ValueError(

@@ -92,10 +92,14 @@ class SequentialLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(p, validation.Owner(self))
+    self.sub = self.CreateChildren('sub', list(p.sub) * p.repeat)
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     validation.CheckInt(owner, 'repeat', p.repeat)
     CheckSubParams(owner, p.sub)
-    self.sub = self.CreateChildren('sub', list(p.sub) * p.repeat)
 
   def FProp(self, theta, *inputs):
     """Runs the sub-layers in order.
@@ -119,6 +123,7 @@ class SequentialLayer(base_layer.BaseLayer):
     flops = sum of the sub-layers' flops over all repeats (None if any is
     None); out_shapes = the last sub-layer's out_shapes.
     """
+    cls.CheckParams(p, validation.Owner(p))
     flops = 0
     in_shapes = tuple(shapes.AsShape(s) for s in input_shapes)
     for sub in list(p.sub) * p.repeat:

@@ -91,16 +91,21 @@ class Conv2DLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
-    validation.CheckIntList(owner, 'filter_shape', p.filter_shape, 4)
-    validation.CheckIntList(owner, 'filter_stride', p.filter_stride, 2)
-    validation.CheckOneOf(owner, 'padding', p.padding, _PADDINGS)
-    activations.CheckName(owner, 'activation', p.activation)
+    self.CheckParams(p, validation.Owner(self))
     self._act_fn = activations.GetFn(p.activation)
     self.CreateVariable('w', WeightParams(list(p.filter_shape)))
     if p.has_bias:
       self.CreateVariable('b', WeightParams([p.filter_shape[3]],
                                             init=WeightInit.Constant(0.0)))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    validation.CheckIntList(owner, 'filter_shape', p.filter_shape, 4)
+    validation.CheckIntList(owner, 'filter_stride', p.filter_stride, 2)
+    validation.CheckOneOf(owner, 'padding', p.padding, _PADDINGS)
+    validation.CheckBool(owner, 'has_bias', p.has_bias)
+    activations.CheckName(owner, 'activation', p.activation)
 
   def FProp(self, theta, inputs):
     """Convolves.
@@ -131,9 +136,8 @@ class Conv2DLayer(base_layer.BaseLayer):
     SAME-padded borders (the zero taps are computed). None if b, or a spatial
     dim, is unknown.
     """
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
-    activations.CheckName(validation.Owner(p), 'activation',
-                          p.activation)
     kh, kw, cin, cout = p.filter_shape
     _CheckImageShape(cls, p, shape, cin)
     out = _OutImageShape(cls, p, shape, (kh, kw), p.filter_stride, cout)
@@ -166,8 +170,11 @@ class PoolingLayer(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(self.params, validation.Owner(self))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     validation.CheckIntList(owner, 'window_shape', p.window_shape, 2)
     validation.CheckIntList(owner, 'window_stride', p.window_stride, 2)
     validation.CheckOneOf(owner, 'pooling_type', p.pooling_type,
@@ -200,6 +207,7 @@ class PoolingLayer(base_layer.BaseLayer):
     A full window is counted also at SAME-padded borders. None if a dim
     is unknown.
     """
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     _CheckImageShape(cls, p, shape, shape[-1] if shape.rank else None)
     kh, kw = p.window_shape
@@ -260,8 +268,13 @@ class GlobalPoolingLayer(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    validation.CheckOneOf(validation.Owner(self), 'pooling_type',
-                          self.params.pooling_type, _POOLING_TYPES)
+    self.CheckParams(self.params, validation.Owner(self))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    validation.CheckOneOf(owner, 'pooling_type', p.pooling_type,
+                          _POOLING_TYPES)
 
   def FProp(self, theta, inputs):
     """Pools.
@@ -281,6 +294,7 @@ class GlobalPoolingLayer(base_layer.BaseLayer):
   @classmethod
   def FPropMeta(cls, p, inputs):
     """flops = b*h*w*c (adds or compares) + b*c (AVG: the division)."""
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     _CheckImageShape(cls, p, shape, shape[-1] if shape.rank else None)
     out = shapes.Shape([shape[0], shape[3]])

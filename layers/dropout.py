@@ -43,8 +43,11 @@ class DropoutLayer(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(self.params, validation.Owner(self))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     validation.CheckNumber(owner, 'keep_prob', p.keep_prob, 0, 1,
                            low_open=True)
     dims = p.noise_shape_broadcast_dims
@@ -104,6 +107,7 @@ class DropoutLayer(base_layer.BaseLayer):
     uniform draw, one compare, one multiply per element); None when a dim
     is unknown. out_shapes: (inputs shape,).
     """
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     flops = 0 if cls._IsIdentity(p) else shapes.Mul(
         _FLOPS_PER_ELEMENT, shape.num_elements())

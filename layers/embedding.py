@@ -36,6 +36,7 @@ def _Positions(layer, seq_length, positions):
 
 
 def _PositionalMeta(cls, p, seq_length_or_positions, flops_per_element):
+  cls.CheckParams(p, validation.Owner(p))
   x = seq_length_or_positions
   if x is None or (isinstance(x, int) and not isinstance(x, bool)):
     shape = shapes.Shape([x])
@@ -72,10 +73,15 @@ class EmbeddingLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(p, validation.Owner(self))
+    self.CreateVariable('emb', WeightParams([p.vocab_size, p.embedding_dim]))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     validation.CheckInt(owner, 'vocab_size', p.vocab_size)
     validation.CheckInt(owner, 'embedding_dim', p.embedding_dim)
-    self.CreateVariable('emb', WeightParams([p.vocab_size, p.embedding_dim]))
+    validation.CheckBool(owner, 'scale_sqrt_depth', p.scale_sqrt_depth)
 
   def FProp(self, theta, ids):
     """Looks up `ids`.
@@ -100,6 +106,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
     FLOPs = N * embedding_dim if scale_sqrt_depth else 0 (N = number of
     ids). out_shapes: ([..., embedding_dim],).
     """
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(ids)
     out = shape + (p.embedding_dim,)
     flops = out.num_elements() if p.scale_sqrt_depth else 0
@@ -132,15 +139,21 @@ class PositionalEmbedding(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    p = self.params
-    name = validation.Owner(self)
-    validation.CheckInt(name, 'embedding_dim', p.embedding_dim)
+    self.CheckParams(self.params, validation.Owner(self))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    validation.CheckInt(owner, 'embedding_dim', p.embedding_dim)
     if p.embedding_dim % 2:
-      raise validation.Error(name, 'embedding_dim', p.embedding_dim,
+      raise validation.Error(owner, 'embedding_dim', p.embedding_dim,
                              'must be even (half sin, half cos).')
-    if not 0 < p.min_timescale <= p.max_timescale:
+    validation.CheckNumber(owner, 'min_timescale', p.min_timescale, 0,
+                           low_open=True)
+    validation.CheckNumber(owner, 'max_timescale', p.max_timescale)
+    if not p.min_timescale <= p.max_timescale:
       raise ValueError(
-          f'{name}: min_timescale={p.min_timescale!r}, max_timescale='
+          f'{owner}: min_timescale={p.min_timescale!r}, max_timescale='
           f'{p.max_timescale!r} must satisfy 0 < min_timescale <= '
           'max_timescale.')
 
@@ -203,10 +216,14 @@ class LearnedPositionalEmbedding(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(p, validation.Owner(self))
+    self.CreateVariable('emb', WeightParams([p.max_seq_len, p.embedding_dim]))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     validation.CheckInt(owner, 'max_seq_len', p.max_seq_len)
     validation.CheckInt(owner, 'embedding_dim', p.embedding_dim)
-    self.CreateVariable('emb', WeightParams([p.max_seq_len, p.embedding_dim]))
 
   def FProp(self, theta, seq_length=None, positions=None):
     """Looks up the positions.

@@ -50,15 +50,20 @@ class ProjectionLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
-    validation.CheckInt(owner, 'input_dim', p.input_dim)
-    validation.CheckInt(owner, 'output_dim', p.output_dim)
-    activations.CheckName(owner, 'activation', p.activation)
+    self.CheckParams(p, validation.Owner(self))
     self._act_fn = activations.GetFn(p.activation)
     self.CreateVariable('w', WeightParams([p.input_dim, p.output_dim]))
     if p.has_bias:
       self.CreateVariable(
           'b', WeightParams([p.output_dim], init=WeightInit.Constant(0.0)))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    validation.CheckInt(owner, 'output_dim', p.output_dim)
+    validation.CheckBool(owner, 'has_bias', p.has_bias)
+    activations.CheckName(owner, 'activation', p.activation)
 
   def FProp(self, theta, inputs):
     """Projects the last dim.
@@ -87,10 +92,9 @@ class ProjectionLayer(base_layer.BaseLayer):
     + N*output_dim*FlopsPerElement(activation); None if N is unknown.
     out_shapes: ([..., output_dim],).
     """
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     _CheckLastDim(cls, p, shape)
-    activations.CheckName(validation.Owner(p), 'activation',
-                          p.activation)
     n = shapes.Mul(*shape[:-1])
     per_row = (2 * p.input_dim * p.output_dim +
                (p.output_dim if p.has_bias else 0) +
@@ -143,7 +147,21 @@ class FeedForwardNet(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(p, validation.Owner(self))
+    dims = p.hidden_layer_dims
+    acts = _PerLayer(p.activation, len(dims))
+    in_dims = [p.input_dim] + list(dims[:-1])
+    self.CreateChildren('fc', [
+        ProjectionLayer.Params().Set(input_dim=i, output_dim=o,
+                                     has_bias=p.has_bias, activation=a)
+        for i, o, a in zip(in_dims, dims, acts)])
+    self.CreateChildren('dropout', [
+        dropout.DropoutLayer.Params().Set(keep_prob=1.0 - p.dropout_prob)
+        for _ in range(len(dims) - 1)])
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     validation.CheckInt(owner, 'input_dim', p.input_dim)
     dims = p.hidden_layer_dims
     if not isinstance(dims, (list, tuple)) or not dims:
@@ -159,15 +177,8 @@ class FeedForwardNet(base_layer.BaseLayer):
           'give one per layer or a single string.')
     for i, a in enumerate(acts):
       activations.CheckName(owner, f'activation[{i}]', a)
+    validation.CheckBool(owner, 'has_bias', p.has_bias)
     validation.CheckProb(owner, 'dropout_prob', p.dropout_prob)
-    in_dims = [p.input_dim] + list(dims[:-1])
-    self.CreateChildren('fc', [
-        ProjectionLayer.Params().Set(input_dim=i, output_dim=o,
-                                     has_bias=p.has_bias, activation=a)
-        for i, o, a in zip(in_dims, dims, acts)])
-    self.CreateChildren('dropout', [
-        dropout.DropoutLayer.Params().Set(keep_prob=1.0 - p.dropout_prob)
-        for _ in range(len(dims) - 1)])
 
   def FProp(self, theta, inputs):
     """Runs the stack.
@@ -195,13 +206,11 @@ class FeedForwardNet(base_layer.BaseLayer):
 
     out_shapes: ([..., hidden_layer_dims[-1]],).
     """
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     _CheckLastDim(cls, p, shape)
     dims = list(p.hidden_layer_dims)
     acts = _PerLayer(p.activation, len(dims))
-    for i, a in enumerate(acts):
-      activations.CheckName(validation.Owner(p), f'activation[{i}]',
-                            a)
     in_dims = [p.input_dim] + dims[:-1]
     drop_p = dropout.DropoutLayer.Params().Set(
         keep_prob=1.0 - p.dropout_prob, is_inference=p.is_inference)

@@ -16,9 +16,7 @@ WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams
 
 
-def _Validate(layer):
-  p = layer.params
-  owner = validation.Owner(layer)
+def _CheckParams(p, owner):
   validation.CheckInt(owner, 'input_dim', p.input_dim)
   validation.CheckNumber(owner, 'epsilon', p.epsilon, low=0, low_open=True)
 
@@ -28,6 +26,7 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row, kept=2):
   in the compute dtype (float32, or float64), that the backward reads;
   act_bytes_weights: the input alone (remat_policy 'weights' recomputes the
   norm from it)."""
+  cls.CheckParams(p, validation.Owner(p))
   shape = shapes.AsShape(inputs)
   if shape.rank == 0 or (shape[-1] is not None and shape[-1] != p.input_dim):
     raise ValueError(
@@ -67,9 +66,14 @@ class LayerNorm(base_layer.BaseLayer):
   def Params(cls):
     return _NormParams(super().Params())
 
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    _CheckParams(p, owner)
+
   def __init__(self, params):
     super().__init__(params)
-    _Validate(self)
+    self.CheckParams(self.params, validation.Owner(self))
     d = self.params.input_dim
     self.CreateVariable('scale', WeightParams([d], WeightInit.Constant(1.0)))
     self.CreateVariable('bias', WeightParams([d], WeightInit.Constant(0.0)))
@@ -121,9 +125,14 @@ class RMSNorm(base_layer.BaseLayer):
   def Params(cls):
     return _NormParams(super().Params())
 
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    _CheckParams(p, owner)
+
   def __init__(self, params):
     super().__init__(params)
-    _Validate(self)
+    self.CheckParams(self.params, validation.Owner(self))
     d = self.params.input_dim
     self.CreateVariable('scale', WeightParams([d], WeightInit.Constant(1.0)))
 

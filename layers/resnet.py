@@ -77,13 +77,17 @@ class ResNetStem(batch_norm.BatchStatsLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
-    for field in ('input_dim', 'dim', 'kernel', 'stride'):
-      validation.CheckInt(owner, field, p.Get(field))
-    validation.CheckBool(owner, 'max_pool', p.max_pool)
+    self.CheckParams(p, validation.Owner(self))
     self.CreateChild('conv', _Conv('conv', p.kernel, p.input_dim, p.dim,
                                    p.stride))
     self.CreateChild('bn', _Bn(p, 'bn', p.dim))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    for field in ('input_dim', 'dim', 'kernel', 'stride'):
+      validation.CheckInt(owner, field, p.Get(field))
+    validation.CheckBool(owner, 'max_pool', p.max_pool)
 
   @classmethod
   def _PoolParams(cls):
@@ -104,6 +108,7 @@ class ResNetStem(batch_norm.BatchStatsLayer):
   def FPropMeta(cls, p, inputs):
     """The conv's, BN's, relu's (1 a element) and pool's FLOPs; act_bytes:
     each part's inputs (or act_bytes), float32."""
+    cls.CheckParams(p, validation.Owner(p))
     steps = [base_layer.InheritParams(p, s) for s in (
         _Conv('conv', p.kernel, p.input_dim, p.dim, p.stride),
         _Bn(p, 'bn', p.dim))]
@@ -162,11 +167,15 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
-    for field in ('input_dim', 'output_dim', 'stride'):
-      validation.CheckInt(owner, field, p.Get(field))
+    self.CheckParams(p, validation.Owner(self))
     for name, sub in self._SubParams(p):
       self.CreateChild(name, sub)
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    for field in ('input_dim', 'output_dim', 'stride'):
+      validation.CheckInt(owner, field, p.Get(field))
 
   def FPropStats(self, theta, inputs):
     """Runs the block.
@@ -200,8 +209,9 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
     the final relu (1 FLOP an element each). act_bytes: what each conv and
     BN keep (their inputs; BN also its normalised input) plus the relus'
     outputs, float32."""
-    shape = shapes.AsShape(inputs)
     owner = validation.Owner(p)
+    cls.CheckParams(p, owner)
+    shape = shapes.AsShape(inputs)
     if shape.rank != 4 or shape[-1] not in (None, p.input_dim):
       raise ValueError(f'{owner}: inputs shape {list(shape)} must be '
                        f'[batch, height, width, {p.input_dim}].')

@@ -140,15 +140,19 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(p, validation.Owner(self))
+    self.CreateVariable('w', WeightParams([p.input_dim, p.num_classes]))
+    self.CreateVariable(
+        'b', WeightParams([p.num_classes], init=WeightInit.Constant(0.0)))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     for field in ('input_dim', 'num_classes'):
       validation.CheckInt(owner, field, p.Get(field))
     validation.CheckNumber(owner, 'label_smoothing', p.label_smoothing, 0, 1,
                            high_open=True)
     validation.CheckInt(owner, 'softmax_max_alloc', p.softmax_max_alloc, 0)
-    self.CreateVariable('w', WeightParams([p.input_dim, p.num_classes]))
-    self.CreateVariable(
-        'b', WeightParams([p.num_classes], init=WeightInit.Constant(0.0)))
 
   def _ChunkRows(self, inputs):
     """Rows per chunk, or None when the logits fit in softmax_max_alloc."""
@@ -244,6 +248,7 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     (remat_policy 'weights' recomputes the rest from them).
     """
     del class_ids, class_weights  # Shapes follow from inputs.
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     if shape.rank == 0 or (shape[-1] is not None and
                            shape[-1] != p.input_dim):

@@ -81,7 +81,13 @@ class TransformerLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
+    self.CheckParams(p, validation.Owner(self))
+    for name, sub in self._SubParams(p).items():
+      self.CreateChild(name, sub)
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
     validation.CheckInt(owner, 'input_dim', p.input_dim)
     validation.CheckInt(owner, 'hidden_dim', p.hidden_dim)
     validation.CheckInt(owner, 'num_heads', p.num_heads)
@@ -92,8 +98,6 @@ class TransformerLayer(base_layer.BaseLayer):
       validation.CheckProb(owner, field, p.Get(field))
     activations.CheckName(owner, 'activation', p.activation)
     validation.CheckBool(owner, 'mask_self_atten', p.mask_self_atten)
-    for name, sub in self._SubParams(p).items():
-      self.CreateChild(name, sub)
 
   def FProp(self, theta, inputs, paddings=None):
     """Applies the layer.
@@ -127,9 +131,8 @@ class TransformerLayer(base_layer.BaseLayer):
     residual additions. None if b or t is unknown. out_shapes: (inputs,).
     """
     del paddings
+    cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
-    activations.CheckName(validation.Owner(p), 'activation',
-                          p.activation)
     if shape.rank != 3 or shape[-1] not in (None, p.input_dim):
       raise ValueError(
           f"{cls.__name__} '{p.name}': inputs shape {list(shape)} must be "

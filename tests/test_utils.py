@@ -19,7 +19,8 @@ is the package `cadence`; tests/ is not installed).
                                cluster): wait for a log line, signal it,
                                finish it
   AssertUserErrorLine(...)     exit 2 with one `Error:` line, no traceback
-  AssertRealRunAgrees(...)     a real trainer process ends with that line
+  BadInput, RunBadInputs       a table of bad trainer inputs, each: exit 2,
+                               one `Error:` line, no step, logdir intact
   LogLines(stderr)             the log records in a process's stderr
   DamageCheckpoint(path, how)  a checkpoint as a dying disk leaves it
   FreePorts(n)                 n localhost ports free now (bound to port 0)
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 
 import numpy as np
 import tensorflow as tf
@@ -299,37 +301,55 @@ class TrainerRun:
 
 
 _MAINS_DRIVER = """
-import contextlib, io, json, sys
+import contextlib, io, json, os, sys
 from absl import flags
+from absl import logging
 from cadence import trainer
 results = []
-for argv in json.loads(sys.argv[1]):
+for argv, env in json.loads(sys.argv[1]):
   flags.FLAGS.unparse_flags()
-  flags.FLAGS(['trainer.py'] + argv)   # The trainer's own flag parsing.
+  before = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
   err = io.StringIO()
+  logging.get_absl_handler().python_handler.stream = err   # The log too.
   with contextlib.redirect_stderr(err):
-    code = trainer.main(['trainer.py'])
-  results.append([code, err.getvalue()])
+    try:   # The trainer's own flag parsing, then its main.
+      code = trainer.main(trainer.ParseFlags(['trainer.py'] + argv))
+    except SystemExit as e:   # A flag error.
+      code = e.code
+  for k, v in before.items():
+    if v is None:
+      os.environ.pop(k)
+    else:
+      os.environ[k] = v
+  results.append([code, err.getvalue(), 'tensorflow' in sys.modules])
 print(json.dumps(results))
 """
 
 
-def StartTrainerMains(argvs, env=None):
+def StartTrainerMains(argvs, env=None, case_envs=None):
   """Runs `trainer.main` on each argv in turn in ONE subprocess (through
-  the trainer's own flag parsing; TensorFlow is imported once). Returns
-  the Popen; `FinishTrainerMains` gives [(exit code, stderr)] per argv."""
+  the trainer's own flag parsing; TensorFlow is imported once, when the
+  first case needs it). `case_envs`: per argv, environment variables set
+  for that case only (e.g. TF_CONFIG). Returns the Popen;
+  `FinishTrainerMains` gives [(exit code, stderr and log)] per argv."""
+  env = dict(env or QUIET_ENV)
+  env.pop('TF_CONFIG', None)
+  cases = list(zip(argvs, case_envs or [{}] * len(argvs)))
   return subprocess.Popen(
-      [sys.executable, '-c', _MAINS_DRIVER, json.dumps(argvs)], cwd=ROOT,
-      env=env or QUIET_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True)
+      [sys.executable, '-c', _MAINS_DRIVER, json.dumps(cases)], cwd=ROOT,
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def FinishTrainerMains(proc, timeout=600):
-  """[(exit code, stderr)] per argv of `StartTrainerMains`'s process."""
+def FinishTrainerMains(proc, timeout=600, imports=False):
+  """[(exit code, stderr)] per argv of `StartTrainerMains`'s process; with
+  `imports`, [(exit code, stderr, whether TensorFlow was imported after
+  that argv's run)]."""
   out, err = proc.communicate(timeout=timeout)
   if proc.returncode:
     raise AssertionError(f'trainer driver failed: {err[-3000:]}')
-  return json.loads(out.strip().splitlines()[-1])
+  results = json.loads(out.strip().splitlines()[-1])
+  return results if imports else [r[:2] for r in results]
 
 
 def StartTrainer(argv, env=None):
@@ -351,14 +371,108 @@ def AssertUserErrorLine(test, code, stderr, regex):
   test.assertRegex(errors[0], regex)
 
 
-def AssertRealRunAgrees(test, proc, stderr, timeout=600):
-  """Asserts that `proc`, a real `python trainer.py` process, exits 2 with
-  the same last line as `stderr` (the same command line run through
-  `StartTrainerMains`)."""
-  _, real_err = proc.communicate(timeout=timeout)
-  test.assertEqual(2, proc.returncode, real_err[-2000:])
-  test.assertEqual(stderr.strip().splitlines()[-1],
-                   real_err.strip().splitlines()[-1])
+class BadInput(typing.NamedTuple):
+  """One row of a table of bad trainer inputs (RunBadInputs).
+
+  Attributes:
+    name: the row's name (its logdir is <root>/<name>).
+    argv: the flags after `trainer.py`; '{logdir}' in them is the row's
+      logdir.
+    regex: what the one `Error:` line must match (it names the input).
+    prepare: None, or fn(logdir) that fills the logdir before the run;
+      the logdir must then be byte-identical after it.
+    env: environment variables of this row only (e.g. TF_CONFIG).
+    real: also run it as a real `python trainer.py` process.
+  """
+  name: str
+  argv: list
+  regex: str
+  prepare: object = None
+  env: dict = {}
+  real: bool = False
+
+
+def _Snapshot(folder):
+  """{path below folder: bytes of the file, or None for a folder}."""
+  out = {}
+  for root, dirs, files in os.walk(folder):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(root, name), folder)] = None
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, folder)] = f.read()
+  return out
+
+
+_STEP_LOG = re.compile(r'First step done|\] step \d+/\d+ ')
+
+
+def AssertStoppedBeforeTraining(test, stderr, logdir, before):
+  """No train step was logged, and the logdir is as it was (`before`, its
+  _Snapshot), or, if it did not exist, holds no checkpoint."""
+  test.assertNotRegex(stderr, _STEP_LOG)
+  if before is None:
+    train = os.path.join(logdir, 'train')
+    test.assertEqual([], [n for n in (os.listdir(train) if os.path.isdir(
+        train) else []) if n == 'checkpoint' or n.startswith('ckpt-')])
+  else:
+    test.assertEqual(before, _Snapshot(logdir))
+
+
+def RunBadInputs(test, groups, root, timeout=600):
+  """Runs each row through the trainer; asserts what a user error must do.
+
+  The rows of each group run through `trainer.py`'s flag parsing and
+  `main` in ONE subprocess (StartTrainerMains), and the rows marked `real`
+  also as real `python trainer.py` processes; all groups and processes at
+  the same time. For each row: exit 2, exactly one `Error:` line, the
+  last, matching the row's regex, no traceback, no train step, the logdir
+  byte-identical if the row prepared one (else no train/ folder in it); a
+  real process ends with the same line as the in-process run.
+
+  Args:
+    test: the TestCase.
+    groups: {group name: [BadInput]}.
+    root: a folder; row r of group g gets the logdir <root>/<g>/<r.name>.
+    timeout: seconds per process.
+
+  Returns:
+    {group name: [(exit code, stderr, TensorFlow imported)] per row}.
+  """
+  runs = {}
+  base = {k: v for k, v in QUIET_ENV.items() if k != 'TF_CONFIG'}
+  for group, rows in groups.items():
+    logdirs = [os.path.join(root, group, row.name) for row in rows]
+    befores = []
+    for row, logdir in zip(rows, logdirs):
+      if row.prepare is not None:
+        os.makedirs(logdir, exist_ok=True)
+        row.prepare(logdir)
+      befores.append(_Snapshot(logdir) if row.prepare is not None else None)
+    argvs = [[a.replace('{logdir}', d) for a in row.argv]
+             for row, d in zip(rows, logdirs)]
+    driver = StartTrainerMains(argvs, case_envs=[row.env for row in rows])
+    reals = [(i, StartTrainer(argvs[i], env=dict(base, **rows[i].env)))
+             for i, row in enumerate(rows) if row.real]
+    runs[group] = (rows, logdirs, befores, driver, reals)
+  out = {}
+  for group, (rows, logdirs, befores, driver, reals) in runs.items():
+    results = out[group] = FinishTrainerMains(driver, timeout=timeout,
+                                              imports=True)
+    for row, logdir, before, (code, stderr, _) in zip(rows, logdirs, befores,
+                                                      results):
+      with test.subTest(group=group, row=row.name):
+        AssertUserErrorLine(test, code, stderr, row.regex)
+        AssertStoppedBeforeTraining(test, stderr, logdir, before)
+    for i, proc in reals:
+      with test.subTest(group=group, row=rows[i].name, real=True):
+        _, real_err = proc.communicate(timeout=timeout)
+        AssertUserErrorLine(test, proc.returncode, real_err, rows[i].regex)
+        AssertStoppedBeforeTraining(test, real_err, logdirs[i], befores[i])
+        test.assertEqual(results[i][1].strip().splitlines()[-1],
+                         real_err.strip().splitlines()[-1])
+  return out
 
 
 def LogLines(stderr):

@@ -6,6 +6,8 @@ under it; they build on the train loop (framework/train) and nothing in the
 train loop needs to know which option runs it.
 
   distribution    the options: devices, the strategy and the Setup.
+  tf_config       $TF_CONFIG / --cluster_spec parsed and checked (no
+                  TensorFlow: the trainer checks them before loading it).
   tpu, tpu_programs
                   a Cloud TPU: connect, cut its cores into replicas, and the
                   replicated train program.

@@ -7,7 +7,8 @@ Lingvo's flags say how a job spreads over devices:
                         the experiment's WORKER_SPLIT_SIZE);
   --worker_gpus         GPUs of this host to use (--run_locally=gpu; 0: all);
   TF_CONFIG             several hosts (or --cluster_spec, --task_type and
-                        --task_index, which say the same).
+                        --task_index, which say the same; checked by
+                        framework/distribute/tf_config.py).
 
 On CPU (`--run_locally=cpu`) this process gets worker_replicas x
 worker_split_size logical CPUs. Replica r runs on devices
@@ -41,15 +42,14 @@ Example (two hosts, the same command on each):
     python trainer.py --model=... --logdir=/shared/run --job=trainer
 """
 import dataclasses
-import json
-import os
 
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
+from cadence.framework.distribute import tf_config
 from cadence.framework.distribute import tpu as tpu_lib
 
-TF_CONFIG = 'TF_CONFIG'
+TF_CONFIG = tf_config.TF_CONFIG
 
 
 class SetupError(ValueError):
@@ -116,48 +116,28 @@ def ParseClusterSpec(spec, task_type, task_index):
   """Lingvo's `--cluster_spec` ('worker=h:p,h:p@ps=h:p') as a TF_CONFIG dict.
 
   Raises:
-    SetupError: a malformed spec or a task not in it.
+    SetupError: a malformed spec or a task not in it (tf_config.py).
   """
-  cluster = {}
-  for part in [p for p in spec.split('@') if p.strip()]:
-    job, sep, hosts = part.partition('=')
-    addresses = [h.strip() for h in hosts.split(',') if h.strip()]
-    if not sep or not job.strip() or not addresses:
-      raise SetupError(f"--cluster_spec={spec!r}: {part!r} is not "
-                       "'job=host:port[,host:port...]' (jobs separated by "
-                       "'@').")
-    cluster[job.strip()] = addresses
-  if task_type not in cluster:
-    raise SetupError(f'--task_type={task_type!r} is not a job of '
-                     f'--cluster_spec ({", ".join(cluster)}).')
-  if not 0 <= task_index < len(cluster[task_type]):
-    raise SetupError(f'--task_index={task_index} is out of range: job '
-                     f'{task_type!r} has {len(cluster[task_type])} task(s).')
-  return {'cluster': cluster, 'task': {'type': task_type,
-                                       'index': task_index}}
+  try:
+    return tf_config.ParseClusterSpec(spec, task_type, task_index)
+  except tf_config.ConfigError as e:
+    raise SetupError(str(e)) from None
 
 
 def ReadTfConfig(cluster_spec='', task_type='', task_index=0):
   """The multi-host configuration: --cluster_spec, else $TF_CONFIG, else None.
 
   Returns:
-    The TF_CONFIG dict, or None for a local run.
+    The TF_CONFIG dict, checked (framework/distribute/tf_config.py), or None
+    for a local run.
+
+  Raises:
+    SetupError: a configuration that cannot describe a cluster.
   """
-  if cluster_spec:
-    return ParseClusterSpec(cluster_spec, task_type, task_index)
-  text = os.environ.get(TF_CONFIG, '')
-  if not text.strip():
-    return None
   try:
-    config = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise SetupError(f'$TF_CONFIG is not JSON: {e}') from None
-  if not isinstance(config, dict) or 'cluster' not in config or (
-      'task' not in config):
-    raise SetupError('$TF_CONFIG needs "cluster" and "task" entries, e.g. '
-                     '{"cluster": {"worker": ["h0:2222", "h1:2222"]}, '
-                     '"task": {"type": "worker", "index": 0}}.')
-  return config
+    return tf_config.Read(cluster_spec, task_type, task_index)
+  except tf_config.ConfigError as e:
+    raise SetupError(str(e)) from None
 
 
 def _LocalDevices(run_locally, worker_replicas, worker_split_size,

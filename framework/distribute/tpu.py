@@ -21,7 +21,9 @@ variables of the stage on core s of every replica and, inside the compiled
 step, places its ops there.
 
 A failure to resolve, connect or initialise is a `TpuError` (the trainer
-exits 2 with its one line). gRPC retries an unreachable address for a long
+exits 2 with its one line). A TPU name needs the Google API client
+(`pip install -e ".[tpu]"`, cloud-tpu-client); without it the trainer says
+so before trying. gRPC retries an unreachable address for a long
 time by default; the connection is made with GRPC_FAIL_FAST=true so a wrong
 address fails in well under a second.
 
@@ -30,6 +32,7 @@ Example:
                                 worker_split_size=2)
 """
 import contextlib
+import importlib.util
 import math
 import os
 
@@ -117,6 +120,28 @@ def _FirstLine(e):
   return f'{type(e).__name__}: {lines[0][:300] if lines else ""}'
 
 
+def IsName(tpu):
+  """True if `tpu` is a TPU's name, which the Cloud TPU API resolves (not a
+  grpc:// address, nor 'local': the TPU of this VM)."""
+  return bool(tpu) and not tpu.startswith('grpc://') and tpu != 'local'
+
+
+def HasCloudTpuClient():
+  """True if the Google API client that looks TPU names up is installed
+  (the 'tpu' extra of setup.py: cloud-tpu-client)."""
+  return all(importlib.util.find_spec(m) is not None
+             for m in ('googleapiclient', 'oauth2client'))
+
+
+def _Address(resolver):
+  """The resolver's grpc address, or a word saying it has none: asking
+  may itself fail (a name it could not look up)."""
+  try:
+    return resolver.master() or '(no address)'
+  except Exception:  # pylint: disable=broad-except
+    return '(address unknown)'
+
+
 def Connect(tpu, zone=None, project=None, worker_split_size=1):
   """Resolves, connects to and initialises the TPU; makes its strategy.
 
@@ -139,6 +164,11 @@ def Connect(tpu, zone=None, project=None, worker_split_size=1):
   """
   where = f'--tpu={tpu!r}' + (f' --tpu_zone={zone!r}' if zone else '') + (
       f' --tpu_project={project!r}' if project else '')
+  if IsName(tpu) and not HasCloudTpuClient():
+    raise TpuError(f'{where}: a TPU name is looked up with the Cloud TPU '
+                   'API, which needs the Google API client: pip install -e '
+                   '".[tpu]" (cloud-tpu-client); or give the TPU\'s '
+                   'grpc://host:8470 address.')
   try:
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
         tpu=tpu, zone=zone or None, project=project or None)
@@ -152,8 +182,7 @@ def Connect(tpu, zone=None, project=None, worker_split_size=1):
       topology = tf.tpu.experimental.initialize_tpu_system(resolver)
   except Exception as e:  # pylint: disable=broad-except
     raise TpuError(f'{where}: cannot connect to or initialise the TPU at '
-                   f'{resolver.master() or "(no address)"} '
-                   f'({_FirstLine(e)}).') from None
+                   f'{_Address(resolver)} ({_FirstLine(e)}).') from None
   assignment = BuildDeviceAssignment(topology, worker_split_size)
   strategy = tf.distribute.TPUStrategy(
       resolver, experimental_device_assignment=assignment)

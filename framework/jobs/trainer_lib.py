@@ -50,7 +50,6 @@ every save) are dropped (`TensorFlowInfoFilter`; --verbosity=1 keeps them),
 and its warnings go through absl's handler once.
 """
 import dataclasses
-import difflib
 import logging as py_logging
 import os
 import sys
@@ -64,6 +63,7 @@ from cadence.framework import base_model
 from cadence.framework.distribute import distribution
 from cadence.framework.distribute import ps_programs
 from cadence.framework.distribute import tpu_programs
+from cadence.framework.jobs import command_line
 from cadence.framework.jobs import export
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
@@ -81,7 +81,7 @@ from cadence.framework.train import replicas
 from cadence.framework.train import xla_step
 
 EXIT_OK = 0
-EXIT_USER_ERROR = 2
+EXIT_USER_ERROR = command_line.EXIT_USER_ERROR
 EXIT_TRAINING_STOPPED = 3
 # Exit code 4: a failed save or a failed peer host (see the docstring).
 EXIT_SAVE_FAILED = 4
@@ -91,14 +91,9 @@ EXIT_PEER_FAILED = 4
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
                 tf.errors.CancelledError, tf.errors.DeadlineExceededError)
 
-MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline',
-         'export')
-_JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
-              'decoder_<dataset>')
-
-
-class UserError(Exception):
-  """A mistake in the command line or the params; exits with code 2."""
+MODES = command_line.MODES
+# A mistake in the command line or the params; exits with code 2.
+UserError = command_line.UserError
 
 
 @dataclasses.dataclass
@@ -143,22 +138,7 @@ def _Message(e):
 _PARAMS_ERRORS = (AttributeError, KeyError, ValueError, TypeError, IndexError)
 
 
-def ParseOverride(text):
-  """`--model_params_override` as a list of (key, value text) pairs, or None.
-
-  Returns None for Params text ('key : value' lines, as in params.txt), and
-  the pairs of ';'-separated 'key=value' items otherwise.
-  """
-  if ' : ' in text or '\n' in text:
-    return None
-  pairs = []
-  for item in [s.strip() for s in text.split(';') if s.strip()]:
-    key, sep, value = item.partition('=')
-    if not sep or not key.strip():
-      raise UserError(f"--model_params_override: {item!r} is not "
-                      "'key=value' (items are separated by ';').")
-    pairs.append((key.strip(), value.strip()))
-  return pairs
+ParseOverride = command_line.ParseOverride
 
 
 def _SetPairs(params, pairs, source):
@@ -205,8 +185,10 @@ def LoadParams(options, dataset):
     path = options.model_params_file_override
     if not tf.io.gfile.exists(path):
       raise UserError(f'--model_params_file_override: no file {path!r}.')
-    with tf.io.gfile.GFile(path) as f:
-      _SetText(params, f.read(), f'--model_params_file_override {path}')
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      data = f.read()
+    _SetText(params, command_line.ParamsFileText(path, data),
+             f'--model_params_file_override {path}')
   if options.model_params_override:
     pairs = ParseOverride(options.model_params_override)
     if pairs is None:
@@ -333,20 +315,7 @@ def ConfigureDevices(options):
 # --- jobs ---------------------------------------------------------------------
 
 
-def _ParseJob(job):
-  """'evaler_dev' -> ('evaler', 'Dev'); 'trainer' -> ('trainer', None)."""
-  if job in ('trainer', 'trainer_and_evaler'):
-    return job, None
-  kind, _, dataset = job.partition('_')
-  names = {d.lower(): d for d in model_registry.DATASETS}
-  if kind in ('evaler', 'decoder') and dataset.lower() in names:
-    return kind, names[dataset.lower()]
-  known = ['trainer', 'trainer_and_evaler'] + [
-      f'{k}_{d.lower()}' for k in ('evaler', 'decoder') for d in names]
-  close = difflib.get_close_matches(job, known, n=2, cutoff=0.6)
-  hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
-  raise UserError(f'--job={job!r} is not one of {", ".join(_JOB_FORMS)} '
-                  f'(datasets: {", ".join(model_registry.DATASETS)}).{hint}')
+_ParseJob = command_line.ParseJob
 
 
 def _HasDataset(options, dataset):
@@ -802,15 +771,8 @@ def Main(options):
   """Runs the trainer for `options`; returns the exit code."""
   ConfigureLogging()
   try:
+    command_line.Check(options)   # Every flag, before any TF op.
     setup = ConfigureDevices(options)
-    if options.mode not in MODES:
-      raise UserError(f'--mode={options.mode!r} is not one of '
-                      f'{", ".join(MODES)}.')
-    memory = options.device_memory_gib
-    if isinstance(memory, bool) or not isinstance(memory, (int, float)) or (
-        not memory >= 0):
-      raise UserError(f'--device_memory_gib={memory!r} must be a number >= '
-                      '0 (GiB of memory per device; 0: no check).')
     if options.mode != 'sync':
       with setup.cluster:
         _Inspect(options, setup)

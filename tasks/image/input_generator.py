@@ -34,13 +34,17 @@ class ShapesInput(base_input_generator.BaseInputGenerator):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    owner = validation.Owner(self)
-    validation.CheckIntList(owner, 'image_size', p.image_size, 2)
-    validation.CheckInt(owner, 'num_examples', p.num_examples)
     images, labels = shapes_data.DrawShapes(p.num_examples, p.image_size,
                                             p.data_seed)
     self._images = tf.constant(images)
     self._labels = tf.constant(labels)
+
+  @classmethod
+  def _CheckParams(cls, p, owner):
+    super()._CheckParams(p, owner)
+    validation.CheckIntList(owner, 'image_size', p.image_size, 2)
+    validation.CheckInt(owner, 'num_examples', p.num_examples)
+    validation.CheckInt(owner, 'data_seed', p.data_seed, 0)
 
   @classmethod
   def BatchShapes(cls, params):

@@ -41,6 +41,7 @@ import os
 
 from cadence.framework import base_input_generator
 from cadence.framework import hyperparams
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 from cadence.tasks.lm import input_generator
 from cadence.tasks.lm import synthetic_corpus
@@ -134,8 +135,19 @@ class LmCorpusInput(input_generator.LmInput):
 
   @classmethod
   def _Fail(cls, params, field, value, rule):
-    return base_input_generator.InputError(
-        f'{cls.__name__} {params.name!r}: {field}={value!r} {rule}')
+    return validation.Error(validation.Owner(params), field, value, rule,
+                            base_input_generator.InputError)
+
+  @classmethod
+  def _CheckParams(cls, p, owner):
+    super()._CheckParams(p, owner)
+    validation.CheckOneOf(owner, 'corpus', p.corpus, CORPORA)
+    validation.CheckOneOf(owner, 'split', p.split, SPLITS)
+    s = p.synthetic
+    for field in ('num_train_shards', 'sentences_per_shard',
+                  'num_heldout_sentences'):
+      validation.CheckInt(owner, f'synthetic.{field}', s.Get(field))
+    validation.CheckInt(owner, 'synthetic.seed', s.seed, 0)
 
   @classmethod
   def ResolveParams(cls, params):
@@ -145,11 +157,8 @@ class LmCorpusInput(input_generator.LmInput):
     without building the generator (to turn decoded ids into text) calls
     this, then `Instantiate()`s the returned `tokenizer` params.
     """
+    cls.CheckParams(params)
     p = params.Copy()
-    if p.corpus not in CORPORA:
-      raise cls._Fail(p, 'corpus', p.corpus, f'must be one of {CORPORA}.')
-    if p.split not in SPLITS:
-      raise cls._Fail(p, 'split', p.split, f'must be one of {SPLITS}.')
     if not p.corpus:
       return p
     if not p.data_dir:

@@ -168,19 +168,18 @@ class LmInput(base_input_generator.BaseInputGenerator):
     self._cache_lock = threading.Lock()
     self._Load()
 
-  def _Validate(self):
-    super()._Validate()
-    p = self._params
+  @classmethod
+  def _CheckParams(cls, p, owner):
+    super()._CheckParams(p, owner)
     if p.file_type != 'text':
-      raise self._Error('file_type', p.file_type, "must be 'text' (one "
-                        'sentence per line).')
+      raise validation.Error(owner, 'file_type', p.file_type, "must be 'text' "
+                             '(one sentence per line).')
     if p.bucket_upper_bound:
-      raise self._Error('bucket_upper_bound', p.bucket_upper_bound,
-                        'must be empty: LmInput rows have max_seq_len tokens.')
-    if not validation.IsInt(p.max_seq_len, 1):
-      raise self._Error('max_seq_len', p.max_seq_len, 'must be an int >= 1.')
-    if not validation.IsInt(p.random_seed, 0):
-      raise self._Error('random_seed', p.random_seed, 'must be an int >= 0.')
+      raise validation.Error(owner, 'bucket_upper_bound',
+                             p.bucket_upper_bound, 'must be empty: LmInput '
+                             'rows have max_seq_len tokens.')
+    validation.CheckInt(owner, 'max_seq_len', p.max_seq_len)
+    validation.CheckBool(owner, 'packed', p.packed)
 
   def _Load(self):
     """Reads and tokenises this shard's files into one flat array."""

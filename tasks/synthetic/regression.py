@@ -112,6 +112,15 @@ class RegressionInput(base_input_generator.BaseInputGenerator):
           '(x_0,...,x_{d-1},y).')
 
   @classmethod
+  def _CheckParams(cls, p, owner):
+    super()._CheckParams(p, owner)
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    validation.CheckInt(owner, 'teacher_seed', p.teacher_seed, 0)
+    validation.CheckNumber(owner, 'noise_stddev', p.noise_stddev, 0)
+    validation.CheckInt(owner, 'first_example', p.first_example, 0)
+    validation.CheckInt(owner, 'num_examples', p.num_examples)
+
+  @classmethod
   def BatchShapes(cls, params):
     """x [batch, input_dim], y [batch]; batch is None unless
     fixed_input_shape (the last batch of a pass may be short)."""
@@ -205,7 +214,21 @@ class RegressionModel(base_model.BaseTask):
 
   def __init__(self, params):
     super().__init__(params)
+    self.CheckParams(self.params, validation.Owner(self))
     self.CreateChild('net', self._NetParams(self.params))
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    """Raises ValueError for a bad task param; __init__ and FPropMeta (so
+    the task's static check) call it before the layers are made of them."""
+    validation.CheckInt(owner, 'input_dim', p.input_dim)
+    if not isinstance(p.hidden_dims, (list, tuple)):
+      raise validation.Error(owner, 'hidden_dims', p.hidden_dims,
+                             'must be a list of ints >= 1 (may be empty).')
+    for i, d in enumerate(p.hidden_dims):
+      validation.CheckInt(owner, f'hidden_dims[{i}]', d)
+    validation.CheckProb(owner, 'dropout_prob', p.dropout_prob)
+    validation.CheckInt(owner, 'pipeline_cells', p.pipeline_cells)
 
   def ComputePredictions(self, theta, input_batch):
     out = self.children.net.FProp(theta.net, input_batch.x)  # [batch, 1]
@@ -235,6 +258,7 @@ class RegressionModel(base_model.BaseTask):
 
   @classmethod
   def FPropMeta(cls, params, input_shapes):
+    cls.CheckParams(params, validation.Owner(params))
     x = shapes.AsShape(input_shapes.x)
     net_p = cls._NetParams(params)
     breakdown, shape = [], x

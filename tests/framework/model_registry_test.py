@@ -131,3 +131,26 @@ def testReimportIsNotADuplicate(domain):
   assert second is not first
   importlib.reload(sys.modules['cadence.params.regtest.toy'])
   assert model_registry.GetClass('regtest.toy.ToyModel').__name__ == 'ToyModel'
+
+
+def testScanKeysEqualsTheRegistryWithoutImporting(domain):
+  (domain / 'called.py').write_text(
+      'from cadence.framework import model_registry\n'
+      'class Late:\n  pass\n'
+      'model_registry.RegisterSingleTaskModel(Late)\n')
+  scanned = model_registry.ScanKeys()
+  assert 'cadence.params.regtest.toy' not in sys.modules
+  assert {'regtest.toy.ToyModel', 'regtest.other.OtherModel',
+          'regtest.called.Late'} <= set(scanned)
+  # Every experiment of the checkout, as importing them all registers it.
+  assert scanned == model_registry.GetAllRegisteredKeys()
+
+
+def testCheckKeyNamesTheClosestWithoutImporting(domain):
+  del domain
+  assert model_registry.CheckKey('regtest.toy.ToyModel') == (
+      'regtest.toy.ToyModel')
+  with pytest.raises(KeyError, match=r"Unknown model 'regtest.toy.ToyModle'"
+                     r"\. Did you mean 'regtest.toy.ToyModel'"):
+    model_registry.CheckKey('regtest.toy.ToyModle')
+  assert 'cadence.params.regtest.toy' not in sys.modules

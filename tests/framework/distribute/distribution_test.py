@@ -52,8 +52,8 @@ class ParameterServerSetupTest(tf.test.TestCase):
 
   def testClusterSpecFlagNamesPsTasks(self):
     config = distribution.ParseClusterSpec(
-        'chief=h:0@ps=h:1,h:2@worker=h:3', 'ps', 1)
-    self.assertEqual({'chief': ['h:0'], 'ps': ['h:1', 'h:2'],
+        'chief=h:4@ps=h:1,h:2@worker=h:3', 'ps', 1)
+    self.assertEqual({'chief': ['h:4'], 'ps': ['h:1', 'h:2'],
                       'worker': ['h:3']}, config['cluster'])
     self.assertEqual({'type': 'ps', 'index': 1}, config['task'])
 

@@ -89,9 +89,20 @@ class LogicalCoreTest(tf.test.TestCase):
 class ConnectTest(tf.test.TestCase):
 
   def testUnknownNameFailsWithOneLine(self):
-    with self.assertRaisesRegex(
-        tpu.TpuError, r"^--tpu='nonexistent': cannot resolve the TPU \("):
-      tpu.Connect('nonexistent')
+    if tpu.HasCloudTpuClient():
+      regex = r"^--tpu='nonexistent': cannot resolve the TPU \("
+    else:   # Said before trying: the lookup needs the Google API client.
+      regex = (r"^--tpu='nonexistent' --tpu_zone='us-central2-b': a TPU name "
+               r'is looked up with the Cloud TPU API, which needs the Google '
+               r'API client: pip install -e "\.\[tpu\]" \(cloud-tpu-client\); '
+               r"or give the TPU's grpc://host:8470 address\.$")
+    with self.assertRaisesRegex(tpu.TpuError, regex):
+      tpu.Connect('nonexistent', zone='us-central2-b')
+
+  def testNamesAndAddresses(self):
+    self.assertTrue(tpu.IsName('my-tpu'))
+    self.assertFalse(tpu.IsName('grpc://10.0.0.2:8470'))
+    self.assertFalse(tpu.IsName('local'))
 
 
 if __name__ == '__main__':

@@ -165,7 +165,7 @@ class InspectTest(tf.test.TestCase):
       code = trainer_lib.Main(trainer_lib.TrainerOptions(
           model='synthetic.linear_regression.RegressionGPipeTiny',
           logdir=self.get_temp_dir(), job='trainer',
-          cluster_spec='chief=h:0@ps=h:1@worker=h:2', task_type='chief'))
+          cluster_spec='chief=h:3@ps=h:1@worker=h:2', task_type='chief'))
     self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
     self.assertRegex(err.getvalue(),
                      r'^Error: Parameter-server training .* --worker_replicas'

@@ -1,0 +1,174 @@
+"""The multi-host configuration: $TF_CONFIG or --cluster_spec, checked.
+
+A job on several hosts says who is who in one of two forms:
+
+  TF_CONFIG='{"cluster": {"worker": ["h0:2222", "h1:2222"]},
+              "task": {"type": "worker", "index": 0}}'
+  --cluster_spec=worker=h0:2222,h1:2222 --task_type=worker --task_index=0
+
+(the second is Lingvo's; jobs are separated by '@'). `Read` turns either
+into the TF_CONFIG dict and checks it before TensorFlow sees it: malformed
+JSON, a missing "cluster" or "task", a job Cadence does not run, an address
+that is not host:port, one address given twice, a task type that is not a
+job of the cluster, an index out of range. Each is a `ConfigError` whose
+message names the source ($TF_CONFIG or the flag), the value and the rule;
+the trainer prints it as its one `Error:` line and exits 2.
+
+This module imports no TensorFlow, so the trainer checks the configuration
+before loading it.
+
+Example:
+  config = tf_config.Read('worker=h0:2222,h1:2222', 'worker', 1)
+  config['task']   # {'type': 'worker', 'index': 1}
+"""
+import difflib
+import json
+import os
+import re
+
+TF_CONFIG = 'TF_CONFIG'
+# The jobs Cadence runs (framework/distribute/distribution.py); an
+# 'evaluator' task may be named by "task" without being in the cluster.
+JOBS = ('chief', 'worker', 'ps', 'evaluator')
+_EXAMPLE = ('{"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": '
+            '{"type": "worker", "index": 0}}')
+_HOST_PORT = re.compile(r'^(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@,]+):(\d+)$')
+
+
+class ConfigError(ValueError):
+  """A TF_CONFIG or --cluster_spec that cannot describe a cluster."""
+
+
+def _Hint(value, choices):
+  close = difflib.get_close_matches(str(value), list(choices), n=1,
+                                    cutoff=0.6)
+  return f' Did you mean {close[0]!r}?' if close else ''
+
+
+def _CheckAddress(source, job, index, address):
+  """Raises unless `address` is 'host:port' with a port in [1, 65535]."""
+  m = _HOST_PORT.match(address) if isinstance(address, str) else None
+  if not m or not 1 <= int(m.group(2)) <= 65535:
+    raise ConfigError(
+        f'{source}: {job} {index} address {address!r} must be '
+        "'host:port' with a port in [1, 65535] (e.g. 'h0:2222', "
+        "'[::1]:2222').")
+
+
+def _CheckCluster(cluster, source):
+  """Checks the jobs and addresses of a cluster dict."""
+  if not isinstance(cluster, dict) or not cluster:
+    raise ConfigError(f'{source}: "cluster" must map job names to lists of '
+                      f'host:port addresses; got {cluster!r}. E.g. '
+                      f'{_EXAMPLE}.')
+  seen = {}
+  for job, addresses in cluster.items():
+    if job not in JOBS:
+      raise ConfigError(f'{source}: job {job!r} is not one of '
+                        f'{", ".join(map(repr, JOBS))}.{_Hint(job, JOBS)}')
+    if not isinstance(addresses, list) or not addresses:
+      raise ConfigError(f'{source}: job {job!r} must list at least one '
+                        f'host:port address; got {addresses!r}.')
+    for index, address in enumerate(addresses):
+      _CheckAddress(source, job, index, address)
+      if address in seen:
+        raise ConfigError(f'{source}: address {address!r} is given twice, '
+                          f'for {seen[address]} and {job} {index}; each '
+                          'task needs its own host:port.')
+      seen[address] = f'{job} {index}'
+  if len(cluster.get('chief', [])) > 1:
+    raise ConfigError(f'{source}: job \'chief\' has '
+                      f'{len(cluster["chief"])} tasks; a cluster has at most '
+                      'one chief.')
+
+
+def _CheckTask(cluster, task_type, index, type_name, index_name):
+  """Checks this host's task against the cluster; names the fields as
+  `type_name` and `index_name` (the flags, or TF_CONFIG's entries)."""
+  if task_type in cluster:
+    count = len(cluster[task_type])
+  elif task_type == 'evaluator':
+    count = 1   # Named by its task alone, as TensorFlow has it.
+  else:
+    raise ConfigError(f'{type_name}={task_type!r} is not a job of the '
+                      f'cluster ({", ".join(map(repr, cluster))}).'
+                      f'{_Hint(task_type, cluster)}')
+  if isinstance(index, bool) or not isinstance(index, int):
+    raise ConfigError(f'{index_name}={index!r} must be an int.')
+  if not 0 <= index < count:
+    raise ConfigError(f'{index_name}={index} is out of range: job '
+                      f'{task_type!r} has {count} task(s), so the index is '
+                      f'in [0, {count - 1}].')
+
+
+def ParseClusterSpec(spec, task_type, task_index):
+  """Lingvo's `--cluster_spec` ('worker=h:p,h:p@ps=h:p') as a TF_CONFIG dict.
+
+  Raises:
+    ConfigError: a malformed spec, or a task not in it.
+  """
+  cluster = {}
+  for part in [p for p in spec.split('@') if p.strip()]:
+    job, sep, hosts = part.partition('=')
+    addresses = [h.strip() for h in hosts.split(',') if h.strip()]
+    if not sep or not job.strip() or not addresses:
+      raise ConfigError(f"--cluster_spec={spec!r}: {part!r} is not "
+                        "'job=host:port[,host:port...]' (jobs separated by "
+                        "'@').")
+    if job.strip() in cluster:
+      raise ConfigError(f'--cluster_spec={spec!r}: job {job.strip()!r} is '
+                        'given twice; list its tasks once, separated by '
+                        "','.")
+    cluster[job.strip()] = addresses
+  _CheckCluster(cluster, f'--cluster_spec={spec!r}')
+  _CheckTask(cluster, task_type, task_index, '--task_type', '--task_index')
+  return {'cluster': cluster, 'task': {'type': task_type,
+                                       'index': task_index}}
+
+
+def _ParseTfConfig(text):
+  """The checked dict of $TF_CONFIG's text."""
+  source = f'${TF_CONFIG}'
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f'{source} is not JSON ({e}): {text[:200]!r}. E.g. '
+                      f'{_EXAMPLE}.') from None
+  if not isinstance(config, dict):
+    raise ConfigError(f'{source} must be a JSON object; got {text[:200]!r}. '
+                      f'E.g. {_EXAMPLE}.')
+  for entry in ('cluster', 'task'):
+    if entry not in config:
+      raise ConfigError(f'{source} has no "{entry}" entry; it needs '
+                        f'"cluster" and "task", e.g. {_EXAMPLE}.')
+  _CheckCluster(config['cluster'], source)
+  task = config['task']
+  if not isinstance(task, dict) or 'type' not in task:
+    raise ConfigError(f'{source}: "task" must be {{"type": <job>, "index": '
+                      f'<int>}}; got {task!r}.')
+  _CheckTask(config['cluster'], task['type'], task.get('index', 0),
+             f'{source} task type', f'{source} task index')
+  return config
+
+
+def Read(cluster_spec='', task_type='', task_index=0, environ=None):
+  """The multi-host configuration: --cluster_spec, else $TF_CONFIG, else None.
+
+  Args:
+    cluster_spec: the --cluster_spec flag ('' to read $TF_CONFIG).
+    task_type: --task_type, with cluster_spec.
+    task_index: --task_index, with cluster_spec.
+    environ: the environment to read TF_CONFIG from (default os.environ).
+
+  Returns:
+    The TF_CONFIG dict, or None for a local run.
+
+  Raises:
+    ConfigError: the configuration cannot describe a cluster.
+  """
+  if cluster_spec:
+    return ParseClusterSpec(cluster_spec, task_type, task_index)
+  text = (os.environ if environ is None else environ).get(TF_CONFIG, '')
+  if not text.strip():
+    return None
+  return _ParseTfConfig(text)

@@ -1,0 +1,360 @@
+"""Bad inputs through the real trainer: exit 2, one line, nothing touched.
+
+A table of bad command lines: flags, the experiment key, the job, numbers
+out of range, overrides, $TF_CONFIG and --cluster_spec, experiment and
+input params, TPU and --xla settings. Every row must stop the trainer
+before any step with exit code 2 and exactly one `Error: ...` line (the
+last) that names the input, the value and the rule, without a traceback,
+and leave a logdir it was given byte-identical (test_utils.RunBadInputs).
+
+Rows are grouped by what the trainer must load to see the error; each
+group runs through `trainer.py`'s flag parsing and `main` in ONE
+subprocess, and its rows marked `real` also as real `python trainer.py`
+processes:
+
+  _BEFORE_TF  flags, the experiment key, the job, numbers, overrides, the
+              params file, the cluster: answered before TensorFlow is
+              imported (the driver reports it was never imported).
+  _MODEL      the experiment's params and its input's (each layer and
+              input generator names its params path), then the devices:
+              --xla and the TPU (an unreachable TPU last: connecting
+              changes the process).
+
+To add a case, add a row: BadInput(name, argv, regex[, prepare, env,
+real]); '{logdir}' in argv is the row's own logdir.
+"""
+import json
+import os
+
+import tensorflow as tf
+
+from cadence.tests import test_utils
+
+BadInput = test_utils.BadInput
+
+_LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+_REGRESSION = 'synthetic.linear_regression.RegressionTiny'
+_LOGDIR = '--logdir={logdir}'
+_STACK = 'task.stack_tpl'
+_PIPE = 'task.stack_tpl.pipeline_tpl'
+_LAYER = 'task.stack_tpl.transformer_tpl'
+# Rejected before any server starts, so nothing listens on these.
+_HOSTS = ['127.0.0.1:2222', '127.0.0.1:2223']
+
+
+def _TfConfig(cluster=None, task=None, text=None):
+  """A row's environment with $TF_CONFIG: `text`, or the JSON of
+  cluster/task (worker 0 of two workers by default)."""
+  if text is None:
+    text = json.dumps({'cluster': cluster or {'worker': _HOSTS},
+                       'task': task or {'type': 'worker', 'index': 0}})
+  return {'TF_CONFIG': text}
+
+
+def _PreviousRun(logdir):
+  """A logdir some earlier command left: it must stay as it is."""
+  with open(os.path.join(logdir, 'params.txt'), 'w') as f:
+    f.write('task.train.max_steps : 7\n')
+  os.makedirs(os.path.join(logdir, 'notes'))
+  with open(os.path.join(logdir, 'notes', 'todo.txt'), 'w') as f:
+    f.write('compare with the baseline\n')
+
+
+def _BinaryFile(logdir):
+  _PreviousRun(logdir)
+  with open(os.path.join(logdir, 'override.bin'), 'wb') as f:
+    f.write(bytes(range(256)))
+
+
+def _FileAsLogdir(logdir):
+  with open(os.path.join(logdir, 'run'), 'w') as f:
+    f.write('not a folder\n')
+
+
+def _Lm(*flags):
+  return [f'--model={_LM}', _LOGDIR] + list(flags)
+
+
+_BEFORE_TF = [
+    BadInput('misspelt_flag', [f'--modle={_LM}', _LOGDIR],
+             rf'^Error: --modle={_LM}: unknown flag\. Did you mean --mode '
+             r'or --model\?$', real=True),
+    BadInput('misspelt_bool_flag', _Lm('--noxal'),
+             r'^Error: --noxal: unknown flag\. Did you mean --noxla\?$'),
+    BadInput('flag_without_value', [_LOGDIR, '--model'],
+             r'^Error: --model needs a value: --model=<value>\.$'),
+    BadInput('positional_argument', _Lm('trainer'),
+             r"^Error: unexpected arguments \['trainer'\]$"),
+    BadInput('unknown_experiment',
+             ['--model=lm.one_billion_wds.OneBWdsGPipeTransformerTiy',
+              _LOGDIR],
+             r"^Error: Unknown model 'lm\.one_billion_wds\."
+             r"OneBWdsGPipeTransformerTiy'\. Did you mean 'lm\.one_billion_wds"
+             r"\.OneBWdsGPipeTransformerTiny'", prepare=_PreviousRun),
+    BadInput('no_model', [_LOGDIR],
+             r'^Error: --model is required: a registered experiment key'),
+    BadInput('no_logdir', [f'--model={_LM}'],
+             r'^Error: --logdir is required for --mode=sync\.$'),
+    BadInput('logdir_is_a_file', [f'--model={_LM}', '--logdir={logdir}/run'],
+             r"^Error: --logdir='.*/run' is a file; it must be a folder",
+             prepare=_FileAsLogdir),
+    BadInput('unknown_mode', _Lm('--mode=train'),
+             r"^Error: --mode='train' is not one of sync, inspect_params, "
+             r'inspect_model, inspect_pipeline\.$'),
+    BadInput('job_typo', _Lm('--job=trainer_and_eval'),
+             r"^Error: --job='trainer_and_eval' is not one of trainer, "
+             r'trainer_and_evaler, evaler_<dataset>, decoder_<dataset> '
+             r"\(datasets: Train, Dev, Test\)\. Did you mean "
+             r"'trainer_and_evaler'", prepare=_PreviousRun),
+    BadInput('job_unknown_dataset', _Lm('--job=evaler_valid'),
+             r"^Error: --job='evaler_valid' is not one of"),
+    BadInput('unknown_run_locally', _Lm('--run_locally=cpus'),
+             r"^Error: --run_locally='cpus' is not one of cpu, gpu\. Did you "
+             r"mean 'cpu'\?$"),
+    BadInput('steps_per_loop_negative', _Lm('--steps_per_loop=-1'),
+             r'^Error: --steps_per_loop=-1 must be an int >= 0 \(0: up to '
+             r'the next summary, log or checkpoint\)\.$', real=True),
+    BadInput('steps_per_loop_negative_regression',
+             [f'--model={_REGRESSION}', _LOGDIR, '--steps_per_loop=-3'],
+             r'^Error: --steps_per_loop=-3 must be an int >= 0'),
+    BadInput('max_steps_negative', _Lm('--max_steps=-5'),
+             r'^Error: --max_steps=-5 must be None or an int >= 0 '
+             r'\(overrides task\.train\.max_steps\)\.$',
+             prepare=_PreviousRun),
+    BadInput('max_steps_not_an_int', _Lm('--max_steps=1e3'),
+             r"^Error: --max_steps='1e3' must be an int\.$"),
+    BadInput('worker_replicas_zero', _Lm('--worker_replicas=0'),
+             r'^Error: --worker_replicas=0 must be an int >= 1 '
+             r'\(data-parallel replicas on this host\)\.$'),
+    BadInput('worker_split_size_zero', _Lm('--worker_split_size=0'),
+             r'^Error: --worker_split_size=0 must be None or an int >= 1 '
+             r'\(devices per replica\)\.$'),
+    BadInput('worker_gpus_negative', _Lm('--worker_gpus=-1'),
+             r'^Error: --worker_gpus=-1 must be an int >= 0'),
+    BadInput('eval_timeout_negative', _Lm('--eval_timeout_s=-1'),
+             r'^Error: --eval_timeout_s=-1\.0 must be a number >= 0 '
+             r'\(seconds without a new checkpoint; 0: no timeout\)\.$'),
+    BadInput('peak_tflops_nan', _Lm('--peak_tflops=nan'),
+             r'^Error: --peak_tflops=nan must be a number >= 0'),
+    BadInput('device_memory_negative', _Lm('--device_memory_gib=-2'),
+             r'^Error: --device_memory_gib=-2\.0 must be a number >= 0 '
+             r'\(GiB of memory per device; 0: no check\)\.$'),
+    BadInput('xla_not_a_bool', _Lm('--xla=maybe'),
+             r"^Error: --xla='maybe' must be true or false\.$"),
+    BadInput('tpu_zone_without_tpu', _Lm('--tpu_zone=us-central1-b'),
+             r"^Error: --tpu_zone='us-central1-b' needs --tpu"),
+    BadInput('override_not_key_value',
+             _Lm('--model_params_override=task.model_dim'),
+             r"^Error: --model_params_override: 'task\.model_dim' is not "
+             r"'key=value' \(items are separated by ';'\)\.$"),
+    BadInput('params_file_missing',
+             _Lm('--model_params_file_override={logdir}/none.txt'),
+             r"^Error: --model_params_file_override='.*/none\.txt': no such "
+             r'file\.$'),
+    BadInput('params_file_binary',
+             _Lm('--model_params_file_override={logdir}/override.bin'),
+             r"^Error: --model_params_file_override='.*/override\.bin' is not "
+             r'UTF-8 text \(byte 128: invalid start byte\); it must hold '
+             r"Params text", prepare=_BinaryFile, real=True),
+    BadInput('params_file_is_a_folder',
+             _Lm('--model_params_file_override={logdir}/notes'),
+             r"^Error: --model_params_file_override='.*/notes' is not a "
+             r'file', prepare=_PreviousRun),
+    BadInput('tf_config_index_minus_one',
+             _Lm(), r"^Error: \$TF_CONFIG task index=-1 is out of range: job "
+             r"'worker' has 2 task\(s\), so the index is in \[0, 1\]\.$",
+             env=_TfConfig(task={'type': 'worker', 'index': -1}),
+             prepare=_PreviousRun, real=True),
+    BadInput('tf_config_index_too_large',
+             _Lm(), r'^Error: \$TF_CONFIG task index=2 is out of range',
+             env=_TfConfig(task={'type': 'worker', 'index': 2})),
+    BadInput('tf_config_not_json', _Lm(),
+             r'^Error: \$TF_CONFIG is not JSON \(Expecting value: line 1 '
+             r'column 13 \(char 12\)\)',
+             env=_TfConfig(text='{"cluster": ')),
+    BadInput('tf_config_no_cluster', _Lm(),
+             r'^Error: \$TF_CONFIG has no "cluster" entry',
+             env=_TfConfig(text='{"task": {"type": "worker", "index": 0}}')),
+    BadInput('tf_config_unknown_task_type', _Lm(),
+             r"^Error: \$TF_CONFIG task type='wroker' is not a job of the "
+             r"cluster \('worker'\)\. Did you mean 'worker'\?$",
+             env=_TfConfig(task={'type': 'wroker', 'index': 0})),
+    BadInput('tf_config_unknown_job', _Lm(),
+             r"^Error: \$TF_CONFIG: job 'workers' is not one of 'chief', "
+             r"'worker', 'ps', 'evaluator'\. Did you mean 'worker'\?$",
+             env=_TfConfig(cluster={'workers': _HOSTS})),
+    BadInput('tf_config_duplicate_address', _Lm(),
+             r"^Error: \$TF_CONFIG: address '127\.0\.0\.1:2222' is given "
+             r'twice, for worker 0 and worker 1',
+             env=_TfConfig(cluster={'worker': [_HOSTS[0]] * 2})),
+    BadInput('tf_config_bad_port', _Lm(),
+             r"^Error: \$TF_CONFIG: worker 1 address '127\.0\.0\.1:99999' "
+             r"must be 'host:port' with a port in \[1, 65535\]",
+             env=_TfConfig(cluster={'worker': [_HOSTS[0],
+                                               '127.0.0.1:99999']})),
+    BadInput('cluster_spec_malformed', _Lm('--cluster_spec=worker'),
+             r"^Error: --cluster_spec='worker': 'worker' is not "
+             r"'job=host:port\[,host:port\.\.\.\]'"),
+    BadInput('cluster_spec_no_port',
+             _Lm('--cluster_spec=worker=127.0.0.1'),
+             r"^Error: --cluster_spec='worker=127\.0\.0\.1': worker 0 address "
+             r"'127\.0\.0\.1' must be 'host:port'"),
+    BadInput('cluster_spec_task_index', _Lm(
+        f'--cluster_spec=worker={",".join(_HOSTS)}', '--task_index=5'),
+             r'^Error: --task_index=5 is out of range: job \'worker\' has 2 '
+             r'task\(s\), so the index is in \[0, 1\]\.$'),
+    BadInput('cluster_spec_task_type', _Lm(
+        f'--cluster_spec=worker={",".join(_HOSTS)}', '--task_type=chief'),
+             r"^Error: --task_type='chief' is not a job of the cluster "
+             r"\('worker'\)\.$"),
+]
+
+_INPUT = r"^Error: Input: LmCorpusInput 'lm_train' \(params 'input'\): "
+_MODEL = [
+    # The experiment's params, each checked by the layer that owns it.
+    BadInput('override_unknown_key',
+             _Lm('--model_params_override=task.num_micro_batches=3'),
+             r"^Error: --model_params_override: Params 'task' has no param "
+             rf"'num_micro_batches'; did you mean '{_PIPE}\.num_micro_batches'"
+             r'\?$', prepare=_PreviousRun, real=True),
+    BadInput('micro_batches_do_not_divide',
+             _Lm(f'--model_params_override={_PIPE}.num_micro_batches=3'),
+             rf"PipeliningLayer \(params '{_PIPE}'\): num_micro_batches=3 "
+             r'does not divide batch 32 \(inputs dim batch_dim=0\)\.'),
+    BadInput('micro_batch_size',
+             _Lm(f'--model_params_override={_PIPE}.micro_batch_size=5'),
+             rf"\(params '{_PIPE}'\): micro_batch_size=5 \* num_micro_batches"
+             r'=4 = 20 != batch 32'),
+    BadInput('remat_unknown',
+             _Lm(f'--model_params_override={_PIPE}.remat=sometimes'),
+             rf"\(params '{_PIPE}'\): remat='sometimes' must be one of "
+             r"'except_last', 'always', 'never', 'selective'\."),
+    BadInput('schedule_case',
+             _Lm(f'--model_params_override={_PIPE}.schedule=1F1B'),
+             rf"\(params '{_PIPE}'\): schedule='1F1B' must be one of "
+             r"'gpipe', '1f1b'\. Did you mean '1f1b'\?"),
+    BadInput('backward_window_zero',
+             _Lm(f'--model_params_override={_PIPE}.backward_window=0'),
+             rf"\(params '{_PIPE}'\): backward_window=0 must be None or an "
+             r'int >= 1'),
+    BadInput('splits_too_many',
+             _Lm(f'--model_params_override={_STACK}.splits=5'),
+             rf"GPipeTransformerStack 'stack' \(params '{_STACK}'\): splits=5 "
+             r'must be in \[1, num_layers=4\]; each cell needs a layer\.'),
+    BadInput('splits_not_increasing',
+             _Lm(f'--model_params_override={_STACK}.splits=[2,2]'),
+             rf"\(params '{_STACK}'\): splits=\[2, 2\] must be an int K in "
+             r'\[1, 4\] or a list of increasing layer indices in \(0, 4\)'),
+    BadInput('num_layers_zero',
+             _Lm(f'--model_params_override={_STACK}.num_layers=0'),
+             rf"\(params '{_STACK}'\): num_layers=0 must be an int >= 1\."),
+    BadInput('num_heads_do_not_divide',
+             _Lm(f'--model_params_override={_LAYER}.num_heads=3'),
+             rf"\(params '{_LAYER}'\): num_heads=3 must divide input_dim=128; "
+             r'128 % 3 = 2\.'),
+    BadInput('hidden_dim_zero',
+             _Lm(f'--model_params_override={_LAYER}.hidden_dim=0'),
+             rf"\(params '{_LAYER}'\): hidden_dim=0 must be an int >= 1\."),
+    BadInput('hidden_dim_a_string',
+             _Lm(f"--model_params_override={_LAYER}.hidden_dim='512'"),
+             rf"\(params '{_LAYER}'\): hidden_dim='512' must be an int >= "
+             r'1\.$'),
+    BadInput('dropout_above_one',
+             _Lm(f'--model_params_override={_LAYER}.atten_dropout_prob=1.5'),
+             rf"\(params '{_LAYER}'\): atten_dropout_prob=1.5 must be a "
+             r'probability in \[0, 1\)\.'),
+    BadInput('activation_typo',
+             _Lm(f'--model_params_override={_LAYER}.activation=RELUU'),
+             rf"\(params '{_LAYER}'\): activation='RELUU' is invalid: .*Did "
+             r"you mean 'RELU'\?"),
+    BadInput('model_dim_zero', _Lm('--model_params_override=task.model_dim=0'),
+             r"LanguageModel 'lm' \(params 'task'\): model_dim=0 must be an "
+             r'int >= 1\.'),
+    BadInput('label_smoothing_with_chunks', _Lm(
+        '--model_params_override=task.label_smoothing=0.1;'
+        'task.softmax_max_alloc=100'),
+             r"\(params 'task'\): label_smoothing=0.1 needs "
+             r'softmax_max_alloc=0'),
+    BadInput('temperature_zero',
+             _Lm('--model_params_override=task.decoder.temperature=0'),
+             r"\(params 'task'\): decoder\.temperature=0 must be a number > "
+             r'0\.'),
+    BadInput('learning_rate_negative', _Lm(
+        '--model_params_override=task.train.learner.learning_rate=-1'),
+             r"Learner 'learner' \(params 'task\.train\.learner'\): "
+             r'learning_rate=-1 must be a number >= 0\.'),
+    # The input's params, named by the key to override.
+    BadInput('max_seq_len_a_string',
+             _Lm("--model_params_override=input.max_seq_len='64'"),
+             _INPUT + r"max_seq_len='64' must be an int >= 1\.$", real=True),
+    BadInput('batch_size_a_float',
+             _Lm('--model_params_override=input.batch_size=32.5'),
+             _INPUT + r'batch_size=32\.5 must be an int >= 1\.$'),
+    BadInput('batch_size_negative',
+             _Lm('--model_params_override=input.batch_size=-1'),
+             _INPUT + r'batch_size=-1 must be an int >= 1\.$'),
+    BadInput('corpus_typo', _Lm('--model_params_override=input.corpus=synth'),
+             _INPUT + r"corpus='synth' must be one of '', 'synthetic', "
+             r"'one_billion_words'\. Did you mean 'synthetic'\?$"),
+    BadInput('regression_noise_negative',
+             [f'--model={_REGRESSION}', _LOGDIR,
+              '--model_params_override=input.noise_stddev=-1'],
+             r"^Error: Input: RegressionInput 'input' \(params 'input'\): "
+             r'noise_stddev=-1 must be a number >= 0\.$'),
+    BadInput('regression_hidden_dim_a_float',
+             [f'--model={_REGRESSION}', _LOGDIR,
+              '--model_params_override=task.hidden_dims=[16.5]'],
+             r"^Error: Bad params: RegressionModel 'regression' \(params "
+             r"'task'\): hidden_dims\[0\]=16\.5 must be an int >= 1\.$"),
+    # Devices: --xla and the TPU.
+    BadInput('xla_over_two_devices', _Lm('--xla', '--worker_split_size=2'),
+             r"^Error: Bad params: lm's train: --xla compiles one replica's "
+             r'step as one XLA program on one device, but a replica spans 2 '
+             r'devices'),
+    BadInput('xla_dynamic_shapes', [
+        f'--model={_REGRESSION}', _LOGDIR, '--job=trainer', '--xla',
+        '--model_params_override=input.fixed_input_shape=False'],
+             r"^Error: The input of task 'regression': input batch field 'x' "
+             r'has shape \[\?, 8\]: dimension 0 is not fixed; TPU and --xla '
+             r'need fully defined batch shapes: set fixed_input_shape=True'),
+    BadInput('tpu_with_replicas', _Lm('--tpu=my-tpu', '--worker_replicas=2'),
+             r"^Error: --tpu='my-tpu' with --worker_replicas=2: on a TPU the "
+             r'replicas are its cores / --worker_split_size; leave '
+             r'--worker_replicas at 1\.$'),
+    # The README's TPU command, without a TPU: one line saying what a TPU
+    # name needs.
+    BadInput('readme_tpu_command', _Lm(
+        '--job=trainer', '--tpu=my-tpu', '--tpu_zone=us-central1-b',
+        '--tpu_project=my-project', '--worker_split_size=2'),
+             r"^Error: --tpu='my-tpu' --tpu_zone='us-central1-b' "
+             r"--tpu_project='my-project': (a TPU name is looked up with the "
+             r'Cloud TPU API, which needs the Google API client: pip install '
+             r'-e "\.\[tpu\]" \(cloud-tpu-client\); or give the TPU\'s '
+             r'grpc://host:8470 address\.|cannot resolve the TPU)',
+             real=True),
+]
+
+
+class BadInputsTest(tf.test.TestCase):
+
+  def testEveryBadInputExitsTwoWithOneLineAndTouchesNothing(self):
+    self.assertGreaterEqual(len(_BEFORE_TF) + len(_MODEL), 30)
+    # An unreachable TPU address: it must fail at once (gRPC would retry
+    # for minutes), and last (connecting changes the process).
+    port = test_utils.FreePorts(1)[0]
+    model = _MODEL + [BadInput(
+        'tpu_unreachable', _Lm('--job=trainer',
+                               f'--tpu=grpc://127.0.0.1:{port}'),
+        rf"^Error: --tpu='grpc://127\.0\.0\.1:{port}': cannot connect to or "
+        rf'initialise the TPU at grpc://127\.0\.0\.1:{port} '
+        r'\(UnavailableError: ')]
+    results = test_utils.RunBadInputs(
+        self, {'before_tf': _BEFORE_TF, 'model': model},
+        self.get_temp_dir(), timeout=300)
+    for row, (_, _, tf_imported) in zip(_BEFORE_TF, results['before_tf']):
+      with self.subTest(row=row.name):   # Answered without TensorFlow.
+        self.assertFalse(tf_imported)
+
+
+if __name__ == '__main__':
+  tf.test.main()
