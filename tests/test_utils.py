@@ -19,6 +19,7 @@ is the package `cadence`; tests/ is not installed).
                                cluster): wait for a log line, signal it,
                                finish it
   AssertUserErrorLine(...)     exit 2 with one `Error:` line, no traceback
+  AssertRealRunAgrees(...)     a real trainer process ends with that line
   BadInput, RunBadInputs       a table of bad trainer inputs, each: exit 2,
                                one `Error:` line, no step, logdir intact
   LogLines(stderr)             the log records in a process's stderr
@@ -467,12 +468,21 @@ def RunBadInputs(test, groups, root, timeout=600):
         AssertStoppedBeforeTraining(test, stderr, logdir, before)
     for i, proc in reals:
       with test.subTest(group=group, row=rows[i].name, real=True):
-        _, real_err = proc.communicate(timeout=timeout)
+        real_err = AssertRealRunAgrees(test, proc, results[i][1], timeout)
         AssertUserErrorLine(test, proc.returncode, real_err, rows[i].regex)
         AssertStoppedBeforeTraining(test, real_err, logdirs[i], befores[i])
-        test.assertEqual(results[i][1].strip().splitlines()[-1],
-                         real_err.strip().splitlines()[-1])
   return out
+
+
+def AssertRealRunAgrees(test, proc, stderr, timeout=600):
+  """Asserts that `proc`, a real `python trainer.py` process, exits 2 with
+  the same last line as `stderr` (the same command line run through
+  `StartTrainerMains`); returns the real process's stderr."""
+  _, real_err = proc.communicate(timeout=timeout)
+  test.assertEqual(2, proc.returncode, real_err[-2000:])
+  test.assertEqual(stderr.strip().splitlines()[-1],
+                   real_err.strip().splitlines()[-1])
+  return real_err
 
 
 def LogLines(stderr):
