@@ -4,7 +4,7 @@ A distribution option is one way of spreading a run over devices and hosts
 (one host, several hosts, parameter servers, a TPU). It is a subclass of
 `Setup` that says:
 
-  name                the option's one spelling (in the registry and logs);
+  name                the option's one spelling, in the registry;
   Applies(flags)      whether the trainer's `Flags` (and TF_CONFIG) ask for
                       it: the registry (distribution.py) runs the first
                       option that applies;
