@@ -5,13 +5,19 @@ parameter servers, a TPU) is a strategy plus the train program that runs
 under it; they build on the train loop (framework/train) and nothing in the
 train loop needs to know which option runs it.
 
-  distribution    the options: devices, the strategy and the Setup.
+  distribution    the registry of options: the first that applies to the
+                  flags and TF_CONFIG creates the run's Setup.
+  option          what an option is: a Setup subclass (when it applies,
+                  its devices and strategy, its train program, what else
+                  the job needs), and the Flags that choose it.
+  local           one or several replicas on this host.
+  multi_worker    several hosts, MultiWorkerMirroredStrategy.
   tf_config       $TF_CONFIG / --cluster_spec parsed and checked (no
                   TensorFlow: the trainer checks them before loading it).
   tpu, tpu_programs
-                  a Cloud TPU: connect, cut its cores into replicas, and the
-                  replicated train program.
-  ps_placement, ps_programs
-                  parameter servers: variable placement, and the
-                  coordinator's train program.
+                  a Cloud TPU: connect, cut its cores into replicas (the
+                  `tpu` option), and the replicated train program.
+  parameter_server, ps_placement, ps_programs
+                  parameter servers: the option, variable placement, and
+                  the coordinator's train program.
 """

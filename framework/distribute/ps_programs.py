@@ -1,10 +1,11 @@
 """Parameter-server training: asynchronous data parallelism on TF2's
 ParameterServerStrategy and ClusterCoordinator.
 
-The cluster (TF_CONFIG, see framework/distribute/distribution.py) has one
-'chief', the coordinator that runs this program, 'worker' tasks that compute and
-'ps' tasks that hold the variables; workers and parameter servers only serve
-(trainer_lib's server job). `PsTrainProgram` is `TrainProgram` with three
+The cluster (TF_CONFIG, the `parameter_server` option of
+framework/distribute/parameter_server.py) has one 'chief', the coordinator
+that runs this program, 'worker' tasks that compute and 'ps' tasks that hold
+the variables; workers and parameter servers only serve (trainer_lib's
+server job). `PsTrainProgram` is `TrainProgram` with three
 things changed:
 
   * where the state lives: the task, its optimizer slots, the EMA and the
@@ -192,7 +193,8 @@ def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None):
   """Serves as a 'worker' or 'ps' task until the run is over.
 
   Args:
-    setup: the task's distribution.Setup (its `server` started).
+    setup: the task's parameter_server.ParameterServerSetup (its `server`
+      started).
     finished: () -> a message when the run is finished, else None (the
       trainer's: its first clause is logged).
     poll_secs: seconds between two looks at the run.

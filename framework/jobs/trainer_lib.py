@@ -61,8 +61,6 @@ import tensorflow as tf
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
 from cadence.framework.distribute import distribution
-from cadence.framework.distribute import ps_programs
-from cadence.framework.distribute import tpu_programs
 from cadence.framework.jobs import command_line
 from cadence.framework.jobs import export
 from cadence.framework.jobs import inspect_lib
@@ -77,7 +75,6 @@ from cadence.framework.train import eval_programs
 from cadence.framework.train import logdir_lock
 from cadence.framework.train import preemption
 from cadence.framework.train import programs
-from cadence.framework.train import replicas
 from cadence.framework.train import xla_step
 
 EXIT_OK = 0
@@ -325,23 +322,15 @@ def _HasDataset(options, dataset):
 class _TrainerJob:
   """trainer / trainer_and_evaler: the train program (+ in-process eval).
 
-  One copy of the task per local replica (replicas.BuildReplicas); the
-  in-process eval and the final decode run on the chief, on replica 0's
-  devices, with replica 0's (EMA) weights. With parameter servers the
-  chief's program builds the one task on them (ps_programs.PsTrainProgram).
+  The train program is the distribution option's (`setup.TrainProgram`:
+  e.g. one copy of the task per local replica, or with parameter servers
+  the chief's program with the one task on them); the in-process eval and
+  the final decode run on the chief, on replica 0's devices, with replica
+  0's (EMA) weights.
   """
 
   def __init__(self, options, params, setup, with_eval, watcher, lock=None):
-    start = time.perf_counter()
     self._lock = lock   # The logdir's writer lock, released by Run.
-    tasks = None
-    if options.xla and setup.num_ps:
-      raise UserError('--xla with parameter servers: the coordinator '
-                      'dispatches uncompiled steps; drop --xla or the "ps" '
-                      'job.')
-    if not setup.num_ps and not setup.tpu:
-      tasks = replicas.BuildReplicas(params, setup.cluster)
-      _LogBuilt(tasks, start, options.device_memory_gib)
     on_checkpoint = []
     self._decode = None
     with_eval = with_eval and setup.is_chief
@@ -362,23 +351,12 @@ class _TrainerJob:
       logging.warning('%s defines no Dev() dataset: training without eval.',
                       options.model)
     peak = options.peak_tflops * 1e12 if options.peak_tflops else None
-    common = dict(peak_flops=peak, on_checkpoint=on_checkpoint,
-                  start_time=options.start_time, cluster=setup.cluster,
-                  steps_per_loop=options.steps_per_loop, watcher=watcher)
-    if setup.tpu:
-      self._program = tpu_programs.TpuTrainProgram(
-          params, options.logdir, setup.strategy, xla=options.xla, **common)
-      _LogBuilt([self._program.task], start, options.device_memory_gib)
-    elif tasks is None:
-      self._program = ps_programs.PsTrainProgram(
-          params, options.logdir, setup.strategy,
-          num_workers=setup.num_workers, num_ps=setup.num_ps, **common)
-      _LogBuilt([self._program.task], start, options.device_memory_gib)
-    else:
-      self._program = programs.TrainProgram(
-          tasks, options.logdir, setup.strategy,
-          num_workers=setup.num_workers, worker_index=setup.worker_index,
-          xla=options.xla, **common)
+    start = time.perf_counter()
+    self._program = setup.TrainProgram(
+        params, options.logdir, xla=options.xla, peak_flops=peak,
+        on_checkpoint=on_checkpoint, start_time=options.start_time,
+        steps_per_loop=options.steps_per_loop, watcher=watcher)
+    _LogBuilt(self._program.tasks, start)
 
   def Run(self):
     try:
@@ -392,7 +370,7 @@ class _TrainerJob:
         self._lock.Release()
 
 
-def _LogBuilt(tasks, start, device_memory_gib):
+def _LogBuilt(tasks, start):
   variables = checkpointer.TaskVariables(tasks[0]).values()
   logging.info('Built the model: %d variables, %s parameters (%.1f s)%s.',
                len(variables),
@@ -403,8 +381,8 @@ def _LogBuilt(tasks, start, device_memory_gib):
 
 
 class _ServerJob:
-  """A 'worker' or 'ps' task of parameter-server training: serves the
-  chief's coordinator until the run is finished (as the trainer's
+  """A task that only serves (`setup.serves`: a 'worker' or 'ps' task of
+  parameter-server training), until the run is finished (as the trainer's
   'nothing to do' check says) and the chief has exited."""
 
   def __init__(self, options, params, setup, kind, watcher):
@@ -413,7 +391,7 @@ class _ServerJob:
     self._watcher = watcher
 
   def Run(self):
-    ps_programs.Serve(self._setup, self._finished,
+    self._setup.Serve(self._finished,
                       should_stop=lambda: self._watcher.requested)
 
 
@@ -607,7 +585,7 @@ def _CheckBeforeWriting(options, params, setup, kind):
   model, _ = inspect_lib.BuildSymbolically(
       params if trainer else InferenceParams(params))
   verdict = None
-  if trainer and (options.device_memory_gib or not setup.num_ps):
+  if trainer and (options.device_memory_gib or setup.runs_steps):
     device = tf.DeviceSpec.from_string(setup.cluster.devices[0])
     verdict = memory_check.Check(
         model.task, device.device_type or 'CPU', setup.num_local_replicas,
@@ -636,12 +614,8 @@ def _BuildJob(options, setup, watcher):
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
       f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
-  if setup.num_ps and dataset is not None:
-    raise UserError(
-        f'--job={options.job} with parameter servers (TF_CONFIG with a "ps" '
-        'job): the cluster runs --job=trainer or trainer_and_evaler; run '
-        'evaler and decoder jobs without TF_CONFIG.')
-  if setup.server is not None:
+  setup.CheckJob(options.job, trains=dataset is None, xla=options.xla)
+  if setup.serves:
     logging.info('%s', setup)
     return _ServerJob(options, params, setup, kind, watcher)
   lock = _WriterLock(options, params, setup, kind)
@@ -738,7 +712,7 @@ def _Fail(code, message):
 
 def _PeerFailed(options, setup, e):
   """The one line of a multi-host job (or a parameter-server cluster) whose
-  peer failed."""
+  peer failed, or None for a job without peers."""
   lines = [l.strip() for l in str(e).splitlines() if l.strip() and
            not l.strip().startswith(('Graph execution error', 'Detected',
                                      'File ', 'Traceback', '[['))]
@@ -746,21 +720,13 @@ def _PeerFailed(options, setup, e):
   latest = checkpointer.ListCheckpoints(os.path.join(options.logdir,
                                                      'train'))
   latest = latest[-1] if latest else 'none'
-  if setup.num_ps:
-    return ('a task of this parameter-server cluster failed or left '
-            f'({type(e).__name__}: {first[:200]}); the chief stops, the other '
-            f'tasks keep serving. The latest checkpoint is {latest}: restart '
-            'the failed task, then the chief, to resume from it.')
-  return (f'a peer host of this {setup.num_workers}-host job failed or left '
-          f'({type(e).__name__}: {first[:200]}); this host stops. The latest '
-          f'checkpoint is {latest}: rerun the same command on every host to '
-          'resume from it.')
+  return setup.PeerFailed(f'{type(e).__name__}: {first[:200]}', latest)
 
 
 def _SetupError(e):
   """The exit code of an error while setting up (a UserError, or params
   validation and input files: ValueError, InputError), its line printed."""
-  if isinstance(e, UserError):
+  if isinstance(e, (UserError, distribution.SetupError)):
     return _Fail(EXIT_USER_ERROR, str(e))
   kind = ('Input' if isinstance(e, base_input_generator.InputError) else
           'Bad params')
@@ -780,10 +746,9 @@ def Main(options):
   except (UserError, ValueError) as e:
     return _SetupError(e)
   # From here on SIGTERM/SIGINT stop the job cleanly (handlers restored on
-  # return); the hosts of a multi-host job agree on the step to stop at.
-  # (Parameter-server workers do not stop by themselves: the chief does.)
-  agreement = (preemption.AllReduceAgreement(setup.strategy)
-               if setup.num_workers > 1 and not setup.num_ps else None)
+  # return); the hosts of a multi-host job agree on the step to stop at
+  # (the distribution option's agreement).
+  agreement = setup.Agreement()
   with setup.cluster, preemption.Watcher(agreement=agreement) as watcher:
     try:
       job = _BuildJob(options, setup, watcher)
@@ -805,7 +770,8 @@ def Main(options):
     except checkpointer.SaveError as e:
       return _Fail(EXIT_SAVE_FAILED, str(e))
     except _PEER_ERRORS as e:
-      if setup.num_workers == 1 and not setup.num_ps:
+      message = _PeerFailed(options, setup, e)
+      if message is None:
         raise
-      return _Fail(EXIT_PEER_FAILED, _PeerFailed(options, setup, e))
+      return _Fail(EXIT_PEER_FAILED, message)
   return EXIT_OK

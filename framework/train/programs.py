@@ -239,6 +239,12 @@ class TrainProgram:
     return self._task
 
   @property
+  def tasks(self):
+    """The task copies this program trains, one per local replica (one
+    for a program whose strategy mirrors one task's variables)."""
+    return list(self._tasks)
+
+  @property
   def learner(self):
     return self._learner
 

@@ -1,0 +1,97 @@
+"""The `local` option: one or several replicas on this host alone.
+
+This host gets worker_replicas x worker_split_size devices (`LocalDevices`:
+logical CPUs with --run_locally=cpu, GPUs with gpu). Replica r runs on
+devices [r * S, (r + 1) * S) of the host (S = worker_split_size), stage s
+of it on device r * S + s (`cluster.Cluster`). The strategy:
+
+  one replica      the default strategy (no tf.distribute overhead);
+  several          MirroredStrategy over each replica's first device.
+
+It applies when no other option does (no --tpu, no TF_CONFIG): the last
+line of the registry.
+
+Example:
+  setup = LocalSetup.Create(option.Flags(worker_replicas=2))
+  setup.strategy   # MirroredStrategy over /cpu:0 and /cpu:1
+"""
+import tensorflow as tf
+
+from cadence.framework import cluster as cluster_lib
+from cadence.framework.distribute import option
+
+
+def LocalDevices(run_locally, worker_replicas, worker_split_size,
+                 worker_gpus):
+  """(device_type, number of devices) of this host; makes logical CPUs.
+
+  Raises:
+    option.SetupError: the devices are not there.
+  """
+  need = worker_replicas * worker_split_size
+  if run_locally == 'cpu':
+    if need > 1:
+      cpus = tf.config.list_physical_devices('CPU')
+      try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * need)
+      except RuntimeError:  # Already initialised (e.g. inside a test).
+        have = len(tf.config.list_logical_devices('CPU'))
+        if have < need:
+          raise option.SetupError(
+              f'--worker_replicas={worker_replicas} x --worker_split_size='
+              f'{worker_split_size} needs {need} logical CPUs; TensorFlow '
+              f'already runs with {have}.') from None
+    return 'CPU', need
+  if run_locally == 'gpu':
+    gpus = len(tf.config.list_physical_devices('GPU'))
+    usable = min(worker_gpus, gpus) if worker_gpus else gpus
+    if not gpus or need > usable:
+      raise option.SetupError(
+          f'--run_locally=gpu: --worker_replicas={worker_replicas} x '
+          f'--worker_split_size={worker_split_size} needs {need} GPUs; '
+          f'{gpus} visible, --worker_gpus={worker_gpus}.')
+    return 'GPU', need
+  raise option.SetupError(
+      f"--run_locally={run_locally!r} must be 'cpu' or 'gpu'.")
+
+
+def LocalCluster(device_type, num_devices, worker_split_size):
+  """The Cluster of this host's devices, in replicas of worker_split_size.
+
+  Raises:
+    option.SetupError: the devices do not cut into such replicas.
+  """
+  try:
+    return cluster_lib.Cluster.Params().Set(
+        device_type=device_type, num_devices=num_devices,
+        worker_split_size=worker_split_size).Instantiate()
+  except ValueError as e:
+    raise option.SetupError(str(e)) from None
+
+
+def LocalStrategy(cluster):
+  """The default strategy for one replica, else MirroredStrategy over each
+  replica's first device."""
+  if cluster.num_splits == 1:
+    return tf.distribute.get_strategy()
+  return tf.distribute.MirroredStrategy(
+      devices=[devices[0] for devices in cluster.split_devices])
+
+
+class LocalSetup(option.Setup):
+  """Replicas on this host alone; see the module docstring."""
+
+  name = 'local'
+
+  @classmethod
+  def Applies(cls, flags):
+    return not flags.tpu and flags.tf_config is None
+
+  @classmethod
+  def Create(cls, flags):
+    device_type, num_devices = LocalDevices(
+        flags.run_locally, flags.worker_replicas, flags.worker_split_size,
+        flags.worker_gpus)
+    cluster = LocalCluster(device_type, num_devices, flags.worker_split_size)
+    return cls(cluster=cluster, strategy=LocalStrategy(cluster))

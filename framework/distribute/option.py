@@ -1,0 +1,194 @@
+"""What a distribution option is: a `Setup` subclass, chosen from the flags.
+
+A distribution option is one way of spreading a run over devices and hosts
+(one host, several hosts, parameter servers, a TPU). It is a subclass of
+`Setup` that says:
+
+  name                the option's one spelling, in the registry;
+  Applies(flags)      whether the trainer's `Flags` (and TF_CONFIG) ask for
+                      it: the registry (distribution.py) runs the first
+                      option that applies;
+  Create(flags)       its devices, cluster and tf.distribute strategy,
+                      before any other TF op: an instance, which the
+                      trainer runs on;
+
+and, on that instance, how the trainer runs on it. The defaults here are
+synchronous data parallelism (the `local` and `multi_worker` options keep
+them all); an option overrides what differs:
+
+  TrainProgram(...)   its train program: by default one task copy per local
+                      replica and `programs.TrainProgram`; a subclass of it
+                      for a step that runs differently, overriding the
+                      hooks of its loop (`_Step`, `_Iterator`, `_RunLoop`,
+                      ...: tpu_programs.py, ps_programs.py);
+  CheckJob(...)       jobs and flags it cannot run (a SetupError);
+  serves, Serve(...)  a task that only serves others (a parameter server);
+  runs_steps          whether this task runs the train steps (its memory is
+                      checked against the step's estimate);
+  Agreement()         how the hosts agree on the step a signal stops at
+                      (framework/train/preemption.py);
+  PeerFailed(...)     the line of a job whose peer task failed;
+  is_chief, num_local_replicas, str(setup).
+
+Example (an option's instance, as the registry creates it):
+  setup = distribution.Create(worker_replicas=2)   # local.LocalSetup
+  with setup.cluster:
+    setup.TrainProgram(model_params, '/tmp/run').Run()
+"""
+import dataclasses
+
+from cadence.framework import cluster as cluster_lib
+from cadence.framework.train import preemption
+from cadence.framework.train import programs
+from cadence.framework.train import replicas
+
+
+class SetupError(ValueError):
+  """A device or cluster flag that cannot work; the trainer exits 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Flags:
+  """The trainer's flags that choose and configure a distribution option.
+
+  Attributes:
+    run_locally: 'cpu' or 'gpu'.
+    worker_replicas: replicas on this host, an int >= 1.
+    worker_split_size: devices per replica, an int >= 1.
+    worker_gpus: GPUs to use (0: all visible).
+    tf_config: the multi-host configuration (distribution.ReadTfConfig: a
+      checked TF_CONFIG dict), or None.
+    tpu: a TPU's name or grpc address ('': no TPU); with tpu_zone and
+      tpu_project (framework/distribute/tpu.py).
+  """
+  run_locally: str = 'cpu'
+  worker_replicas: int = 1
+  worker_split_size: int = 1
+  worker_gpus: int = 0
+  tf_config: dict = None
+  tpu: str = ''
+  tpu_zone: str = ''
+  tpu_project: str = ''
+
+
+@dataclasses.dataclass
+class Setup:
+  """What the trainer runs on, and how: one distribution option's instance.
+
+  Attributes:
+    cluster: the Cluster of this host's devices (model splits = replicas).
+    strategy: the tf.distribute strategy over the replicas.
+    num_workers: hosts training together.
+    worker_index: this host's index (0: the chief, which writes); with
+      parameter servers, the task's index in its TF_CONFIG job.
+    task_type: 'worker' (or 'chief'), or 'ps', 'evaluator' from TF_CONFIG;
+      '' for a local run.
+  """
+  cluster: cluster_lib.Cluster
+  strategy: object
+  num_workers: int = 1
+  worker_index: int = 0
+  task_type: str = ''
+
+  name = ''   # The option's registry name; each subclass sets it.
+
+  @classmethod
+  def Applies(cls, flags):
+    """Whether `flags` (a Flags) ask for this option."""
+    raise NotImplementedError(f'{cls.__name__}.Applies')
+
+  @classmethod
+  def Create(cls, flags):
+    """The option's instance for `flags`: configures this host's devices
+    and creates the strategy. Called before any other TF op.
+
+    Raises:
+      SetupError: a flag value this machine or cluster cannot run.
+    """
+    raise NotImplementedError(f'{cls.__name__}.Create')
+
+  @property
+  def num_local_replicas(self):
+    return self.cluster.num_splits
+
+  @property
+  def num_replicas(self):
+    return self.num_local_replicas * self.num_workers
+
+  @property
+  def is_chief(self):
+    """Whether this task writes the checkpoints, summaries and params."""
+    return self.worker_index == 0
+
+  @property
+  def serves(self):
+    """Whether this task only serves other tasks (`Serve`), with no job of
+    its own."""
+    return False
+
+  @property
+  def runs_steps(self):
+    """Whether this task runs the train steps itself (the memory check of
+    a step runs on it even without --device_memory_gib)."""
+    return True
+
+  def CheckJob(self, job, trains, xla):
+    """Raises SetupError if this option cannot run `job` (the --job flag;
+    `trains`: a trainer job) with `xla` (the --xla flag)."""
+    del job, trains, xla
+
+  def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
+    """This option's train program, its task(s) built from `model_params`.
+
+    Args:
+      model_params: the model's params (`model_registry.GetParams(key,
+        'Train')`).
+      logdir: the experiment's logdir.
+      xla: compile each replica's step with XLA (--xla).
+      **kwargs: TrainProgram's peak_flops, on_checkpoint, start_time,
+        steps_per_loop, watcher.
+
+    Returns:
+      A `programs.TrainProgram`; its `tasks` are the task copies built.
+    """
+    tasks = replicas.BuildReplicas(model_params, self.cluster)
+    return programs.TrainProgram(
+        tasks, logdir, self.strategy, cluster=self.cluster,
+        num_workers=self.num_workers, worker_index=self.worker_index,
+        xla=xla, **kwargs)
+
+  def Agreement(self):
+    """The preemption agreement of the hosts: on several, all-reduced stop
+    flags, so every host stops at the same step; None for one."""
+    if self.num_workers == 1:
+      return None
+    return preemption.AllReduceAgreement(self.strategy)
+
+  def Serve(self, finished, should_stop):
+    """Serves the other tasks until the run is over (when `serves`).
+
+    Args:
+      finished: () -> a message when the run is finished, else None.
+      should_stop: () -> what asked this task to stop, or None.
+    """
+    raise NotImplementedError(f'{type(self).__name__} does not serve.')
+
+  def PeerFailed(self, error, latest):
+    """The message of a job whose peer task failed, or None when it has
+    no peers (the error is then its own, and raised as it is).
+
+    Args:
+      error: 'ErrorType: first line' of what the step raised.
+      latest: the latest checkpoint's path, or 'none'.
+    """
+    if self.num_workers == 1:
+      return None
+    return (f'a peer host of this {self.num_workers}-host job failed or left '
+            f'({error}); this host stops. The latest checkpoint is {latest}: '
+            'rerun the same command on every host to resume from it.')
+
+  def __str__(self):
+    where = (f'{self.task_type} {self.worker_index} of {self.num_workers} '
+             'hosts' if self.task_type else 'one host')
+    return (f'{self.cluster!r}: {self.num_replicas} replica(s) of '
+            f'{self.cluster.num_devices_per_split} device(s), {where}')

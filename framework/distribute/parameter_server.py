@@ -1,0 +1,133 @@
+"""The `parameter_server` option: a TF_CONFIG with a "ps" job.
+
+The cluster has one 'chief', the coordinator, which runs
+ParameterServerStrategy and its train program (ps_programs.PsTrainProgram:
+asynchronous steps scheduled on the workers, variables on the servers);
+'worker' and 'ps' tasks start a tf.distribute.Server and only serve
+(`Serve`) until the run is finished and the chief has exited. One device
+per worker: no pipeline, one replica. The cluster runs trainer jobs only,
+without --xla; a signal stops the chief at its next boundary (the workers
+do not stop by themselves), and a failed task stops the chief with one
+line (exit 4) while the others keep serving.
+
+Example (on each task, the same TF_CONFIG cluster, its own task):
+  TF_CONFIG='{"cluster": {"chief": ["h0:2222"], "ps": ["h1:2222"],
+              "worker": ["h2:2222"]}, "task": {"type": "ps", "index": 0}}' \\
+    python trainer.py --model=... --logdir=/shared/run --job=trainer
+"""
+import dataclasses
+
+import tensorflow as tf
+
+from cadence.framework.distribute import local
+from cadence.framework.distribute import option
+from cadence.framework.distribute import ps_programs
+
+
+@dataclasses.dataclass
+class ParameterServerSetup(option.Setup):
+  """A task of parameter-server training; see the module docstring.
+
+  Attributes (besides Setup's):
+    num_ps: the cluster's parameter servers.
+    server: this task's tf.distribute.Server for a 'worker' or 'ps' task
+      (it only serves); None on the chief.
+  """
+  num_ps: int = 0
+  server: object = None
+
+  name = 'parameter_server'
+
+  @classmethod
+  def Applies(cls, flags):
+    return (not flags.tpu and flags.tf_config is not None and
+            'ps' in flags.tf_config['cluster'])
+
+  @classmethod
+  def Create(cls, flags):
+    jobs = flags.tf_config['cluster']
+    task_type = flags.tf_config['task'].get('type', '')
+    index = int(flags.tf_config['task'].get('index', 0))
+    if len(jobs.get('chief', [])) != 1 or not jobs.get('worker'):
+      raise option.SetupError(
+          'TF_CONFIG with a "ps" job (parameter-server training) needs one '
+          '"chief" (the coordinator) and at least one "worker"; it has '
+          f'{", ".join(f"{len(v)} {k!r}" for k, v in jobs.items())}.')
+    if task_type not in ('chief', 'worker', 'ps'):
+      raise option.SetupError(
+          f'TF_CONFIG task type {task_type!r}: parameter-server training '
+          "runs 'chief', 'worker' and 'ps' tasks; run evaler and decoder "
+          'jobs without TF_CONFIG.')
+    if flags.worker_replicas != 1 or flags.worker_split_size != 1:
+      raise option.SetupError(
+          'Parameter-server training (TF_CONFIG with a "ps" job) runs one '
+          'replica of one device per worker, without a pipeline: '
+          f'--worker_replicas={flags.worker_replicas} and '
+          f'--worker_split_size={flags.worker_split_size} (default: the '
+          'experiment\'s WORKER_SPLIT_SIZE) must both be 1. Pipelined models '
+          'train on several hosts with MultiWorkerMirroredStrategy '
+          '(TF_CONFIG without "ps").')
+    device_type, num_devices = local.LocalDevices(flags.run_locally, 1, 1,
+                                                  flags.worker_gpus)
+    spec = tf.train.ClusterSpec(jobs)
+    server = strategy = None
+    if task_type == 'chief':
+      strategy = tf.distribute.experimental.ParameterServerStrategy(
+          tf.distribute.cluster_resolver.SimpleClusterResolver(
+              spec, task_type='chief', task_id=0, rpc_layer='grpc'))
+    else:
+      server = tf.distribute.Server(spec, job_name=task_type,
+                                    task_index=index, protocol='grpc',
+                                    start=True)
+    return cls(cluster=local.LocalCluster(device_type, num_devices, 1),
+               strategy=strategy, num_workers=len(jobs['worker']),
+               worker_index=index, task_type=task_type,
+               num_ps=len(jobs['ps']), server=server)
+
+  @property
+  def is_chief(self):
+    return self.task_type == 'chief'   # The coordinator.
+
+  @property
+  def serves(self):
+    return self.server is not None
+
+  @property
+  def runs_steps(self):
+    return False   # The workers run them.
+
+  def CheckJob(self, job, trains, xla):
+    if not trains:
+      raise option.SetupError(
+          f'--job={job} with parameter servers (TF_CONFIG with a "ps" job): '
+          'the cluster runs --job=trainer or trainer_and_evaler; run evaler '
+          'and decoder jobs without TF_CONFIG.')
+    if xla:
+      raise option.SetupError(
+          '--xla with parameter servers: the coordinator dispatches '
+          'uncompiled steps; drop --xla or the "ps" job.')
+
+  def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
+    self.CheckJob('trainer', trains=True, xla=xla)
+    return ps_programs.PsTrainProgram(
+        model_params, logdir, self.strategy, num_workers=self.num_workers,
+        num_ps=self.num_ps, cluster=self.cluster, **kwargs)
+
+  def Agreement(self):
+    return None   # The chief stops the run; the workers do not.
+
+  def Serve(self, finished, should_stop):
+    ps_programs.Serve(self, finished, should_stop=should_stop)
+
+  def PeerFailed(self, error, latest):
+    return ('a task of this parameter-server cluster failed or left '
+            f'({error}); the chief stops, the other tasks keep serving. The '
+            f'latest checkpoint is {latest}: restart the failed task, then '
+            'the chief, to resume from it.')
+
+  def __str__(self):
+    role = ('the chief (coordinator)' if self.task_type == 'chief' else
+            f'{self.task_type} {self.worker_index}')
+    return (f'parameter-server training (1 chief, {self.num_workers} '
+            f'worker(s), {self.num_ps} parameter server(s)): this task is '
+            f'{role}')
