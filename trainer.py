@@ -13,7 +13,9 @@ after checkpointing its step: one line says so), 2 a user error (one message on
 stderr; also an unwritable logdir or no readable checkpoint), 3 training stopped
 (too many skipped steps or non-finite weights), 4 a checkpoint could not be
 written (the message names the path and the OS error). A second SIGTERM/SIGINT
-ends the process at once (killed by the signal).
+ends the process at once (killed by the signal). The process ends as soon as
+the job is done (framework/jobs/process_exit.py); the hosts of a multi-host
+job wait for each other first (framework/distribute/coordinated_exit.py).
 """
 import os
 import sys
@@ -25,6 +27,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # Hide TF's INFO lines.
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 
+from cadence.framework.jobs import process_exit  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
@@ -110,7 +113,9 @@ def main(argv):
       eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME,
       tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, tpu_project=FLAGS.tpu_project,
       xla=FLAGS.xla)
-  return trainer_lib.Main(options)
+  # Ends the process as soon as the job is done and its output written,
+  # without the interpreter's teardown (framework/jobs/process_exit.py).
+  process_exit.Exit(trainer_lib.Main(options))
 
 
 if __name__ == '__main__':
