@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
+from cadence.framework.distribute import coordinated_exit
 from cadence.framework.distribute import distribution
 from cadence.framework.distribute import ps_programs
 from cadence.framework.distribute import tpu_programs
@@ -626,6 +627,20 @@ def _SetupError(e):
   return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
 
 
+def _Done(options, setup):
+  """EXIT_OK; on several hosts (MultiWorkerMirroredStrategy), once every
+  host finished too, and on host 0 once the others left
+  (framework/distribute/coordinated_exit.py)."""
+  if setup.num_workers > 1 and not setup.num_ps:
+    logging.info('Done; waiting for the other host(s) of this %d-host job '
+                 'to finish too before exiting.', setup.num_workers)
+    try:
+      coordinated_exit.FinishTogether(setup)
+    except tf.errors.OpError as e:
+      return _Fail(EXIT_PEER_FAILED, _PeerFailed(options, setup, e))
+  return EXIT_OK
+
+
 def Main(options):
   """Runs the trainer for `options`; returns the exit code."""
   ConfigureLogging()
@@ -657,9 +672,10 @@ def Main(options):
       return _SetupError(e)
     if isinstance(job, str):
       logging.info('%s', job)
-      return EXIT_OK
+      job = None
     try:
-      job.Run()
+      if job is not None:
+        job.Run()
     except programs.Preempted as e:
       logging.info('%s', e)
     except programs.TrainingStopped as e:
@@ -674,4 +690,5 @@ def Main(options):
       if setup.num_workers == 1 and not setup.num_ps:
         raise
       return _Fail(EXIT_PEER_FAILED, _PeerFailed(options, setup, e))
-  return EXIT_OK
+  # Outside the watcher: a signal now ends a host that has done its part.
+  return _Done(options, setup)
