@@ -12,4 +12,6 @@ train loop needs to know which option runs it.
   ps_placement, ps_programs
                   parameter servers: variable placement, and the
                   coordinator's train program.
+  coordinated_exit
+                  the hosts of a multi-host job finish together.
 """
