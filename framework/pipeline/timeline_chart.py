@@ -231,8 +231,10 @@ def Svg(timeline, width=960):
                     ((255, 255, 255), 'idle')):
     item, x = _Legend(x, 32, rgb, text)
     out.append(item)
+  label = ('cell.micro-batch' if timeline.num_cells > len(timeline.rows)
+           else 'micro-batch')
   out.append(f'<text x="{x:.0f}" y="32">boxes: when an action\'s ops ran; '
-             'label: its micro-batch</text>')
+             f'label: its {label}</text>')
   for row in chart.rows:
     out.append(f'<text x="4" y="{row.y + row.h / 2 + 4:.0f}">{row.name}'
                '</text>')

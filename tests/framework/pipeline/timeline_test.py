@@ -113,6 +113,7 @@ class TimelineTest(tf.test.TestCase):
     chart = timeline_chart.Layout(timeline)
     texts = {label.action: label.text for label in chart.labels}
     self.assertEqual('1.0', texts[ps.Action(F, 1, 0)])  # cell.micro-batch
+    self.assertIn('label: its cell.micro-batch', timeline.Svg())
 
   def testConcurrentActionsGetLanesAndLabelsNeverOverlap(self):
     # Device 0: F(0, 0) and F(0, 1) ran at once (two threads); F(0, 2) and
