@@ -13,7 +13,9 @@ after checkpointing its step: one line says so), 2 a user error (one message on
 stderr; also an unwritable logdir or no readable checkpoint), 3 training stopped
 (too many skipped steps or non-finite weights), 4 a checkpoint could not be
 written (the message names the path and the OS error). A second SIGTERM/SIGINT
-ends the process at once (killed by the signal).
+ends the process at once (killed by the signal). The process ends as soon as
+the job is done (framework/jobs/process_exit.py); the hosts of a multi-host
+job wait for each other first (framework/distribute/coordinated_exit.py).
 
 The flags are checked before TensorFlow is imported
 (`framework/jobs/command_line.py`: every value, the experiment key, the
@@ -30,8 +32,9 @@ _START_TIME = time.time()
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 
-# Neither imports TensorFlow: the flags are checked before it loads.
+# None imports TensorFlow: the flags are checked before it loads.
 from cadence.framework.jobs import command_line  # pylint: disable=g-import-not-at-top
+from cadence.framework.jobs import process_exit  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import tf_log  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
@@ -159,5 +162,12 @@ def main(argv):
   return trainer_lib.Main(options)
 
 
+def _MainThenExit(argv):
+  """`main`, then the process ends as soon as the job's output is written,
+  without the interpreter's teardown (framework/jobs/process_exit.py); tests
+  call `main` in process instead."""
+  process_exit.Exit(main(argv))
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=ParseFlags)
+  app.run(_MainThenExit, flags_parser=ParseFlags)

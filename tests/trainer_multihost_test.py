@@ -5,9 +5,10 @@ MultiWorkerMirroredStrategy over 2 processes, each one replica of the
 weights one process gets with 2 replicas x 2 stages on 4 logical CPUs (the
 same global batch: each host reads its share of it), and so must
 RegressionTiny (whose input builds its batches with tf.data: the same
-mechanism, framework/base_input_generator.py). Killing one worker makes the
-other stop on its own with exit code 4 and one line; the same command on
-both then resumes from the latest checkpoint.
+mechanism, framework/base_input_generator.py); both hosts finish without a
+log line that reads as a crash. Killing one worker makes the other stop on
+its own with exit code 4 and one line; the same command on both then
+resumes from the latest checkpoint.
 """
 import os
 import time
@@ -19,6 +20,8 @@ from cadence.framework.train import checkpointer
 from cadence.tests import test_utils
 
 _KEY = test_utils.TINY_LM
+# What TensorFlow logs when a host's peer stops its heartbeats unannounced.
+_CRASH = r'E0000|StartAbort|crashed|coordination service'
 
 
 def _Overrides(tmp):
@@ -92,6 +95,8 @@ class MultiHostTest(tf.test.TestCase):
       self.assertEqual(0, code, err[-3000:])
       self.assertIn(f'2 replica(s) of 2 device(s), worker {i} of 2 hosts',
                     err)
+      # A normal finish: neither host reads the other's exit as a crash.
+      self.assertNotRegex(err, _CRASH)
     self._AssertSameWeights(os.path.join(tmp, 'one', 'train', 'ckpt-6'),
                             os.path.join(tmp, 'two', 'train', 'ckpt-6'),
                             atol=1e-5)
@@ -123,6 +128,7 @@ class MultiHostTest(tf.test.TestCase):
       code, _, err = run.Finish()
       self.assertEqual(0, code, err[-3000:])
       self.assertIn(f'/train/ckpt-{step}: global step {step}', err)
+      self.assertNotRegex(err, _CRASH)
     self.assertEqual(step + 3, checkpointer.StepOf(
         checkpointer.ListCheckpoints(train_dir)[-1]))
 

@@ -20,4 +20,6 @@ train loop needs to know which option runs it.
   parameter_server, ps_placement, ps_programs
                   parameter servers: the option, variable placement, and
                   the coordinator's train program.
+  coordinated_exit
+                  the hosts of a multi-host job finish together.
 """

@@ -18,8 +18,10 @@ Example (two hosts, the same command on each):
               "task": {"type": "worker", "index": 0}}' \\
     python trainer.py --model=... --logdir=/shared/run --job=trainer
 """
+from absl import logging
 import tensorflow as tf
 
+from cadence.framework.distribute import coordinated_exit
 from cadence.framework.distribute import local
 from cadence.framework.distribute import option
 
@@ -68,3 +70,15 @@ class MultiWorkerSetup(option.Setup):
       strategy = local.LocalStrategy(cluster)
     return cls(cluster=cluster, strategy=strategy, num_workers=num_workers,
                worker_index=worker_index, task_type=task_type)
+
+  def FinishTogether(self):
+    """Every host waits for the others at a barrier, host 0 also until
+    their servers are gone (framework/distribute/coordinated_exit.py), so
+    no host reads another's normal exit as a crash; an evaluator task
+    does not take part."""
+    if self.task_type not in ('worker', 'chief'):
+      return False
+    logging.info('Done; waiting for the other host(s) of this %d-host job '
+                 'to finish too before exiting.', self.num_workers)
+    coordinated_exit.FinishTogether(self)
+    return True

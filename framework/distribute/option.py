@@ -173,6 +173,11 @@ class Setup:
     """
     raise NotImplementedError(f'{type(self).__name__} does not serve.')
 
+  def FinishTogether(self):
+    """After a normal end: returns once the job's other hosts are done too
+    (True), or at once when it has none (False)."""
+    return False
+
   def PeerFailed(self, error, latest):
     """The message of a job whose peer task failed, or None when it has
     no peers (the error is then its own, and raised as it is).

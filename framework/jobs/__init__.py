@@ -9,4 +9,5 @@ imports it but trainer.py and the tests.
   trainer_lib       Main(options): set-up, the job, exit codes.
   inspect_lib       --mode=inspect_model: variables, FLOPs and memory.
   inspect_pipeline  --mode=inspect_pipeline: a profiled step's timeline.
+  process_exit      how trainer.py ends its process, at once.
 """

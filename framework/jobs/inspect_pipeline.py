@@ -6,9 +6,11 @@ its training step (the task's FPropTower, the learner's gradients and
 update: the ops TrainProgram's step runs) runs once to trace and warm up,
 then once under TensorFlow's profiler. `timeline.Timeline` turns
 the profile into per-device forward, backward and idle times, the measured
-bubble next to the ideal one, and a Gantt chart, written to
-`<logdir>/inspect_pipeline/`: timeline.svg (.png with
-matplotlib) and a TensorBoard image summary `pipeline_timeline`. The same
+bubble next to the ideal one, and a Gantt chart of what ran when
+(framework/pipeline/timeline_chart.py), written to
+`<logdir>/inspect_pipeline/`: pipeline_timeline.svg, pipeline_timeline.txt
+(every action's exact times) and a TensorBoard image summary
+`pipeline_timeline`. The same
 profile's allocator events give each device's measured memory peak
 (memory_profile), printed next to its stage's estimate (memory_estimate).
 

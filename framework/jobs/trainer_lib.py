@@ -733,6 +733,16 @@ def _SetupError(e):
   return _Fail(EXIT_USER_ERROR, f'{kind}: {e}')
 
 
+def _Done(options, setup):
+  """EXIT_OK, once the job's other hosts finished too where it has some
+  (the distribution option's `FinishTogether`)."""
+  try:
+    setup.FinishTogether()
+  except tf.errors.OpError as e:
+    return _Fail(EXIT_PEER_FAILED, _PeerFailed(options, setup, e))
+  return EXIT_OK
+
+
 def Main(options):
   """Runs the trainer for `options`; returns the exit code."""
   ConfigureLogging()
@@ -756,9 +766,10 @@ def Main(options):
       return _SetupError(e)
     if isinstance(job, str):
       logging.info('%s', job)
-      return EXIT_OK
+      job = None
     try:
-      job.Run()
+      if job is not None:
+        job.Run()
     except programs.Preempted as e:
       logging.info('%s', e)
     except programs.TrainingStopped as e:
@@ -774,4 +785,5 @@ def Main(options):
       if message is None:
         raise
       return _Fail(EXIT_PEER_FAILED, message)
-  return EXIT_OK
+  # Outside the watcher: a signal now ends a host that has done its part.
+  return _Done(options, setup)

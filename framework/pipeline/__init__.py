@@ -14,6 +14,7 @@ when. It imports only the core.
                   the loss outside (StackedRecurrent) or inside
                   (PipelineLoss) the pipeline.
   memory_estimate each stage's bytes at every moment of a schedule.
-  timeline        a profiled step as actions per device, and its chart.
+  timeline        a profiled step as actions per device.
+  timeline_chart  its chart: what ran when, on which device.
   memory_profile  each device's measured peak in a profiled step.
 """

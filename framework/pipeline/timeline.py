@@ -3,47 +3,57 @@
 A step runs under TensorFlow's profiler; every op the pipeline executors
 build carries the name scope of its action (`schedules.Action.
 scope`: forward F, backward B (with its re-run) or weight gradient W, of
-stage s on micro-batch j), so the profile says when each action ran. An
-action's interval spans its first op's start to its last op's end. Per
-device (the schedule's placement of the stages; by default stage s on
-device s % D of the model split):
+stage s on micro-batch j), so the profile says when each op of each action ran. What an action
+ran is the union of its ops' execution intervals (`segments`), not its
+first op's start to its last op's end: the executor builds the actions'
+ops in one graph, and TensorFlow runs an op as soon as its inputs are
+ready, so a few cheap ops of a later action (masks, slices of its input)
+may run long before the rest of it. Its *blocks* are those intervals
+joined across gaps shorter than `join` (the executor's own pauses between
+two ops), and its span (`actions`) is the block that holds most of its
+work. Per device (the schedule's placement of the stages; by default stage
+s on device s % D of the model split):
 
-  forward / backward: time inside F / B actions (their union);
-  idle: the rest of the pipeline's span (first action start to last end).
+  forward / backward: time some op of an F / B action ran (their union);
+  idle: the rest of the pipeline's span (first action op's start to the
+    last one's end): no op of any action ran on the device. The ops that
+    ran outside every action in the span (the loss and its softmax between
+    the phases, the gradients' sums) are `other`, on no device in
+    particular (a CPU profile does not say).
 
 The measured bubble is the idle share of all devices' time in the span,
 next to the ideal: the bubble of the schedule's own action lists when every
 action takes the same time (`schedules.Schedule.Bubble`; (K-1)/(M+K-1) for
-GPipe and 1F1B). The chart is a Gantt chart, one row per device, one box per
-action labelled with its micro-batch: an SVG (no dependency), a PNG if
-matplotlib is installed, and an RGB array for a TensorBoard image summary.
+GPipe and 1F1B). The chart (framework/pipeline/timeline_chart.py) draws each
+action's blocks on its device's row, the other ops on a row of their own;
+`SpanTable` lists every action's exact times.
 
 Example:
   ops = ProfileOps(lambda: step(batch))          # A warm (traced) step.
   timeline = Timeline(ops, ['/device:CPU:0', '/device:CPU:1'])
   print(timeline.Report())                       # bubble 0.31 (ideal 0.20)
-  open('/tmp/pipe.svg', 'w').write(timeline.Svg())
+  timeline.WritePictures('/tmp/pipe')            # .svg and .txt
 """
 import collections
 import glob
 import os
+import re
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 
 from cadence.framework.pipeline import schedules
+from cadence.framework.pipeline import timeline_chart
+
 
 class NoPipelineError(ValueError):
   """A profile without any pipeline action (the model runs no pipeline)."""
 
 
 OpEvent = collections.namedtuple('OpEvent', ['name', 'start', 'end'])
-# Colours of forward and backward boxes (SVG and image), by micro-batch
-# parity so that neighbours differ.
-_COLOURS = {schedules.FORWARD: ((66, 133, 244), (120, 170, 250)),
-            schedules.BACKWARD: ((234, 134, 0), (246, 178, 90)),
-            schedules.WEIGHT: ((52, 168, 83), (129, 201, 149))}
+# A TensorFlow op's event in a host plane: 'its/name:OpType'. The profiler's
+# own events ('ExecutorState::Process', 'MemoryAllocation', ...) are not.
+_OP_EVENT_RE = re.compile(r'^([^:]+):[A-Za-z_]\w*$')
 
 
 def _ReadXSpace(logdir):
@@ -78,15 +88,18 @@ def ProfileSpace(run, logdir=None):
 
 
 def OpEvents(space):
-  """Every event of a profile as an OpEvent (name, start s, end s)."""
+  """Every TensorFlow op's event of a profile as an OpEvent (op name,
+  start s, end s); the profiler's own events are left out."""
   events = []
   for plane in space.planes:
     names = plane.event_metadata
     for line in plane.lines:
       for ev in line.events:
-        name = names[ev.metadata_id].name.rsplit(':', 1)[0]
-        start = line.timestamp_ns * 1e-9 + ev.offset_ps * 1e-12
-        events.append(OpEvent(name, start, start + ev.duration_ps * 1e-12))
+        op = _OP_EVENT_RE.match(names[ev.metadata_id].name)
+        if op:
+          start = line.timestamp_ns * 1e-9 + ev.offset_ps * 1e-12
+          events.append(OpEvent(op.group(1), start,
+                                start + ev.duration_ps * 1e-12))
   return events
 
 
@@ -95,58 +108,89 @@ def ProfileOps(run, logdir=None):
   return OpEvents(ProfileSpace(run, logdir))
 
 
-def _Union(intervals):
-  """Total length of the union of (start, end) intervals."""
-  total, end = 0.0, None
+def Union(intervals, join=0.0):
+  """The union of (start, end) intervals as sorted disjoint intervals;
+  two closer than `join` become one (the gap included)."""
+  out = []
   for a, b in sorted(intervals):
-    if end is None or a > end:
-      total += b - a
-      end = b
-    elif b > end:
-      total += b - end
-      end = b
-  return total
+    if out and a <= out[-1][1] + join:
+      out[-1][1] = max(out[-1][1], b)
+    else:
+      out.append([a, b])
+  return [tuple(iv) for iv in out]
+
+
+def _Length(intervals):
+  return sum(b - a for a, b in Union(intervals))
+
+
+def _MainBlock(blocks, segments):
+  """The block (a union of `segments` joined) holding most of their time."""
+  return max(blocks, key=lambda b: sum(
+      e - s for s, e in segments if b[0] <= s and e <= b[1]))
 
 
 class Timeline:
   """The actions of one profiled step; see the module docstring.
 
   Args:
-    op_events: OpEvents (ProfileOps); those outside any action are ignored.
+    op_events: OpEvents (ProfileOps) of one step.
     devices: the model split's devices.
     schedule: the registered name of the schedule that ran: where each
       stage ran and the ideal bubble come from its action lists
       (`schedules.Build`); None: stage s ran on devices[s % D], ideal
       (K-1)/(M+K-1).
+    join: seconds; an action's ops closer than this form one block (default:
+      a 250th of the pipeline's span: 4 pixels of a 1000-pixel chart).
+
+  Attributes (seconds from the first action op's start):
+    segments: {Action: [(start, end)]}, the union of its ops' intervals.
+    blocks: {Action: [(start, end)]}, the segments joined across gaps
+      shorter than `join`.
+    actions: {Action: (start, end)}, its span: the block holding most of
+      its segments' time.
+    busy: {Action: seconds}, the length of its segments.
+    other: [(start, end)], the union of the ops outside every action, cut
+      to the pipeline's span.
 
   Raises:
     NoPipelineError: if no op of the profile belongs to a pipeline action.
   """
 
-  def __init__(self, op_events, devices, schedule=None):
-    spans = {}
+  def __init__(self, op_events, devices, schedule=None, join=None):
+    ops = collections.defaultdict(list)
+    outside = []
     for ev in op_events:
       action = schedules.ActionOfOp(ev.name + '/')
-      if action is not None:
-        a, b = spans.get(action, (ev.start, ev.end))
-        spans[action] = (min(a, ev.start), max(b, ev.end))
-    if not spans:
-      raise NoPipelineError('Timeline: no op of the profile belongs to a pipeline '
-                       'action; does the model run a pipeline '
-                       '(PipeliningLayer or GPipeTransformerStack)?')
+      (ops[action] if action is not None else outside).append(
+          (ev.start, ev.end))
+    if not ops:
+      raise NoPipelineError('Timeline: no op of the profile belongs to a '
+                            'pipeline action; does the model run a pipeline '
+                            '(PipeliningLayer or GPipeTransformerStack)?')
     self.devices = list(devices)
-    self.num_cells = 1 + max(a.stage for a in spans)
-    self.num_steps = 1 + max(a.micro_batch for a in spans)
+    self.num_cells = 1 + max(a.stage for a in ops)
+    self.num_steps = 1 + max(a.micro_batch for a in ops)
     self.schedule = None if schedule is None else schedules.Build(
         schedule, self.num_cells, len(self.devices), self.num_steps)
-    self.start = min(a for a, _ in spans.values())
-    self.end = max(b for _, b in spans.values())
-    self.actions = {a: (s - self.start, e - self.start)
-                    for a, (s, e) in spans.items()}
+    self.start = min(a for ivs in ops.values() for a, _ in ivs)
+    self.end = max(b for ivs in ops.values() for _, b in ivs)
+    self.join = self.span / 250 if join is None else join
+    self.segments = {a: Union((s - self.start, e - self.start)
+                              for s, e in ivs) for a, ivs in ops.items()}
+    self.busy = {a: _Length(ivs) for a, ivs in self.segments.items()}
+    self.blocks = {a: Union(ivs, self.join)
+                   for a, ivs in self.segments.items()}
+    self.actions = {a: _MainBlock(self.blocks[a], self.segments[a])
+                    for a in self.segments}
+    self.other = Union((max(s, self.start) - self.start,
+                        min(e, self.end) - self.start)
+                       for s, e in outside if e > self.start and
+                       s < self.end)
 
   @property
   def span(self):
-    """Seconds from the first action's start to the last one's end."""
+    """Seconds from the first action op's start to the last one's end."""
     return self.end - self.start
 
   def StageDevice(self, stage):
@@ -168,12 +212,13 @@ class Timeline:
     """Per row: dict(forward=s, backward=s, idle=s)."""
     out = []
     for r in range(len(self.rows)):
-      mine = [(a, iv) for a, iv in self.actions.items() if self.Row(a) == r]
-      times = {name: _Union([iv for a, iv in mine if a.kind in kinds])
+      mine = [(a, iv) for a, ivs in self.segments.items() if self.Row(a) == r
+              for iv in ivs]
+      times = {name: _Length([iv for a, iv in mine if a.kind in kinds])
                for name, kinds in (('forward', (schedules.FORWARD,)),
                                    ('backward', (schedules.BACKWARD,
                                                  schedules.WEIGHT)))}
-      times['idle'] = self.span - _Union([iv for _, iv in mine])
+      times['idle'] = self.span - _Length([iv for _, iv in mine])
       out.append(times)
     return out
 
@@ -193,9 +238,9 @@ class Timeline:
 
   def Report(self):
     """A text table per device, and the bubble next to the ideal."""
-    lines = [f'Pipeline step: {self.num_cells} cells x {self.num_steps} '
+    lines = [f'Pipeline step: {self.num_cells} stages x {self.num_steps} '
              f'micro-batches, {1000 * self.span:.1f} ms from the first '
-             'action to the last.',
+             'action op to the last.',
              f'{"device":<24}{"forward ms":>12}{"backward ms":>13}'
              f'{"idle ms":>10}']
     for device, t in zip(self.rows, self.DeviceTimes()):
@@ -203,75 +248,44 @@ class Timeline:
                    f'{1000 * t["backward"]:13.1f}{1000 * t["idle"]:10.1f}')
     lines.append(f'bubble: measured {self.measured_bubble:.3f}, ideal '
                  f'(equal-time actions) = {self.ideal_bubble:.3f}')
+    lines.append('idle: no op of a pipeline action ran on the device; ops '
+                 f'outside the actions (loss, gradient sums) ran '
+                 f'{1000 * _Length(self.other):.1f} ms of the span.')
     return '\n'.join(lines) + '\n'
 
-  # --- pictures ---------------------------------------------------------------
+  def SpanTable(self):
+    """Every action's exact times (ms), in the order its span started."""
+    lines = ['Pipeline actions (ms from the first action op): span = the '
+             'block of most of its work; ops = its first op\'s start to its '
+             'last one\'s end; busy = time its ops ran.',
+             f'{"action":<10}{"device":<24}{"span":>19}{"ops":>19}'
+             f'{"busy":>9}{"blocks":>8}']
+    for a in sorted(self.actions, key=lambda a: (self.actions[a], a)):
+      (s, e), segs = self.actions[a], self.segments[a]
+      lines.append(
+          f'{str(a):<10}{self.rows[self.Row(a)]:<24}'
+          f'{1000 * s:9.2f}-{1000 * e:9.2f}'
+          f'{1000 * segs[0][0]:9.2f}-{1000 * segs[-1][1]:9.2f}'
+          f'{1000 * self.busy[a]:9.2f}{len(self.blocks[a]):8d}')
+    return '\n'.join(lines) + '\n'
 
-  def _Boxes(self, width, left, row_height, top):
-    """(action, x, y, w, h) of each box, in pixels."""
-    scale = (width - left) / (self.span or 1)
-    for a, (s, e) in sorted(self.actions.items(), key=lambda kv: kv[1]):
-      yield (a, left + s * scale, top + self.Row(a) * row_height,
-             max((e - s) * scale, 1.0), row_height - 4)
+  # --- pictures (framework/pipeline/timeline_chart.py) ------------------------
 
-  def Svg(self, width=960, row_height=28):
-    """The Gantt chart as SVG text: device rows, boxes of F/B actions
-    labelled with their micro-batch, the time axis in ms."""
-    left, top = 150, 24
-    height = top + row_height * len(self.rows) + 24
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
-           f'height="{height}" font-family="sans-serif" font-size="11">',
-           f'<text x="4" y="14">Pipeline step: {self.num_cells} cells x '
-           f'{self.num_steps} micro-batches, {1000 * self.span:.1f} ms; '
-           f'bubble {self.measured_bubble:.2f} (ideal '
-           f'{self.ideal_bubble:.2f}); F blue, B orange</text>']
-    for r, device in enumerate(self.rows):
-      out.append(f'<text x="4" y="{top + r * row_height + 16}">{device}'
-                 '</text>')
-    for a, x, y, w, h in self._Boxes(width, left, row_height, top):
-      rgb = _COLOURS[a.kind][a.micro_batch % 2]
-      out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h}" '
-                 f'fill="rgb{rgb}" stroke="white"><title>{a} '
-                 f'{1000 * self.actions[a][0]:.2f}-'
-                 f'{1000 * self.actions[a][1]:.2f} ms</title></rect>')
-      if w >= 10:
-        out.append(f'<text x="{x + w / 2:.1f}" y="{y + h / 2 + 4}" '
-                   f'text-anchor="middle">{a.micro_batch}</text>')
-    axis = top + row_height * len(self.rows) + 14
-    for f in np.linspace(0, 1, 5):
-      x = left + f * (width - left)
-      out.append(f'<text x="{x:.0f}" y="{axis}" text-anchor="middle">'
-                 f'{1000 * f * self.span:.0f} ms</text>')
-    return '\n'.join(out + ['</svg>']) + '\n'
+  def Svg(self, width=960):
+    """The chart as SVG text (timeline_chart.Svg)."""
+    return timeline_chart.Svg(self, width)
 
-  def Image(self, width=480, row_height=20):
-    """The chart as an RGB uint8 array [rows * row_height, width, 3] (no
-    text: micro-batches alternate shades)."""
-    image = np.full([row_height * len(self.rows), width, 3], 255, np.uint8)
-    for a, x, y, w, h in self._Boxes(width, 0, row_height, 2):
-      x0, x1 = int(x), max(int(x) + 1, int(x + w) - 1)
-      image[int(y):int(y + h), x0:x1] = _COLOURS[a.kind][a.micro_batch % 2]
-    return image
+  def Image(self, width=480, lane_height=10):
+    """The chart as an RGB uint8 array (timeline_chart.Image)."""
+    return timeline_chart.Image(self, width, lane_height)
 
   def WritePictures(self, logdir, name='pipeline_timeline'):
-    """Writes <name>.svg (and <name>.png with matplotlib) to `logdir`;
-    returns the paths written."""
+    """Writes <name>.svg (the chart) and <name>.txt (the SpanTable) to
+    `logdir`; returns their paths."""
     tf.io.gfile.makedirs(logdir)
-    paths = [os.path.join(logdir, f'{name}.svg')]
-    with tf.io.gfile.GFile(paths[0], 'w') as f:
-      f.write(self.Svg())
-    try:
-      from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      return paths
-    fig, ax = pyplot.subplots(figsize=(10, 1 + 0.5 * len(self.rows)))
-    for a, (s, e) in self.actions.items():
-      ax.barh(self.Row(a), 1000 * (e - s), left=1000 * s,
-              color=np.array(_COLOURS[a.kind][a.micro_batch % 2]) / 255)
-    ax.set_yticks(range(len(self.rows)), self.rows)
-    ax.invert_yaxis()
-    ax.set_xlabel('ms')
-    paths.append(os.path.join(logdir, f'{name}.png'))
-    fig.savefig(paths[1])
-    pyplot.close(fig)
+    paths = [os.path.join(logdir, f'{name}.svg'),
+             os.path.join(logdir, f'{name}.txt')]
+    for path, text in zip(paths, (self.Svg(), self.SpanTable())):
+      with tf.io.gfile.GFile(path, 'w') as f:
+        f.write(text)
     return paths

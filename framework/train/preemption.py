@@ -186,14 +186,27 @@ class Watcher:
     return value
 
 
+def _Outcome(fn, args):
+  try:
+    return True, fn(*args)
+  except BaseException as e:  # pylint: disable=broad-except
+    return False, e
+
+
 def _Serve(calls):
-  """The worker thread: runs (fn, args, results) calls until a None."""
+  """The worker thread: runs (fn, args, results) calls until a None.
+
+  It lets go of a call's function and arguments before it answers, so it
+  never holds the last reference to the caller's objects: the train loop's
+  input iterator, freed by this thread as it ended, made `__exit__`'s join
+  wait for tf.data to stop its threads (0.4-11.6 s on a loaded machine).
+  """
   while True:
     call = calls.get()
     if call is None:
       return
     fn, args, results = call
-    try:
-      results.put((True, fn(*args)))
-    except BaseException as e:  # pylint: disable=broad-except
-      results.put((False, e))
+    del call
+    outcome = _Outcome(fn, args)
+    del fn, args
+    results.put(outcome)

@@ -223,6 +223,7 @@ class TrainProgram:
         functools.partial(self._Forward, local=local)
         for local in range(len(self._tasks))]
     self._stat_keys = []  # Names of the loop's stats, set when it traces.
+    self._iterator = None  # Run's input iterator, kept (see Run).
 
   def _TaskCopies(self, num_workers):
     """The task copies this host needs: one per local replica."""
@@ -640,7 +641,10 @@ class TrainProgram:
       xla_step.CheckStepShapes(self._task, dataset.element_spec)
     flops = train_report.TrainFlopsPerExample(
         self._task, dataset, self._input.GlobalBatchSize())
-    iterator = self._Iterator(dataset, start)
+    # The program owns its input iterator: freeing it stops tf.data's
+    # threads, seconds of work on a loaded machine that a trainer about to
+    # exit need not do (framework/jobs/process_exit.py).
+    iterator = self._iterator = self._Iterator(dataset, start)
     summary_window, log_window = train_report.Window(), train_report.Window()
     first = True
     while step < p.max_steps:

@@ -6,6 +6,7 @@ real subprocesses in tests/trainer_test.py.
 import io
 import logging as py_logging
 import os
+import re
 import sys
 from unittest import mock
 
@@ -126,7 +127,7 @@ class InspectTest(tf.test.TestCase):
           model='synthetic.linear_regression.RegressionGPipeTiny',
           mode='inspect_pipeline', worker_split_size=2, logdir=logdir))
     self.assertEqual(code, trainer_lib.EXIT_OK)
-    self.assertIn('Pipeline step: 2 cells x 4 micro-batches', out.getvalue())
+    self.assertIn('Pipeline step: 2 stages x 4 micro-batches', out.getvalue())
     self.assertRegex(out.getvalue(), r'bubble: measured [\d.]+, ideal '
                      r'\(equal-time actions\) = 0.200')
     # Each device's measured memory (this task gives no estimate).
@@ -135,7 +136,10 @@ class InspectTest(tf.test.TestCase):
                        r'(KiB|MiB)\n')
     where = os.path.join(logdir, 'inspect_pipeline')
     with open(os.path.join(where, 'pipeline_timeline.svg')) as f:
-      self.assertEqual(16, f.read().count('<rect '))   # 2 x 4 x (F, B).
+      drawn = set(re.findall(r'<title>([FB]\(\d, \d\))', f.read()))
+    self.assertLen(drawn, 16)   # 2 x 4 x (F, B).
+    with open(os.path.join(where, 'pipeline_timeline.txt')) as f:
+      self.assertLen(f.read().splitlines(), 2 + 16)
     self.assertIn('pipeline_timeline', summary_utils.ReadImages(where))
     # A model without a pipeline: a user error.
     with mock.patch.object(sys, 'stderr', io.StringIO()) as err:

@@ -7,76 +7,192 @@ from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import schedules as ps
 from cadence.framework.pipeline import timeline as timeline_lib
+from cadence.framework.pipeline import timeline_chart
 from cadence.framework.train import summary_utils
 
 _DEVICES = ['/device:CPU:0', '/device:CPU:1']
 Ev = timeline_lib.OpEvent
+F, B = ps.FORWARD, ps.BACKWARD
+
+
+def _Op(kind, cell, step, a, b, name='MatMul'):
+  """An op of action (kind, cell, step) from 100 + a to 100 + b seconds."""
+  scope = ps.Action(F, cell, step).scope
+  if kind == F:
+    return Ev(f'model/{scope}/{name}', 100 + a, 100 + b)
+  # A tape's gradient op: named after the forward op.
+  return Ev(f'gradient_tape/{scope}/{name}/MatMul', 100 + a, 100 + b)
 
 
 def _Events():
-  """A hand-made profile of 2 cells x 2 micro-batches (seconds).
+  """A hand-made profile of 2 cells x 2 micro-batches (seconds from 100).
 
-  cell 0: F0 [0, 1], F1 [1, 2], B1 [5, 6], B0 [6, 8]
-  cell 1: F0 [1, 2], F1 [2, 3], B1 [3, 4], B0 [4, 5]
-  Actions are spread over several ops (gaps inside count as busy); ops
-  outside any action are ignored.
+  cell 0: F0 [0, 1], F1 [1, 2] (and a cheap op at [0, 0.01]), B1 [5, 6],
+          B0 [6, 6.5] + [7, 8] (idle between its two ops);
+  cell 1: F0 [1, 2] (and a cheap op at [0, 0.02]), F1 [2, 3], B1 [3.5, 4],
+          B0 [4, 5].
+  Outside the actions: the input's split [-0.5, 0.2], the loss [3, 3.5],
+  the optimizer [8.5, 9] (after the pipeline).
   """
-  ev = []
-  for (kind, cell, step), (a, b) in {
-      ('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2), ('B', 0, 1): (5, 6),
-      ('B', 0, 0): (6, 8), ('F', 1, 0): (1, 2), ('F', 1, 1): (2, 3),
-      ('B', 1, 1): (3, 4), ('B', 1, 0): (4, 5)}.items():
-    scope = ps.Action('F', cell, step).scope
-    if kind == 'F':
-      name = f'model/{scope}/MatMul'
-    else:   # A tape's gradient op: named after the forward op.
-      name = f'gradient_tape/{scope}/MatMul/MatMul'
-    ev += [Ev(name, 100 + a, 100 + a + 0.25), Ev(name + '_1', 100 + b - 0.25,
-                                                 100 + b)]
-  return ev + [Ev('optimizer/Adam', 99.0, 109.0)]
+  ops = [(F, 0, 0, 0, 1), (F, 0, 1, 0, 0.01), (F, 0, 1, 1, 2),
+         (B, 0, 1, 5, 6), (B, 0, 0, 6, 6.5), (B, 0, 0, 7, 8),
+         (F, 1, 0, 0, 0.02), (F, 1, 0, 1, 2), (F, 1, 1, 2, 3),
+         (B, 1, 1, 3.5, 4), (B, 1, 0, 4, 5)]
+  ev = [_Op(*op, name=f'MatMul_{i}') for i, op in enumerate(ops)]
+  return ev + [Ev('split', 99.5, 100.2), Ev('loss/Softmax', 103.0, 103.5),
+               Ev('optimizer/Adam', 108.5, 109.0)]
+
+
+def _Boxes(chart, action):
+  return [b for b in chart.boxes if b.action == action]
+
+
+def _SpanBox(chart, timeline, action):
+  box, = [b for b in _Boxes(chart, action)
+          if (b.start, b.end) == timeline.actions[action]]
+  return box
+
+
+def _Overlap(a, b):
+  return (a.x < b.x + b.w and b.x < a.x + a.w and a.y < b.y + b.h and
+          b.y < a.y + a.h)
 
 
 class TimelineTest(tf.test.TestCase):
 
-  def testTimesBubbleAndReport(self):
+  def testSpansAreTheUnionOfTheirOps(self):
     timeline = timeline_lib.Timeline(_Events(), _DEVICES)
     self.assertEqual((2, 2), (timeline.num_cells, timeline.num_steps))
-    self.assertEqual(8.0, timeline.span)
-    self.assertEqual((6.0, 8.0), timeline.actions[ps.Action('B', 0, 0)])
-    self.assertEqual(
-        [dict(forward=2.0, backward=3.0, idle=3.0),
-         dict(forward=2.0, backward=2.0, idle=4.0)],
-        timeline.DeviceTimes())
-    self.assertAllClose(7.0 / 16, timeline.measured_bubble)
+    self.assertAllClose(8.0, timeline.span)
+    self.assertAllClose(8.0 / 250, timeline.join)
+    f01, b00 = ps.Action(F, 0, 1), ps.Action(B, 0, 0)
+    # A cheap op long before the rest: its own block; the span is the rest.
+    self.assertAllClose([(0, 0.01), (1, 2)], timeline.segments[f01])
+    self.assertAllClose([(0, 0.01), (1, 2)], timeline.blocks[f01])
+    self.assertAllClose((1, 2), timeline.actions[f01])
+    self.assertAllClose(1.01, timeline.busy[f01])
+    # Idle between two ops of an action is not its time; the span is the
+    # longer block.
+    self.assertAllClose([(6, 6.5), (7, 8)], timeline.segments[b00])
+    self.assertAllClose((7, 8), timeline.actions[b00])
+    self.assertAllClose(1.5, timeline.busy[b00])
+    # Ops closer than `join` are one block (the gap counts in the block,
+    # not in busy time).
+    joined = timeline_lib.Timeline(_Events(), _DEVICES, join=0.6)
+    self.assertAllClose([(6, 8)], joined.blocks[b00])
+    self.assertAllClose(1.5, joined.busy[b00])
+    self.assertAllClose([(0, 0.2), (3, 3.5)], timeline.other)
+    times = timeline.DeviceTimes()
+    for got, want in zip(times, [dict(forward=2.0, backward=2.5, idle=3.5),
+                                 dict(forward=2.02, backward=1.5,
+                                      idle=4.48)]):
+      self.assertAllClose(want, got)
+    self.assertAllClose((3.5 + 4.48) / 16, timeline.measured_bubble)
     self.assertAllClose(1.0 / 3, timeline.ideal_bubble)
     report = timeline.Report()
-    self.assertIn('2 cells x 2 micro-batches, 8000.0 ms', report)
-    self.assertRegex(report, r'/device:CPU:1 +2000.0 +2000.0 +4000.0')
-    self.assertIn('bubble: measured 0.438, ideal (equal-time actions) = 0.333',
+    self.assertIn('2 stages x 2 micro-batches, 8000.0 ms', report)
+    self.assertRegex(report, r'/device:CPU:1 +2020.0 +1500.0 +4480.0')
+    self.assertIn('bubble: measured 0.499, ideal (equal-time actions) = 0.333',
                   report)
+    self.assertIn('ran 700.0 ms of the span', report)
+    table = timeline.SpanTable().splitlines()
+    self.assertLen(table, 2 + 8)
+    self.assertRegex(table[2], r'^F\(0, 0\) +/device:CPU:0 +0.00- +1000.00 +'
+                     r'0.00- +1000.00 +1000.00 +1$')
+    self.assertIn('F(0, 1)   /device:CPU:0', table[3])
+    self.assertRegex(table[3], r'1000.00- +2000.00 +0.00- +2000.00 +1010.00 '
+                     r'+2$')
 
   def testCellsShareDevices(self):
     timeline = timeline_lib.Timeline(_Events(), _DEVICES[:1])
     self.assertEqual(_DEVICES[:1], timeline.rows)
-    self.assertEqual([dict(forward=3.0, backward=5.0, idle=0.0)],
-                     timeline.DeviceTimes())
+    # Cell 1's forwards run while cell 0's do: their union counts once.
+    self.assertAllClose([dict(forward=3.0, backward=4.0, idle=1.0)],
+                        timeline.DeviceTimes())
+    chart = timeline_chart.Layout(timeline)
+    texts = {label.action: label.text for label in chart.labels}
+    self.assertEqual('1.0', texts[ps.Action(F, 1, 0)])  # stage.micro-batch
+    self.assertIn('label: its stage.micro-batch', timeline.Svg())
+
+  def testConcurrentActionsGetLanesAndLabelsNeverOverlap(self):
+    # Device 0: F(0, 0) and F(0, 1) ran at once (two threads); F(0, 2) and
+    # F(0, 3) are too short for their labels, side by side.
+    ev = [_Op(F, 0, 0, 0, 2), _Op(F, 0, 1, 1, 3), _Op(F, 0, 2, 3, 3.01),
+          _Op(F, 0, 3, 3.012, 3.02), _Op(F, 1, 0, 3, 4),
+          _Op(F, 0, 1, 0.2, 0.202, name='Less')]
+    timeline = timeline_lib.Timeline(ev, _DEVICES)
+    chart = timeline_chart.Layout(timeline, width=950)
+    a = [ps.Action(F, 0, j) for j in range(4)]
+    # Each action's span is one box; the cheap op of F(0, 1) a mark.
+    (b0,), (b1, mark) = _Boxes(chart, a[0]), sorted(
+        _Boxes(chart, a[1]), key=lambda b: -b.w)
+    self.assertEqual(b1, _SpanBox(chart, timeline, a[1]))
+    self.assertNotEqual(b0.y, b1.y)            # Two lanes.
+    self.assertAllClose((150 + 800 * 0.2 / 4, 1.0),
+                        (mark.x, mark.w))       # 0.2 s of 4 s, 1 pixel.
+    self.assertGreaterEqual(mark.y, max(b0.y + b0.h, b1.y + b1.h))
+    self.assertEqual(2, chart.rows[0].lanes)
+    for first in range(len(chart.boxes)):
+      for second in chart.boxes[first + 1:]:
+        self.assertFalse(_Overlap(chart.boxes[first], second),
+                         (chart.boxes[first], second))
+    labels = {label.action: label for label in chart.labels}
+    self.assertTrue(labels[a[0]].inside)
+    # A label in its box: inside the box of the action's span.
+    for action in (a[0], a[1]):
+      label, box = labels[action], _SpanBox(chart, timeline, action)
+      self.assertBetween(label.x, box.x, box.x + box.w - label.w)
+      self.assertBetween(label.y, box.y, box.y + box.h - label.h)
+    # Too short: the label goes above the row; the next one, which would
+    # cover it, is left to the table.
+    self.assertFalse(labels[a[2]].inside)
+    self.assertLessEqual(labels[a[2]].y + labels[a[2]].h,
+                         min(b.y for b in chart.boxes if b.action in a))
+    self.assertNotIn(a[3], labels)
+    self.assertIn('F(0, 3)', timeline.SpanTable())
+    placed = list(labels.values())
+    for i, label in enumerate(placed):
+      self.assertBetween(label.x, 0, 950 - label.w)
+      for other in placed[i + 1:]:
+        self.assertFalse(_Overlap(label, other), (label, other))
+    svg = timeline.Svg(width=950)
+    for label in placed:
+      self.assertIn(f'<text x="{label.x + label.w / 2:.1f}" '
+                    f'y="{label.y + label.h - 3:.1f}" text-anchor="middle">'
+                    f'{label.text}</text>', svg)
 
   def testPictures(self):
     timeline = timeline_lib.Timeline(_Events(), _DEVICES)
-    svg = timeline.Svg(width=950, row_height=20)
-    self.assertEqual(8, svg.count('<rect '))
-    # B(0, 0) on row 0 from 6 to 8 s: x = 150 + 6/8 * 800.
-    self.assertIn('<rect x="750.0" y="24" width="200.0" height="16" '
-                  'fill="rgb(234, 134, 0)"', svg)
-    self.assertIn('<title>B(0, 0) 6000.00-8000.00 ms</title>', svg)
-    image = timeline.Image(width=80, row_height=10)
-    self.assertEqual((20, 80, 3), image.shape)
-    self.assertAllEqual([66, 133, 244], image[5, 5])     # F(0, 0)
-    self.assertAllEqual([234, 134, 0], image[15, 45])    # B(1, 0)
-    self.assertAllEqual([255, 255, 255], image[15, 75])  # cell 1 idle
+    chart = timeline_chart.Layout(timeline, width=950)
+    svg = timeline.Svg(width=950)
+    # 8 spans, 3 other blocks (B(0, 0)'s first op, the two cheap ops) and 2
+    # ops outside the actions; a white background.
+    self.assertEqual(1 + 13 + 4, svg.count('<rect '))
+    self.assertLen(chart.boxes, 13)
+    box = _SpanBox(chart, timeline, ps.Action(B, 0, 0))
+    # B(0, 0)'s span, from 7 to 8 s: x = 150 + 7/8 * 800.
+    self.assertAllClose((850.0, 100.0), (box.x, box.w))
+    self.assertIn(f'<rect x="850.0" y="{box.y:.1f}" width="100.0" '
+                  'height="16" fill="rgb(234, 134, 0)"><title>B(0, 0) (busy '
+                  '1500.00 ms in all): 7000.00-8000.00 ms</title>', svg)
+    self.assertIn('ops outside the actions: 3000.00-3500.00 ms', svg)
+    for tick in ('0 ms', '2000 ms', '8000 ms'):
+      self.assertIn(f'>{tick}</text>', svg)
+    image = timeline.Image(width=80, lane_height=10)
+    small = timeline_chart.Layout(timeline, 80, left=0, top=0,
+                                  lane_height=10, gap=2, labels=False)
+    self.assertEqual((int(small.height), 80, 3), image.shape)
+    row1 = small.rows[1].y
+    self.assertAllEqual([66, 133, 244], image[5, 5])         # F(0, 0)
+    self.assertAllEqual([234, 134, 0], image[row1 + 5, 45])  # B(1, 0)
+    self.assertAllEqual([255, 255, 255], image[row1 + 5, 75])  # idle
+    self.assertAllEqual(timeline_chart.OTHER_COLOUR,
+                        image[small.rows[2].y + 5, 31])      # the loss
     paths = timeline.WritePictures(self.get_temp_dir())
     with open(paths[0]) as f:
-      self.assertEqual(svg.count('<rect '), f.read().count('<rect '))
+      self.assertEqual(timeline.Svg(), f.read())
+    with open(paths[1]) as f:
+      self.assertEqual(timeline.SpanTable(), f.read())
     writer = summary_utils.SummaryWriter(self.get_temp_dir())
     writer.WriteImage(3, 'timeline', image)
     writer.WriteText(3, 'note', 'hello')
@@ -151,6 +267,13 @@ class TimelineTest(tf.test.TestCase):
         ran = sorted((a for a in timeline.actions if a.stage == i),
                      key=lambda a: timeline.actions[a][0])
         self.assertEqual(list(order), ran, name)
+      # A forward's span starts once the one before it in the pipeline
+      # ended (its cheap early ops are other blocks).
+      for a, (start, _) in timeline.actions.items():
+        if a.kind == F and a.stage > 0:
+          before = timeline.actions[ps.Action(F, a.stage - 1, a.micro_batch)]
+          self.assertGreaterEqual(start, before[1] - timeline.join,
+                                  (name, a))
       self.assertBetween(timeline.measured_bubble, 0.0, 1.0)
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import tensorflow as tf
 
@@ -106,6 +107,19 @@ class WatcherTest(tf.test.TestCase):
       on_main, seen = watcher.Call(_Loop)
     self.assertFalse(on_main)
     self.assertEqual(seen, 'SIGTERM')
+
+  def testTheWorkerKeepsNothingOfACallAndIsJoined(self):
+    class _Input:
+      pass
+
+    with preemption.Watcher() as watcher:
+      data = _Input()
+      ref = weakref.ref(data)
+      self.assertEqual(3, watcher.Call(lambda x, y: y, data, 3))
+      del data   # The caller's last reference: the worker holds none.
+      self.assertIsNone(ref())
+      self.assertIn('train_loop', [t.name for t in threading.enumerate()])
+    self.assertNotIn('train_loop', [t.name for t in threading.enumerate()])
 
   def testCallRaisesTheWorkersError(self):
     with preemption.Watcher() as watcher:

@@ -1,5 +1,8 @@
 """Tests for cadence.framework.train.programs and eval_programs (in process)."""
+import gc
 import os
+from unittest import mock
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -66,6 +69,26 @@ class TrainProgramTest(tf.test.TestCase):
     self.assertEqual([checkpointer.StepOf(p) for p in checkpointer.
                       ListCheckpoints(os.path.join(logdir, 'train'))],
                      [100, 200])
+
+  def testTheProgramOwnsItsInputIterator(self):
+    # Run leaves the iterator (and tf.data's threads) to the program, so a
+    # trainer that exits next does not wait for them to stop.
+    program = _Program(self.get_temp_dir(), _Params(max_steps=3))
+    made = []
+    make = programs.TrainProgram._Iterator  # pylint: disable=protected-access
+
+    def _Made(self, *args):
+      made.append(make(self, *args))
+      return made[-1]
+
+    with mock.patch.object(programs.TrainProgram, '_Iterator', _Made):
+      self.assertEqual(3, program.Run())
+    ref = weakref.ref(made.pop())
+    gc.collect()
+    self.assertIsNotNone(ref())
+    del program
+    gc.collect()
+    self.assertIsNone(ref())
 
   def testResumeAfterAnEndOrAStopEqualsUninterrupted(self):
     whole = os.path.join(self.get_temp_dir(), 'whole')
