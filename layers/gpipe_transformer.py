@@ -196,9 +196,8 @@ class GPipeTransformerStack(gpipe.SplitCells,
     micro-batch of inputs [micro_batch, time, dim]: what its backward reads
     (act_bytes), what it keeps with remat 'selective', its outputs (the
     activations and the paddings passed on, in the pipeline's
-    `StateDtype`) and one layer's act_bytes (the
-    gradients in flight through a layer); see
-    framework/pipeline/memory_estimate.py."""
+    `StateDtype`) and one layer's act_bytes (the gradients in flight
+    through a layer); see framework/pipeline/memory_estimate.py."""
     bounds = cls.Boundaries(p)
     last = len(bounds) - 2
     b, t, d = shapes.AsShape(inputs)

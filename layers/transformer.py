@@ -161,7 +161,8 @@ class TransformerLayer(base_layer.BaseLayer):
     six products cast to it (4 d*d + 2 d*f), which their gradients read.
     'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
     output projections) + b*t*f (the first feed-forward product); with a
-    residual dropout in float32 training, the input too (b*t*d).
+    residual dropout in float32 training, b*t*d more (a dropout's input,
+    which TF's float32 Mul gradient reads).
     Held to memory_estimate.SavedBytes of the real gradient by the tests.
     """
     b, t, d = shapes.AsShape(inputs)
