@@ -91,10 +91,12 @@ class _Model(tf.Module):
 
   Unpipelined (num_splits None) with num_micro_batches M > 1, the step
   accumulates the gradients of M micro-batches run one after the other
-  (no pipeline): what micro-batching alone costs.
+  (no pipeline): what micro-batching alone costs. `fprop_dtype` (e.g.
+  tf.bfloat16) is the three layers' (bench/bf16_bench.py).
   """
 
-  def __init__(self, num_splits=None, num_micro_batches=1, **overrides):
+  def __init__(self, num_splits=None, num_micro_batches=1, fprop_dtype=None,
+               **overrides):
     super().__init__()
     self.accumulate = num_micro_batches if num_splits is None else 1
     n = num_splits or 1
@@ -102,12 +104,15 @@ class _Model(tf.Module):
         num_devices=n, worker_split_size=n).Instantiate()
     with cluster, tf.device(cluster.devices[0]):
       self.emb = embedding.EmbeddingLayer.Params().Set(
-          name='emb', vocab_size=VOCAB, embedding_dim=DIM).Instantiate()
+          name='emb', vocab_size=VOCAB, embedding_dim=DIM,
+          fprop_dtype=fprop_dtype).Instantiate()
       self.stack = _StackParams(num_splits, num_micro_batches,
-                                **overrides).Instantiate()
+                                **overrides).Set(
+                                    fprop_dtype=fprop_dtype).Instantiate()
     with tf.device(cluster.devices[-1]):
       self.softmax = softmax.SimpleFullSoftmax.Params().Set(
-          name='softmax', input_dim=DIM, num_classes=VOCAB).Instantiate()
+          name='softmax', input_dim=DIM, num_classes=VOCAB,
+          fprop_dtype=fprop_dtype).Instantiate()
     self.last_device = cluster.devices[-1]
     self.first_device = cluster.devices[0]
     self.train_vars = (self.emb.vars.Flatten() + self.stack.vars.Flatten() +

@@ -70,6 +70,20 @@ def InheritParams(parent_params, child_params):
   return child
 
 
+def FPropDtype(params):
+  """The dtype of the activations of layer params `params` (tf.DType):
+  fprop_dtype, or dtype when fprop_dtype is None."""
+  return tf.as_dtype(params.fprop_dtype or params.dtype)
+
+
+def AccumulationDtype(dtype):
+  """The dtype of sums over many terms (a norm's statistics, a softmax
+  cross-entropy) for activations of `dtype`: float64 for float64, else
+  float32, so that bfloat16 activations (8 bits of mantissa) do not round
+  them away."""
+  return tf.float64 if tf.as_dtype(dtype) == tf.float64 else tf.float32
+
+
 def WithStepSeed(theta, seed):
   """Returns a copy of `theta` carrying `seed` at every layer level.
 
@@ -285,7 +299,11 @@ class BaseLayer(tf.Module):
 
   @property
   def fprop_dtype(self):
-    return self._params.fprop_dtype or self._params.dtype
+    """The activations' dtype (`FPropDtype` of the params). Variables keep
+    `dtype`; FProp casts what it reads of theta to this (mixed precision:
+    float32 variables, bfloat16 activations, float32 gradients at the
+    variables)."""
+    return FPropDtype(self._params)
 
   @property
   def children(self):

@@ -133,7 +133,7 @@ class BatchNormLayer(BatchStatsLayer):
     validation.CheckNumber(owner, 'epsilon', p.epsilon, low=0, low_open=True)
 
   def _ComputeDtype(self):
-    return tf.float64 if self.fprop_dtype == tf.float64 else tf.float32
+    return base_layer.AccumulationDtype(self.fprop_dtype)
 
   def FPropStats(self, theta, inputs):
     """Normalises; returns the batch statistics too (training).

@@ -94,7 +94,9 @@ class EmbeddingLayer(base_layer.BaseLayer):
       [..., embedding_dim] in fprop_dtype.
     """
     p = self.params
-    out = tf.gather(self.CastToFPropDtype(theta.emb), ids)  # [..., dim]
+    # Gathered, then cast: the rows only, and their gradient reaches the
+    # table in its own dtype.
+    out = self.CastToFPropDtype(tf.gather(theta.emb, ids))  # [..., dim]
     if p.scale_sqrt_depth:
       out *= tf.cast(math.sqrt(p.embedding_dim), out.dtype)
     return out
@@ -243,7 +245,7 @@ class LearnedPositionalEmbedding(base_layer.BaseLayer):
           f"LearnedPositionalEmbedding '{self.path}': seq_length="
           f'{seq_length} must be in [1, max_seq_len={p.max_seq_len}].')
     pos = _Positions(self, seq_length, positions)
-    return tf.gather(self.CastToFPropDtype(theta.emb), pos)
+    return self.CastToFPropDtype(tf.gather(theta.emb, pos))
 
   @classmethod
   def FPropMeta(cls, p, seq_length_or_positions):

@@ -280,9 +280,12 @@ class PipeliningLayer(SeqLayer):
   one after the other.
 
   Cells take and return tuples of tensors (or, with nested_map_fprop, one
-  NestedMap). Every state passed between cells has `state_dtype` (default:
-  the dtype of the first input). Cells need FPropMeta: it gives the shapes
-  of the micro-batch states.
+  NestedMap). Every state passed between cells has one dtype,
+  `StateDtype`: `state_dtype` if set, else `fprop_dtype` if set (e.g.
+  bfloat16 activations: half the bytes between stages), else the dtype of
+  the first input; the pipeline casts the inputs and each cell's floating
+  outputs to it. Cells need FPropMeta: it gives the shapes of the
+  micro-batch states.
 
   With an empty `cell_tpl` the layer holds only the pipeline's settings and
   devices; the layer that owns the cells runs them with `FPropCells` (see
@@ -305,8 +308,9 @@ class PipeliningLayer(SeqLayer):
     p.Define('micro_batch_size', None, 'Examples per micro-batch; None: '
              'batch / num_micro_batches.')
     p.Define('batch_dim', 0, 'The batch dimension of every input.')
-    p.Define('state_dtype', None, 'Dtype of the states between cells; None: '
-             'the first input\'s dtype.')
+    p.Define('state_dtype', None, 'Dtype of the states between cells (the '
+             'cells\' floating outputs are cast to it); None: fprop_dtype '
+             'if set, else the first input\'s dtype.')
     p.Define('nested_map_fprop', False, 'Whether cells take and return one '
              'NestedMap instead of tuples of tensors.')
     p.Define('remat', 'except_last', 'Which micro-batches re-run their '
@@ -425,10 +429,17 @@ class PipeliningLayer(SeqLayer):
     return self.FPropCells(cells, *inputs,
                            step_seed=theta.get(base_layer.STEP_SEED_KEY))
 
+  @classmethod
+  def StateDtype(cls, p, first_input_dtype=tf.float32):
+    """The dtype of the states between the cells of params `p`: its
+    state_dtype, else its fprop_dtype (inherited: a bfloat16 stack passes
+    bfloat16 between its stages), else the first input's dtype."""
+    return tf.as_dtype(p.state_dtype or p.fprop_dtype or first_input_dtype)
+
   def _StateSpecs(self, cells, state, size):
     """Per cell, the template of its output state for one micro-batch."""
     p = self.params
-    dtype = p.state_dtype or state.Flatten()[0].dtype
+    dtype = self.StateDtype(p, state.Flatten()[0].dtype)
     in_specs = state.Transform(lambda x: tf.TensorSpec(
         shapes.AsShape(x.shape).WithDim(p.batch_dim, size).ToTensorShape(),
         dtype))
@@ -479,16 +490,22 @@ class PipeliningLayer(SeqLayer):
           f'batch_dim={bd}; got shapes {[x.shape.as_list() for x in leaves]}.')
     m, size = self.MicroBatching(p, batches.pop(), owner)
     specs = self._StateSpecs(cells, state, size)
-    dtype = p.state_dtype or leaves[0].dtype
+    dtype = self.StateDtype(p, leaves[0].dtype)
     with cluster_lib.DeviceScope(self._devices[0]):
       parts = microbatch.Split(
           state.Transform(lambda x: tf.cast(x, dtype)), m, bd)
     return m, specs, parts
 
-  def _CellFn(self, cell):
-    """A PipelineCell as a function of (theta, micro-batch state)."""
+  def _CellFn(self, cell, dtype):
+    """A PipelineCell as a function of (theta, micro-batch state), its
+    floating outputs cast to the state dtype `dtype`."""
+    def _Cast(x):
+      x = tf.convert_to_tensor(x)
+      return tf.cast(x, dtype) if x.dtype.is_floating else x
+
     def _Fn(th, cell_inputs):
-      return self._ToState(cell.fprop(th, *self._FromState(cell_inputs)))
+      out = self._ToState(cell.fprop(th, *self._FromState(cell_inputs)))
+      return out.Transform(_Cast)
     return _Fn
 
   @tf.autograph.experimental.do_not_convert
@@ -526,8 +543,9 @@ class PipeliningLayer(SeqLayer):
       with cluster_lib.DeviceScope(device):
         init_states.append(spec.Transform(
             lambda s: tf.zeros(s.shape, s.dtype)))
-    cell_fns = [lambda th, unused_state, x, fn=self._CellFn(c): fn(th, x)
-                for c in cells]
+    dtype = specs[0].Flatten()[0].dtype
+    cell_fns = [lambda th, unused_state, x, fn=self._CellFn(c, dtype):
+                fn(th, x) for c in cells]
     acc, _ = executor.StackedRecurrent(
         devices, cell_fns, [_StripSeed(c.theta) for c in cells], init_states,
         mb_inputs, step_seed=step_seed, remat=p.remat,
@@ -622,10 +640,11 @@ class PipeliningLayer(SeqLayer):
     m, specs, mb_inputs = self._MicroBatches(cells, inputs)
     with cluster_lib.DeviceScope(self._devices[0]):
       side_parts = microbatch.Split(side_inputs, m, bd)
-    last, last_fn = cells[-1], self._CellFn(cells[-1])
+    dtype = specs[0].Flatten()[0].dtype
+    last, last_fn = cells[-1], self._CellFn(cells[-1], dtype)
     thetas = [_StripSeed(c.theta) for c in cells[:-1]] + [NestedMap(
         cell=_StripSeed(last.theta), loss=_StripSeed(loss.theta))]
-    cell_fns = [self._CellFn(c) for c in cells[:-1]] + [
+    cell_fns = [self._CellFn(c, dtype) for c in cells[:-1]] + [
         lambda th, xs: loss_fn(th.loss, (last_fn(th.cell, xs[0]), xs[1]))]
     template = self._LossTemplate(loss_fn, thetas[-1].loss, specs[-1],
                                   side_parts[0], step_seed)

@@ -195,13 +195,14 @@ class GPipeTransformerStack(gpipe.SplitCells,
     """Per cell, NestedMap(act, act_weights, out, transient) in bytes on one
     micro-batch of inputs [micro_batch, time, dim]: what its backward reads
     (act_bytes), what it keeps with remat 'selective', its outputs (the
-    activations and the paddings passed on) and one layer's act_bytes (the
-    gradients in flight through a layer); see
-    framework/pipeline/memory_estimate.py."""
+    activations and the paddings passed on, in the pipeline's
+    `StateDtype`) and one layer's act_bytes (the gradients in flight
+    through a layer); see framework/pipeline/memory_estimate.py."""
     bounds = cls.Boundaries(p)
     last = len(bounds) - 2
     b, t, d = shapes.AsShape(inputs)
-    size = tf.as_dtype(p.fprop_dtype or p.dtype).size
+    pipe = base_layer.InheritParams(p, p.pipeline_tpl)
+    size = pipe.cls.StateDtype(pipe, base_layer.FPropDtype(p)).size
     layer = base_layer.InheritParams(p, p.transformer_tpl)
     return [NestedMap(
         act=cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],

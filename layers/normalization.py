@@ -24,8 +24,8 @@ def _CheckParams(p, owner):
 def _Meta(cls, p, inputs, flops_per_element, flops_per_row, kept=2):
   """FLOPs, out_shapes and act_bytes: `kept` tensors of the input's size,
   in the compute dtype (float32, or float64), that the backward reads;
-  act_bytes_weights: the input alone (remat_policy 'weights' recomputes the
-  norm from it)."""
+  act_bytes_weights: the input alone, in fprop_dtype (remat_policy
+  'weights' recomputes the norm from it)."""
   cls.CheckParams(p, validation.Owner(p))
   shape = shapes.AsShape(inputs)
   if shape.rank == 0 or (shape[-1] is not None and shape[-1] != p.input_dim):
@@ -35,14 +35,16 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row, kept=2):
   n = shapes.Mul(*shape[:-1])
   flops = shapes.Mul(
       n, flops_per_element * p.input_dim + flops_per_row)
-  size = 8 if tf.as_dtype(p.fprop_dtype or p.dtype) == tf.float64 else 4
+  dtype = base_layer.FPropDtype(p)
+  size = base_layer.AccumulationDtype(dtype).size
   return NestedMap(flops=flops, out_shapes=(shape,),
                    act_bytes=shapes.Mul(kept * size, shape.num_elements()),
-                   act_bytes_weights=shapes.Mul(size, shape.num_elements()))
+                   act_bytes_weights=shapes.Mul(dtype.size,
+                                                shape.num_elements()))
 
 
 def _ComputeDtype(layer):
-  return tf.float64 if layer.fprop_dtype == tf.float64 else tf.float32
+  return base_layer.AccumulationDtype(layer.fprop_dtype)
 
 
 def _NormParams(p):

@@ -32,11 +32,6 @@ _XENT_FLOPS_PER_LOGIT = 6
 _XENT_FLOPS_PER_ROW = 3
 
 
-def _XentDtype(dtype):
-  """The dtype of the loss math for activations of `dtype`."""
-  return tf.float64 if dtype == tf.float64 else tf.float32
-
-
 def _Target(class_ids, num_classes, label_smoothing, dtype):
   """Smoothed one-hot targets, [..., num_classes] of `dtype`."""
   onehot = tf.one_hot(class_ids, num_classes, dtype=dtype)
@@ -61,7 +56,7 @@ def _ChunkedXentFn(label_smoothing):
 
   @tf.custom_gradient
   def _Fn(x_c, w, b, ids_c):
-    dtype = _XentDtype(x_c.dtype)
+    dtype = base_layer.AccumulationDtype(x_c.dtype)
 
     def _Logits(x):                               # [chunk_rows, C]
       return tf.cast(tf.matmul(x, w) + b, dtype)
@@ -205,7 +200,8 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     class_ids = tf.convert_to_tensor(class_ids)
     if class_weights is None:
       class_weights = tf.ones(tf.shape(class_ids))
-    class_weights = tf.cast(class_weights, _XentDtype(inputs.dtype))
+    xent_dtype = base_layer.AccumulationDtype(inputs.dtype)
+    class_weights = tf.cast(class_weights, xent_dtype)
     if not inputs.shape[:-1].is_compatible_with(class_ids.shape):
       raise ValueError(
           f"SimpleFullSoftmax '{self.path}': class_ids shape "
@@ -215,8 +211,8 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     chunk_rows = self._ChunkRows(inputs)
     if chunk_rows is None:
       logits = self.Logits(theta, inputs)
-      xent, log_probs = _Xent(tf.cast(logits, _XentDtype(logits.dtype)),
-                              class_ids, p.label_smoothing)
+      xent, log_probs = _Xent(tf.cast(logits, xent_dtype), class_ids,
+                              p.label_smoothing)
       out.logits = logits
       out.log_probs = log_probs
     else:
@@ -244,8 +240,10 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     out_shapes: ([..., num_classes] logits, [...] per_example_xent).
     act_bytes: what the backward reads: the inputs, and unless chunked
     (softmax_max_alloc) two [N, num_classes] float32 tensors (the logits'
-    softmax and log-softmax); act_bytes_weights: the inputs and the logits
-    (remat_policy 'weights' recomputes the rest from them).
+    log-softmax and the targets); with fprop_dtype other than dtype, the
+    copy of `w` cast to it that the product's gradient reads;
+    act_bytes_weights: the inputs and the logits (remat_policy 'weights'
+    recomputes the rest, the cast copy of `w` too, from them).
     """
     del class_ids, class_weights  # Shapes follow from inputs.
     cls.CheckParams(p, validation.Owner(p))
@@ -260,12 +258,15 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
                _XENT_FLOPS_PER_ROW)
     lead = shape[:-1]
     rows = lead.num_elements()
-    size = tf.as_dtype(p.fprop_dtype or p.dtype).size
+    dtype = base_layer.FPropDtype(p)
+    size = dtype.size
     act = weights = shapes.Mul(rows, p.input_dim * size)
     if not p.softmax_max_alloc:
-      xent_size = _XentDtype(tf.as_dtype(p.fprop_dtype or p.dtype)).size
+      xent_size = base_layer.AccumulationDtype(dtype).size
       act = shapes.Add(act, shapes.Mul(rows, 2 * c * xent_size))
       weights = shapes.Add(weights, shapes.Mul(rows, c * size))
+    if dtype != tf.as_dtype(p.dtype):
+      act = shapes.Add(act, p.input_dim * c * size)
     return NestedMap(flops=shapes.Mul(rows, per_row),
                      out_shapes=(lead + (c,), lead), act_bytes=act,
                      act_bytes_weights=weights)

@@ -150,29 +150,39 @@ class TransformerLayer(base_layer.BaseLayer):
     """Bytes of the tensors the backward of one layer needs kept, inputs
     [b, t, d] (None if b or t is unknown), by remat_policy `policy`.
 
-    'all' (what it reads): 10 b*t*d (the two norms' centred and normalised
-    inputs, q, k, v, the attention context, the two residual sums feeding
-    the norms) + b*h*t*t (the attention probabilities) + b*t*f (the
-    feed-forward activation) elements; in training a residual dropout adds
-    4 b*t*d (the two masks and outputs), an attention dropout 2 b*h*t*t, a
-    feed-forward dropout 2 b*t*f.
+    'all' (what it reads): 4 b*t*d in the norms' compute dtype (float32
+    for bfloat16 too: the two norms' centred and normalised inputs), and in
+    fprop_dtype 6 b*t*d (q, k, v, the attention context, the two norms'
+    outputs) + b*h*t*t (the attention probabilities) + b*t*f (the
+    feed-forward activation); in training a residual dropout adds 2 b*t*d
+    (the two masks; in float32 also the two inputs, which TF's float32
+    Mul gradient reads), an attention dropout 2 b*h*t*t, a feed-forward
+    dropout 2 b*t*f; with fprop_dtype other than dtype, the weights of the
+    six products cast to it (4 d*d + 2 d*f), which their gradients read.
     'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
     output projections) + b*t*f (the first feed-forward product); with a
-    residual dropout in training, the input too (b*t*d).
+    residual dropout in float32 training, b*t*d more (a dropout's input,
+    which TF's float32 Mul gradient reads).
     Held to memory_estimate.SavedBytes of the real gradient by the tests.
     """
     b, t, d = shapes.AsShape(inputs)
     if b is None or t is None:
       return None
+    dtype = base_layer.FPropDtype(p)
+    # TF's Mul gradient has a float32 path that reads both operands.
+    drop = not p.is_inference and p.residual_dropout_prob
+    drop_inputs = drop and dtype == tf.float32
     train = not p.is_inference
     btd, bhtt, btf = b * t * d, b * p.num_heads * t * t, b * t * p.hidden_dim
     if policy == 'weights':
-      n = btd * (6 if train and p.residual_dropout_prob else 5) + btf
-    else:
-      n = (btd * (10 + (4 if train and p.residual_dropout_prob else 0)) +
-           bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
-           btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
-    return n * tf.as_dtype(p.fprop_dtype or p.dtype).size
+      return (btd * (6 if drop_inputs else 5) + btf) * dtype.size
+    n = (btd * (6 + (2 if drop else 0) + (2 if drop_inputs else 0)) +
+         bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
+         btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
+    if dtype != tf.as_dtype(p.dtype):
+      n += 4 * d * d + 2 * d * p.hidden_dim
+    norms = 4 * btd * base_layer.AccumulationDtype(dtype).size
+    return n * dtype.size + norms
 
 
 class GPipeTransformerLayer(TransformerLayer):

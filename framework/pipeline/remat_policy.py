@@ -26,8 +26,9 @@ a product's chain (and not the product itself), that tensor is kept
 instead of the product: the same bytes (fewer after a cast down), and the
 bias add, transpose or activation between them is not recomputed (e.g.
 attention's heads after their transpose, the feed-forward's activation).
-When it needs several, the product is kept and the chain recomputed, so a
-chain never costs more memory than its product.
+When it needs several, or a wider one (a cast up: bfloat16 logits cast to
+float32 for the cross-entropy), the product is kept and the chain
+recomputed, so a chain never costs more memory than its product.
 
 Example:
   kept = KeptTensors(graph, outputs, weights=theta_placeholders,
@@ -131,7 +132,8 @@ def Walk(graph, outputs, weights, policy):
       todo += list(op.inputs)
   kept_refs = {t.ref() for t in kept}
   for ref, (product, needed) in chains.items():
-    if ref in kept_refs or len(needed) > 1:
+    if (ref in kept_refs or len(needed) > 1 or
+        needed[0][0].dtype.size > product.dtype.size):
       # Keep (or already keeping) the product; recompute its chain, whose
       # other inputs are constants and weights.
       if ref not in kept_refs:

@@ -265,6 +265,23 @@ class BaseLayerTest(tf.test.TestCase):
     self.assertEqual(layer.CastToFPropDtype(tf.ones([2], tf.int32)).dtype,
                      tf.int32)
 
+  def testFPropAndAccumulationDtypes(self):
+    p = ScaleLayer.Params()
+    self.assertEqual(base_layer.FPropDtype(p), tf.float32)
+    self.assertEqual(base_layer.FPropDtype(p.Set(fprop_dtype=tf.bfloat16)),
+                     tf.bfloat16)
+    self.assertEqual(base_layer.FPropDtype(p.Set(fprop_dtype=None,
+                                                 dtype=tf.float64)),
+                     tf.float64)
+    for dtype, want in ((tf.bfloat16, tf.float32), (tf.float16, tf.float32),
+                        (tf.float32, tf.float32), (tf.float64, tf.float64)):
+      self.assertEqual(base_layer.AccumulationDtype(dtype), want)
+    # One knob at the top: the children inherit it, variables stay float32.
+    layer = _Build(fprop_dtype=tf.bfloat16)
+    for child in [layer.first] + layer.rest:
+      self.assertEqual(child.fprop_dtype, tf.bfloat16)
+    self.assertEqual({v.dtype for v in layer.vars.Flatten()}, {tf.float32})
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -4,8 +4,10 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import step_seed
+from cadence.layers import gpipe
 from cadence.layers import gpipe_transformer
 from cadence.layers import transformer
 from cadence.tests import test_utils
@@ -19,21 +21,23 @@ def _Tpl(dropout=0.0):
       residual_dropout_prob=dropout)
 
 
-def _Stack(splits, num_micro_batches=1, dropout=0.0, **kwargs):
+def _Stack(splits, num_micro_batches=1, dropout=0.0, tpl=None,
+           schedule='gpipe', **kwargs):
   k = splits if isinstance(splits, int) else len(splits) + 1
   with cluster_lib.Cluster.Params().Set(num_devices=k,
                                         worker_split_size=k).Instantiate():
     p = gpipe_transformer.GPipeTransformerStack.Params().Set(
-        name='stack', num_layers=_LAYERS, transformer_tpl=_Tpl(dropout),
-        splits=splits, **kwargs)
-    p.pipeline_tpl.num_micro_batches = num_micro_batches
+        name='stack', num_layers=_LAYERS,
+        transformer_tpl=tpl or _Tpl(dropout), splits=splits, **kwargs)
+    p.pipeline_tpl.Set(num_micro_batches=num_micro_batches,
+                       schedule=schedule)
     return p.Instantiate()
 
 
-def _Plain(dropout=0.0):
+def _Plain(dropout=0.0, tpl=None, **kwargs):
   return transformer.TransformerStack.Params().Set(
-      name='stack', num_layers=_LAYERS,
-      transformer_tpl=_Tpl(dropout)).Instantiate()
+      name='stack', num_layers=_LAYERS, transformer_tpl=tpl or _Tpl(dropout),
+      **kwargs).Instantiate()
 
 
 def _Inputs():
@@ -54,6 +58,22 @@ def _LossAndGrads(layer, fprop):
 
   out, grads = test_utils.LossAndGrads(_Loss, layer.vars.Flatten() + [x])
   return out + grads
+
+
+def _FPropLossAndGrads(stack):
+  """(loss, gradients of the variables and inputs) of a float32 loss on
+  the stack's outputs through FPropLoss (any schedule)."""
+  x, pads = _Inputs()
+  w = tf.random.stateless_normal(x.shape, [3, 4])
+  loss = gpipe.PipelineCell(
+      fprop=lambda th, out, side: NestedMap(
+          loss=tf.reduce_sum(tf.cast(out, tf.float32) * side.w)),
+      theta=NestedMap(), meta=None)
+
+  def _Loss():
+    return stack.FPropLoss(stack.theta, x, pads, loss, NestedMap(w=w)).loss
+
+  return test_utils.LossAndGrads(_Loss, stack.vars.Flatten() + [x])
 
 
 class GPipeTransformerStackTest(tf.test.TestCase):
@@ -108,6 +128,73 @@ class GPipeTransformerStackTest(tf.test.TestCase):
     got = _LossAndGrads(stack, _Pipelined)
     for w, g in zip(want, got):
       self.assertAllClose(w, g, atol=1e-5, rtol=1e-5)
+
+  def testBfloat16PipelineEqualsPlainBfloat16(self):
+    # One knob, the stack's fprop_dtype: its layers compute in bfloat16
+    # from float32 variables, the pipeline passes bfloat16 between its
+    # stages (half the bytes), the weight gradients come back float32 and
+    # each stage sums its micro-batches' in float32. GELU, not ReLU: see
+    # transformer_test (a ReLU's kink).
+    tpl = _Tpl().Set(activation='GELU')
+    loss32, _ = _FPropLossAndGrads(_Plain(tpl=tpl))
+    loss16, want = _FPropLossAndGrads(_Plain(tpl=tpl,
+                                             fprop_dtype=tf.bfloat16))
+    self.assertEqual(loss16.dtype, tf.float32)
+    scale = max(np.abs(g).max() for g in want)
+    for schedule in ('gpipe', '1f1b'):
+      for k, m in ((1, 1), (1, 4), (2, 1), (2, 4)):
+        stack = _Stack(k, m, tpl=tpl, schedule=schedule,
+                       fprop_dtype=tf.bfloat16)
+        self.assertEqual(gpipe.PipeliningLayer.StateDtype(
+            stack.pipeline.params), tf.bfloat16)
+        self.assertEqual({v.dtype for v in stack.vars.Flatten()},
+                         {tf.float32})
+        loss, grads = _FPropLossAndGrads(stack)
+        with self.subTest(schedule=schedule, k=k, m=m):
+          # The same bfloat16 forward (measured: equal to 5e-7), far from
+          # float32's (loss32 differs by 0.14).
+          self.assertAllClose(loss16, loss, rtol=1e-5)
+          self.assertGreater(abs(loss32 - loss16), 100 * abs(loss - loss16))
+          for g, w in zip(grads, want):
+            self.assertEqual(g.dtype, tf.float32)
+            # Each micro-batch's weight gradient is a bfloat16 product,
+            # rounded (2^-9 relative at most) before the float32 sum; the
+            # whole batch's is rounded once. Those roundings, of parts
+            # that may cancel, differ by about a bfloat16 spacing (2^-7)
+            # of the largest gradient (measured: up to 0.6%; bfloat16
+            # from float32: 5.6%).
+            self.assertAllClose(w, g, atol=2**-6 * scale, rtol=0)
+        if schedule == 'gpipe':   # Its outputs: the last stage's state.
+          out = stack.FProp(stack.theta, *_Inputs())
+          self.assertEqual(out.dtype, tf.bfloat16)
+
+  def testStateDtype(self):
+    pipe = gpipe.PipeliningLayer.Params()
+    self.assertEqual(gpipe.PipeliningLayer.StateDtype(pipe, tf.float32),
+                     tf.float32)
+    pipe.fprop_dtype = tf.bfloat16   # Inherited from the stack, e.g.
+    self.assertEqual(gpipe.PipeliningLayer.StateDtype(pipe, tf.float32),
+                     tf.bfloat16)
+    pipe.state_dtype = tf.float32    # Set: wins.
+    self.assertEqual(gpipe.PipeliningLayer.StateDtype(pipe, tf.bfloat16),
+                     tf.float32)
+    # A float32 stack passing bfloat16 between its stages: the cells'
+    # outputs are cast to it; the stage boundary rounds (2^-9 relative).
+    plain = _Plain()
+    stack = _Stack(2, 4, pipeline_tpl=gpipe.PipeliningLayer.Params().Set(
+        state_dtype=tf.bfloat16))
+    x, pads = _Inputs()
+    out = stack.FProp(stack.theta, x, pads)
+    self.assertEqual(out.dtype, tf.bfloat16)
+    self.assertAllClose(plain.FProp(plain.theta, x, pads),
+                        tf.cast(out, tf.float32), atol=0.05)
+    # Its memory estimate counts 2-byte outputs (activations and paddings).
+    p = stack.params.Copy()
+    b, t = _BATCH // 4, _TIME
+    for want, state_dtype in ((2, tf.bfloat16), (4, None)):
+      p.pipeline_tpl.state_dtype = state_dtype
+      cells = p.cls.CellMemory(p, shapes.Shape([b, t, _DIM]))
+      self.assertEqual([c.out for c in cells], [want * b * t * (_DIM + 1)] * 2)
 
   def testInferenceOnOneDeviceRunsSequentially(self):
     plain = _Plain()

@@ -101,6 +101,32 @@ class XlaStepTest(tf.test.TestCase):
       self.assertAllClose(tf.convert_to_tensor(g), tf.convert_to_tensor(w),
                           rtol=1e-4, atol=1e-6, msg=path)
 
+  def testPipelinedBfloat16StepCompiles(self):
+    # TPU users train in bfloat16: the pipelined step (2 cells on one
+    # device, 2 micro-batches) with task.fprop_dtype=bfloat16 compiles, and
+    # one pass equals the uncompiled one within bfloat16's rounding: XLA on
+    # CPU computes bfloat16 element-wise ops in float32 and rounds once per
+    # fusion, TF rounds after each op (measured: loss 8e-4, gradients 0.5%
+    # of the largest apart).
+    p = _Params(splits=2)
+    p.task.fprop_dtype = tf.bfloat16
+    program = programs.TrainProgram(p.Instantiate().task, self._Dir(),
+                                    peak_flops=1e12)
+    batch = next(iter(program._ReplicaBatches(0)))  # pylint: disable=protected-access
+    step = tf.constant(0, tf.int64)
+    fn = functools.partial(program._Forward, local=0)  # pylint: disable=protected-access
+    want = tf.function(fn, autograph=False)(batch, step, 0)
+    got = tf.function(fn, jit_compile=True, autograph=False)(batch, step, 0)
+    self.assertEqual(got.loss.dtype, tf.float32)
+    self.assertAllClose(got.loss, want.loss, atol=0.01)
+    dense = lambda grads: [tf.convert_to_tensor(g) for g in grads]
+    want_grads = dense(want.grads)
+    scale = max(np.abs(g).max() for g in want_grads)
+    for g, w, (path, _) in zip(dense(got.grads), want_grads,
+                               program.learner.trainable):
+      self.assertEqual(g.dtype, tf.float32)
+      self.assertAllClose(g, w, atol=2**-5 * scale, rtol=0, msg=path)
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -74,6 +74,37 @@ class ActBytesTest(tf.test.TestCase):
                           tf.TensorSpec([4, 8], tf.int32)],
                sm.cls.FPropMeta(sm, shapes.Shape([4, 8, 128])), rtol=0.04)
 
+  def testBfloat16(self):
+    # Activations of 2 bytes; a norm's statistics and the cross-entropy in
+    # float32; the weights cast to bfloat16 for the products (their
+    # gradients read the cast copies).
+    bf16 = dict(fprop_dtype=tf.bfloat16)
+    for (b, t, d, h, f), drops in [((4, 8, 16, 2, 32), (0, 0, 0)),
+                                   ((2, 12, 24, 4, 40), (0.1, 0.1, 0.1))]:
+      p = transformer.TransformerLayer.Params().Set(
+          name='x', input_dim=d, hidden_dim=f, num_heads=h,
+          mask_self_atten=True, residual_dropout_prob=drops[0],
+          atten_dropout_prob=drops[1], relu_dropout_prob=drops[2], **bf16)
+      with self.subTest(shape=(b, t, d, h, f), drops=drops):
+        _Check(self, p, [tf.TensorSpec([b, t, d], tf.bfloat16)],
+               p.cls.FPropMeta(p, shapes.Shape([b, t, d])))
+    p.is_inference = True
+    self.assertEqual(
+        2 * (6 * b * t * d + b * h * t * t + b * t * f + 4 * d * d +
+             2 * d * f) + 4 * 4 * b * t * d,
+        p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
+    ln = normalization.LayerNorm.Params().Set(name='ln', input_dim=64, **bf16)
+    _Check(self, ln, [tf.TensorSpec([4, 8, 64], tf.bfloat16)],
+           ln.cls.FPropMeta(ln, shapes.Shape([4, 8, 64])))
+    for max_alloc in (0, 256):
+      sm = softmax.SimpleFullSoftmax.Params().Set(
+          name='sm', input_dim=128, num_classes=64,
+          softmax_max_alloc=max_alloc, **bf16)
+      with self.subTest(max_alloc=max_alloc):
+        _Check(self, sm, [tf.TensorSpec([4, 8, 128], tf.bfloat16),
+                          tf.TensorSpec([4, 8], tf.int32)],
+               sm.cls.FPropMeta(sm, shapes.Shape([4, 8, 128])), rtol=0.04)
+
   def testUnknownBatch(self):
     p = transformer.TransformerLayer.Params().Set(
         name='x', input_dim=8, hidden_dim=16, num_heads=2)
