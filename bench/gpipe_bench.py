@@ -6,12 +6,15 @@ cross-entropy; batch 32 x seq 64. One training step = forward + backward +
 SGD update, compiled with tf.function.
 
   unpipelined: transformer.TransformerStack on /device:CPU:0;
-  pipelined:   gpipe_transformer.GPipeTransformerStack with `splits`=K cells
-               on K logical CPUs and M micro-batches, for each variant
-               schedule:remat of --variants (schedule 'gpipe' or '1f1b': with
-               1f1b the softmax and cross-entropy of each micro-batch run
-               inside the pipeline, GPipeTransformerStack.FPropLoss; remat as
-               PipeliningLayer.remat).
+  pipelined:   gpipe_transformer.GPipeTransformerStack on K logical CPUs
+               with K x v stages (`splits`=K, stages_per_device v) and M
+               micro-batches, for each variant schedule:remat[:v<N>] of
+               --variants: any registered schedule (framework/pipeline/
+               schedules.py; all but GPipe run the softmax and
+               cross-entropy of each micro-batch inside the pipeline,
+               PipeliningLayer.FPropLoss), remat as PipeliningLayer.remat.
+               A size a schedule does not allow (interleaved: M a multiple
+               of K) prints n/a.
 
 Both start from the same weights (identical variable paths). The script
 configures 4 logical CPUs at start; they share this machine's cores, so the
@@ -19,8 +22,8 @@ table measures the pipeline's overhead, not a speed-up. Each configuration
 is warmed up, then timed in interleaved rounds; the tables give the median
 step time as a ratio to the unpipelined median, wall-clock and CPU time of
 the process (the latter is less sensitive to other load on a shared
-machine). Target: every cell <= 1.25x. Lingvo 0.14.2's GPipe on this
-machine: 7x at K=1, M=4; 11x at K=2, M=8.
+machine). Lingvo 0.14.2's GPipe on this machine: 7x at K=1, M=4; 11x at
+K=2, M=8.
 
 Micro-batching alone has a cost on a CPU (M smaller matrix products, M
 times the per-op overhead): 'accumulated' is the unpipelined model
@@ -30,14 +33,17 @@ by that row and by pipelined / accumulated, the pipeline's own cost.
 
 Then one step of each pipelined configuration (rebuilt with trace_actions,
 so that the profile names each op's action) runs under the TF profiler
-(framework/pipeline/timeline.py): the measured bubble (idle share of the
-devices' time between the first and the last pipeline action) next to the
-ideal, the bubble of the schedule's action lists when every action takes the
-same time ((K-1)/(M+K-1) for GPipe and 1F1B).
+(framework/pipeline/timeline.py): its measured bubble (idle share of the
+devices' time between the first and the last pipeline action) next to (a)
+the bubble its paper gives when F, B and W take the same time
+(schedules.FormulaBubble), (b) the bubble of its own action lists simulated
+with the time each action took in that step (schedules.Simulate: what the
+planner predicts from), (c) the same at unit times.
 
 Run:
   .venv/bin/python bench/gpipe_bench.py [--rounds 5]
-      [--variants gpipe:except_last,1f1b:never] [--backward_window 1|2|None]
+      [--variants gpipe:except_last,1f1b:never,zb_h1:never,zb_v:never:v2,
+       interleaved_1f1b:never:v2] [--backward_window 1|2|None]
 """
 import argparse
 import collections
@@ -57,6 +63,7 @@ from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import nested_map
 from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import schedules
 from cadence.framework.pipeline import timeline as timeline_lib
 from cadence.framework import shapes
 from cadence.framework import step_seed
@@ -125,8 +132,8 @@ class _Model(tf.Module):
     applies; SGD has no slots.
 
     Returns:
-      (per stage its peak bytes (StageMemory), all stages together at the
-      step's worst moment (SharedMemory)).
+      (per device its peak bytes (DeviceMemory: its stages together), all
+      stages together at the step's worst moment (SharedMemory)).
     """
     p = lm_model.LanguageModel.Params().Set(
         name='lm', vocab_size=VOCAB, model_dim=DIM,
@@ -134,10 +141,16 @@ class _Model(tf.Module):
     memory = lm_model.LanguageModel.FPropMeta(p, nested_map.NestedMap(
         ids=shapes.Shape([BATCH, SEQ]))).memory
     k = len(memory.cells)
-    params = [0] * k
-    for index, n in self.DeviceBytes().items():
-      params[index if k > 1 else 0] += n
-    return ([s.total for s in memory_estimate.StageMemory(
+    devices = self.DeviceBytes()
+    stage_devices = [0] * k
+    if memory.schedule is not None:
+      memory.num_devices = len(devices)
+      stage_devices = schedules.StageDevices(
+          memory.schedule, k, len(devices), memory.schedule_table or None)
+    params = [0] * k   # A device's variables in its first stage.
+    for index, n in devices.items():
+      params[stage_devices.index(index)] += n
+    return ([s.total for s in memory_estimate.DeviceMemory(
         memory, params, [0] * k)],
             memory_estimate.SharedMemory(memory, params, [0] * k).total)
 
@@ -211,10 +224,27 @@ class _Model(tf.Module):
 
 
 def Overrides(variant, window):
-  """PipeliningLayer settings of a 'schedule:remat[:traced]' variant."""
-  schedule, remat, *traced = variant.split(':')
+  """PipeliningLayer settings of a 'schedule:remat[:v<N>][:traced]' variant
+  (v<N>: N stages per device, e.g. zb_v:never:v2 or
+  interleaved_1f1b:never:v2)."""
+  schedule, remat, *rest = variant.split(':')
+  v = [int(r[1:]) for r in rest if r.startswith('v')]
   return dict(schedule=schedule, remat=remat, backward_window=window,
-              trace_actions=traced == ['traced'])
+              trace_actions='traced' in rest,
+              stages_per_device=v[0] if v else 1)
+
+
+def _Built(k, m, overrides, batch):
+  """The model of K devices, traced and warmed up; None when its schedule
+  does not allow (K, M): the tables print n/a."""
+  try:
+    model = _Model(k, m, **overrides)
+    for s in range(2):
+      model.Step(*batch, tf.constant(s, tf.int64))
+  except ValueError as e:
+    print(f'  {overrides["schedule"]} K={k} M={m}: n/a: {e}', flush=True)
+    return None
+  return model
 
 
 def _Table(title, table, base, variants):
@@ -225,6 +255,9 @@ def _Table(title, table, base, variants):
     for k in (1, 2, 4):
       cells = []
       for m in (1, 4, 8):
+        if not table.get((variant, k, m)):
+          cells.append('n/a')
+          continue
         t = statistics.median(table[(variant, k, m)])
         cells.append(f'{t / base:6.2f}x ({t * 1000:4.0f})')
       print(f'{variant:>13} K={k}' + ''.join(f'{c:>16}' for c in cells))
@@ -248,23 +281,19 @@ def main():
 
   ids = tf.random.stateless_uniform([BATCH, SEQ], [1, 2], maxval=VOCAB,
                                     dtype=tf.int32)
-  labels = tf.roll(ids, -1, axis=1)
-  paddings = tf.zeros([BATCH, SEQ])
+  batch = (ids, tf.roll(ids, -1, axis=1), tf.zeros([BATCH, SEQ]))
   configs = [('plain', None, 1), ('accumulated', None, 4),
              ('accumulated', None, 8)] + [
       (v, k, m) for v in variants for k in (1, 2, 4) for m in (1, 4, 8)]
   models = {}
   for cfg in configs:
     variant, k, m = cfg
-    overrides = {}
-    if k:
-      overrides = Overrides(variant, window)
-    models[cfg] = _Model(k, m, **overrides)
     t0 = time.perf_counter()
-    for s in range(2):   # Trace and warm up.
-      models[cfg].Step(ids, labels, paddings, tf.constant(s, tf.int64))
+    models[cfg] = _Built(k, m, Overrides(variant, window) if k else {},
+                         batch)
     print(f'built {cfg}: warm-up {time.perf_counter() - t0:.1f} s',
           flush=True)
+  configs = [cfg for cfg in configs if models[cfg] is not None]
   times = {cfg: [] for cfg in configs}
   cpu = {cfg: [] for cfg in configs}
   for _ in range(args.rounds):
@@ -273,7 +302,7 @@ def main():
       t0 = time.perf_counter()
       c0 = time.process_time()
       for s in range(args.steps):
-        float(step(ids, labels, paddings, tf.constant(s, tf.int64)))
+        float(step(*batch, tf.constant(s, tf.int64)))
       times[cfg].append((time.perf_counter() - t0) / args.steps)
       cpu[cfg].append((time.process_time() - c0) / args.steps)
   print(f'\n{args.rounds} rounds x {args.steps} steps; medians; '
@@ -289,11 +318,20 @@ def main():
     for variant in variants:
       for k in (1, 2, 4):
         print(f'{variant:>13} K={k}' + ''.join(
-            f'{statistics.median(table[(variant, k, m)]) / base / floor[m]:9.2f}x'
-            + ' ' * 7 for m in (1, 4, 8)))
-  print('\nbubble of one profiled step: measured (ideal: the schedule\'s '
-        'actions at equal times)')
-  print(f'{"":18}' + ''.join(f'{"M=" + str(m):>16}' for m in (1, 4, 8)))
+            (f'{statistics.median(table[(variant, k, m)]) / base / floor[m]:9.2f}x'
+             if table.get((variant, k, m)) else f'{"n/a":>10}') + ' ' * 7
+            for m in (1, 4, 8)))
+  _Bubbles(variants, window, batch)
+
+
+def _Bubbles(variants, window, batch):
+  """One profiled step per configuration: its measured bubble next to (a)
+  its paper's formula (F = B = W), (b) its action lists simulated with the
+  times each action took in that step, (c) simulated at unit times."""
+  print('\nbubble of one profiled step: measured / formula / simulated at the '
+        'measured action times / simulated at unit times')
+  print(f'{"":18}' + ''.join(f'{"M=" + str(m):>26}' for m in (1, 4, 8)))
+  gaps = []
   for variant in variants:
     for k in (1, 2, 4):
       cells = []
@@ -301,17 +339,29 @@ def main():
         # The cells inlined per call, so that the profile names each op's
         # action (trace_actions).
         overrides = dict(Overrides(variant, window), trace_actions=True)
-        step = _Model(k, m, **overrides).Step
-        float(step(ids, labels, paddings, tf.constant(0, tf.int64)))
-        ops = timeline_lib.ProfileOps(lambda: float(step(  # pylint: disable=cell-var-from-loop
-            ids, labels, paddings, tf.constant(0, tf.int64))))
+        model = _Built(k, m, overrides, batch)
+        if model is None:
+          cells.append('n/a')
+          continue
+        ops = timeline_lib.ProfileOps(lambda: float(model.Step(  # pylint: disable=cell-var-from-loop
+            *batch, tf.constant(0, tf.int64))))
         devices = [f'/device:CPU:{i}' for i in range(k)]
         timeline = timeline_lib.Timeline(ops, devices,
                                          schedule=overrides['schedule'])
-        cells.append(f'{timeline.measured_bubble:.2f} '
-                     f'({timeline.ideal_bubble:.2f})')
-      print(f'{variant:>13} K={k}' + ''.join(f'{c:>16}' for c in cells),
+        plan = timeline.schedule
+        spans = timeline.actions
+        simulated = plan.Bubble(
+            cost=lambda a: spans[a][1] - spans[a][0] if a in spans else 0.0)  # pylint: disable=cell-var-from-loop
+        formula = schedules.FormulaBubble(plan.name, plan.num_stages, k, m)
+        gaps.append(abs(timeline.measured_bubble - simulated))
+        cells.append(f'{timeline.measured_bubble:.2f}/'
+                     f'{"-" if formula is None else f"{formula:.2f}"}/'
+                     f'{simulated:.2f}/{plan.Bubble():.2f}')
+      print(f'{variant:>13} K={k}' + ''.join(f'{c:>26}' for c in cells),
             flush=True)
+  if gaps:
+    print(f'|measured - simulated at measured times|: median '
+          f'{statistics.median(gaps):.3f}, worst {max(gaps):.3f}')
 
 
 if __name__ == '__main__':

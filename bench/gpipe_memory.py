@@ -3,7 +3,8 @@ and estimated.
 
 The model of bench/gpipe_bench.py (d 256, 4 heads, ff 1024, seq 64, batch
 32, vocab 1024) with L = 4, 8, 16, 32 layers, plain and pipelined (K cells,
-M micro-batches, each --variants schedule:remat). Each configuration runs in
+M micro-batches, each --variants schedule:remat[:v<N>], as
+gpipe_bench.py's). Each configuration runs in
 a fresh subprocess: build, 3 training steps (forward + backward + SGD, one
 tf.function), then
 
@@ -40,7 +41,8 @@ well.
 Run:
   .venv/bin/python bench/gpipe_memory.py
       [--layers 4,8,16,32] [--splits 1,2,4] [--micro_batches 8]
-      [--variants gpipe:except_last,1f1b:never] [--backward_window 1]
+      [--variants gpipe:except_last,1f1b:never,zb_h1:never,zb_v:never:v2]
+      [--backward_window 1]
       [--per_device] [--tiny_lm]
 """
 import argparse
@@ -101,8 +103,7 @@ from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import memory_profile
 params = model_registry.GetParams(
     'lm.one_billion_wds.OneBWdsGPipeTransformerTiny', 'Train')
-params.task.stack_tpl.pipeline_tpl.Set(schedule={schedule!r},
-                                       remat={remat!r})
+params.task.stack_tpl.pipeline_tpl.Set(**{overrides!r})
 if {per_device}:
   params = inspect_pipeline.TraceActions(params)
 with cluster_lib.Cluster.Params().Set(num_devices=2,
@@ -123,7 +124,8 @@ with cluster_lib.Cluster.Params().Set(num_devices=2,
     devices = {{d: b / 2**20 for d, b in memory_profile.DeviceTotals(
         memory_profile.DevicePeaks(lambda: Step(3), placement),
         variables).items()}}
-  stages = [s.total for s in inspect_lib.TaskStages(task)]
+  stages = [s.total for s in inspect_lib.TaskStages(
+      task, memory_estimate.DeviceMemory)]
   shared = inspect_lib.TaskStages(task, memory_estimate.SharedMemory).total
 print(json.dumps(dict(
     tensor_mib=tensor / 2**20, estimate_mib=shared / 2**20,
@@ -213,9 +215,9 @@ def main():
         f'{table[(name, n)]["estimate_mib"] / table[(name, n)]["tensor_mib"]:8.2f}'
         for n in depths))
   if args.per_device:
-    print('\nper device: estimate (StageMemory) / measured (the allocator\'s '
-          'events of the step on that device + its variables), stage 0..K-1;'
-          ' [MiB unattributed]')
+    print('\nper device: estimate (DeviceMemory: its stages together) / '
+          'measured (the allocator\'s events of the step on that device + its '
+          'variables), device 0..K-1; [MiB unattributed]')
     for name, _, _, _ in models:
       cells = []
       for n in depths:
@@ -248,8 +250,9 @@ def main():
   if args.tiny_lm:
     print('\nTiny LM (Adam, K=2, M=4), MiB: measured tensor peak, estimate')
     for variant in args.variants.split(','):
-      schedule, remat = variant.split(':')[:2]
-      r = _Run(_TINY_LM.format(schedule=schedule, remat=remat,
+      overrides = gpipe_bench.Overrides(variant, window)
+      overrides.pop('trace_actions')
+      r = _Run(_TINY_LM.format(overrides=overrides,
                                per_device=args.per_device))
       per = ''
       if args.per_device:

@@ -86,6 +86,7 @@ FeatureExtractionLayer = combinators.FeatureExtractionLayer
 PartitionSequentialLayers = gpipe_partition.PartitionSequentialLayers
 BalancedPartition = gpipe_partition.BalancedPartition
 SplitBoundaries = gpipe_partition.SplitBoundaries
+StageSplits = gpipe_partition.StageSplits
 SplitCells = gpipe_partition.SplitCells
 
 # A cell handed to `PipeliningLayer.FPropCells`:
@@ -335,6 +336,14 @@ class PipeliningLayer(SeqLayer):
              'backwards start before the forward ends (e.g. 1F1B: each cell '
              'holds at most K micro-batches of activations) runs the loss '
              'inside the pipeline: the owner calls FPropLoss.')
+    p.Define('stages_per_device', 1, 'v: pipeline stages per device '
+             '(interleaved_1f1b: v >= 1, zb_v: 2). A layer that cuts its own '
+             'cells (GPipeTransformerStack, ResNet) cuts its `splits` K '
+             'into K * v stages; with cell_tpl, give K * v cells.')
+    p.Define('schedule_table', '', "With schedule='table': the action lists "
+             'as text, one line per device, e.g. "F0:0 F0:1 B0:0 B0:1" '
+             '(kind F, B or W, stage:micro_batch; W splits the backward); '
+             'checked before the first step.')
     return p
 
   def __init__(self, params):
@@ -351,6 +360,14 @@ class PipeliningLayer(SeqLayer):
     validation.CheckInt(owner, 'batch_dim', p.batch_dim, low=0)
     validation.CheckOneOf(owner, 'remat', p.remat, executor.REMAT_MODES)
     validation.CheckOneOf(owner, 'schedule', p.schedule, schedules.Names())
+    validation.CheckInt(owner, 'stages_per_device', p.stages_per_device,
+                        low=1)
+    if p.schedule == schedules.TABLE:
+      try:
+        schedules.LossInside(p.schedule, p.schedule_table)
+      except ValueError as e:
+        raise validation.Error(owner, 'schedule_table', p.schedule_table,
+                               str(e).split(': ', 1)[-1]) from None
     validation.CheckOptionalInt(owner, 'backward_window', p.backward_window)
     validation.CheckBool(owner, 'nested_map_fprop', p.nested_map_fprop)
     validation.CheckBool(owner, 'trace_actions', p.trace_actions)
@@ -361,9 +378,27 @@ class PipeliningLayer(SeqLayer):
   def StageDevices(self, num_cells):
     """The device of each of `num_cells` cells, as `schedule` places its
     stages on the D devices of the model split (most: cell i on device
-    i % D)."""
-    return [self._devices[d] for d in schedules.StageDevices(
-        self.params.schedule, num_cells, len(self._devices))]
+    i % D; zb_v: a V)."""
+    p = self.params
+    try:
+      placed = schedules.StageDevices(p.schedule, num_cells,
+                                      len(self._devices), p.schedule_table)
+    except ValueError as e:
+      raise validation.Error(validation.Owner(self), 'schedule', p.schedule,
+                             f'with {num_cells} cells on {len(self._devices)} '
+                             f'device(s): {e}') from None
+    return [self._devices[d] for d in placed]
+
+  def CheckNumCells(self, num_cells):
+    """SeqLayer's check, then `stages_per_device`: v > 1 needs K = D * v
+    cells (v per device), and the schedule's placement must fit."""
+    super().CheckNumCells(num_cells)
+    d, v = len(self._devices), self.params.stages_per_device
+    if v > 1 and num_cells != d * v:
+      raise validation.Error(
+          validation.Owner(self), 'stages_per_device', v,
+          f'needs {d} devices x {v} = {d * v} cells; got {num_cells}.')
+    self.StageDevices(num_cells)
 
   @classmethod
   def MicroBatching(cls, p, batch, owner=None):
@@ -374,6 +409,29 @@ class PipeliningLayer(SeqLayer):
     return microbatch.Count(owner or validation.Owner(p), batch,
                             p.num_micro_batches, p.micro_batch_size,
                             p.batch_dim)
+
+  @classmethod
+  def MemoryMeta(cls, p, num_micro_batches, cells):
+    """What memory_estimate needs of this pipeline and its K `cells`
+    (NestedMaps of bytes, see memory_estimate.Moments): the schedule,
+    remat, M, backward_window, the devices (K / stages_per_device, or the
+    table's lines) and a table's text."""
+    devices = len(cells) // p.stages_per_device
+    if p.schedule == schedules.TABLE:
+      devices = len(schedules.ParseTable(p.schedule_table))
+    try:   # Checked here, before anything is built.
+      schedules.Build(p.schedule, len(cells), devices, num_micro_batches,
+                      table=p.schedule_table)
+    except ValueError as e:
+      field = 'schedule_table' if p.schedule == schedules.TABLE else 'schedule'
+      raise validation.Error(validation.Owner(p), field, p.Get(field),
+                             f'with {len(cells)} stages, {devices} devices '
+                             f'and {num_micro_batches} micro-batches: {e}'
+                             ) from None
+    return NestedMap(schedule=p.schedule, remat=p.remat,
+                     num_micro_batches=num_micro_batches,
+                     backward_window=p.backward_window, num_devices=devices,
+                     schedule_table=p.schedule_table, cells=cells)
 
   @classmethod
   def CheckBatch(cls, p, input_shapes, owner=None):
@@ -530,7 +588,7 @@ class PipeliningLayer(SeqLayer):
     if p.is_inference and len(self._devices) == 1:
       return self._Sequential(cells, inputs, step_seed)
     schedule = p.schedule if not p.is_inference else schedules.DEFAULT
-    if schedules.LossInside(schedule):
+    if schedules.LossInside(schedule, p.schedule_table):
       raise ValueError(
           f'{validation.Owner(self)}: schedule={p.schedule!r} runs each '
           "micro-batch's backward inside the pipeline, so it needs the "
@@ -550,7 +608,8 @@ class PipeliningLayer(SeqLayer):
         devices, cell_fns, [_StripSeed(c.theta) for c in cells], init_states,
         mb_inputs, step_seed=step_seed, remat=p.remat,
         backward_window=p.backward_window, name=self.path,
-        trace_actions=p.trace_actions, schedule=schedule)
+        trace_actions=p.trace_actions, schedule=schedule,
+        schedule_table=p.schedule_table)
     with cluster_lib.DeviceScope(devices[-1]):
       out = microbatch.Concat(acc, p.batch_dim)
     return self._Outputs(out)
@@ -621,7 +680,8 @@ class PipeliningLayer(SeqLayer):
     bd = p.batch_dim
     loss_fn = self._LossFn(loss)
     last_device = self.CellDevice(len(cells) - 1, len(cells))
-    if p.is_inference or not schedules.LossInside(p.schedule):
+    if p.is_inference or not schedules.LossInside(p.schedule,
+                                                  p.schedule_table):
       outputs = self._ToState(self.FPropCells(cells, *inputs,
                                               step_seed=step_seed))
 
@@ -652,7 +712,8 @@ class PipeliningLayer(SeqLayer):
         self.StageDevices(len(cells)), cell_fns, thetas,
         specs[:-1] + [template], mb_inputs, side_parts, step_seed=step_seed,
         schedule=p.schedule, remat=p.remat, name=self.path,
-        trace_actions=p.trace_actions, backward_window=p.backward_window)
+        trace_actions=p.trace_actions, backward_window=p.backward_window,
+        schedule_table=p.schedule_table)
     with cluster_lib.DeviceScope(last_device):
       out = self._Combine([per_step.Transform(lambda x, j=j: x[j])
                            for j in range(m)])

@@ -107,6 +107,15 @@ def SplitBoundaries(owner, splits, costs, items, int_rule):
       f'increasing {items} indices in (0, {n}), e.g. [{n // 2}].')
 
 
+def StageSplits(splits, pipeline_params):
+  """`splits` of a layer that cuts its own cells, as the pipeline's stages:
+  an int K is K * stages_per_device (v stages on each device); a list of
+  boundaries gives the stages itself. pipeline_params may be None (no
+  pipeline)."""
+  v = pipeline_params.stages_per_device if pipeline_params else 1
+  return splits * v if validation.IsInt(splits) else splits
+
+
 class SplitCells:
   """Mixin of a layer whose items are cut into pipeline cells: it sets
   `self._bounds` (SplitBoundaries) when it builds them.

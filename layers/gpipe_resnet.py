@@ -182,12 +182,13 @@ class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
     """The K + 1 unit boundaries [0, b_1, ..., U] that `splits` defines
     (an int K: K cells of near-equal FLOPs on one image)."""
     n = len(cls.UnitParams(p))
+    splits = gpipe.StageSplits(p.splits, p.pipeline_tpl)
     costs = [1] * n
-    if validation.IsInt(p.splits) and 1 <= p.splits <= n:
+    if validation.IsInt(splits) and 1 <= splits <= n:
       one = Shape([1] + list(p.image_size) + [p.input_dim])
       costs = [m.flops for m in cls.UnitMetas(p, one)]
     return gpipe.SplitBoundaries(
-        validation.Owner(p), p.splits, costs, 'unit',
+        validation.Owner(p), splits, costs, 'unit',
         f'must be in [1, {n}] (the stem, the blocks and the head).')
 
   # --- construction ------------------------------------------------------------

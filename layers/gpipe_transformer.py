@@ -68,9 +68,12 @@ class GPipeTransformerStack(gpipe.SplitCells,
   def Boundaries(cls, p):
     """The K + 1 layer boundaries [0, b_1, ..., L] that `splits` defines."""
     n = p.num_layers
+    v = p.pipeline_tpl.stages_per_device
     return gpipe.SplitBoundaries(
-        validation.Owner(p), p.splits, [1] * n, 'layer',
-        f'must be in [1, num_layers={n}]; each cell needs a layer.')
+        validation.Owner(p), gpipe.StageSplits(p.splits, p.pipeline_tpl),
+        [1] * n, 'layer', f'must be in [1, num_layers={n}]'
+        + (f' / stages_per_device={v}' if v > 1 else '')
+        + '; each cell needs a layer.')
 
   @classmethod
   def CheckStackParams(cls, p, owner):

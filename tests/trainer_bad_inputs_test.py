@@ -232,7 +232,27 @@ _MODEL = [
     BadInput('schedule_case',
              _Lm(f'--model_params_override={_PIPE}.schedule=1F1B'),
              rf"\(params '{_PIPE}'\): schedule='1F1B' must be one of "
-             r"'gpipe', '1f1b'\. Did you mean '1f1b'\?"),
+             r"'gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v', 'table'\. "
+             r"Did you mean '1f1b'\?"),
+    BadInput('schedule_zb_v_one_stage_per_device',
+             _Lm(f'--model_params_override={_PIPE}.schedule=zb_v'),
+             rf"\(params '{_PIPE}'\): schedule='zb_v' with 2 stages, 2 "
+             r"devices and 4 micro-batches: Schedule 'zb_v': a V places 2 "
+             r'stages per device: num_stages=2 must be 2 x num_devices=2 '
+             r'\(on a PipeliningLayer: stages_per_device=2\)\.$'),
+    BadInput('schedule_table_unfinished',
+             _Lm(f'--model_params_override={_PIPE}.schedule=table;'
+                 f"{_PIPE}.schedule_table='F0:0 F0:1 F0:2 F0:3 B0:0 B0:1 "
+                 "B0:2 B0:3 | F1:0 B1:0 F1:1 B1:1 F1:2 B1:2 F1:3'"),
+             rf"\(params '{_PIPE}'\): schedule_table='.*' with 2 stages, 2 "
+             r"devices and 4 micro-batches: Schedule 'table', device 1: "
+             r'micro-batch 3 never finishes stage 1: B\(1, 3\) is missing\.$'),
+    BadInput('schedule_table_not_an_action',
+             _Lm(f'--model_params_override={_PIPE}.schedule=table;'
+                 f"{_PIPE}.schedule_table='F0:0 X0:1'"),
+             rf"\(params '{_PIPE}'\): schedule_table='F0:0 X0:1' .*device 0, "
+             r"action 2: 'X0:1' is not an action written kind "
+             r'stage:micro_batch'),
     BadInput('backward_window_zero',
              _Lm(f'--model_params_override={_PIPE}.backward_window=0'),
              rf"\(params '{_PIPE}'\): backward_window=0 must be None or an "

@@ -121,7 +121,18 @@ def StageDevices(memory, devices):
   if memory.schedule is None:
     return [devices[0]] * len(memory.cells)
   return [devices[d] for d in schedules.StageDevices(
-      memory.schedule, len(memory.cells), len(devices))]
+      memory.schedule, len(memory.cells), len(devices),
+      memory.get('schedule_table') or None)]
+
+
+def OnDevices(memory, devices):
+  """A copy of a task's FPropMeta `memory` whose stages run on the model
+  split's `devices` (a task's FPropMeta knows its stages, not the cluster:
+  K > D stages share devices)."""
+  memory = memory.copy()
+  if memory.schedule is not None:
+    memory.num_devices = len(devices)
+  return memory
 
 
 def _CellWeights(rows, stage_devices, optimizer):
@@ -166,6 +177,7 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
   if memory is None:
     return ('Memory per stage: not available (the task has no FPropMeta '
             '`memory`, or the batch size is unknown).\n')
+  memory = OnDevices(memory, devices)
   k = len(memory.cells)
   stage_devices = StageDevices(memory, devices)
   weights = _CellWeights(rows, stage_devices, optimizer)
@@ -191,6 +203,15 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
       row += ('yes' if stage.total <= limit else 'NO',)
     table.append(row)
   peak = max(s.total for s in stages)
+  per_device = ''
+  if len(set(stage_devices)) < k:   # Stages share devices.
+    per_device_stages = _Stages(memory, weights,
+                                memory_estimate.DeviceMemory)
+    peak = max(s.total for s in per_device_stages)
+    per_device = ('per device, its stages together at its worst moment: ' +
+                  ', '.join(f'{d} {FormatBytes(s.total)}'
+                            for d, s in zip(devices, per_device_stages)) +
+                  '\n')
   verdict = ''
   if device_memory_gib:
     verdict = (f'; {"fits" if peak <= limit else "does NOT fit"} '
@@ -203,7 +224,8 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
               f'devices of one host, a split onto one accelerator)')
   return (f'Memory per stage at the step\'s peak (estimate, {what}; '
           f'framework/pipeline/memory_estimate.py):\n' + _Table(table) +
-          f'largest stage {FormatBytes(peak)}{verdict}{shared}\n')
+          per_device + f'largest {"device" if per_device else "stage"} '
+          f'{FormatBytes(peak)}{verdict}{shared}\n')
 
 
 def _Meta(task_cls, params, batch_size):
@@ -263,6 +285,7 @@ def TaskStages(task, estimate=memory_estimate.StageMemory):
   memory = meta.get('memory') if meta is not None else None
   if memory is None:
     return None
+  memory = OnDevices(memory, devices)
   return _Stages(memory, _CellWeights(rows, StageDevices(memory, devices),
                                       optimizer), estimate)
 
@@ -272,7 +295,8 @@ def TaskStageDevices(task):
   TaskStages), None without one."""
   meta, _, _, devices = _TaskArgs(task)
   memory = meta.get('memory') if meta is not None else None
-  return None if memory is None else StageDevices(memory, devices)
+  return None if memory is None else StageDevices(
+      OnDevices(memory, devices), devices)
 
 
 def ModelReport(params, device_memory_gib=None):

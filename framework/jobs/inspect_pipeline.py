@@ -27,6 +27,7 @@ from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import memory_profile
 from cadence.framework.pipeline import timeline as timeline_lib
 from cadence.framework import step_seed
@@ -88,11 +89,10 @@ def MemoryReport(task, devices, peaks, variables):
             'starts).\n')
   short = memory_profile.ShortDevice
   measured = memory_profile.DeviceTotals(peaks, variables)
-  stages = inspect_lib.TaskStages(task) or []
-  estimate = {}
-  for device, stage in zip(inspect_lib.TaskStageDevices(task) or [], stages):
-    d = short(device)
-    estimate[d] = estimate.get(d, 0) + stage.total
+  # Each device's stages at its worst moment together (DeviceMemory).
+  per_device = inspect_lib.TaskStages(task, memory_estimate.DeviceMemory)
+  estimate = {short(device): stage.total
+              for device, stage in zip(devices, per_device or [])}
   lines = ['Memory per device (measured in this step: its tensors at their '
            'peak + its variables; estimate: '
            'framework/pipeline/memory_estimate.py):']

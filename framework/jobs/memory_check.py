@@ -11,7 +11,8 @@ more than the limit stops the trainer with one line giving both.
 
 The limit:
   * --device_memory_gib, when given: each device's own memory. Every
-    pipeline stage's worst moment (memory_estimate.StageMemory) must fit.
+    device's worst moment must fit (memory_estimate.DeviceMemory: its
+    stages together, when a schedule puts several on one device).
   * else, on CPU: the host's physical memory (SC_PHYS_PAGES x
     SC_PAGE_SIZE). Logical CPU devices are not separate memories: all the
     host's replicas and stages share it. So the check adds up what they
@@ -84,12 +85,15 @@ def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
     return None
   if device_memory_gib:
     limit = device_memory_gib * 2**30
-    i = max(range(len(stages)), key=lambda s: stages[s].total)
-    where = f'stage {i} of {len(stages)}' if len(stages) > 1 else 'the model'
-    text = (f'estimate {fmt(stages[i].total)} a device ({where} at its '
-            f'peak: {_Parts(stages[i])}) against --device_memory_gib='
+    devices = inspect_lib.TaskStages(task, memory_estimate.DeviceMemory)
+    i = max(range(len(devices)), key=lambda d: devices[d].total)
+    what = 'stage' if len(devices) == len(stages) else 'device'
+    where = (f'{what} {i} of {len(devices)}' if len(stages) > 1 else
+             'the model')
+    text = (f'estimate {fmt(devices[i].total)} a device ({where} at its '
+            f'peak: {_Parts(devices[i])}) against --device_memory_gib='
             f'{device_memory_gib:g}')
-    return Verdict(stages[i].total <= limit, text)
+    return Verdict(devices[i].total <= limit, text)
   if device_type.upper() != 'CPU':
     logging.debug('No memory check: the memory of a %s is not known before '
                   'TensorFlow sets it up; give --device_memory_gib.',

@@ -32,6 +32,7 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import backward_split
 from cadence.framework.pipeline import remat_policy
 
 # Op types that draw random numbers from hidden state (kernel or resource).
@@ -61,8 +62,16 @@ def _BuildInCallerGraph(fn, args):
   """
   feeds = {t.name: a for t, a in zip(fn.inputs, args)}
   fetches = [t.name for t in fn.outputs]
+  # Only what the outputs need: a pruned trace keeps dead ops (a cut
+  # backward's other half), which a called function drops and an import
+  # would run.
+  needed = tf.compat.v1.graph_util.extract_sub_graph(
+      fn.graph.as_graph_def(),
+      sorted({n.split(':')[0] for n in fetches} |
+             {t.name.split(':')[0] for t in fn.inputs}))
   built = iter(tf.graph_util.import_graph_def(
-      fn.graph.as_graph_def(), input_map=feeds,
+      needed, input_map={n: a for n, a in feeds.items()
+                         if n.split(':')[0] in {x.name for x in needed.node}},
       return_elements=[n for n in fetches if n not in feeds], name='cell'))
   return [feeds[n] if n in feeds else next(built) for n in fetches]
 
@@ -151,6 +160,8 @@ class CellProgram:
     self._bwd = None
     self._bwd_mask = None   # [bool] per (theta, state, inputs) float leaf.
     self._keep = {}   # policy -> (forward, backward, grad mask) or None.
+    self._traces = {}   # policy -> (traced fwd+bwd, feeds of its backward).
+    self._splits = {}   # policy (None: re-run) -> the split backward.
 
   # --- structure helpers ---------------------------------------------------
 
@@ -343,6 +354,8 @@ class CellProgram:
     fwd_cut = traced.prune(feeds=args, fetches=outputs + kept)
     cut = traced.prune(feeds=args + kept + traced.inputs[n_in:],
                        fetches=traced.outputs[n_out:])
+    self._traces[policy] = (traced, args + kept + traced.inputs[n_in:],
+                            traced.outputs[n_out:], mask)
     n_keep = len(args) + len(kept)
     build = _BuildInCallerGraph if self._inline else (
         lambda fn, flat: fn(*flat))
@@ -366,24 +379,28 @@ class CellProgram:
     self._keep[policy] = (fwd, bwd, mask, len(kept))
     return self._keep[policy]
 
-  def ForwardKeep(self, theta, state, inputs, seed=None, policy='all'):
+  def ForwardKeep(self, theta, state, inputs, seed=None, policy='all',
+                  split=False):
     """One step that keeps activations; returns (grad_fn, new state).
 
     `grad_fn(d_out)` (once) gives what `Backward` gives, computed from the
     kept activations on `device` instead of by re-running the cell: all of
     them (policy 'all'), or those remat_policy.KeptTensors' `policy` picks,
     the backward recomputing the rest. Eagerly (or for a cell that cannot
-    be cut, see `_KeepFunctions`) a GradientTape keeps all of them.
+    be cut, see `_KeepFunctions`) a GradientTape keeps all of them. With
+    `split` the backward will be split (`Backward`'s `split`), so even an
+    inlined cell keeps its activations in a graph that can be cut.
     """
-    eager = tf.executing_eagerly() or (self._inline and policy == 'all')
+    eager = tf.executing_eagerly() or (
+        self._inline and policy == 'all' and not split)
     keep = None if eager else self._KeepFunctions(policy)
     if keep is None:
       with cluster_lib.DeviceScope(self._device):
         grads_fn, out = self.TapeForward(theta, state, inputs, seed)
 
-      def _GradFn(d_out):
+      def _GradFn(d_out, split=False):
         with cluster_lib.DeviceScope(self._device):
-          return self._Unpack(grads_fn(d_out))
+          return self._Deferred(self._Unpack(grads_fn(d_out)), split)
 
       return _GradFn, out
     fwd, bwd, mask, _ = keep
@@ -395,7 +412,9 @@ class CellProgram:
       res = fwd(*args)
     out, kept = list(res[:n_out]), list(res[n_out:])
 
-    def _GradFnKept(d_out):
+    def _GradFnKept(d_out, split=False):
+      if split:
+        return self._SplitCall(policy, args + kept, d_out)
       with cluster_lib.DeviceScope(self._device):
         got = iter(bwd(*(args + kept + list(d_out))))
       return self._Unpack([next(got) if m else None for m in mask])
@@ -417,7 +436,7 @@ class CellProgram:
     parts = self._Unpack([True if m else None for m in self._bwd_mask])
     return tuple([m is True for m in part] for part in parts)
 
-  def Backward(self, theta, state, inputs, seed, d_out):
+  def Backward(self, theta, state, inputs, seed, d_out, split=False):
     """Re-runs the step and returns its gradients (rematerialisation).
 
     Args:
@@ -425,12 +444,20 @@ class CellProgram:
       seed: the step's seed (or None without seeds).
       d_out: gradients of the float leaves of the new state, in order.
         The re-run starts only once they are computed.
+      split: compute only the input gradients now (B), and the weight
+        gradients when asked (W; backward_split.py).
 
     Returns:
       (d_theta, d_state, d_inputs): flat lists matching theta, state and
       inputs; None for integer leaves and for leaves the output does not
-      depend on.
+      depend on. With `split`, d_theta is a function `weights(after=())`
+      that computes it (after the ops `after`, in a graph).
     """
+    args = list(theta) + list(state) + list(inputs)
+    if self._has_seed:
+      args.append(seed)
+    if split and not tf.executing_eagerly():
+      return self._SplitCall(None, args, d_out)
     if tf.executing_eagerly() or self._inline:
       with cluster_lib.DeviceScope(self._device):
         grads, _ = self.TapeForward(theta, state, inputs, seed, d_out=d_out)
@@ -439,12 +466,82 @@ class CellProgram:
                    if IsDifferentiable(x)]
         grads = [(g if g is not None else tf.zeros_like(x)) if m else None
                  for g, m, x in zip(grads, self._bwd_mask, sources)]
-      return self._Unpack(grads)
+      return self._Deferred(self._Unpack(grads), split)
     self._EnsureBackward()
-    args = list(theta) + list(state) + list(inputs)
-    if self._has_seed:
-      args.append(seed)
     with cluster_lib.DeviceScope(self._device):
       got = iter(self._bwd(*(args + list(d_out))))
     grads = [next(got) if m else None for m in self._bwd_mask]
     return self._Unpack(grads)
+
+  # --- the backward split into B and W ---------------------------------------
+
+  @staticmethod
+  def _Deferred(grads, split):
+    """(d_theta, d_state, d_inputs), d_theta as a function with `split`:
+    eagerly the whole backward runs at once and W hands over its part."""
+    if not split:
+      return grads
+    d_theta, d_state, d_inputs = grads
+    return (lambda after=(): d_theta), d_state, d_inputs
+
+  def _SplitFunctions(self, policy):
+    """(b, w, cut, grad mask) of the backward cut into B and W
+    (backward_split.Split): of a re-run of the whole cell (policy None) or
+    of what remat policy `policy` kept (`_KeepFunctions`). b takes the
+    cut's feeds (the step's args, the kept tensors, d_out) and returns the
+    input gradients and the residuals B computes; w takes the residuals."""
+    if policy in self._splits:
+      return self._splits[policy]
+    if policy is None:
+      mask = []
+      n_in = len(self._specs)
+      d_specs = [_Spec(x) for x in self._state_flat if IsDifferentiable(x)]
+
+      def _Grads(*flat):
+        theta, state, inputs, seed = self._Split(list(flat[:n_in]))
+        with cluster_lib.DeviceScope(self._device):
+          grads, _ = self.TapeForward(theta, state, inputs, seed,
+                                      d_out=list(flat[n_in:]))
+        mask[:] = [g is not None for g in grads]
+        return [g for g in grads if g is not None]
+
+      traced = tf.compat.v1.wrap_function(_Grads, self._specs + d_specs)
+      feeds, grads = list(traced.inputs), list(traced.outputs)
+    else:
+      traced, feeds, grads, mask = self._traces[policy]
+    n_theta = sum(mask[:sum(map(IsDifferentiable, self._theta_flat))])
+    cut = backward_split.Split(traced, feeds, grads[:n_theta],
+                               grads[n_theta:])
+    if self._inline:
+      b = lambda *a: _BuildInCallerGraph(cut.b, a)
+      w = lambda *a: _BuildInCallerGraph(cut.w, a)
+    else:
+      b = self._Function(lambda *a: cut.b(*a), [_Spec(t) for t in feeds])
+      w = self._Function(lambda *a: cut.w(*a),
+                         [_Spec(t) for t in cut.residuals])
+    self._splits[policy] = (b, w, cut, list(mask))
+    return self._splits[policy]
+
+  def _SplitCall(self, policy, args, d_out):
+    """B now: (weights(after=()) -> d_theta, d_state, d_inputs).
+
+    args: the step's args (and the kept tensors, for a `policy`); the
+    recomputation in B waits for d_out (control dependencies).
+    """
+    b, w, cut, mask = self._SplitFunctions(policy)
+    n_theta = sum(map(IsDifferentiable, self._theta_flat))
+    feeds = backward_split.Hold(args, d_out) + list(d_out)
+    with cluster_lib.DeviceScope(self._device):
+      outs = list(b(*feeds))
+    got = iter(outs[:cut.num_input_grads])
+    _, d_state, d_inputs = self._Unpack(
+        [None] * n_theta + [next(got) if m else None for m in mask[n_theta:]])
+
+    def _Weights(after=()):
+      residuals = backward_split.Hold(cut.WeightArgs(feeds, outs), after)
+      with cluster_lib.DeviceScope(self._device):
+        got = iter(w(*residuals))
+      return self._Unpack([next(got) if m else None for m in mask[:n_theta]]
+                          + [None] * (len(mask) - n_theta))[0]
+
+    return _Weights, d_state, d_inputs

@@ -15,7 +15,13 @@ action each device runs in which order; `_Run` runs actions:
   B(s, j)  sums the gradients flowing into (s, j)'s output, back-propagates
            through the cell (from the kept activations or by re-running it)
            and hands the gradients on to (s, j-1) and (s-1, j); the weight
-           gradients accumulate per stage on its device.
+           gradients accumulate per stage on its device;
+  W(s, j)  in a schedule that splits the backward (zero bubble), B computes
+           only the input gradients and keeps what the weight gradients
+           need (backward_split.py: the inputs of the weight products and
+           the gradients of their outputs); W computes and accumulates the
+           weight gradients later. B and W together run the ops of one
+           backward, each once: the gradients are the unsplit ones.
 
 Two front doors, one engine:
   `StackedRecurrent`: the loss is outside the pipeline. A tf.custom_gradient
@@ -79,10 +85,10 @@ Example:
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import step_seed as step_seed_lib
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import cell_program
 from cadence.framework.pipeline import schedules
+from cadence.framework import step_seed as step_seed_lib
 
 REMAT_MODES = ('except_last', 'always', 'never', 'selective')
 LOSS_KEY = 'loss'
@@ -129,16 +135,17 @@ def CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
 
 
 def BuildSchedule(owner, name, stage_devices, num_micro_batches,
-                  recurrent=False):
-  """The checked schedule `name` for stages on device strings
-  `stage_devices` (one per stage; repeats share a device): (schedule,
-  the distinct device strings in index order)."""
+                  recurrent=False, table=None):
+  """The checked schedule `name` (`table`: its text, for schedules.TABLE)
+  for stages on device strings `stage_devices` (one per stage; repeats
+  share a device): (schedule, the distinct device strings in index
+  order)."""
   unique = list(dict.fromkeys(stage_devices))
   try:
     schedule = schedules.Build(
         name, len(stage_devices), len(unique), num_micro_batches,
         stage_devices=[unique.index(d) for d in stage_devices],
-        recurrent=recurrent)
+        recurrent=recurrent, table=table)
   except (KeyError, ValueError) as e:
     message = e.args[0] if isinstance(e, KeyError) else str(e)
     raise ValueError(f'{owner}: {message}') from None
@@ -178,6 +185,8 @@ class Pipeline:
       seed = step_seed_lib.CheckStepSeed(step_seed, owner)
     self.remat = remat
     self.backward_window = backward_window
+    # B computes the input gradients, W later the weights' (zero bubble).
+    self.split = schedule.splits_backward
     self.seeds = [None if seed is None else
                   step_seed_lib.MicroBatchSeed(seed, j) for j in range(self.m)]
     self._init_states = init_states
@@ -321,6 +330,7 @@ class _Run:
     forward's activations serve the first walk; later ones re-run.)"""
     pipe = self.pipe
     self._pending = {}   # (stage, mb, leaf) -> [gradient terms]
+    self._weights = {}   # (stage, mb) -> its W, after a split B.
     self._d_thetas = [[None] * n for n in pipe.nts]
     self._d_inits = [[None] * n for n in pipe.nss]
     self._d_inputs = [[None] * pipe.nx for _ in range(pipe.m)]
@@ -355,7 +365,7 @@ class _Run:
     policy = self.pipe.Keep(j)
     if policy:
       self._kept[(i, j)], self.out[i][j] = program.ForwardKeep(
-          *self._Args(i, j), policy=policy)
+          *self._Args(i, j), policy=policy, split=self.pipe.split)
     else:
       self.out[i][j] = program.Forward(*self._Args(i, j))
     if not graph:
@@ -364,10 +374,13 @@ class _Run:
       return [tf.identity(x) for x in self.out[i][j]]
 
   def _CellGradients(self, i, j, d_out):
-    """(d_theta, d_state, d_inputs) of F(i, j) given its output's d_out."""
+    """(d_theta, d_state, d_inputs) of F(i, j) given its output's d_out;
+    with a split backward d_theta is the W still to run (a function)."""
+    split = self.pipe.split
     if (i, j) in self._kept:
-      return self._kept.pop((i, j))(d_out)
-    return self.pipe.programs[i].Backward(*self._Args(i, j), d_out)
+      return self._kept.pop((i, j))(d_out, split=split)
+    return self.pipe.programs[i].Backward(*self._Args(i, j), d_out,
+                                          split=split)
 
   def ForwardResults(self):
     """The flat results (see `Pipeline`); stacks on the last device."""
@@ -441,16 +454,16 @@ class _Run:
       return []   # Nothing flows back into this (stage, micro-batch).
     g_th, g_s, g_x = self._CellGradients(i, j, d_out)
     g_x = g_x[:self.pipe.NumInputs(i)]   # Side inputs get no gradient.
+    if self.pipe.split:
+      self._weights[(i, j)], g_th = g_th, []
     done = []
     with cluster_lib.DeviceScope(device):
-      self._d_thetas[i] = [
-          a if g is None else (tf.identity(g) if a is None else a + g)
-          for a, g in zip(self._d_thetas[i], g_th)]
+      if g_th:
+        done = self._AddWeightGradients(i, g_th)
       if not tf.executing_eagerly():
         # Ops that consume the gradients: a control dependency on the
         # outputs of an inlined function call itself would not wait.
-        done = ([g for g in self._d_thetas[i] if g is not None] +
-                [tf.identity(g) for g in g_s + g_x if g is not None])
+        done += [tf.identity(g) for g in g_s + g_x if g is not None]
     for n, g in enumerate(g_s):
       if j > 0:
         self.Add(i, j - 1, n, g)
@@ -462,6 +475,26 @@ class _Run:
       else:
         self._d_inputs[j][n] = g
     return done
+
+  def _AddWeightGradients(self, i, g_th):
+    """Adds a micro-batch's weight gradients to stage i's sums; returns the
+    sums (ops that consume them, in a graph)."""
+    self._d_thetas[i] = [
+        a if g is None else (tf.identity(g) if a is None else a + g)
+        for a, g in zip(self._d_thetas[i], g_th)]
+    if tf.executing_eagerly():
+      return []
+    return [g for g in self._d_thetas[i] if g is not None]
+
+  def Weight(self, i, j, after=()):
+    """W(i, j): the weight gradients of stage i on micro-batch j, from what
+    its split B kept; returns ops that mark it done (in a graph)."""
+    weights = self._weights.pop((i, j), None)
+    if weights is None:
+      return []   # No gradient flowed back into (i, j).
+    g_th = weights(after=after)
+    with cluster_lib.DeviceScope(self.pipe.devices[i]):
+      return self._AddWeightGradients(i, g_th)
 
   def GradientResults(self):
     """Gradients of the flat arguments (see `Pipeline`), None if none."""
@@ -509,7 +542,9 @@ class _Run:
             with cluster_lib.DeviceScope(pipe.devices[i]):
               self.Add(i, j, loss_index, tf.ones_like(out))
         else:
-          mark = self.Backward(i, j, after=after) or (ran[-1] if ran else [])
+          run = self.Backward if action.kind == schedules.BACKWARD else (
+              self.Weight)
+          mark = run(i, j, after=after) or (ran[-1] if ran else [])
       ran.append(mark)
 
 
@@ -579,7 +614,8 @@ def _RunWithLoss(pipe, loss_index, args):
 def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
                      step_seed=None, remat='except_last',
                      backward_window=1, name='StackedRecurrent',
-                     trace_actions=False, schedule=schedules.DEFAULT):
+                     trace_actions=False, schedule=schedules.DEFAULT,
+                     schedule_table=None):
   """Runs S cells as a pipeline with the loss outside; see the module
   docstring.
 
@@ -607,6 +643,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
     schedule: a registered schedule whose devices run their forwards
       first (`schedules.LossInside(name)` False); its dependencies include
       the cells' state from micro-batch to micro-batch.
+    schedule_table: the action lists as text, for schedules.TABLE.
 
   Returns:
     (acc_state, final_states): acc_state is the last stage's output per
@@ -619,7 +656,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
             backward_window)
   m, _ = _NumMicroBatches(inputs, owner)
   plan, unique = BuildSchedule(owner, schedule, list(devices), m,
-                               recurrent=True)
+                               recurrent=True, table=schedule_table)
   if plan.loss_inside:
     raise ValueError(
         f'{owner}: schedule={schedule!r} starts backwards before the forward '
@@ -652,7 +689,7 @@ def _LossIndex(owner, template):
 def PipelineLoss(devices, cell_fns, thetas, out_templates, inputs,
                  side_inputs, step_seed=None, schedule=schedules.DEFAULT,
                  remat='never', name='PipelineLoss', trace_actions=False,
-                 backward_window=1):
+                 backward_window=1, schedule_table=None):
   """Runs S cells over M micro-batches ending in a per-micro-batch loss, as
   any registered schedule; see the module docstring.
 
@@ -685,6 +722,7 @@ def PipelineLoss(devices, cell_fns, thetas, out_templates, inputs,
     name: used in error messages.
     trace_actions: as StackedRecurrent's.
     backward_window: as StackedRecurrent's.
+    schedule_table: the action lists as text, for schedules.TABLE.
 
   Returns:
     (loss, per_step): loss, the sum over micro-batches of the last stage's
@@ -705,7 +743,8 @@ def PipelineLoss(devices, cell_fns, thetas, out_templates, inputs,
   CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
             backward_window)
   m, _ = _NumMicroBatches(inputs, owner)
-  plan, unique = BuildSchedule(owner, schedule, list(devices), m)
+  plan, unique = BuildSchedule(owner, schedule, list(devices), m,
+                               table=schedule_table)
   stateless = [lambda th, unused_s, x, fn=fn: fn(th, x) for fn in cell_fns]
   pipe = Pipeline(plan, unique, stateless, thetas, init_states, inputs,
                   step_seed, remat, backward_window, owner,

@@ -58,6 +58,7 @@ import collections
 
 import tensorflow as tf
 
+from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import remat_policy
 from cadence.framework.pipeline import schedules
 
@@ -97,82 +98,114 @@ def _KeptRule(loss_inside, remat, num_micro_batches, backward_window):
                    "'never', 'selective', 'always' or 'except_last'.")
 
 
-def _Counts(schedule, remat, num_cells, num_micro_batches, backward_window):
-  """Yields, per moment of a pipelined step, (per cell (kept, live, done,
-  backward), outside): micro-batches whose activations the cell keeps; in
-  flight (forwarded, not yet back-propagated: their outputs wait); its
-  backwards finished before; whether it runs a backward then. A moment is
-  a tick of the schedule (`schedules.Schedule.Ticks`, each stage on a
-  device of its own); a schedule whose loss runs outside the pipeline adds
-  one after its last forward (`outside` True), where the loss runs on the
-  whole batch."""
+class _Count(collections.namedtuple('_Count', [
+    'kept', 'live', 'waiting', 'done', 'backward'])):
+  """A stage at one tick: micro-batches whose activations it keeps; in
+  flight (forwarded, not back-propagated: their outputs wait); waiting for
+  their W after a split B (what W reads stays); backwards (or W's)
+  finished before; whether it runs a backward (B or W) then."""
+  __slots__ = ()
+
+
+def _Table(memory):
+  """The schedule of a task's memory NestedMap: its stages on
+  `num_devices` devices (default: one each), and a table's text."""
+  num_cells = len(memory.cells)
   try:
-    table = schedules.Build(schedule, num_cells, num_cells,
-                            num_micro_batches)
+    return schedules.Build(
+        memory.schedule, num_cells, memory.get('num_devices') or num_cells,
+        memory.num_micro_batches, table=memory.get('schedule_table') or None)
   except KeyError as e:
     raise ValueError(f'memory_estimate: {e.args[0]}') from None
+
+
+def _Counts(memory):
+  """Yields, per moment of a pipelined step, (per stage a `_Count`,
+  outside). A moment is a tick of the schedule (`schedules.Schedule.
+  Ticks`); a schedule whose loss runs outside the pipeline adds one after
+  its last forward (`outside` True), where the loss runs on the whole
+  batch."""
+  table = _Table(memory)
+  num_cells, m = table.num_stages, table.num_micro_batches
   ticks = table.Ticks()
-  kept = _KeptRule(table.loss_inside, remat, num_micro_batches,
-                   backward_window)
+  kept = _KeptRule(table.loss_inside, memory.remat, m, memory.backward_window)
+  split = table.splits_backward
   last_forward = max(t for t, tick in enumerate(ticks)
                      if any(a.kind == schedules.FORWARD for a in tick))
-  live, done, last = [0] * num_cells, [0] * num_cells, [False] * num_cells
+  live, waiting, done = [0] * num_cells, [0] * num_cells, [0] * num_cells
+  last = [False] * num_cells
   for t, tick in enumerate(ticks):
     backward = {i for kind, i, _ in tick if kind == schedules.BACKWARD}
+    weight = {i for kind, i, _ in tick if kind == schedules.WEIGHT}
     for kind, i, j in tick:
       if kind == schedules.FORWARD:
         live[i] += 1
-        last[i] = last[i] or j == num_micro_batches - 1
-    yield [(kept(live[i], i in backward, last[i]), live[i], done[i],
-            i in backward) for i in range(num_cells)], False
+        last[i] = last[i] or j == m - 1
+    yield [_Count(kept(live[i], i in backward, last[i]), live[i], waiting[i],
+                  done[i], i in backward or i in weight)
+           for i in range(num_cells)], False
     for i in backward:
       live[i] -= 1
+      if split:
+        waiting[i] += 1
+      else:
+        done[i] += 1
+    for i in weight:
+      waiting[i] -= 1
       done[i] += 1
     if not table.loss_inside and t == last_forward:
-      yield [(kept(live[i], False, last[i]), live[i], 0, False)
-             for i in range(num_cells)], True
+      yield [_Count(kept(live[i], False, last[i]), live[i], waiting[i], 0,
+                    False) for i in range(num_cells)], True
 
 
 def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
-                     backward_window=1):
-  """Per cell: the most micro-batches whose activations it keeps at once,
+                     backward_window=1, num_devices=None, table=None):
+  """Per stage: the most micro-batches whose activations it keeps at once,
   and the most in flight (whose outputs wait for the backward).
 
   Returns:
     (kept activations, kept outputs): two lists of K ints.
   """
+  memory = NestedMap(schedule=schedule, remat=remat,
+                     num_micro_batches=num_micro_batches,
+                     backward_window=backward_window, num_devices=num_devices,
+                     schedule_table=table, cells=[None] * num_cells)
   act, out = [0] * num_cells, [0] * num_cells
-  for cells, _ in _Counts(schedule, remat, num_cells, num_micro_batches,
-                          backward_window):
-    for i, (kept, live, _, _) in enumerate(cells):
-      act[i], out[i] = max(act[i], kept), max(out[i], live)
+  for counts, _ in _Counts(memory):
+    for i, c in enumerate(counts):
+      act[i], out[i] = max(act[i], c.kept), max(out[i], c.live)
   return act, out
 
 
 def Moments(memory, params, slots, grads=None):
   """Each stage's bytes at every moment of a training step.
 
-  A moment is a tick of the schedule (schedules), plus, for GPipe,
-  the one between its phases. At a tick a cell holds its params and slots;
-  its gradients' sum once it runs or has run a backward;
-  the activations it keeps (KeptMicroBatches' rule at that tick) and the
-  outputs of the micro-batches in flight; and, while it runs a backward,
-  one layer's transient (remat 'selective': one micro-batch's whole act,
-  recomputed). Between GPipe's phases, a cell with `outside` bytes (the
-  loss on the whole batch) holds them twice (the loss and its gradient)
-  on top of what its forward kept. An unpipelined model has one moment,
-  where its backward starts: no gradients yet.
+  A moment is a tick of the schedule (schedules), plus, for a schedule
+  whose loss runs outside the pipeline (GPipe), the one between its
+  phases. At a tick a stage holds its params and slots; its gradients' sum
+  once it runs or has run a backward (a split one: its first W); the
+  activations it keeps (KeptMicroBatches' rule at that tick) and the
+  outputs of the micro-batches in flight; after a split B, until its W,
+  what W reads (taken as `act_weights`: the inputs of the weight products
+  and the gradients of their outputs, about the bytes remat 'selective'
+  keeps); and, while it runs a backward or a W, one layer's transient
+  (remat 'selective': one micro-batch's whole act, recomputed). Between
+  GPipe's phases, a stage with `outside` bytes (the loss on the whole
+  batch) holds them twice (the loss and its gradient) on top of what its
+  forward kept. An unpipelined model has one moment, where its backward
+  starts: no gradients yet.
 
   Args:
-    memory: NestedMap(schedule ('gpipe', '1f1b' or None: unpipelined),
+    memory: NestedMap(schedule (a registered name, or None: unpipelined),
       remat, num_micro_batches, backward_window, cells=K NestedMaps(act:
       bytes a micro-batch's backward reads, act_weights: of them, those
       remat 'selective' keeps, out: bytes of its output, transient: the
       largest layer's act, outside: bytes of what runs on the whole batch
-      outside the pipeline after this cell)), as a task's FPropMeta gives
-      it.
-    params: K ints, bytes of each cell's variables.
-    slots: K ints, bytes of each cell's optimizer slots.
+      outside the pipeline after this stage)), and optionally num_devices
+      (the stages' devices; default one each) and schedule_table (a
+      'table' schedule's text), as a task's FPropMeta gives it.
+    params: K ints, bytes of each stage's variables.
+    slots: K ints, bytes of each stage's optimizer slots.
     grads: K ints, bytes of the trained variables' gradients (default:
       params).
 
@@ -186,20 +219,34 @@ def Moments(memory, params, slots, grads=None):
              for i, c in enumerate(cells)]]
   selective = memory.remat == 'selective'
   moments = []
-  for counts, outside in _Counts(memory.schedule, memory.remat, len(cells),
-                                 memory.num_micro_batches,
-                                 memory.backward_window):
+  for counts, outside in _Counts(memory):
     moment = []
-    for i, (c, (kept, live, done, backward)) in enumerate(zip(cells, counts)):
-      held = kept * (c.act_weights if selective else c.act) + live * c.out
-      g = grads[i] if backward or done else 0
-      transient = ((c.act if selective else c.transient) if backward
+    for i, (c, n) in enumerate(zip(cells, counts)):
+      held = (n.kept * (c.act_weights if selective else c.act) +
+              n.live * c.out + n.waiting * c.act_weights)
+      g = grads[i] if n.backward or n.done else 0
+      transient = ((c.act if selective else c.transient) if n.backward
                    else 0)
       if outside and c.outside:
         held, transient = held + c.outside, c.outside
       moment.append(Stage(params[i], slots[i], g, held, transient))
     moments.append(moment)
   return moments
+
+
+def DeviceMemory(memory, params, slots, grads=None):
+  """Per device, the `Stage` sums of its stages at its own worst moment:
+  what each device must hold when stages share devices (interleaved, V
+  schedules); StageMemory when each stage has its own device."""
+  stage_devices = (_Table(memory).stage_devices if memory.schedule else
+                   [0] * len(memory.cells))
+  moments = Moments(memory, params, slots, grads)
+  out = []
+  for d in range(max(stage_devices) + 1):
+    mine = [i for i, sd in enumerate(stage_devices) if sd == d]
+    out.append(max((Stage(*map(sum, zip(*[moment[i] for i in mine])))
+                    for moment in moments), key=lambda s: s.total))
+  return out
 
 
 def StageMemory(memory, params, slots, grads=None):

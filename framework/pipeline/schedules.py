@@ -3,36 +3,22 @@
 A pipeline cuts a model into S *stages* (stage s runs its *cell*, a group of
 layers, on the micro-batches of a batch) placed on D devices, and runs M
 *micro-batches* through them. A schedule says, for each device, the order
-of the actions it runs; an `Action` names its kind, its stage and its
-micro-batch:
-
-  F(s, j)  forward of stage s on micro-batch j;
-  B(s, j)  backward: the gradient of stage s's input on micro-batch j (what
-           stage s-1 waits for) and, unless the schedule also has W(s, j),
-           the gradient of its weights;
-  W(s, j)  the weight gradient of stage s on micro-batch j, from what its
-           B kept (a schedule with any W has one for every B).
-
-Stage s runs on device `stage_devices[s]`, so two stages on one device
-(interleaved, V-shaped schedules) are just data. A device runs its actions
-one at a time, in order. An action needs (`Needs`): F(s, j) needs F(s-1, j);
-B(s, j) needs F(s, j) and B(s+1, j); W(s, j) needs B(s, j). Cells that carry
-state from micro-batch to micro-batch (`recurrent`, as StackedRecurrent
-allows) add F(s, j-1) and B(s, j+1). When the loss runs outside the
-pipeline (on the whole batch, after every forward), B(S-1, j) needs every
-F(S-1, .): such a schedule puts all of a device's forwards before its
-backwards; a schedule whose backwards start before the forward ends
-(`loss_inside`) needs the per-micro-batch loss inside the pipeline.
+of the actions it runs (actions.py: F, B and W of (stage, micro-batch), and
+what each needs). Stage s runs on device `stage_devices[s]`, so two stages
+on one device (interleaved, V-shaped schedules) are just data. A device
+runs its actions one at a time, in order. A schedule whose backwards start
+before the forward ends (`loss_inside`) needs the per-micro-batch loss
+inside the pipeline; the others put all of a device's forwards before its
+backwards, and the loss may run after the pipeline on the whole batch.
 
 The registry (`Register`, `Build`, `Names`) is the only place a schedule's
-name is spelled; the executor (executor.py), the
-memory estimate (memory_estimate.py), the timeline and the planner all read
-the `Schedule` it builds. Adding a schedule is one function that returns
-its device lists and one registry line, e.g. a toy that runs each
-micro-batch's whole forward and backward before the next one (the tests
-run it):
+name is spelled; the executor (executor.py), the memory estimate
+(memory_estimate.py), the timeline and the planner all read the `Schedule`
+it builds. Adding a schedule is one function that returns its device lists
+(schedule_builders.py has the built-in ones) and one registry line, e.g. a
+toy that runs each micro-batch's whole forward and backward before the next
+one (the tests run it):
 
-  @Register('one_at_a_time', loss_inside=True)
   def OneAtATime(stage_devices, num_devices, num_micro_batches):
     order = []
     for j in range(num_micro_batches):
@@ -41,6 +27,11 @@ run it):
                 for s in reversed(range(len(stage_devices)))]
     return [[a for a in order if stage_devices[a.stage] == d]
             for d in range(num_devices)]
+
+  Register('one_at_a_time', loss_inside=True)(OneAtATime)
+
+A schedule may also be written as text (`TABLE`, schedule_builders.
+ParseTable): one line per device, e.g. 'F0:0 F0:1 B0:0 W0:0 ...'.
 
 `Simulate` runs a schedule's device lists as a discrete-event simulation
 (each action as early as its device and its needs allow, at given costs);
@@ -54,55 +45,24 @@ Example:
   schedule.Ticks()[:3]  # [[F(0, 0)], [F(0, 1), F(1, 0)], [B(1, 0)]]
 """
 import collections
-import re
 
-FORWARD = 'F'
-BACKWARD = 'B'
-WEIGHT = 'W'
-KINDS = (FORWARD, BACKWARD, WEIGHT)
+from cadence.framework.pipeline import actions
+from cadence.framework.pipeline import schedule_builders
+
+# The units, re-exported: a schedule's reader needs them with it.
+Action = actions.Action
+ActionOfOp = actions.ActionOfOp
+FORWARD, BACKWARD, WEIGHT = actions.FORWARD, actions.BACKWARD, actions.WEIGHT
+KINDS = actions.KINDS
+Looped = schedule_builders.Looped
+WavefrontSchedule = schedule_builders.WavefrontSchedule
+OneFOneBOrder = schedule_builders.OneFOneBOrder
+ParseTable = schedule_builders.ParseTable
+
 # The schedule a PipeliningLayer runs unless its params say otherwise.
 DEFAULT = 'gpipe'
-# The name scope an executor gives the ops of an action, so that a profile
-# of a step says which (kind, stage, micro-batch) each op belonged to.
-_SCOPE = 'pipeline_action'
-_SCOPE_RE = re.compile(_SCOPE + r'_([FBW])_(\d+)_(\d+)(?:_\d+)?/')
-
-
-class Action(collections.namedtuple('Action',
-                                    ['kind', 'stage', 'micro_batch'])):
-  """One unit of pipeline work: F, B or W of (stage, micro-batch)."""
-  __slots__ = ()
-
-  def __str__(self):
-    return f'{self.kind}({self.stage}, {self.micro_batch})'
-
-  __repr__ = __str__
-
-  @property
-  def scope(self):
-    """The name scope of this action's ops, e.g. 'pipeline_action_F_0_3'."""
-    return f'{_SCOPE}_{self.kind}_{self.stage}_{self.micro_batch}'
-
-
-def ActionOfOp(op_name):
-  """The `Action` whose scope an op's name holds (the outermost), or None.
-
-  The outermost: a backward's ops may be named after the forward ops they
-  differentiate. A tape's gradient ops are named 'gradient_tape/' + the
-  forward op's name whatever the scope they are built in: those of a
-  forward scope belong to that (stage, micro-batch)'s backward.
-
-  Example: ActionOfOp('model/pipeline_action_B_1_2/MatMul') == B(1, 2);
-  ActionOfOp('gradient_tape/pipeline_action_F_1_2/MatMul') == B(1, 2).
-  """
-  found = _SCOPE_RE.search(op_name)
-  if not found:
-    return None
-  kind, stage, micro_batch = found.groups()
-  if op_name[:found.start()].endswith('gradient_tape/'):
-    kind = BACKWARD
-  return Action(kind, int(stage), int(micro_batch))
-
+# The schedule written as text (its action lists are a param).
+TABLE = 'table'
 
 class Schedule:
   """A pipeline schedule: each device's ordered actions, stage placement.
@@ -142,8 +102,8 @@ class Schedule:
 
   def Needs(self, action, recurrent=False):
     """The actions `action` depends on; see the module docstring."""
-    return Needs(action, self.num_stages, self.num_micro_batches,
-                 recurrent=recurrent, loss_inside=self.loss_inside)
+    return actions.Needs(action, self.num_stages, self.num_micro_batches,
+                         recurrent=recurrent, loss_inside=self.loss_inside)
 
   def Ticks(self, recurrent=False):
     """The schedule run with unit-time actions: a list of ticks, each the
@@ -192,27 +152,6 @@ class Schedule:
             f'devices, {self.num_micro_batches} micro-batches\n' +
             self.Text())
 
-
-def Needs(action, num_stages, num_micro_batches, recurrent=False,
-          loss_inside=True):
-  """The actions `action` depends on (inside the S x M grid)."""
-  kind, s, j = action
-  last = num_stages - 1
-  if kind == FORWARD:
-    needs = [Action(FORWARD, s - 1, j)]
-    if recurrent:
-      needs.append(Action(FORWARD, s, j - 1))
-  elif kind == BACKWARD:
-    needs = [Action(FORWARD, s, j), Action(BACKWARD, s + 1, j)]
-    if recurrent:
-      needs.append(Action(BACKWARD, s, j + 1))
-    if s == last and not loss_inside:
-      needs += [Action(FORWARD, s, i) for i in range(num_micro_batches)]
-  else:
-    needs = [Action(BACKWARD, s, j)]
-  return [a for a in dict.fromkeys(needs)
-          if 0 <= a.stage < num_stages and 0 <= a.micro_batch <
-          num_micro_batches]
 
 
 def Simulate(schedule, cost=None, recurrent=False, latency=None):
@@ -341,18 +280,14 @@ def Check(schedule, recurrent=False):
   Simulate(schedule, recurrent=recurrent)
 
 
-# --- the registry ------------------------------------------------------------
+# --- the registry ----------------------------------------------------------
 
-_Entry = collections.namedtuple('_Entry', ['fn', 'loss_inside', 'placement'])
+_Entry = collections.namedtuple('_Entry', ['fn', 'loss_inside', 'placement',
+                                           'bubble'])
 _REGISTRY = {}
 
 
-def Looped(num_stages, num_devices):
-  """The default placement: stage s on device s % D."""
-  return [s % num_devices for s in range(num_stages)]
-
-
-def Register(name, loss_inside, placement=None):
+def Register(name, loss_inside, placement=None, bubble=None):
   """Registers `fn(stage_devices, num_devices, num_micro_batches) -> D
   device action lists` as schedule `name`.
 
@@ -363,13 +298,21 @@ def Register(name, loss_inside, placement=None):
     placement: fn(num_stages, num_devices) -> stage_devices, for a schedule
       whose stages must sit on given devices (a V); None: any placement
       works, `Looped` by default.
+    bubble: fn(num_stages, num_devices, num_micro_batches) -> the bubble
+      its paper gives when every stage's F, B and W take the same time
+      (`FormulaBubble`), or None.
   """
   def _Decorator(fn):
     if name in _REGISTRY:
       raise ValueError(f'Schedule {name!r} is registered twice.')
-    _REGISTRY[name] = _Entry(fn, loss_inside, placement)
+    _REGISTRY[name] = _Entry(fn, loss_inside, placement, bubble)
     return fn
   return _Decorator
+
+
+def Unregister(name):
+  """Removes schedule `name` from the registry (for tests)."""
+  del _REGISTRY[name]
 
 
 def Names():
@@ -378,31 +321,88 @@ def Names():
   return tuple(_REGISTRY)
 
 
-def LossInside(name):
-  """Whether schedule `name` needs the per-micro-batch loss inside the
-  pipeline (KeyError for an unknown name)."""
-  return _Lookup(name).loss_inside
-
-
-def StageDevices(name, num_stages, num_devices):
-  """The device index of each stage under schedule `name`."""
-  placement = _Lookup(name).placement or Looped
-  return list(placement(num_stages, num_devices))
-
-
-def Unregister(name):
-  """Removes schedule `name` from the registry (for tests)."""
-  del _REGISTRY[name]
-
-
 def _Lookup(name):
   if name not in _REGISTRY:
     raise KeyError(f'schedule={name!r}; expected one of {list(Names())}.')
   return _REGISTRY[name]
 
 
+def _Table(name, table):
+  """The device lists of `table` text for schedule TABLE."""
+  if table is None or not str(table).strip():
+    raise ValueError(f'Schedule {name!r} needs its action lists as text '
+                     "(schedule_table): one line per device, e.g. 'F0:0 "
+                     "F0:1 B0:0 B0:1'.")
+  try:
+    return schedule_builders.ParseTable(table)
+  except ValueError as e:
+    raise ValueError(f'Schedule {name!r}: {e}') from None
+
+
+def _TableStageDevices(lists, num_stages):
+  """Each stage's device in a table: the line that holds most of its
+  actions (Check names any action of it on another line)."""
+  count = collections.Counter((a.stage, d) for d, device in enumerate(lists)
+                              for a in device)
+  return [max(range(len(lists)), key=lambda d: (count[(s, d)], -d))
+          for s in range(num_stages)]
+
+
+def LossInside(name, table=None):
+  """Whether schedule `name` needs the per-micro-batch loss inside the
+  pipeline (a table: whether a device runs a forward after a backward).
+
+  Raises:
+    KeyError: for an unknown name.
+  """
+  if name == TABLE:
+    return any(_Interleaves(device) for device in _Table(name, table))
+  return _Lookup(name).loss_inside
+
+
+def _Interleaves(device):
+  seen_backward = False
+  for a in device:
+    if a.kind != FORWARD:
+      seen_backward = True
+    elif seen_backward:
+      return True
+  return False
+
+
+def FormulaBubble(name, num_stages, num_devices, num_micro_batches):
+  """The bubble (idle share of the devices' time in a step) the paper of
+  schedule `name` gives for S stages on D devices and M micro-batches when
+  F, B and W take the same time, or None (no closed form, or the sizes are
+  outside it). Compare with `Schedule.Bubble()`: the same schedule's
+  action lists simulated at unit times."""
+  fn = _Lookup(name).bubble
+  return None if fn is None else fn(num_stages, num_devices,
+                                     num_micro_batches)
+
+
+def _OnePerDevice(formula):
+  """A formula that holds with one stage per device."""
+  return lambda s, d, m: formula(d, m) if s == d else None
+
+
+def StageDevices(name, num_stages, num_devices, table=None):
+  """The device index of each stage under schedule `name`.
+
+  Raises:
+    ValueError: for a schedule whose placement does not fit the sizes.
+  """
+  if name == TABLE:
+    return _TableStageDevices(_Table(name, table), num_stages)
+  placement = _Lookup(name).placement or Looped
+  try:
+    return list(placement(num_stages, num_devices))
+  except ValueError as e:
+    raise ValueError(f'Schedule {name!r}: {e}') from None
+
+
 def Build(name, num_stages, num_devices, num_micro_batches,
-          stage_devices=None, recurrent=False):
+          stage_devices=None, recurrent=False, table=None):
   """The checked `Schedule` of registered `name` for S stages on D devices
   and M micro-batches.
 
@@ -412,11 +412,14 @@ def Build(name, num_stages, num_devices, num_micro_batches,
     stage_devices: S device indices; default `StageDevices(name, S, D)`. A
       schedule with its own placement accepts only that one.
     recurrent: whether cells carry state between micro-batches (adds the
-      dependencies of the module docstring to the check).
+      dependencies of actions.Needs to the check).
+    table: for TABLE, the action lists as text (schedule_builders.
+      ParseTable), which must hold D lines of S stages and M micro-batches.
 
   Raises:
     KeyError: for an unknown name.
-    ValueError: for sizes the schedule does not allow, or a broken rule.
+    ValueError: for sizes the schedule does not allow, or a broken rule
+      (naming the device, tick and action).
   """
   entry = _Lookup(name)
   for what, n in (('num_stages', num_stages), ('num_devices', num_devices),
@@ -424,10 +427,14 @@ def Build(name, num_stages, num_devices, num_micro_batches,
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise ValueError(f'Schedule {name!r}: {what}={n!r} must be an int '
                        '>= 1.')
-  own = StageDevices(name, num_stages, num_devices)
+  if name == TABLE and len(_Table(name, table)) != num_devices:
+    raise ValueError(f'Schedule {name!r}: the table has '
+                     f'{len(_Table(name, table))} line(s); the pipeline has '
+                     f'{num_devices} devices (one line per device).')
+  own = StageDevices(name, num_stages, num_devices, table)
   if stage_devices is None:
     stage_devices = own
-  elif entry.placement and list(stage_devices) != own:
+  elif (entry.placement or name == TABLE) and list(stage_devices) != own:
     raise ValueError(f'Schedule {name!r} places stages on devices {own}; '
                      f'got stage_devices={list(stage_devices)}.')
   stage_devices = list(stage_devices)
@@ -435,73 +442,36 @@ def Build(name, num_stages, num_devices, num_micro_batches,
   if idle:
     raise ValueError(f'Schedule {name!r}: {num_stages} stage(s) on '
                      f'{num_devices} devices leave device(s) {idle} idle.')
-  actions = entry.fn(stage_devices, num_devices, num_micro_batches)
+  if name == TABLE:
+    lists = _Table(name, table)
+    loss_inside = LossInside(name, table)
+  else:
+    try:
+      lists = entry.fn(stage_devices, num_devices, num_micro_batches)
+    except ValueError as e:
+      raise ValueError(f'Schedule {name!r}: {e}') from None
+    loss_inside = entry.loss_inside
   schedule = Schedule(name, num_stages, num_micro_batches, stage_devices,
-                      actions, entry.loss_inside)
+                      lists, loss_inside)
   Check(schedule, recurrent=recurrent)
   return schedule
 
 
-def FromStageOrders(stage_devices, orders, num_devices):
-  """Device lists of per-stage orders: each device's actions merged in the
-  order of the ticks of the stage-level table (every stage on a device of
-  its own, each action as early as it can run), so a stage-level schedule
-  runs with several stages per device."""
-  m = 1 + max(a.micro_batch for order in orders for a in order)
-  one_each = Schedule('stages', len(orders), m, range(len(orders)), orders,
-                      loss_inside=True)
-  lists = [[] for _ in range(num_devices)]
-  for tick in one_each.Ticks():
-    for a in sorted(tick, key=lambda a: a.stage):
-      lists[stage_devices[a.stage]].append(a)
-  return lists
-
-
-@Register('gpipe', loss_inside=False)
-def GPipe(stage_devices, num_devices, num_micro_batches):
-  """GPipe: every forward in wavefront order, then every backward in
-  reverse (Huang et al., 2019); without remat a stage holds all M
-  micro-batches' activations. The loss may run outside the pipeline."""
-  wave = WavefrontSchedule(len(stage_devices), num_micro_batches)
-  forward = [Action(FORWARD, s, j) for tick in wave for s, j in tick]
-  backward = [Action(BACKWARD, s, j) for tick in reversed(wave)
-              for s, j in tick]
-  return [[a for a in forward + backward if stage_devices[a.stage] == d]
-          for d in range(num_devices)]
-
-
-def OneFOneBOrder(stage, num_stages, num_micro_batches):
-  """Stage `stage`'s actions under 1F1B: warm-up forwards, then F and B in
-  turn, then the remaining backwards."""
-  warm = min(num_stages - stage - 1, num_micro_batches)
-  order = [Action(FORWARD, stage, j) for j in range(warm)]
-  for j in range(num_micro_batches - warm):
-    order += [Action(FORWARD, stage, warm + j), Action(BACKWARD, stage, j)]
-  order += [Action(BACKWARD, stage, j)
-            for j in range(num_micro_batches - warm, num_micro_batches)]
-  return order
-
-
-@Register('1f1b', loss_inside=True)
-def OneFOneB(stage_devices, num_devices, num_micro_batches):
-  """1F1B (PipeDream-flush, Megatron): after a warm-up each stage
-  alternates a forward and a backward, so stage s holds at most
-  min(S - s, M) micro-batches' activations. Needs the loss inside."""
-  num_stages = len(stage_devices)
-  orders = [OneFOneBOrder(s, num_stages, num_micro_batches)
-            for s in range(num_stages)]
-  return FromStageOrders(stage_devices, orders, num_devices)
-
-
-# --- stage-level tables (one stage per device) -------------------------------
-
-
-def WavefrontSchedule(num_cells, num_steps):
-  """The tick table of the forward wavefront: tick t holds (s, t - s) for
-  every stage s with 0 <= t - s < M, in increasing stage order; M + S - 1
-  ticks."""
-  if num_cells < 1 or num_steps < 1:
-    raise ValueError(f'WavefrontSchedule: num_stages={num_cells} and '
-                     f'num_micro_batches={num_steps} must both be >= 1.')
-  return [[(i, t - i) for i in range(num_cells) if 0 <= t - i < num_steps]
-          for t in range(num_steps + num_cells - 1)]
+# One line per schedule: its name, whether its loss runs inside the
+# pipeline, its placement when it has its own, its paper's bubble (F = B =
+# W), and its builder.
+Register(DEFAULT, loss_inside=False,
+         bubble=_OnePerDevice(lambda d, m: (d - 1) / (m + d - 1)))(
+             schedule_builders.GPipe)
+Register('1f1b', loss_inside=True,
+         bubble=_OnePerDevice(lambda d, m: (d - 1) / (m + d - 1)))(
+             schedule_builders.OneFOneB)
+Register('interleaved_1f1b', loss_inside=True,
+         bubble=lambda s, d, m: (d - 1) / (s // d * m + d - 1))(
+             schedule_builders.Interleaved1F1B)
+Register('zb_h1', loss_inside=True,
+         bubble=_OnePerDevice(lambda d, m: (d - 1) / (3 * m + d - 1)))(
+             schedule_builders.ZeroBubbleH1)
+Register('zb_v', loss_inside=True, placement=schedule_builders.VShape,
+         bubble=lambda s, d, m: 0.0)(schedule_builders.ZeroBubbleV)
+Register(TABLE, loss_inside=None)(None)

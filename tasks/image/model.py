@@ -159,10 +159,8 @@ class ImageClassifier(base_model.BaseTask):
                        backward_window=None,
                        cells=net.cls.CellMemory(net, image))
     m, size = pipe.cls.MicroBatching(pipe, image[0])
-    return NestedMap(schedule=pipe.schedule, remat=pipe.remat,
-                     num_micro_batches=m,
-                     backward_window=pipe.backward_window,
-                     cells=net.cls.CellMemory(net, image.WithDim(0, size)))
+    return pipe.cls.MemoryMeta(
+        pipe, m, net.cls.CellMemory(net, image.WithDim(0, size)))
 
 
 _PREDICT_DOC = """predict(images) -> probabilities, classes

@@ -758,16 +758,14 @@ class LanguageModel(base_model.BaseTask):
     cells = stack.cls.CellMemory(stack, mb)
     for cell in cells:
       cell.outside = 0
-    if schedules.LossInside(pipe.schedule):
+    if schedules.LossInside(pipe.schedule, pipe.schedule_table):
       loss = c.softmax.cls.FPropMeta(c.softmax, mb)
       cells[-1].act += loss.act_bytes
       cells[-1].act_weights += loss.act_bytes_weights
       cells[-1].transient = max(cells[-1].transient, loss.act_bytes)
     else:
       cells[-1].outside = softmax
-    return NestedMap(schedule=pipe.schedule, remat=pipe.remat,
-                     num_micro_batches=m,
-                     backward_window=pipe.backward_window, cells=cells)
+    return pipe.cls.MemoryMeta(pipe, m, cells)
 
 
 _SCORE_DOC = """score(ids, paddings) -> log_probs, sentence_log_prob, num_tokens

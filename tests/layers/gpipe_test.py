@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import conv
@@ -452,16 +453,22 @@ class FPropLossTest(tf.test.TestCase):
   model run on each micro-batch with its seed."""
 
   def _Check(self, kind, k, m, batch_dim, nested, schedule, remat='never',
-             dropout=0.0, use_function=False):
+             dropout=0.0, use_function=False, v=1, table=''):
+    """k devices, k * v cells (v stages per device); `table`: the
+    schedule_table of schedules.TABLE."""
     inputs, in_shapes = _Inputs(kind, batch_dim, nested)
-    layers = (_ConvLayers(batch_dim, nested) if kind == 'conv' else
-              _TransformerLayers(batch_dim, nested, dropout, num=max(k, 2)))
-    cells = gpipe.PartitionSequentialLayers(layers, k, *in_shapes)
+    stages = k * v
+    layers = (_ConvLayers(batch_dim, nested, ('TANH',) * max(4, stages))
+              if kind == 'conv' else
+              _TransformerLayers(batch_dim, nested, dropout,
+                                 num=max(stages, 2)))
+    cells = gpipe.PartitionSequentialLayers(layers, stages, *in_shapes)
     with _Cluster(k):
       pipe = gpipe.PipeliningLayer.Params().Set(
           name='pipe', cell_tpl=cells, num_micro_batches=m,
           batch_dim=batch_dim, nested_map_fprop=nested, schedule=schedule,
-          remat=remat).Instantiate()
+          remat=remat, stages_per_device=v,
+          schedule_table=table).Instantiate()
     x = inputs[0].x if nested else inputs[0]
     loss = _LossCell(nested, batch_dim, x.shape[-1])
     side = NestedMap(y=tf.random.stateless_normal(x.shape, [k, m]))
@@ -506,6 +513,43 @@ class FPropLossTest(tf.test.TestCase):
     for k, m, bd in itertools.product((1, 2, 4), (1, 2, 4, 8), (0, 1)):
       with self.subTest(k=k, m=m, batch_dim=bd):
         self._Check('conv', k, m, bd, nested=bd == 1, schedule='1f1b')
+
+  def testNewSchedulesGridMatchesSequential(self):
+    # Interleaved, ZB-H1 and ZB-V over K devices x M micro-batches x v
+    # stages per device x batch_dim, on conv cells; a size a schedule does
+    # not allow is one error naming the rule.
+    for k, m, bd in itertools.product((1, 2, 4), (1, 2, 4, 8), (0, 1)):
+      for schedule, v in (('interleaved_1f1b', 2), ('zb_h1', 1),
+                          ('zb_v', 2)):
+        with self.subTest(k=k, m=m, batch_dim=bd, schedule=schedule):
+          if schedule == 'interleaved_1f1b' and m % k:
+            with self.assertRaisesRegex(
+                ValueError, f'num_micro_batches={m} must be a multiple of '
+                f'num_devices={k}'):
+              self._Check('conv', k, m, bd, bd == 1, schedule, v=v)
+            continue
+          self._Check('conv', k, m, bd, bd == 1, schedule, v=v)
+
+  def testNewSchedulesTransformerRematAndDropout(self):
+    for k, m, bd, nested, schedule, v, remat, fn in [
+        (2, 4, 0, False, 'zb_h1', 1, 'always', False),
+        (2, 4, 1, True, 'zb_h1', 2, 'except_last', True),
+        (2, 4, 0, True, 'zb_v', 2, 'selective', True),
+        (1, 2, 1, False, 'zb_v', 2, 'never', False),
+        (2, 2, 0, False, 'interleaved_1f1b', 2, 'always', True),
+        (2, 4, 1, True, 'interleaved_1f1b', 1, 'except_last', False)]:
+      with self.subTest(k=k, m=m, schedule=schedule, v=v, remat=remat):
+        self._Check('transformer', k, m, bd, nested, schedule, remat,
+                    dropout=0.3, use_function=fn, v=v)
+
+  def testTableEqualsItsRegisteredSchedule(self):
+    # A hand-written table of ZB-H1 (here the registered one's text) gives
+    # the same loss and gradients.
+    table = schedules.Build('zb_h1', 2, 2, 4).Text()
+    registered = self._Check('conv', 2, 4, 0, False, 'zb_h1')[-1]
+    written = self._Check('conv', 2, 4, 0, False, schedules.TABLE,
+                          table=table)[-1]
+    self.assertAllClose(registered, written, atol=1e-6)
 
   def testSchedulesRematAndDropout(self):
     for k, m, bd, nested, schedule, remat in [

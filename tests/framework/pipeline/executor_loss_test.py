@@ -10,6 +10,7 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import executor
+from cadence.framework.pipeline import schedules
 from cadence.framework import step_seed
 from cadence.tests import test_utils
 
@@ -97,6 +98,58 @@ class PipelineLossTest(tf.test.TestCase):
           self.assertAllClose(want, self._Run(self._Pipelined(
               k, schedule, remat)), atol=1e-5, rtol=1e-5)
 
+  def _OnStages(self, schedule, s_count, k, remat):
+    """The pipelined fn of s_count stages on k devices, as `schedule`
+    places them."""
+    devices = [_DEVICES[d] for d in schedules.StageDevices(schedule, s_count,
+                                                           k)]
+
+    def _Fn():
+      loss, per_step = executor.PipelineLoss(
+          devices, [_Cell] * (s_count - 1) + [_Loss], self.thetas,
+          _Templates(s_count), self.xs, self.side, step_seed=self.seed,
+          schedule=schedule, remat=remat)
+      return 0.5 * loss, [tf.reduce_sum(per_step.count), per_step.per_example,
+                          per_step.n]
+    return _Fn
+
+  def testZeroBubbleAndInterleavedGrid(self):
+    # K devices x M micro-batches x v stages per device: loss, metrics and
+    # every gradient equal the sequential model's. A size a schedule does
+    # not allow is one error naming the rule.
+    for k, m in itertools.product((1, 2, 4), (1, 2, 4, 8)):
+      for schedule, v, remat in (('zb_h1', 1, 'never'),
+                                 ('zb_h1', 2, 'except_last'),
+                                 ('zb_v', 2, 'always'),
+                                 ('interleaved_1f1b', 2, 'never')):
+        with self.subTest(k=k, m=m, schedule=schedule, v=v):
+          self._Setup(k * v, m)
+          if schedule == 'interleaved_1f1b' and m % k:
+            with self.assertRaisesRegex(
+                ValueError, f'num_micro_batches={m} must be a multiple of '
+                f'num_devices={k}'):
+              self._Run(self._OnStages(schedule, k * v, k, remat))
+            continue
+          self.assertAllClose(self._Run(self._Sequential()),
+                              self._Run(self._OnStages(schedule, k * v, k,
+                                                       remat)),
+                              atol=1e-5, rtol=1e-5)
+
+  def testZeroBubbleInFunction(self):
+    # In a graph B and W run the two halves of the cut backward
+    # (backward_split.py), for every remat policy.
+    for schedule, k, v, m, remat in (('zb_h1', 2, 1, 4, 'never'),
+                                     ('zb_h1', 2, 1, 4, 'always'),
+                                     ('zb_v', 2, 2, 4, 'except_last'),
+                                     ('zb_v', 2, 2, 2, 'selective'),
+                                     ('interleaved_1f1b', 2, 2, 4, 'always')):
+      self._Setup(k * v, m)
+      want = self._Run(self._Sequential())
+      got = tf.function(lambda: self._Run(self._OnStages(  # pylint: disable=cell-var-from-loop
+          schedule, k * v, k, remat)))()
+      with self.subTest(schedule=schedule, remat=remat):
+        self.assertAllClose(want, got, atol=1e-5, rtol=1e-5)
+
   def testMatchesSequentialInFunction(self):
     for k, m, schedule, remat in ((2, 4, '1f1b', 'never'),
                                   (4, 8, '1f1b', 'except_last'),
@@ -115,7 +168,8 @@ class PipelineLossTest(tf.test.TestCase):
             self.xs, self.side)
     with self.assertRaisesRegex(
         ValueError, r"PipelineLoss 'PipelineLoss': schedule='2f2b'; expected "
-        r"one of \['gpipe', '1f1b'\]"):
+        r"one of \['gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v', "
+        r"'table'\]"):
       executor.PipelineLoss(*args, schedule='2f2b')
     templates = _Templates(2)
     templates[-1] = NestedMap(total=tf.TensorSpec([]))

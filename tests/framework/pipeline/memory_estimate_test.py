@@ -5,6 +5,7 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import normalization
@@ -124,12 +125,16 @@ class StageMemoryTest(tf.test.TestCase):
         ('1f1b', 'never', 1, [4, 3, 2, 1], [4, 3, 2, 1]),
         ('1f1b', 'always', 1, [1] * 4, [4, 3, 2, 1]),
         ('1f1b', 'except_last', 1, [2, 2, 2, 1], [4, 3, 2, 1]),
-        ('1f1b', 'selective', 1, [4, 3, 2, 1], [4, 3, 2, 1])]:
+        ('1f1b', 'selective', 1, [4, 3, 2, 1], [4, 3, 2, 1]),
+        # ZB-H1 holds 1F1B's activations from F to B.
+        ('zb_h1', 'never', 1, [4, 3, 2, 1], [4, 3, 2, 1]),
+        ('zb_h1', 'always', 1, [1] * 4, [4, 3, 2, 1])]:
       with self.subTest(schedule=schedule, remat=remat, window=window):
         self.assertEqual((act, out), memory_estimate.KeptMicroBatches(
             schedule, remat, k, m, window))
     with self.assertRaisesRegex(ValueError, "schedule='2f2b'; expected one "
-                                r"of \['gpipe', '1f1b'\]"):
+                                r"of \['gpipe', '1f1b', 'interleaved_1f1b', "
+                                r"'zb_h1', 'zb_v', 'table'\]"):
       memory_estimate.KeptMicroBatches('2f2b', 'never', 2, 2)
     with self.assertRaisesRegex(ValueError, "remat='some'; expected"):
       memory_estimate.KeptMicroBatches('gpipe', 'some', 2, 2)
@@ -165,6 +170,52 @@ class StageMemoryTest(tf.test.TestCase):
                       backward_window=None, cells=cells[:1])
     self.assertEqual([memory_estimate.Stage(1000, 500, 0, 100, 30)],
                      memory_estimate.StageMemory(plain, [1000], [500]))
+
+  def testSplitBackwardHoldsWhatWReadsUntilW(self):
+    # ZB-H1, K=2, M=2, no remat; ticks [F00] [F01 F10] [B10] [B00 F11]
+    # [W00 B11] [B01 W10] [W01 W11]. After a B its act_weights (what W
+    # reads) stay until the W; gradients exist from the first B or W on.
+    cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
+                       outside=0),
+             NestedMap(act=200, act_weights=80, out=20, transient=50,
+                       outside=0)]
+    memory = NestedMap(schedule='zb_h1', remat='never', num_micro_batches=2,
+                       backward_window=1, cells=cells)
+    moments = memory_estimate.Moments(memory, [1000, 2000], [0, 0])
+    self.assertEqual(
+        [[110, 0], [220, 220], [220, 220 + 2050], [220 + 1030, 300],
+         [150 + 1030, 300 + 2050], [110 + 1030, 160 + 2050],
+         [40 + 1030, 80 + 2050]],
+        [[s.activations + s.grads + s.transient for s in m]
+         for m in moments])
+    self.assertEqual(
+        memory_estimate.Stage(2000, 0, 2000, 300, 50),
+        memory_estimate.StageMemory(memory, [1000, 2000], [0, 0])[1])
+
+  def testDeviceMemoryOfStagesSharingDevices(self):
+    cell = NestedMap(act=100, act_weights=40, out=10, transient=30,
+                     outside=0)
+    for schedule, k, d in (('zb_v', 4, 2), ('interleaved_1f1b', 4, 2),
+                           ('zb_v', 2, 1), ('1f1b', 2, 2)):
+      memory = NestedMap(schedule=schedule, remat='never',
+                         num_micro_batches=4, backward_window=1,
+                         num_devices=d, cells=[cell] * k)
+      params, slots = [1000] * k, [500] * k
+      with self.subTest(schedule=schedule, d=d):
+        devices = memory_estimate.DeviceMemory(memory, params, slots)
+        stages = memory_estimate.StageMemory(memory, params, slots)
+        self.assertLen(devices, d)
+        placed = schedules.StageDevices(schedule, k, d)
+        for i, device in enumerate(devices):
+          # A device's worst moment: at most its stages' own worst ones.
+          mine = [s.total for s, sd in zip(stages, placed) if sd == i]
+          self.assertLessEqual(device.total, sum(mine))
+          self.assertGreaterEqual(device.total, max(mine))
+        if d == 1:   # One device holds every stage: the shared memory.
+          self.assertEqual(devices, [memory_estimate.SharedMemory(
+              memory, params, slots)])
+        if d == k:
+          self.assertEqual(devices, stages)
 
   def testMomentsAndSharedMemory(self):
     # GPipe, K=2, M=2, no remat: ticks [F00] [F01 F10] [F11] (between the

@@ -165,6 +165,141 @@ class OneFOneBTest(tf.test.TestCase):
       ps.Build('1f1b', 2, 2, 4, recurrent=True)
 
 
+def _PeakHeld(schedule):
+  """Per device, the most stage-micro-batches forwarded and not yet done
+  with (their W run, or their B when the backward is not split)."""
+  done_kind = W if schedule.splits_backward else B
+  live, peak = [0] * schedule.num_devices, [0] * schedule.num_devices
+  for tick in schedule.Ticks():
+    for x in tick:
+      d = schedule.stage_devices[x.stage]
+      live[d] += {F: 1, done_kind: -1}.get(x.kind, 0)
+      peak[d] = max(peak[d], live[d])
+  return peak
+
+
+class InterleavedTest(tf.test.TestCase):
+
+  def testExhaustiveSmall(self):
+    for d, v, groups in itertools.product((1, 2, 3, 4), (1, 2, 3), (1, 2, 3)):
+      m = d * groups
+      with self.subTest(d=d, v=v, m=m):
+        schedule = ps.Build('interleaved_1f1b', d * v, d, m)
+        self.assertTrue(schedule.loss_inside)
+        self.assertEqual(tuple(s % d for s in range(d * v)),
+                         schedule.stage_devices)
+        for device in schedule.actions:   # v stages x M, forward and back.
+          self.assertLen(device, 2 * v * m)
+        # Megatron's bubble: each stage takes 1/v of a device's step.
+        self.assertAllClose((d - 1) / (v * m + d - 1),
+                            schedule.Bubble(lambda x: 1.0 / v))
+
+  def testOneStagePerDeviceIs1F1B(self):
+    for d, m in itertools.product((1, 2, 4), (1, 3, 8)):
+      self.assertEqual(ps.Build('1f1b', d, d, m).actions,
+                       ps.Build('interleaved_1f1b', d, d, m).actions)
+
+  def testMicroBatchesInGroupsOfTheDevices(self):
+    with self.assertRaisesRegex(
+        ValueError, r"Schedule 'interleaved_1f1b': interleaved stages send "
+        r'micro-batches round the devices in groups of D: '
+        r'num_micro_batches=3 must be a multiple of num_devices=2'):
+      ps.Build('interleaved_1f1b', 4, 2, 3)
+    with self.assertRaisesRegex(ValueError, 'num_stages=5 a multiple of '
+                                'num_devices=2'):
+      ps.Build('interleaved_1f1b', 5, 2, 4)
+
+
+class ZeroBubbleTest(tf.test.TestCase):
+
+  def testH1Exhaustive(self):
+    for k, m in itertools.product(range(1, 6), range(1, 9)):
+      with self.subTest(k=k, m=m):
+        schedule = ps.Build('zb_h1', k, k, m)
+        self.assertTrue(schedule.splits_backward)
+        # 1F1B's activations (F to B) and peak (F to W: S on every stage).
+        self.assertEqual([min(k - i, m) for i in range(k)],
+                         schedule.InFlight())
+        self.assertLessEqual(max(_PeakHeld(schedule)), k)
+        if m >= k:   # The paper's bubble when F = B = W.
+          self.assertAllClose((k - 1) / (3 * m + k - 1), schedule.Bubble())
+
+  def testH1OfTwoStagesByHand(self):
+    self.assertEqual('F0:0 F0:1 B0:0 W0:0 F0:2 B0:1 W0:1 B0:2 W0:2\n'
+                     'F1:0 B1:0 F1:1 B1:1 W1:0 F1:2 B1:2 W1:1 W1:2',
+                     ps.Build('zb_h1', 2, 2, 3).Text())
+
+  def testVPlacementAndBubbles(self):
+    for d, m in itertools.product((1, 2, 4), (1, 2, 4, 8)):
+      with self.subTest(d=d, m=m):
+        schedule = ps.Build('zb_v', 2 * d, d, m)
+        self.assertEqual(
+            tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d)),
+            schedule.stage_devices)
+        self.assertTrue(schedule.splits_backward)
+        # 1F1B's first stage: d micro-batches of a stage twice as large,
+        # from F to B; one more until W.
+        self.assertLessEqual(max(_PeakHeld(schedule)), 2 * min(d, m) + 1)
+    # Each V stage is half a 1F1B stage: unit F, B, W of 1/2.
+    half = lambda x: 0.5
+    for d, m in ((2, 4), (4, 8), (4, 16)):
+      v_bubble = ps.Build('zb_v', 2 * d, d, m).Bubble(half)
+      h1_bubble = ps.Build('zb_h1', d, d, m).Bubble()
+      one_f_one_b = ps.Build('1f1b', d, d, m).Bubble(
+          lambda x: 1.0 if x.kind == F else 2.0)
+      self.assertLess(v_bubble, h1_bubble)
+      self.assertLess(h1_bubble, 0.5 * one_f_one_b)
+
+  def testVNeedsTwoStagesPerDevice(self):
+    with self.assertRaisesRegex(
+        ValueError, r"Schedule 'zb_v': a V places 2 stages per device: "
+        r'num_stages=3 must be 2 x num_devices=2'):
+      ps.Build('zb_v', 3, 2, 4)
+
+
+class TableTest(tf.test.TestCase):
+
+  def testTableOfARegisteredScheduleIsThatSchedule(self):
+    for name, k, d, m in (('1f1b', 2, 2, 4), ('zb_h1', 3, 3, 4),
+                          ('zb_v', 4, 2, 4), ('interleaved_1f1b', 4, 2, 4)):
+      with self.subTest(name=name):
+        want = ps.Build(name, k, d, m)
+        text = '# ' + name + '\n' + want.Text() + '\n\n'
+        got = ps.Build(ps.TABLE, k, d, m, table=text)
+        self.assertEqual(want.actions, got.actions)
+        self.assertEqual(want.stage_devices, got.stage_devices)
+        self.assertEqual(want.splits_backward, got.splits_backward)
+        self.assertTrue(got.loss_inside)
+    gpipe = ps.Build('gpipe', 2, 2, 2)
+    self.assertFalse(ps.LossInside(ps.TABLE, gpipe.Text()))
+
+  def testEachBadTable(self):
+    good = 'F0:0 F0:1 B0:0 W0:0 B0:1 W0:1\nF1:0 B1:0 W1:0 F1:1 B1:1 W1:1'
+    ps.Build(ps.TABLE, 2, 2, 2, table=good)
+    cases = [
+        ('F0:0 F0:1 B0:0 W0:0 B0:1 W0:1\nB1:0 F1:0 W1:0 F1:1 B1:1 W1:1',
+         r'deadlocks: device 0 at tick 2: B\(0, 0\) waits for B\(1, 0\); '
+         r'device 1 at tick 0: B\(1, 0\) waits for F\(1, 0\)'),
+        ('F0:0 F0:1 B0:0 W0:0 B0:1 W0:1 F1:0\nB1:0 W1:0 F1:1 B1:1 W1:1',
+         r'device 0, tick 6: F\(1, 0\): stage 1 runs on device 1, not 0'),
+        ('F0:0 F0:1 B0:0 W0:0 W0:1\nF1:0 B1:0 W1:0 F1:1 B1:1 W1:1',
+         r'device 0: micro-batch 1 never finishes stage 0: B\(0, 1\) is '
+         'missing'),
+        ('F0:0 F0:1 B0:0 W0:0 B0:1\nF1:0 B1:0 W1:0 F1:1 B1:1 W1:1',
+         r'device 0: the weight gradient of B\(0, 1\) \(tick 4\) is never '
+         r'applied: W\(0, 1\) is missing'),
+        ('F0:0 F0:1 B0:0 W0:0 B0:1 W0:1', r'the table has 1 line\(s\); the '
+         r'pipeline has 2 devices \(one line per device\)'),
+        ('F0:0 F0:x', r"device 0, action 2: 'F0:x' is not an action written "
+         r"kind stage:micro_batch \(e.g. 'F0:3'"),
+        ('', r'needs its action lists as text \(schedule_table\)'),
+    ]
+    for text, error in cases:
+      with self.subTest(error=error):
+        with self.assertRaisesRegex(ValueError, "Schedule 'table'.*" + error):
+          ps.Build(ps.TABLE, 2, 2, 2, table=text)
+
+
 class ActionScopeTest(tf.test.TestCase):
 
   def testScopeRoundTrip(self):
@@ -241,12 +376,14 @@ class CheckTest(tf.test.TestCase):
 class RegistryTest(tf.test.TestCase):
 
   def testNames(self):
-    self.assertEqual(('gpipe', '1f1b'), ps.Names())
+    self.assertEqual(('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v',
+                      'table'), ps.Names())
     self.assertEqual(ps.DEFAULT, 'gpipe')
     self.assertFalse(ps.LossInside('gpipe'))
     self.assertTrue(ps.LossInside('1f1b'))
     with self.assertRaisesRegex(
-        KeyError, r"schedule='2f2b'; expected one of \['gpipe', '1f1b'\]"):
+        KeyError, r"schedule='2f2b'; expected one of \['gpipe', '1f1b', "
+        r"'interleaved_1f1b', 'zb_h1', 'zb_v', 'table'\]"):
       ps.Build('2f2b', 2, 2, 2)
 
   def testDocstringToySchedule(self):

@@ -25,7 +25,8 @@ from cadence.tests import test_utils
 VOCAB, DIM, T, B = 40, 16, 6, 8
 
 
-def _Params(splits=None, num_micro_batches=1, schedule='gpipe', **kwargs):
+def _Params(splits=None, num_micro_batches=1, schedule='gpipe',
+            stages_per_device=1, **kwargs):
   """LM params; with `splits`, a GPipe stack of that partition."""
   p = model.LanguageModel.Params().Set(
       name='lm', vocab_size=VOCAB, model_dim=DIM, random_seed=3)
@@ -33,7 +34,8 @@ def _Params(splits=None, num_micro_batches=1, schedule='gpipe', **kwargs):
     p.stack_tpl = gpipe_transformer.GPipeTransformerStack.Params().Set(
         splits=splits)
     p.stack_tpl.pipeline_tpl.Set(num_micro_batches=num_micro_batches,
-                                 schedule=schedule)
+                                 schedule=schedule,
+                                 stages_per_device=stages_per_device)
   p.stack_tpl.num_layers = 3
   p.stack_tpl.transformer_tpl.Set(num_heads=2, hidden_dim=32)
   return p.Set(**kwargs)
@@ -197,23 +199,27 @@ class LanguageModelTest(tf.test.TestCase):
       self.assertAllClose(g0[key], g1[key], atol=1e-6, msg=key)
 
   def testSplitsGiveTheSameLossAndGradients(self):
-    # GPipe and 1F1B (the softmax and cross-entropy of each micro-batch
-    # inside the pipeline) against the plain stack.
+    # Every schedule (1F1B and the zero-bubble and interleaved ones run the
+    # softmax and cross-entropy of each micro-batch inside the pipeline)
+    # against the plain stack.
     batch = _Batch(b=8)
     plain = _Build(_Params(label_smoothing=0.1))
     self.assertIsInstance(plain.children.stack,
                           model.transformer.TransformerStack)
     results = {}
-    for splits, m, schedule in ((1, 1, 'gpipe'), (2, 4, 'gpipe'),
-                                ([1], 2, 'gpipe'), (2, 4, '1f1b'),
-                                (1, 8, '1f1b')):
+    for splits, m, schedule, v in (
+        (1, 1, 'gpipe', 1), (2, 4, 'gpipe', 1), ([1], 2, 'gpipe', 1),
+        (2, 4, '1f1b', 1), (1, 8, '1f1b', 1), (2, 4, 'zb_h1', 1),
+        (1, 4, 'zb_v', 2), (1, 2, 'interleaved_1f1b', 3)):
       k = 1 if splits == 1 else 2   # One device per pipeline cell.
       task = _Build(_Params(splits=splits, num_micro_batches=m,
-                            schedule=schedule, label_smoothing=0.1), k)
-      self.assertEqual(schedule == '1f1b', schedules.LossInside(
+                            schedule=schedule, stages_per_device=v,
+                            label_smoothing=0.1), k)
+      self.assertEqual(schedule != 'gpipe', schedules.LossInside(
           task.stack.pipeline.params.schedule))
+      self.assertEqual(task.stack.num_cells,
+                       (1 if splits == 1 else 2) * v)
       if splits != 1:
-        self.assertEqual(task.stack.num_cells, 2)
         self.assertIn('CPU:1', task.children.softmax.vars.w.device)
       # Same paths, same initial weights.
       self.assertEqual([k for k, _ in task.vars.FlattenItems()],

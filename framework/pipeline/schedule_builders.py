@@ -1,0 +1,314 @@
+"""The built-in pipeline schedules: pure functions that return action lists.
+
+Each builder takes the stages' placement (`stage_devices`: the device index
+of each of the S stages), the number of devices D and of micro-batches M,
+and returns D lists of `actions.Action`s: what each device runs, in order.
+The registry (schedules.py) names them and checks what they return.
+
+  GPipe            every forward in wavefront order, then every backward in
+                   reverse (Huang et al., 2019, arXiv:1811.06965).
+  OneFOneB         1F1B (PipeDream-flush; Narayanan et al., 2021): after a
+                   warm-up each stage alternates a forward and a backward,
+                   so stage s holds at most min(S - s, M) micro-batches.
+  Interleaved1F1B  Megatron's virtual stages (Narayanan et al., 2021,
+                   arXiv:2104.04473): v = S / D stages per device, stage s on
+                   device s % D; micro-batches go round the devices in
+                   groups of D, each device alternating its stages; bubble
+                   (D-1)/(vM) of a step where each stage takes 1/v of the
+                   time.
+  ZeroBubbleH1     ZB-H1 (Qi et al., 2024, "Zero Bubble Pipeline
+                   Parallelism", arXiv:2401.10241): the backward split into
+                   B (input gradient) and W (weight gradient); 1F1B's order
+                   of F and B with stage s running its W's s micro-batches
+                   late, so W fills the bubbles: (S-1)/(3M+S-1) of the step
+                   when F = B = W, at 1F1B's peak memory.
+  ZeroBubbleV      ZB-V: two stages per device in a V (device d holds stages
+                   d and 2D-1-d), each device running by a greedy rule (a
+                   ready B first, else an F within 1F1B's first stage's
+                   memory, else a W), about the memory of 1F1B's first
+                   stage on every device and little bubble when F, B and W
+                   take the same time.
+  Table            a schedule written as text, one line per device.
+
+The zero-bubble orders are worked out for unit-time actions (the paper's
+F = B = W); the executor keeps the order whatever the real times are.
+
+Example:
+  OneFOneB([0, 1], 2, 3)
+  # [[F(0, 0), F(0, 1), B(0, 0), F(0, 2), B(0, 1), B(0, 2)],
+  #  [F(1, 0), B(1, 0), F(1, 1), B(1, 1), F(1, 2), B(1, 2)]]
+"""
+import re
+
+from cadence.framework.pipeline import actions
+
+Action = actions.Action
+F, B, W = actions.FORWARD, actions.BACKWARD, actions.WEIGHT
+
+
+def Looped(num_stages, num_devices):
+  """Stage s on device s % D (GPipe, 1F1B, interleaved)."""
+  return [s % num_devices for s in range(num_stages)]
+
+
+def VShape(num_stages, num_devices):
+  """Stage s on device s for the first D stages, then back: device d holds
+  stages d and 2D-1-d (ZB-V). Needs S = 2D."""
+  if num_stages != 2 * num_devices:
+    raise ValueError(f'a V places 2 stages per device: num_stages='
+                     f'{num_stages} must be 2 x num_devices={num_devices} '
+                     '(on a PipeliningLayer: stages_per_device=2).')
+  return [s if s < num_devices else 2 * num_devices - 1 - s
+          for s in range(num_stages)]
+
+
+def WavefrontSchedule(num_stages, num_micro_batches):
+  """The tick table of the forward wavefront: tick t holds (s, t - s) for
+  every stage s with 0 <= t - s < M, in increasing stage order; M + S - 1
+  ticks."""
+  if num_stages < 1 or num_micro_batches < 1:
+    raise ValueError(f'WavefrontSchedule: num_stages={num_stages} and '
+                     f'num_micro_batches={num_micro_batches} must both be '
+                     '>= 1.')
+  return [[(s, t - s) for s in range(num_stages)
+           if 0 <= t - s < num_micro_batches]
+          for t in range(num_micro_batches + num_stages - 1)]
+
+
+def StageTicks(orders):
+  """Per-stage action orders run as early as they can, each stage on a
+  device of its own, unit times: the list of ticks (stage order inside a
+  tick). Raises ValueError naming the stuck actions on a deadlock."""
+  num_stages = len(orders)
+  m = 1 + max(a.micro_batch for order in orders for a in order)
+  done, pos, ticks = set(), [0] * num_stages, []
+  while any(p < len(o) for p, o in zip(pos, orders)):
+    tick = [o[p] for p, o in zip(pos, orders) if p < len(o) and all(
+        n in done for n in actions.Needs(o[p], num_stages, m))]
+    if not tick:
+      stuck = [str(o[p]) for p, o in zip(pos, orders) if p < len(o)]
+      raise ValueError(f'StageTicks: deadlock after {len(ticks)} ticks; the '
+                       f'next actions {stuck} all wait for each other.')
+    for a in tick:
+      pos[a.stage] += 1
+    done.update(tick)
+    ticks.append(tick)
+  return ticks
+
+
+def FromStageOrders(stage_devices, orders, num_devices):
+  """Device lists of per-stage orders: each device's actions merged in the
+  order of their `StageTicks`, so a stage-level schedule runs with several
+  stages per device."""
+  lists = [[] for _ in range(num_devices)]
+  for tick in StageTicks(orders):
+    for a in tick:
+      lists[stage_devices[a.stage]].append(a)
+  return lists
+
+
+def _ByDevice(order, stage_devices, num_devices):
+  return [[a for a in order if stage_devices[a.stage] == d]
+          for d in range(num_devices)]
+
+
+def GPipe(stage_devices, num_devices, num_micro_batches):
+  """GPipe's device lists; see the module docstring."""
+  wave = WavefrontSchedule(len(stage_devices), num_micro_batches)
+  forward = [Action(F, s, j) for tick in wave for s, j in tick]
+  backward = [Action(B, s, j) for tick in reversed(wave) for s, j in tick]
+  return _ByDevice(forward + backward, stage_devices, num_devices)
+
+
+def OneFOneBOrder(stage, num_stages, num_micro_batches):
+  """Stage `stage`'s actions under 1F1B: warm-up forwards, then F and B in
+  turn, then the remaining backwards."""
+  warm = min(num_stages - stage - 1, num_micro_batches)
+  order = [Action(F, stage, j) for j in range(warm)]
+  for j in range(num_micro_batches - warm):
+    order += [Action(F, stage, warm + j), Action(B, stage, j)]
+  order += [Action(B, stage, j)
+            for j in range(num_micro_batches - warm, num_micro_batches)]
+  return order
+
+
+def OneFOneB(stage_devices, num_devices, num_micro_batches):
+  """1F1B's device lists; see the module docstring."""
+  num_stages = len(stage_devices)
+  return FromStageOrders(
+      stage_devices, [OneFOneBOrder(s, num_stages, num_micro_batches)
+                      for s in range(num_stages)], num_devices)
+
+
+def Interleaved1F1B(stage_devices, num_devices, num_micro_batches):
+  """Megatron's interleaved 1F1B; see the module docstring.
+
+  Device d's k-th forward is of its chunk (k // D) % v (stage chunk * D + d)
+  on micro-batch (k // (D v)) D + k % D; its k-th backward walks the chunks
+  in reverse. It runs (D - d - 1) 2 + (v - 1) D forwards to warm up, then
+  alternates a forward and a backward.
+  """
+  num_stages, d_count, m = len(stage_devices), num_devices, num_micro_batches
+  if num_stages % d_count or list(stage_devices) != Looped(num_stages,
+                                                           d_count):
+    raise ValueError(f'interleaved stages: stage s on device s % D, '
+                     f'num_stages={num_stages} a multiple of num_devices='
+                     f'{d_count}.')
+  v = num_stages // d_count
+  if v == 1:
+    return OneFOneB(stage_devices, num_devices, num_micro_batches)
+  if m % d_count:
+    raise ValueError(f'interleaved stages send micro-batches round the '
+                     f'devices in groups of D: num_micro_batches={m} must be '
+                     f'a multiple of num_devices={d_count}.')
+
+  def _Order(kind, d, k):
+    group, chunk = divmod(k // d_count, v)
+    if kind == B:
+      chunk = v - 1 - chunk
+    return Action(kind, chunk * d_count + d, group * d_count + k % d_count)
+
+  lists = []
+  total = m * v
+  for d in range(d_count):
+    warm = min((d_count - d - 1) * 2 + (v - 1) * d_count, total)
+    order = [_Order(F, d, k) for k in range(warm)]
+    for k in range(total - warm):
+      order += [_Order(F, d, warm + k), _Order(B, d, k)]
+    order += [_Order(B, d, k) for k in range(total - warm, total)]
+    lists.append(order)
+  return lists
+
+
+def _Greedy(stage_devices, num_devices, num_micro_batches, caps, defer):
+  """Zero-bubble lists by a greedy rule on unit-time actions.
+
+  At each tick every device runs one ready action of its stages, the first
+  of: a B (the oldest micro-batch; the later stage first); a W when more
+  than defer[d] of its B's wait for their W; an F while fewer than caps[d]
+  of its stage-micro-batches wait for their B (1F1B's activations); a W.
+  So the W's it defers (at most defer[d] + 1) fill the ticks where the
+  device would wait.
+  """
+  num_stages, m = len(stage_devices), num_micro_batches
+  todo = [[Action(kind, s, j) for s in range(num_stages)
+           if stage_devices[s] == d for j in range(m) for kind in (F, B, W)]
+          for d in range(num_devices)]
+  done = set()
+  lists = [[] for _ in range(num_devices)]
+  live = [0] * num_devices      # F run, B not yet.
+  waiting = [0] * num_devices   # B run, W not yet.
+
+  def _Key(a):
+    return (a.micro_batch, -a.stage)
+
+  while any(todo):
+    ran = []
+    for d in range(num_devices):
+      ready = [a for a in todo[d] if all(
+          n in done for n in actions.Needs(a, num_stages, m))]
+      rules = [B, W if waiting[d] > defer[d] else None,
+               F if live[d] < caps[d] else None, W]
+      pick = next((min(mine, key=_Key) for kind in rules if kind for mine in
+                   [[a for a in ready if a.kind == kind]] if mine), None)
+      if pick is None:
+        continue
+      todo[d].remove(pick)
+      lists[d].append(pick)
+      live[d] += {F: 1, B: -1, W: 0}[pick.kind]
+      waiting[d] += {F: 0, B: 1, W: -1}[pick.kind]
+      ran.append(pick)
+    if not ran:
+      raise ValueError('zero-bubble rule: no device can run an action; '
+                       f'caps {caps} are too small.')
+    done.update(ran)
+  return lists
+
+
+def ZeroBubbleH1Order(stage, num_stages, num_micro_batches):
+  """Stage `stage`'s actions under ZB-H1.
+
+  S - s forwards, then per micro-batch j its B, the W of micro-batch j - s
+  and the next forward; the W's left run at the end. A stage s runs its
+  W's s micro-batches late, so the last backwards travel back to stage 0
+  without waiting behind W's, and the W's fill the ticks where the stage
+  would wait for them (with F, B and W of one time, it never waits after
+  its first B). Stage s holds at most S micro-batches from F to W (S - s
+  from F to B, as 1F1B).
+  """
+  m = num_micro_batches
+  warm = min(num_stages - stage, m)
+  order = [Action(F, stage, j) for j in range(warm)]
+  for j in range(m):
+    order.append(Action(B, stage, j))
+    if j >= stage:
+      order.append(Action(W, stage, j - stage))
+    if j + warm < m:
+      order.append(Action(F, stage, j + warm))
+  order += [Action(W, stage, j) for j in range(max(m - stage, 0), m)]
+  return order
+
+
+def ZeroBubbleH1(stage_devices, num_devices, num_micro_batches):
+  """ZB-H1's device lists; see the module docstring."""
+  num_stages = len(stage_devices)
+  return FromStageOrders(
+      stage_devices, [ZeroBubbleH1Order(s, num_stages, num_micro_batches)
+                      for s in range(num_stages)], num_devices)
+
+
+def ZeroBubbleV(stage_devices, num_devices, num_micro_batches):
+  """ZB-V's device lists (stages in a V: `VShape`); see the module
+  docstring. Every device holds the activations of at most 2D
+  stage-micro-batches from F to B (1F1B's first stage: D micro-batches of a
+  stage twice as large) and defers at most one W beyond them.
+
+  Measured on unit-time actions (F = B = W of a stage, each stage half of
+  a 1F1B stage), bubble of the step: 0.077 at D=4, M=8 and 0.030 at M=16
+  (1F1B 0.273 and 0.158, ZB-H1 0.111 and 0.059); deferring more W's buys
+  little (0.059 at M=8 with 2) for a stage-micro-batch more each.
+  """
+  if list(stage_devices) != VShape(len(stage_devices), num_devices):
+    raise ValueError('ZB-V places stages in a V: device d holds stages d and '
+                     f'2D-1-d; got stage_devices={list(stage_devices)}.')
+  caps = [2 * min(num_devices, num_micro_batches)] * num_devices
+  return _Greedy(stage_devices, num_devices, num_micro_batches, caps,
+                 [1] * num_devices)
+
+
+# --- schedules written as text -----------------------------------------------
+
+_TOKEN = re.compile(r'^([FBWfbw])(\d+):(\d+)$')
+
+
+def ParseTable(text):
+  """D device lists of a schedule written as text.
+
+  One line per device (in device order), its actions in order, separated by
+  spaces: kind, stage, ':', micro-batch, e.g. `F0:0 F0:1 B0:0 W0:0`; '|'
+  also ends a device's line (one line of text on a command line:
+  `F0:0 B0:0 | F1:0 B1:0`). Blank lines and text after '#' are ignored.
+
+  Raises:
+    ValueError: naming the device, the column and the token that is not an
+      action.
+  """
+  lists = []
+  for line in str(text).replace('|', '\n').splitlines():
+    line = line.split('#', 1)[0].strip()
+    if not line:
+      continue
+    device = []
+    for column, token in enumerate(line.split(), 1):
+      found = _TOKEN.match(token)
+      if not found:
+        raise ValueError(f'device {len(lists)}, action {column}: {token!r} '
+                         'is not an action written kind stage:micro_batch '
+                         "(e.g. 'F0:3', 'B1:0', 'W1:0').")
+      kind, stage, micro_batch = found.groups()
+      device.append(Action(kind.upper(), int(stage), int(micro_batch)))
+    lists.append(device)
+  if not lists:
+    raise ValueError('the table holds no action: write one line per device, '
+                     "e.g. 'F0:0 F0:1 B0:0 B0:1'.")
+  return lists
