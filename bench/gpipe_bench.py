@@ -349,9 +349,8 @@ def _Bubbles(variants, window, batch):
         timeline = timeline_lib.Timeline(ops, devices,
                                          schedule=overrides['schedule'])
         plan = timeline.schedule
-        spans = timeline.actions
-        simulated = plan.Bubble(
-            cost=lambda a: spans[a][1] - spans[a][0] if a in spans else 0.0)  # pylint: disable=cell-var-from-loop
+        busy = timeline.busy   # Each action's own time: its ops' union.
+        simulated = plan.Bubble(cost=lambda a: busy.get(a, 0.0))  # pylint: disable=cell-var-from-loop
         formula = schedules.FormulaBubble(plan.name, plan.num_stages, k, m)
         gaps.append(abs(timeline.measured_bubble - simulated))
         cells.append(f'{timeline.measured_bubble:.2f}/'
