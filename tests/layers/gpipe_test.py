@@ -585,7 +585,8 @@ class FPropLossTest(tf.test.TestCase):
     with _Cluster(2):
       with self.assertRaisesRegex(
           ValueError, r"PipeliningLayer 'pipe': schedule='1F1B' must be one "
-          r"of 'gpipe', '1f1b'. Did you mean '1f1b'\?"):
+          r"of 'gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v', 'table'\. "
+          r"Did you mean '1f1b'\?"):
         gpipe.PipeliningLayer.Params().Set(
             name='pipe', cell_tpl=cells, schedule='1F1B').Instantiate()
       pipe = gpipe.PipeliningLayer.Params().Set(

@@ -280,11 +280,10 @@ _PLACEMENT_SCRIPT = textwrap.dedent("""
 
 
 _MEMORY_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json
     import tensorflow as tf
     from cadence.framework.nested_map import NestedMap
     from cadence.framework.pipeline import recurrent
-    REMAT, M, WINDOW = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     w1 = tf.Variable(tf.random.normal([64, 2048], stddev=0.1))
     w2 = tf.Variable(tf.random.normal([2048, 64], stddev=0.1))
 
@@ -294,45 +293,49 @@ _MEMORY_SCRIPT = textwrap.dedent("""
         h = tf.tanh(h) * 1.01
       return NestedMap(h=tf.matmul(h, th.w2))
 
-    @tf.function
-    def Step(xs):
-      with tf.GradientTape() as tape:
-        acc, _ = recurrent.StackedRecurrent(
-            ['/device:CPU:0'], [Cell], [NestedMap(w1=w1, w2=w2)],
-            [NestedMap(h=tf.zeros([32, 64]))], NestedMap(h=xs),
-            remat=REMAT, backward_window=WINDOW)
-        loss = tf.reduce_sum(acc.h ** 2)   # The backward needs every step.
-      return tape.gradient(loss, [w1, w2])
+    def Peak(remat, m, window):
+      @tf.function
+      def Step(xs):
+        with tf.GradientTape() as tape:
+          acc, _ = recurrent.StackedRecurrent(
+              ['/device:CPU:0'], [Cell], [NestedMap(w1=w1, w2=w2)],
+              [NestedMap(h=tf.zeros([32, 64]))], NestedMap(h=xs),
+              remat=remat, backward_window=window)
+          loss = tf.reduce_sum(acc.h ** 2)   # The backward needs every step.
+        return tape.gradient(loss, [w1, w2])
 
-    xs = tf.random.normal([M, 32, 64])
-    Step(xs)
-    tf.config.experimental.reset_memory_stats('CPU:0')
-    Step(xs)
-    print(json.dumps(tf.config.experimental.get_memory_info('CPU:0')))
+      xs = tf.random.normal([m, 32, 64])
+      Step(xs)
+      base = tf.config.experimental.get_memory_info('CPU:0')['current']
+      tf.config.experimental.reset_memory_stats('CPU:0')
+      Step(xs)
+      peak = tf.config.experimental.get_memory_info('CPU:0')['peak']
+      return (peak - base) / 2**20
+
+    print(json.dumps({f'{r} {m} {w}': Peak(r, m, w) for r, m, w in [
+        ('never', 8, 1), ('never', 1, 1), ('always', 8, 1),
+        ('except_last', 8, 1), ('always', 8, 2)]}))
 """)
 
 
 class MemoryTest(tf.test.TestCase):
 
-  def _PeakMiB(self, remat, steps, window=1):
-    """Peak tensor memory of a training step (TF's BFC allocator stats)."""
-    proc = test_utils.RunPython(
-        _MEMORY_SCRIPT, remat, steps, window,
-        env=dict(test_utils.QUIET_ENV, TF_CPU_ALLOCATOR_USE_BFC='true'))
-    return json.loads(proc.stdout.strip().splitlines()[-1])['peak'] / 2**20
-
   def testRematHoldsAWindowOfSteps(self):
     # A step's cell keeps 7.5 MiB of activations for its backward: about
     # 60 MiB for 8 steps without remat. With remat and backward_window=1,
     # one step's at a time (about what a single step needs), with 2 two.
-    never = self._PeakMiB('never', 8)
-    one_step = self._PeakMiB('never', 1)
-    self.assertGreater(never, 55)
+    # (One process; each step's peak above what it started with.)
+    proc = test_utils.RunPython(
+        _MEMORY_SCRIPT,
+        env=dict(test_utils.QUIET_ENV, TF_CPU_ALLOCATOR_USE_BFC='true'))
+    peak = json.loads(proc.stdout.strip().splitlines()[-1])
+    one_step = peak['never 1 1']
+    self.assertGreater(peak['never 8 1'], 55)
     self.assertLess(one_step, 20)
     for remat in ('always', 'except_last'):
       with self.subTest(remat=remat):
-        self.assertLess(self._PeakMiB(remat, 8), one_step + 3)
-    self.assertLess(self._PeakMiB('always', 8, window=2), one_step + 11)
+        self.assertLess(peak[f'{remat} 8 1'], one_step + 3)
+    self.assertLess(peak['always 8 2'], one_step + 11)
 
 
 class PlacementTest(tf.test.TestCase):

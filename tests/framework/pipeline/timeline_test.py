@@ -260,12 +260,13 @@ class TimelineTest(tf.test.TestCase):
       self.assertNotEmpty(products)
       self.assertEqual([], [n for n in products
                             if ps.ActionOfOp(n + '/') is None], name)
-      # Each device ran every one of its actions, in the schedule's order
-      # (the executor chains each device's actions).
+      # Each device ran every one of its actions, in the schedule's order:
+      # the executor chains each device's actions (an action's inputs wait
+      # for the one before it), so their first ops start in that order.
       self.assertLen(timeline.actions, 2 * k * m)
       for i, order in enumerate(table.actions):
         ran = sorted((a for a in timeline.actions if a.stage == i),
-                     key=lambda a: timeline.actions[a][0])
+                     key=lambda a: timeline.segments[a][0][0])
         self.assertEqual(list(order), ran, name)
       # A forward's span starts once the one before it in the pipeline
       # ended (its cheap early ops are other blocks).
