@@ -9,21 +9,27 @@ v, micro-batches M, schedule, remat), in one run:
 
   predicted: framework/jobs/planner.py with --plan_cluster=cpu and
     --plan_measure: each layer timed on this host, the host's concurrency
-    and memory bandwidth calibrated (medians over the rounds, measured
-    between the steps' rounds);
-  measured, R = 1: one training step (the task's forward, gradients and
-    Adam update, inspect_pipeline.TrainStep) of every layout built in one
-    process of 4 logical CPUs, timed in interleaved rounds (each round
-    times every layout `--steps` steps); the median over rounds;
-  measured, R > 1: the real trainer (--job=trainer, its MirroredStrategy
-    and per-stage all-reduce) in a process of its own per layout, run
-    `--replica_runs` times; the median of its steps_per_sec summaries
-    after the first window;
+    and memory bandwidth calibrated, in every round (medians);
+  measured: the trainer's own compiled train loop (programs.TrainProgram:
+    the task's forward, gradients, all-reduce across replicas and Adam
+    update), `--steps` steps at a time; every R = 1 layout built in one
+    process of 4 logical CPUs and timed in interleaved rounds; an R > 1
+    layout (its MirroredStrategy) in a process of its own, `--rounds`
+    times;
   memory, R = 1: each device's peak in a profiled step, from the
     allocator's events (framework/pipeline/memory_profile.py, as
     bench/gpipe_memory.py --per_device: pipelines built with trace_actions
     so every op is placed), plus its variables, next to the planner's
     per-device estimate.
+
+The machine is shared: other engineers' jobs come and go on its 2 cores,
+and the speed a process gets changed 3x within minutes while this was
+written. So every timing (each layout's steps, and each round's cost
+measurement) is taken right after one step of a reference layout
+(LAYOUTS[0]), which measures the machine's speed at that moment; the
+tables compare the predictions with the step times scaled to the median
+speed (t x the median reference / the reference before it), the costs
+likewise, and give the raw errors (no scaling) too.
 
 It prints per model a table (predicted, measured, error), the median and
 worst |error| of the step time, Spearman's rank correlation of the
@@ -33,13 +39,9 @@ the planner's best plans for the published-scale LM
 (lm.one_billion_wds.OneBWdsGPipeTransformer) on 8 x H100 and a TPU v4-8,
 from FLOPs and public specs: nothing here can check those.
 
-The machine is shared (other engineers' jobs run on its 2 cores): the
-load changes during the run, so every figure is a median of interleaved
-repeats, and the predictions use costs measured between the same rounds.
-
 Run:
   .venv/bin/python bench/planner_bench.py [--rounds 5] [--steps 3]
-      [--models tiny,bench] [--replica_runs 2] [--skip_memory]
+      [--models tiny,bench] [--skip_memory] [--skip_published]
 """
 import argparse
 import json
@@ -106,7 +108,8 @@ def _SetDevices(n):
 
 
 def _Build(model, layout, trace=False):
-  """(task, train step, batch) of `layout`, built on CPU:0..K-1."""
+  """(task, train step, batch, run(step)) of an R = 1 `layout`, built on
+  CPU:0..K-1 (inspect_pipeline.TrainStep: forward, gradients, update)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from cadence.framework.jobs import inspect_pipeline  # pylint: disable=g-import-not-at-top
@@ -125,8 +128,35 @@ def _Build(model, layout, trace=False):
   return task, step, batch, run
 
 
+def _Program(model, layout, cluster=None, strategy=None):
+  """run(n): n steps of the trainer's own compiled train loop
+  (programs.TrainProgram, its replicas and all-reduce) for `layout`, on
+  `cluster` (default: CPU:0..K-1, one replica) under `strategy`."""
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from cadence.framework.train import programs  # pylint: disable=g-import-not-at-top
+  from cadence.framework.train import replicas  # pylint: disable=g-import-not-at-top
+  if cluster is None:
+    cluster = cluster_lib.Cluster.Params().Set(
+        num_devices=layout.devices,
+        worker_split_size=layout.devices).Instantiate()
+  with cluster:
+    tasks = replicas.BuildReplicas(model.LayoutParams(layout), cluster)
+    program = programs.TrainProgram(tasks, tempfile.mkdtemp(), strategy,
+                                    cluster=cluster)
+  # The loop `Run` calls between its summaries (private: the bench times
+  # exactly the trainer's step, without its checkpoints and logs).
+  iterator = program._Iterator(program._ReplicaBatches(0), 0)  # pylint: disable=protected-access
+
+  def _Run(n):
+    start = time.perf_counter()
+    program._RunLoop(iterator, n)  # pylint: disable=protected-access
+    return (time.perf_counter() - start) / n
+  return _Run
+
+
 def _MeasureCosts(model, hw_text, devices, batches):
-  """(MeasuredCosts, calibrated Hardware) of one round."""
+  """(MeasuredCosts, calibrated Hardware) of one round: the planner's own
+  measurements (--plan_cluster=cpu --plan_measure)."""
   from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
   from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
   from cadence.framework.pipeline import hardware  # pylint: disable=g-import-not-at-top
@@ -149,10 +179,28 @@ def _MedianHardware(hws):
       flops=statistics.median(h.flops for h in hws))
 
 
+def _Timed(ref, run, steps):
+  """(seconds a step of `run`, seconds a step of the reference just
+  before it): the reference measures the machine's speed at that moment."""
+  before = ref(1)
+  return run(steps), before
+
+
+def _Scaled(costs, hw, factor):
+  """Costs and hardware of a round at the median speed: times x factor."""
+  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
+  parts = {mb: {n: (f * factor, fb * factor) for n, (f, fb) in p.items()}
+           for mb, p in costs.parts.items()}
+  scaled = planner.MeasuredCosts(costs._model, costs._device, None, parts,  # pylint: disable=protected-access
+                                 costs.update_rate * factor)
+  return scaled, hw._replace(memory_bandwidth=hw.memory_bandwidth / factor)
+
+
 def ChildTime(name, rounds, steps):
-  """Times every R = 1 layout and measures the planner's costs, in
-  interleaved rounds; predicts every layout (R > 1 too) from the medians.
-  Prints one JSON line."""
+  """Times every R = 1 layout (the trainer's loop) and measures the
+  planner's costs, in interleaved rounds, each next to a reference step
+  (LAYOUTS[0]); predicts every layout (R > 1 too) from the costs at the
+  median speed. Prints one JSON line."""
   _Quiet()
   _SetDevices(4)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -165,37 +213,65 @@ def ChildTime(name, rounds, steps):
   for layout in layouts:
     if layout.replicas == 1:
       start = time.perf_counter()
-      runs[layout] = _Build(model, layout)[3]
-      for s in range(2):
-        runs[layout](s)
+      runs[layout] = _Program(model, layout)
+      runs[layout](2)
       print(f'[{name}] built {layout.Name()} in '
             f'{time.perf_counter() - start:.0f} s', file=sys.stderr,
             flush=True)
+  ref = runs[layouts[0]]
   batches = sorted({model.PerReplicaBatch(l) // l.micro_batches
                     for l in layouts} | {model.batch_size // 4})
-  measured = {l: [] for l in runs}
-  costs, hws = [], []
+  samples = {l: [] for l in runs}
+  rounds_costs = []
   for r in range(rounds):
-    c, hw = _MeasureCosts(model, 'cpu', devices, batches)
-    costs.append(c)
-    hws.append(hw)
+    before = ref(1)
+    costs, hw = _MeasureCosts(model, 'cpu', devices, batches)
+    rounds_costs.append((costs, hw, (before + ref(1)) / 2))
     for layout, run in runs.items():
-      start = time.perf_counter()
-      for s in range(steps):
-        run(s)
-      measured[layout].append((time.perf_counter() - start) / steps)
+      samples[layout].append(_Timed(ref, run, steps))
     print(f'[{name}] round {r + 1}/{rounds} done', file=sys.stderr,
           flush=True)
-  hw = _MedianHardware(hws)
-  plan = planner.Planner(model, hw, planner.MeasuredCosts.MedianOf(costs))
+  speed = statistics.median(
+      [b for v in samples.values() for _, b in v] +
+      [x for _, _, x in rounds_costs])
+  scaled = [_Scaled(c, hw, speed / x) for c, hw, x in rounds_costs]
+  hw = _MedianHardware([h for _, h in scaled])
+  raw_hw = _MedianHardware([h for _, h, _ in rounds_costs])
+  plans = {
+      'scaled': planner.Planner(model, hw, planner.MeasuredCosts.MedianOf(
+          [c for c, _ in scaled])),
+      'raw': planner.Planner(model, raw_hw, planner.MeasuredCosts.MedianOf(
+          [c for c, _, _ in rounds_costs]))}
   out = []
-  for layout in layouts:
-    p = plan.Predict(layout)
-    out.append(dict(spec=list(LAYOUTS[layouts.index(layout)]),
-                    name=layout.Name(), predicted=p.step.time,
-                    measured=measured.get(layout),
-                    memory=p.memory))
-  print(json.dumps(dict(layouts=out, hardware=hw.Describe())))
+  for spec, layout in zip(LAYOUTS, layouts):
+    p = plans['scaled'].Predict(layout)
+    out.append(dict(
+        spec=list(spec), name=layout.Name(), predicted=p.step.time,
+        predicted_raw=plans['raw'].Predict(layout).step.time,
+        samples=samples.get(layout, []), memory=p.memory))
+  print(json.dumps(dict(layouts=out, hardware=hw.Describe(), speed=speed)))
+
+
+def ChildReplicas(name, spec, runs, steps):
+  """Times an R > 1 layout with the trainer's loop, its replicas on a
+  MirroredStrategy, each time next to the reference step (LAYOUTS[0], one
+  replica on CPU:0). Prints one JSON line."""
+  _Quiet()
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from cadence.framework.distribute import distribution  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  layout = _Layout(spec)
+  setup = distribution.Create(worker_replicas=layout.replicas,
+                              worker_split_size=layout.devices)
+  model = plan_model.PlanModel(_Params(name))
+  run = _Program(model, layout, setup.cluster, setup.strategy)
+  one = cluster_lib.Cluster.Params().Set(
+      devices=[setup.cluster.devices[0]]).Instantiate()
+  ref = _Program(model, _Layout(LAYOUTS[0]), one)
+  run(2)
+  ref(2)
+  samples = [_Timed(ref, run, steps) for _ in range(runs)]
+  print(json.dumps(dict(samples=samples)))
 
 
 def ChildMemory(name, spec):
@@ -235,40 +311,6 @@ def _ChildRun(args):
   if out.returncode:
     raise RuntimeError(out.stderr[-3000:])
   return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _TrainerStepTime(name, spec, steps=40, window=10):
-  """Median seconds a step of the real trainer's windows after the first
-  (its steps_per_sec summaries), for layout `spec`."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
-  model = plan_model.PlanModel(_Params(name))
-  layout = _Layout(spec)
-  items = MODELS[name] + model.Overrides(layout) + [
-      ('task.train.summary_interval_steps', window),
-      ('task.train.log_interval_steps', window),
-      ('task.train.save_interval_steps', 100000)]
-  override = ';'.join(f'{k}={v!r}' if isinstance(v, str) else f'{k}={v}'
-                      for k, v in items)
-  with tempfile.TemporaryDirectory() as logdir:
-    cmd = [sys.executable, os.path.join(_ROOT, 'trainer.py'),
-           f'--model={_TINY}', '--job=trainer', f'--logdir={logdir}',
-           f'--worker_replicas={layout.replicas}',
-           f'--worker_split_size={layout.devices}', f'--max_steps={steps}',
-           f'--model_params_override={override}']
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                         cwd=_ROOT)
-    if out.returncode:
-      raise RuntimeError(out.stderr[-3000:])
-    rates = []
-    for path in tf.io.gfile.glob(os.path.join(logdir, 'train',
-                                              'events.out.tfevents.*')):
-      for event in tf.compat.v1.train.summary_iterator(path):
-        for v in event.summary.value:
-          if v.tag == 'steps_per_sec':
-            rates.append((event.step, float(tf.make_ndarray(v.tensor))))
-  rates = [r for _, r in sorted(rates)][1:]
-  return statistics.median(1.0 / r for r in rates)
 
 
 def _Spearman(xs, ys):
@@ -321,74 +363,98 @@ def main():
   parser.add_argument('--steps', type=int, default=3,
                       help='Steps per layout per round.')
   parser.add_argument('--models', default='tiny,bench')
-  parser.add_argument('--replica_runs', type=int, default=2,
-                      help='Trainer runs of each R > 1 layout.')
   parser.add_argument('--skip_memory', action='store_true')
+  parser.add_argument('--skip_published', action='store_true')
   parser.add_argument('--child', nargs='*', help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
     kind, name = args.child[:2]
     if kind == 'time':
       return ChildTime(name, int(args.child[2]), int(args.child[3]))
+    if kind == 'replicas':
+      return ChildReplicas(name, json.loads(args.child[2]),
+                           int(args.child[3]), int(args.child[4]))
     return ChildMemory(name, json.loads(args.child[2]))
   results = {}
   for name in args.models.split(','):
-    print(f'== {name}: timing {sum(s[0] == 1 for s in LAYOUTS)} layouts '
-          f'in {args.rounds} interleaved rounds', flush=True)
+    print(f'== {name}: {len(LAYOUTS)} layouts, {args.rounds} interleaved '
+          'rounds', flush=True)
     res = _ChildRun(['time', name, args.rounds, args.steps])
     for entry in res['layouts']:
       spec = entry['spec']
       if spec[0] > 1:
-        entry['measured'] = []
-        for _ in range(args.replica_runs):
-          entry['measured'].append(_TrainerStepTime(name, spec))
+        entry['samples'] = _ChildRun(['replicas', name, json.dumps(spec),
+                                      args.rounds, args.steps])['samples']
       entry['measured_memory'] = None
       if spec[0] == 1 and not args.skip_memory:
         entry['measured_memory'] = _ChildRun(['memory', name,
                                               json.dumps(spec)])
       print(f'  {entry["name"]}: predicted {1000 * entry["predicted"]:.0f} '
-            f'ms, measured {[round(1000 * t) for t in entry["measured"]]}',
-            flush=True)
+            f'ms; measured, reference before (ms): ' + ', '.join(
+                f'{1000 * t:.0f}/{1000 * b:.0f}'
+                for t, b in entry['samples']), flush=True)
     results[name] = res
   _Print(results)
-  print('\nThe published-scale LM (lm.one_billion_wds.OneBWdsGPipeTransformer)'
-        ', planned from FLOPs and public specs; no way to check it on this '
-        'machine:')
-  _Published()
+  if not args.skip_published:
+    print('\nThe published-scale LM (lm.one_billion_wds.'
+          'OneBWdsGPipeTransformer), planned from FLOPs and public specs; no '
+          'way to check it on this machine:')
+    _Published()
+
+
+def _Errors(entries, speed, scaled):
+  """(predicted, measured medians, |errors|) of the entries: at the median
+  speed (each step time x the median reference / the reference just before
+  it), or raw."""
+  pred, meas = [], []
+  for e in entries:
+    if scaled:
+      pred.append(e['predicted'])
+      meas.append(statistics.median(t * speed / b for t, b in e['samples']))
+    else:
+      pred.append(e['predicted_raw'])
+      meas.append(statistics.median(t for t, _ in e['samples']))
+  return pred, meas, [abs(p / m - 1) for p, m in zip(pred, meas)]
 
 
 def _Print(results):
-  all_err, all_mem = [], []
+  totals = {True: [], False: []}
+  all_mem = []
   for name, res in results.items():
-    print(f'\n{name}: {res["hardware"]}')
-    print(f'{"layout":<46}{"predicted ms":>13}{"measured ms":>12}'
-          f'{"error":>8}   memory/device predicted/measured')
-    pred, meas, errs = [], [], []
-    for e in res['layouts']:
-      m = statistics.median(e['measured'])
-      err = e['predicted'] / m - 1
-      pred.append(e['predicted'])
-      meas.append(m)
-      errs.append(abs(err))
+    entries = res['layouts']
+    print(f'\n{name}: {res["hardware"]}; reference step (median) '
+          f'{1000 * res["speed"]:.0f} ms')
+    pred, meas, errs = _Errors(entries, res['speed'], True)
+    _, raw_meas, raw_errs = _Errors(entries, res['speed'], False)
+    print(f'{"layout":<46}{"predicted":>10}{"measured":>10}{"error":>8}'
+          f'{"raw error":>11}   memory/device MiB predicted/measured')
+    for e, p, m, r in zip(entries, pred, meas, raw_errs):
       mem = ''
       if e['measured_memory']:
         mm = e['measured_memory']
-        ratios = [p / x for p, x in zip(mm['predicted'], mm['measured'])]
+        ratios = [a / b for a, b in zip(mm['predicted'], mm['measured'])]
         all_mem += ratios
-        mem = ' '.join(f'{p / 2**20:.0f}/{x / 2**20:.0f} MiB ({r:.2f})'
-                       for p, x, r in zip(mm['predicted'], mm['measured'],
+        mem = ' '.join(f'{a / 2**20:.0f}/{b / 2**20:.0f} ({x:.2f})'
+                       for a, b, x in zip(mm['predicted'], mm['measured'],
                                           ratios))
-      print(f'{e["name"]:<46}{1000 * e["predicted"]:13.1f}{1000 * m:12.1f}'
-            f'{100 * err:+7.1f}%   {mem}')
-    all_err += errs
-    print(f'{name}: step time |error| median {100 * statistics.median(errs):.1f}'
-          f'%, worst {100 * max(errs):.1f}%; Spearman of the ranking '
-          f'{_Spearman(pred, meas):.2f} over {len(errs)} layouts')
-  print(f'\nall: |error| median {100 * statistics.median(all_err):.1f}% '
-        f'(target <= 10%), worst {100 * max(all_err):.1f}% (target <= 25%)')
+      print(f'{e["name"]:<46}{1000 * p:10.1f}{1000 * m:10.1f}'
+            f'{100 * (p / m - 1):+7.1f}%{100 * r:10.1f}%   {mem}')
+    totals[True] += errs
+    totals[False] += raw_errs
+    print(f'{name}: |error| median {100 * statistics.median(errs):.1f}%, '
+          f'worst {100 * max(errs):.1f}%; Spearman {_Spearman(pred, meas):.2f}'
+          f' over {len(errs)} layouts (raw: median '
+          f'{100 * statistics.median(raw_errs):.1f}%, worst '
+          f'{100 * max(raw_errs):.1f}%, Spearman '
+          f'{_Spearman([e["predicted_raw"] for e in entries], raw_meas):.2f})')
+  print(f'\nall {len(totals[True])} layouts: step time |error| median '
+        f'{100 * statistics.median(totals[True]):.1f}% (target <= 10%), worst '
+        f'{100 * max(totals[True]):.1f}% (target <= 25%); raw median '
+        f'{100 * statistics.median(totals[False]):.1f}%, worst '
+        f'{100 * max(totals[False]):.1f}%')
   if all_mem:
-    print(f'memory per device, predicted / measured: '
-          f'{min(all_mem):.2f} .. {max(all_mem):.2f} (target 0.80 .. 1.20)')
+    print(f'memory per device, predicted / measured: {min(all_mem):.2f} .. '
+          f'{max(all_mem):.2f} (target 0.80 .. 1.20)')
 
 
 if __name__ == '__main__':

@@ -108,6 +108,7 @@ class FlopsCosts:
     self._last = max(flops[-1] - self._layer, 0) if len(flops) > 1 else 0
     self.source = (f'FLOPs at {hw.flops / 1e12:.3g} TFLOP/s x efficiency '
                    f'{hw.efficiency:g} per device')
+    self.seconds = 0.0
     self.update_rate = None   # Seconds per weight byte: from bandwidth.
 
   def Items(self, micro_batch):
@@ -352,6 +353,13 @@ class Planner:
 # --- the report ---------------------------------------------------------------
 
 
+def _Ms(seconds):
+  """Milliseconds with 4 significant digits (a tiny model on an H100
+  takes microseconds), whole ones from 1000 ms."""
+  ms = 1000 * seconds
+  return f'{ms:.0f}' if ms >= 1000 else f'{ms:.4g}'
+
+
 def _Row(rank, p):
   lay = p.layout
   fmt = inspect_lib.FormatBytes
@@ -360,7 +368,7 @@ def _Row(rank, p):
       str(b - a) for a, b in zip(lay.bounds, lay.bounds[1:]))
   return (f'{rank:>4} {lay.replicas:>2} {lay.devices:>2} {lay.per_device:>2}'
           f' {lay.micro_batches:>3}  {lay.schedule:<16} {lay.remat:<12}'
-          f'{cut:<12}{1000 * p.step.time:>10.1f}{p.examples_per_sec:>11.1f}'
+          f'{cut:<12}{_Ms(p.step.time):>10}{p.examples_per_sec:>11.1f}'
           f'{100 * p.mfu:>7.1f}%{p.step.bubble:>7.2f}'
           f'{fmt(max(p.memory)):>13}{fits:>5}')
 
@@ -380,9 +388,11 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds):
       f'{model.num_layers} layers, {model.flops * 3 / 1e9:.4g} GFLOP a '
       'training step.',
       f'Cluster {hw.Describe()}.',
-      f'Costs: {costs.source}; {len(predictions)} layouts simulated in '
-      f'{seconds:.1f} s ({counts["dominated"]} dominated by a cheaper remat '
-      f'that fits, {counts["refused"]} sizes refused by their schedule); '
+      f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
+                                   costs.seconds else '') +
+      f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
+      f'({counts["dominated"]} dominated by a cheaper remat that fits, '
+      f'{counts["refused"]} sizes refused by their schedule); '
       f'{len(predictions) - len(fits)} do not fit.',
       'R replicas x K devices x v cells per device (S = K v stages), M '
       'micro-batches; cut: layers per stage; memory/dev: the largest '
@@ -397,7 +407,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds):
 
 def BestText(key, model, best, params_file=None):
   """The flags and overrides that run the best plan."""
-  return (f'Best plan: {best.layout.Name()}: {1000 * best.step.time:.1f} ms '
+  return (f'Best plan: {best.layout.Name()}: {_Ms(best.step.time)} ms '
           f'a step, {best.examples_per_sec:.1f} examples/s, MFU '
           f'{100 * best.mfu:.1f}%, bubble {best.step.bubble:.2f}.\n'
           f'  python trainer.py {model.Flags(best.layout, key, params_file)}'

@@ -16,4 +16,8 @@ when. It imports only the core.
   memory_estimate each stage's bytes at every moment of a schedule.
   timeline        a profiled step as actions per device, and its chart.
   memory_profile  each device's measured peak in a profiled step.
+  hardware        a cluster described for the planner (no TF): devices,
+                  memory, links, which devices share compute.
+  step_model      a training step's time simulated from a schedule's
+                  action lists and their costs (no TF).
 """

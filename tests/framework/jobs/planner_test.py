@@ -14,7 +14,6 @@ from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import hardware
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
-from cadence.framework.pipeline import step_model
 
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 Layout = plan_model.Layout
