@@ -482,8 +482,9 @@ def Plan(key, params, plan, logdir=''):
   text = Report(key, model, hw, costs, predictions, counts, plan.top,
                 time.perf_counter() - start)
   if plan.explain > len(predictions):
-    raise command_line.UserError(f'--plan_explain={plan.explain} is beyond the '
-                     f'{len(predictions)} layouts planned.')
+    raise command_line.UserError(
+        f'--plan_explain={plan.explain} is beyond the {len(predictions)} '
+        'layouts planned.')
   best = predictions[0]
   if plan.apply:
     _WriteText(plan.apply, model.OverridesText(best.layout))
@@ -497,7 +498,6 @@ def Plan(key, params, plan, logdir=''):
              f'({explained.layout.Name()}): {path}\n')
     _WriteText(os.path.join(folder, 'plan.txt'), text)
   return text
-
 
 
 def Run(options, params):
