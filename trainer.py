@@ -47,7 +47,9 @@ flags.DEFINE_enum('mode', 'sync', list(command_line.MODES), 'sync: run --job; '
                   'inspect_pipeline: profile one training step and print '
                   '(and write to --logdir) its pipeline timeline; export: '
                   'a checkpoint as a SavedModel for serving '
-                  '(framework/jobs/export.py).')
+                  '(framework/jobs/export.py); plan: predict and rank '
+                  'every layout on --plan_cluster (framework/jobs/'
+                  'planner.py).')
 flags.DEFINE_string('job', 'trainer_and_evaler', 'trainer, '
                     'trainer_and_evaler (train, and eval Dev after each '
                     'checkpoint), evaler_<dataset> or decoder_<dataset> '
@@ -113,6 +115,18 @@ flags.DEFINE_integer('export_batch_size', None, '--mode=export: a static '
 flags.DEFINE_integer('export_max_len', None, '--mode=export: a static '
                      'sequence length for sequence models (TPU/XLA '
                      "servers); default: the task's (see its Inference).")
+flags.DEFINE_string('plan_cluster', 'cpu', '--mode=plan: the cluster, a '
+                    'preset (cpu: this host\'s logical CPUs, measured; '
+                    'h100x8; tpu_v4_8) and/or key=value items, e.g. '
+                    '\'h100x8,hosts=2\' (framework/pipeline/hardware.py).')
+flags.DEFINE_bool('plan_measure', False, '--mode=plan: time each layer on '
+                  'this host\'s CPU instead of costing it by its FLOPs.')
+flags.DEFINE_integer('plan_top', 10, '--mode=plan: layouts in the table.')
+flags.DEFINE_string('plan_apply', '', '--mode=plan: write the best plan\'s '
+                    'overrides to this Params file (for '
+                    '--model_params_file_override).')
+flags.DEFINE_integer('plan_explain', 1, '--mode=plan with --logdir: draw the '
+                     'simulated timeline of the plan of this rank.')
 flags.DEFINE_bool('tf_log', False, 'Show TensorFlow\'s and gRPC\'s own C++ '
                   'log lines (oneDNN, CPU features, tf.data, gRPC); hidden '
                   'by default (framework/jobs/tf_log.py).')
@@ -158,7 +172,8 @@ def main(argv):
       tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, tpu_project=FLAGS.tpu_project,
       xla=FLAGS.xla, export_dir=FLAGS.export_dir, checkpoint=FLAGS.checkpoint,
       export_batch_size=FLAGS.export_batch_size,
-      export_max_len=FLAGS.export_max_len)
+      export_max_len=FLAGS.export_max_len,
+      plan=command_line.PlanOptions.Of(FLAGS))
   return trainer_lib.Main(options)
 
 

@@ -207,6 +207,32 @@ _BEFORE_TF = [
         f'--cluster_spec=worker={",".join(_HOSTS)}', '--task_type=chief'),
              r"^Error: --task_type='chief' is not a job of the cluster "
              r"\('worker'\)\.$"),
+    # --mode=plan's cluster (framework/pipeline/hardware.py) and flags.
+    BadInput('plan_cluster_misspelt_preset',
+             _Lm('--mode=plan', '--plan_cluster=h100'),
+             r"^Error: --plan_cluster: 'h100' is not a preset \(one of cpu, "
+             r"h100x8, tpu_v4_8\) nor a key=value item\. Did you mean "
+             r"'h100x8'\?$", real=True),
+    BadInput('plan_cluster_unknown_key',
+             _Lm('--mode=plan', '--plan_cluster=h100x8,devcies=4'),
+             r"^Error: --plan_cluster: unknown key 'devcies'; the keys are "
+             r"devices, .*\. Did you mean 'devices'\?$"),
+    BadInput('plan_cluster_bad_value',
+             _Lm('--mode=plan', '--plan_cluster=h100x8,efficiency=2'),
+             r"^Error: --plan_cluster: efficiency='2' must be a number in "
+             r"\(0, 1\] \(the share of peak a layer's products reach\)\.$"),
+    BadInput('plan_cluster_hosts',
+             _Lm('--mode=plan', '--plan_cluster=h100x8,hosts=3'),
+             r'^Error: --plan_cluster: hosts=3 must divide devices=8\.$'),
+    BadInput('plan_flag_without_plan_mode', _Lm('--plan_measure'),
+             r'^Error: --plan_measure need\(s\) --mode=plan \(now '
+             r'--mode=sync\)\.$'),
+    BadInput('plan_top_zero', _Lm('--mode=plan', '--plan_top=0'),
+             r'^Error: --plan_top=0 must be an int >= 1\.$'),
+    BadInput('plan_apply_no_folder',
+             _Lm('--mode=plan', '--plan_apply=/no/such/folder/plan.txt'),
+             r"^Error: --plan_apply='/no/such/folder/plan\.txt' must be a "
+             r'file path in an existing folder'),
 ]
 
 _INPUT = r"^Error: Input: LmCorpusInput 'lm_train' \(params 'input'\): "
@@ -326,6 +352,12 @@ _MODEL = [
               '--model_params_override=task.hidden_dims=[16.5]'],
              r"^Error: Bad params: RegressionModel 'regression' \(params "
              r"'task'\): hidden_dims\[0\]=16\.5 must be an int >= 1\.$"),
+    # --mode=plan of a model without a pipeline to lay out.
+    BadInput('plan_without_pipeline',
+             [f'--model={_REGRESSION}', _LOGDIR, '--mode=plan',
+              '--plan_cluster=h100x8'],
+             r"^Error: --mode=plan: model 'regression' runs no pipeline "
+             r'.*GPipeTransformerStack\.$'),
     # Devices: --xla and the TPU.
     BadInput('xla_over_two_devices', _Lm('--xla', '--worker_split_size=2'),
              r"^Error: Bad params: lm's train: --xla compiles one replica's "

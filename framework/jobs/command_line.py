@@ -25,6 +25,7 @@ Example:
   except command_line.UserError as e:
     sys.stderr.write(f'Error: {e}\\n')
 """
+import dataclasses
 import difflib
 import math
 import os
@@ -32,10 +33,11 @@ import re
 
 from cadence.framework import model_registry
 from cadence.framework.distribute import tf_config
+from cadence.framework.pipeline import hardware
 
 EXIT_USER_ERROR = 2
 MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline',
-         'export')
+         'export', 'plan')
 RUN_LOCALLY = ('cpu', 'gpu')
 _JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
               'decoder_<dataset>')
@@ -62,6 +64,52 @@ _NUMBER_FLAGS = (
 
 class UserError(Exception):
   """A mistake in the command line or the params; exits with code 2."""
+
+
+@dataclasses.dataclass
+class PlanOptions:
+  """The --plan_* flags of --mode=plan (framework/jobs/planner.py)."""
+  cluster: str = 'cpu'    # --plan_cluster (framework/pipeline/hardware.py)
+  measure: bool = False   # --plan_measure: time the layers on this host
+  top: int = 10           # --plan_top: layouts in the table
+  apply: str = ''         # --plan_apply: write the best plan's overrides
+  explain: int = 1        # --plan_explain: the plan whose timeline is drawn
+
+  @classmethod
+  def Of(cls, options):
+    """The PlanOptions of absl's FLAGS or of a TrainerOptions."""
+    if hasattr(options, 'plan_cluster'):
+      return cls(options.plan_cluster, options.plan_measure,
+                 options.plan_top, options.plan_apply, options.plan_explain)
+    return getattr(options, 'plan', None) or cls()
+
+
+def _CheckPlan(options):
+  """The --plan_* flags: only with --mode=plan, each value by its rule."""
+  plan = PlanOptions.Of(options)
+  if options.mode != 'plan':
+    given = [f'--plan_{f.name}' for f in dataclasses.fields(plan)
+             if getattr(plan, f.name) != f.default]
+    if given:
+      raise UserError(f'{", ".join(given)} need(s) --mode=plan (now '
+                      f'--mode={options.mode}).')
+    return
+  try:
+    hardware.Parse(plan.cluster)
+  except hardware.SpecError as e:
+    raise UserError(str(e)) from None
+  for name, value in (('top', plan.top), ('explain', plan.explain)):
+    if not (_IsInt(value) and value >= 1):
+      raise UserError(f'--plan_{name}={value!r} must be an int >= 1.')
+  if not isinstance(plan.measure, bool):
+    raise UserError(f'--plan_measure={plan.measure!r} must be True or '
+                    'False.')
+  if plan.apply and _IsLocal(plan.apply):
+    folder = os.path.dirname(os.path.abspath(plan.apply))
+    if os.path.isdir(plan.apply) or not os.path.isdir(folder):
+      raise UserError(f'--plan_apply={plan.apply!r} must be a file path in '
+                      'an existing folder (the best plan\'s overrides are '
+                      'written there as Params text).')
 
 
 def _Hint(value, choices, form=repr):
@@ -214,6 +262,7 @@ def Check(options):
     raise UserError(_NotOneOf('run_locally', options.run_locally,
                               RUN_LOCALLY))
   _CheckNumbers(options)
+  _CheckPlan(options)
   if not isinstance(options.xla, bool):
     raise UserError(f'--xla={options.xla!r} must be True or False.')
   for name in ('tpu_zone', 'tpu_project'):

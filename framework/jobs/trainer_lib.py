@@ -67,6 +67,7 @@ from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
 from cadence.framework.jobs import memory_check
 from cadence.framework.jobs import params_file
+from cadence.framework.jobs import planner
 from cadence.framework import model_registry
 from cadence.framework.train import checkpoint_files
 from cadence.framework.train import checkpoint_match
@@ -123,6 +124,8 @@ class TrainerOptions:
   checkpoint: str = ''
   export_batch_size: int = None
   export_max_len: int = None
+  plan: command_line.PlanOptions = dataclasses.field(   # --mode=plan
+      default_factory=command_line.PlanOptions)
 
 
 # --- params -------------------------------------------------------------------
@@ -693,6 +696,8 @@ def _Inspect(options, setup):
     return _Export(options)
   if options.mode == 'inspect_pipeline':
     return _InspectPipeline(options)
+  if options.mode == 'plan':   # framework/jobs/planner.py
+    return planner.Run(options, LoadParams(options, 'Train'))
   params = LoadParams(options, 'Train')
   text = ParamsText(params) if not options.logdir else WriteParams(
       params, os.path.join(options.logdir, 'params.txt'))

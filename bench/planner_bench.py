@@ -1,0 +1,461 @@
+"""The layout planner's predictions next to real runs on this machine.
+
+For two models, the Tiny LM (lm.one_billion_wds.OneBWdsGPipeTransformerTiny)
+and the bench Transformer (bench/gpipe_bench.py's dimensions: vocab 1024,
+d 256, 8 layers of 4 heads and feed-forward 1024, sequences of 64, batch 32;
+run as that LM task with those overrides: its positions and Adam come
+along), and for each of `LAYOUTS` (replicas R, devices K, cells per device
+v, micro-batches M, schedule, remat), in one run:
+
+  predicted: framework/jobs/planner.py with --plan_cluster=cpu and
+    --plan_measure: each layer timed on this host, the host's concurrency
+    and memory bandwidth calibrated, in every round (medians);
+  measured: the trainer's own compiled train loop (programs.TrainProgram:
+    the task's forward, gradients, all-reduce across replicas and Adam
+    update), `--steps` steps at a time; every R = 1 layout built in one
+    process of 4 logical CPUs and timed in interleaved rounds; an R > 1
+    layout (its MirroredStrategy) in a process of its own, `--rounds`
+    times;
+  memory, R = 1: each device's peak in a profiled step, from the
+    allocator's events (framework/pipeline/memory_profile.py, as
+    bench/gpipe_memory.py --per_device: pipelines built with trace_actions
+    so every op is placed), plus its variables, next to the planner's
+    per-device estimate.
+
+The machine is shared: other engineers' jobs come and go on its 2 cores,
+and the speed a process gets changed 3x within minutes while this was
+written. So every timing (each layout's steps, and each round's cost
+measurement) is taken right after one step of a reference layout
+(LAYOUTS[0]), which measures the machine's speed at that moment; the
+tables compare the predictions with the step times scaled to the median
+speed (t x the median reference / the reference before it), the costs
+likewise, and give the raw errors (no scaling) too.
+
+It prints per model a table (predicted, measured, error), the median and
+worst |error| of the step time, Spearman's rank correlation of the
+predicted and measured step times, the memory ratios, and the targets
+(median <= 10%, worst <= 25%, Spearman >= 0.8, memory within 20%). Then
+the planner's best plans for the published-scale LM
+(lm.one_billion_wds.OneBWdsGPipeTransformer) on 8 x H100 and a TPU v4-8,
+from FLOPs and public specs: nothing here can check those.
+
+Run:
+  .venv/bin/python bench/planner_bench.py [--rounds 5] [--steps 3]
+      [--models tiny,bench] [--skip_memory] [--skip_published]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+_BIG = 'lm.one_billion_wds.OneBWdsGPipeTransformer'
+# The bench Transformer (bench/gpipe_bench.py) as the LM task.
+MODELS = {
+    'tiny': [],
+    'bench': [('task.vocab_size', 1024), ('task.model_dim', 256),
+              ('task.stack_tpl.num_layers', 8),
+              ('task.stack_tpl.transformer_tpl.num_heads', 4),
+              ('task.stack_tpl.transformer_tpl.hidden_dim', 1024)],
+}
+# (R, K, S, M, schedule, remat): S = K v stages.
+LAYOUTS = [
+    (1, 1, 1, 1, 'gpipe', 'never'),
+    (1, 1, 1, 4, 'gpipe', 'except_last'),
+    (1, 2, 2, 1, 'gpipe', 'never'),
+    (1, 2, 2, 2, 'gpipe', 'never'),
+    (1, 2, 2, 4, 'gpipe', 'except_last'),
+    (1, 2, 2, 4, 'gpipe', 'always'),
+    (1, 2, 2, 4, '1f1b', 'never'),
+    (1, 2, 2, 8, '1f1b', 'never'),
+    (1, 2, 2, 4, '1f1b', 'selective'),
+    (1, 2, 4, 4, '1f1b', 'never'),
+    (1, 4, 4, 4, 'gpipe', 'except_last'),
+    (1, 4, 4, 8, '1f1b', 'never'),
+    (2, 1, 1, 1, 'gpipe', 'never'),
+    (2, 2, 2, 2, '1f1b', 'never'),
+]
+
+
+def _Quiet():
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+
+def _Params(name):
+  from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
+  params = model_registry.GetParams(_TINY, 'Train')
+  for key, value in MODELS[name]:
+    params.Set(**{key: value})
+  return params
+
+
+def _Layout(spec):
+  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  r, k, s, m, schedule, remat = spec
+  return plan_model.Layout(r, k, s, m, schedule, remat, None)
+
+
+def _SetDevices(n):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices('CPU')[0],
+      [tf.config.LogicalDeviceConfiguration()] * n)
+
+
+def _Build(model, layout, trace=False):
+  """(task, train step, batch, run(step)) of an R = 1 `layout`, built on
+  CPU:0..K-1 (inspect_pipeline.TrainStep: forward, gradients, update)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import inspect_pipeline  # pylint: disable=g-import-not-at-top
+  from cadence.framework.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
+  params = model.LayoutParams(layout)
+  if trace:
+    params = inspect_pipeline.TraceActions(params)
+  cluster = cluster_lib.Cluster.Params().Set(
+      num_devices=layout.devices,
+      worker_split_size=layout.devices).Instantiate()
+  with cluster:
+    task = params.Instantiate().task
+    batch = NestedMap(next(iter(task.params.input.Instantiate().Dataset())))
+    step = inspect_pipeline.TrainStep(task)
+  run = lambda s: float(step(batch, tf.constant(s, tf.int64)))  # pylint: disable=unnecessary-lambda-assignment
+  return task, step, batch, run
+
+
+def _Program(model, layout, cluster=None, strategy=None):
+  """run(n): n steps of the trainer's own compiled train loop
+  (programs.TrainProgram, its replicas and all-reduce) for `layout`, on
+  `cluster` (default: CPU:0..K-1, one replica) under `strategy`."""
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from cadence.framework.train import programs  # pylint: disable=g-import-not-at-top
+  from cadence.framework.train import replicas  # pylint: disable=g-import-not-at-top
+  if cluster is None:
+    cluster = cluster_lib.Cluster.Params().Set(
+        num_devices=layout.devices,
+        worker_split_size=layout.devices).Instantiate()
+  with cluster:
+    tasks = replicas.BuildReplicas(model.LayoutParams(layout), cluster)
+    program = programs.TrainProgram(tasks, tempfile.mkdtemp(), strategy,
+                                    cluster=cluster)
+  # The loop `Run` calls between its summaries (private: the bench times
+  # exactly the trainer's step, without its checkpoints and logs).
+  iterator = program._Iterator(program._ReplicaBatches(0), 0)  # pylint: disable=protected-access
+
+  def _Run(n):
+    start = time.perf_counter()
+    program._RunLoop(iterator, n)  # pylint: disable=protected-access
+    return (time.perf_counter() - start) / n
+  return _Run
+
+
+def _MeasureCosts(model, hw_text, devices, batches):
+  """(MeasuredCosts, calibrated Hardware) of one round: the planner's own
+  measurements (--plan_cluster=cpu --plan_measure)."""
+  from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
+  from cadence.framework.pipeline import hardware  # pylint: disable=g-import-not-at-top
+  costs = planner.MeasuredCosts(model, devices[0],
+                                model.params.task.train.learner)
+  for mb in batches:
+    costs.Parts(mb)
+  probe = plan_measure.LmParts(model.symbolic_task, model.batch_size // 4,
+                               model.BatchShapes(1).ids[1]).layer
+  hw = plan_measure.Calibrate(hardware.Parse(hw_text), devices, probe)
+  return costs, hw
+
+
+def _MedianHardware(hws):
+  conc = tuple(statistics.median(h.concurrency[i] for h in hws)
+               for i in range(len(hws[0].concurrency)))
+  return hws[0]._replace(
+      concurrency=conc,
+      memory_bandwidth=statistics.median(h.memory_bandwidth for h in hws),
+      flops=statistics.median(h.flops for h in hws))
+
+
+def _Timed(ref, run, steps):
+  """(seconds a step of `run`, seconds a step of the reference just
+  before it): the reference measures the machine's speed at that moment."""
+  before = ref(1)
+  return run(steps), before
+
+
+def _Scaled(costs, hw, factor):
+  """Costs and hardware of a round at the median speed: times x factor."""
+  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
+  parts = {mb: {n: (f * factor, fb * factor) for n, (f, fb) in p.items()}
+           for mb, p in costs.parts.items()}
+  scaled = planner.MeasuredCosts(costs._model, costs._device, None, parts,  # pylint: disable=protected-access
+                                 costs.update_rate * factor)
+  return scaled, hw._replace(memory_bandwidth=hw.memory_bandwidth / factor)
+
+
+def ChildTime(name, rounds, steps):
+  """Times every R = 1 layout (the trainer's loop) and measures the
+  planner's costs, in interleaved rounds, each next to a reference step
+  (LAYOUTS[0]); predicts every layout (R > 1 too) from the costs at the
+  median speed. Prints one JSON line."""
+  _Quiet()
+  _SetDevices(4)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
+  model = plan_model.PlanModel(_Params(name))
+  devices = [d.name for d in tf.config.list_logical_devices('CPU')]
+  layouts = [_Layout(spec) for spec in LAYOUTS]
+  runs = {}
+  for layout in layouts:
+    if layout.replicas == 1:
+      start = time.perf_counter()
+      runs[layout] = _Program(model, layout)
+      runs[layout](2)
+      print(f'[{name}] built {layout.Name()} in '
+            f'{time.perf_counter() - start:.0f} s', file=sys.stderr,
+            flush=True)
+  ref = runs[layouts[0]]
+  batches = sorted({model.PerReplicaBatch(l) // l.micro_batches
+                    for l in layouts} | {model.batch_size // 4})
+  samples = {l: [] for l in runs}
+  rounds_costs = []
+  for r in range(rounds):
+    before = ref(1)
+    costs, hw = _MeasureCosts(model, 'cpu', devices, batches)
+    rounds_costs.append((costs, hw, (before + ref(1)) / 2))
+    for layout, run in runs.items():
+      samples[layout].append(_Timed(ref, run, steps))
+    print(f'[{name}] round {r + 1}/{rounds} done', file=sys.stderr,
+          flush=True)
+  speed = statistics.median(
+      [b for v in samples.values() for _, b in v] +
+      [x for _, _, x in rounds_costs])
+  scaled = [_Scaled(c, hw, speed / x) for c, hw, x in rounds_costs]
+  hw = _MedianHardware([h for _, h in scaled])
+  raw_hw = _MedianHardware([h for _, h, _ in rounds_costs])
+  plans = {
+      'scaled': planner.Planner(model, hw, planner.MeasuredCosts.MedianOf(
+          [c for c, _ in scaled])),
+      'raw': planner.Planner(model, raw_hw, planner.MeasuredCosts.MedianOf(
+          [c for c, _, _ in rounds_costs]))}
+  out = []
+  for spec, layout in zip(LAYOUTS, layouts):
+    p = plans['scaled'].Predict(layout)
+    out.append(dict(
+        spec=list(spec), name=layout.Name(), predicted=p.step.time,
+        predicted_raw=plans['raw'].Predict(layout).step.time,
+        samples=samples.get(layout, []), memory=p.memory))
+  print(json.dumps(dict(layouts=out, hardware=hw.Describe(), speed=speed)))
+
+
+def ChildReplicas(name, spec, runs, steps):
+  """Times an R > 1 layout with the trainer's loop, its replicas on a
+  MirroredStrategy, each time next to the reference step (LAYOUTS[0], one
+  replica on CPU:0). Prints one JSON line."""
+  _Quiet()
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from cadence.framework.distribute import distribution  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  layout = _Layout(spec)
+  setup = distribution.Create(worker_replicas=layout.replicas,
+                              worker_split_size=layout.devices)
+  model = plan_model.PlanModel(_Params(name))
+  run = _Program(model, layout, setup.cluster, setup.strategy)
+  one = cluster_lib.Cluster.Params().Set(
+      devices=[setup.cluster.devices[0]]).Instantiate()
+  ref = _Program(model, _Layout(LAYOUTS[0]), one)
+  run(2)
+  ref(2)
+  samples = [_Timed(ref, run, steps) for _ in range(runs)]
+  print(json.dumps(dict(samples=samples)))
+
+
+def ChildMemory(name, spec):
+  """Each device's measured peak of one R = 1 layout's step, and the
+  planner's estimate. Prints one JSON line."""
+  _Quiet()
+  _SetDevices(4)
+  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.pipeline import memory_profile  # pylint: disable=g-import-not-at-top
+  model = plan_model.PlanModel(_Params(name))
+  layout = _Layout(spec)
+  _, step, batch, run = _Build(model, layout, trace=True)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  placement = memory_profile.Placement(lambda: run(0))
+  run(1)
+  variables = step.get_concrete_function(
+      batch, tf.constant(0, tf.int64)).variables
+  totals = memory_profile.DeviceTotals(
+      memory_profile.DevicePeaks(lambda: run(2), placement), variables)
+  print(json.dumps(dict(
+      measured=[totals.get(f'CPU:{d}', 0) for d in range(layout.devices)],
+      unattributed=totals.get(memory_profile.UNATTRIBUTED, 0),
+      predicted=model.DeviceMemory(layout)[0])))
+
+
+def _ChildRun(args):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  if args[0] == 'memory':
+    env['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
+  out = subprocess.run([sys.executable, os.path.abspath(__file__),
+                        '--child'] + [str(a) for a in args],
+                       capture_output=True, text=True, check=False, env=env,
+                       cwd=_ROOT)
+  for line in out.stderr.splitlines():
+    if line.startswith('['):
+      print('  ' + line, flush=True)
+  if out.returncode:
+    raise RuntimeError(out.stderr[-3000:])
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _Spearman(xs, ys):
+  def _Ranks(v):
+    order = sorted(range(len(v)), key=lambda i: v[i])
+    ranks = [0.0] * len(v)
+    i = 0
+    while i < len(order):
+      j = i
+      while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+        j += 1
+      for k in range(i, j + 1):
+        ranks[order[k]] = (i + j) / 2
+      i = j + 1
+    return ranks
+  rx, ry = _Ranks(xs), _Ranks(ys)
+  mx, my = statistics.mean(rx), statistics.mean(ry)
+  cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+  var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+  return cov / var ** 0.5 if var else float('nan')
+
+
+def _Published():
+  """The planner's best plans for the published-scale LM on two clusters
+  (FLOPs and public specs)."""
+  _Quiet()
+  from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.pipeline import hardware  # pylint: disable=g-import-not-at-top
+  model = plan_model.PlanModel(model_registry.GetParams(_BIG, 'Train'))
+  own = plan_model.Layout(1, 4, 4, 32, 'gpipe', 'except_last', None)
+  for text in ('h100x8', 'tpu_v4_8'):
+    hw = hardware.Parse(text)
+    plan = planner.Planner(model, hw, planner.FlopsCosts(model, hw))
+    start = time.perf_counter()
+    predictions, counts = plan.Search()
+    print(planner.Report(_BIG, model, hw, plan.costs, predictions, counts,
+                         5, time.perf_counter() - start), end='')
+    p = plan.Predict(own)
+    print(f'  the experiment\'s own layout ({own.Name()}): '
+          f'{1000 * p.step.time:.0f} ms, MFU {100 * p.mfu:.1f}%, memory/dev '
+          f'{max(p.memory) / 2**30:.1f} GiB, fits {p.fits}')
+    print(planner.BestText(_BIG, model, predictions[0]))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--steps', type=int, default=3,
+                      help='Steps per layout per round.')
+  parser.add_argument('--models', default='tiny,bench')
+  parser.add_argument('--skip_memory', action='store_true')
+  parser.add_argument('--skip_published', action='store_true')
+  parser.add_argument('--child', nargs='*', help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:
+    kind, name = args.child[:2]
+    if kind == 'time':
+      return ChildTime(name, int(args.child[2]), int(args.child[3]))
+    if kind == 'replicas':
+      return ChildReplicas(name, json.loads(args.child[2]),
+                           int(args.child[3]), int(args.child[4]))
+    return ChildMemory(name, json.loads(args.child[2]))
+  results = {}
+  for name in args.models.split(','):
+    print(f'== {name}: {len(LAYOUTS)} layouts, {args.rounds} interleaved '
+          'rounds', flush=True)
+    res = _ChildRun(['time', name, args.rounds, args.steps])
+    for entry in res['layouts']:
+      spec = entry['spec']
+      if spec[0] > 1:
+        entry['samples'] = _ChildRun(['replicas', name, json.dumps(spec),
+                                      args.rounds, args.steps])['samples']
+      entry['measured_memory'] = None
+      if spec[0] == 1 and not args.skip_memory:
+        entry['measured_memory'] = _ChildRun(['memory', name,
+                                              json.dumps(spec)])
+      print(f'  {entry["name"]}: predicted {1000 * entry["predicted"]:.0f} '
+            f'ms; measured, reference before (ms): ' + ', '.join(
+                f'{1000 * t:.0f}/{1000 * b:.0f}'
+                for t, b in entry['samples']), flush=True)
+    results[name] = res
+  _Print(results)
+  if not args.skip_published:
+    print('\nThe published-scale LM (lm.one_billion_wds.'
+          'OneBWdsGPipeTransformer), planned from FLOPs and public specs; no '
+          'way to check it on this machine:')
+    _Published()
+
+
+def _Errors(entries, speed, scaled):
+  """(predicted, measured medians, |errors|) of the entries: at the median
+  speed (each step time x the median reference / the reference just before
+  it), or raw."""
+  pred, meas = [], []
+  for e in entries:
+    if scaled:
+      pred.append(e['predicted'])
+      meas.append(statistics.median(t * speed / b for t, b in e['samples']))
+    else:
+      pred.append(e['predicted_raw'])
+      meas.append(statistics.median(t for t, _ in e['samples']))
+  return pred, meas, [abs(p / m - 1) for p, m in zip(pred, meas)]
+
+
+def _Print(results):
+  totals = {True: [], False: []}
+  all_mem = []
+  for name, res in results.items():
+    entries = res['layouts']
+    print(f'\n{name}: {res["hardware"]}; reference step (median) '
+          f'{1000 * res["speed"]:.0f} ms')
+    pred, meas, errs = _Errors(entries, res['speed'], True)
+    _, raw_meas, raw_errs = _Errors(entries, res['speed'], False)
+    print(f'{"layout":<46}{"predicted":>10}{"measured":>10}{"error":>8}'
+          f'{"raw error":>11}   memory/device MiB predicted/measured')
+    for e, p, m, r in zip(entries, pred, meas, raw_errs):
+      mem = ''
+      if e['measured_memory']:
+        mm = e['measured_memory']
+        ratios = [a / b for a, b in zip(mm['predicted'], mm['measured'])]
+        all_mem += ratios
+        mem = ' '.join(f'{a / 2**20:.0f}/{b / 2**20:.0f} ({x:.2f})'
+                       for a, b, x in zip(mm['predicted'], mm['measured'],
+                                          ratios))
+      print(f'{e["name"]:<46}{1000 * p:10.1f}{1000 * m:10.1f}'
+            f'{100 * (p / m - 1):+7.1f}%{100 * r:10.1f}%   {mem}')
+    totals[True] += errs
+    totals[False] += raw_errs
+    print(f'{name}: |error| median {100 * statistics.median(errs):.1f}%, '
+          f'worst {100 * max(errs):.1f}%; Spearman {_Spearman(pred, meas):.2f}'
+          f' over {len(errs)} layouts (raw: median '
+          f'{100 * statistics.median(raw_errs):.1f}%, worst '
+          f'{100 * max(raw_errs):.1f}%, Spearman '
+          f'{_Spearman([e["predicted_raw"] for e in entries], raw_meas):.2f})')
+  print(f'\nall {len(totals[True])} layouts: step time |error| median '
+        f'{100 * statistics.median(totals[True]):.1f}% (target <= 10%), worst '
+        f'{100 * max(totals[True]):.1f}% (target <= 25%); raw median '
+        f'{100 * statistics.median(totals[False]):.1f}%, worst '
+        f'{100 * max(totals[False]):.1f}%')
+  if all_mem:
+    print(f'memory per device, predicted / measured: {min(all_mem):.2f} .. '
+          f'{max(all_mem):.2f} (target 0.80 .. 1.20)')
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,271 @@
+"""What the layout planner measures on this host: its speed, its layers'.
+
+Calibration (`Calibrate`, the 'measure' values of a cluster text,
+framework/pipeline/hardware.py):
+  flops             one device's matmul FLOP/s (train_report's probe);
+  memory_bandwidth  bytes/s of an elementwise add of 32 MiB tensors (it
+                    reads two and writes one);
+  concurrency       the throughput of n equal workloads run at once on n
+                    logical devices (n = 1, 2, 4, ... up to the host's
+                    devices), relative to one alone: n x t(1) / t(n). The
+                    workload is `probe`: a layer's forward and backward
+                    (the model's own when measuring it), else a chain of
+                    matrix products. Logical devices share the host's cores
+                    and thread pools, so with 2 cores t(2) is well above
+                    t(1): this is what a pipeline's stages lose by running
+                    on one host.
+
+Layer costs (`MeasureParts`, --plan_measure): the median wall time of a
+part's forward, and of its forward and backward (the gradients of its
+weights and of its float inputs), on a device, on random inputs of its
+micro-batch shapes (int inputs, e.g. token ids, uniform below their
+`maxval`), after warm-up runs; and of the optimizer update of a layer's
+weights (`MeasureUpdate`). Like PartitionSequentialLayers(cost='measured')
+(layers/gpipe_partition.py), which times forward + backward together; the
+planner needs the forward alone too (a re-run costs a forward).
+
+Timings on a shared machine are noisy: every figure is a median of `runs`.
+
+Example:
+  hw = Calibrate(hardware.Parse('cpu'), devices)
+  part = Part(layers=[layer], fn=lambda th, x: layer.FProp(th[0], x),
+              specs=[tf.TensorSpec([8, 64, 128])])
+  MeasureParts([part], device)       # [(forward s, forward+backward s)]
+"""
+import collections
+import statistics
+import time
+
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import step_seed
+from cadence.framework.jobs import memory_check
+from cadence.framework.train import train_report
+
+# A measurable part of a model: its layers (built), fn(thetas, *inputs) ->
+# tensors (the thetas of `layers`, in order), input TensorSpecs and, for
+# int inputs, the bound of their values.
+Part = collections.namedtuple('Part', ['layers', 'fn', 'specs', 'maxval'],
+                              defaults=[None])
+
+
+def _Median(fn, runs, warmup):
+  """Median seconds of fn() (its results fetched), after `warmup` calls."""
+  times = []
+  for i in range(warmup + runs):
+    start = time.perf_counter()
+    for x in tf.nest.flatten(fn()):
+      x.numpy()
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _Inputs(part, seed):
+  out = []
+  for i, spec in enumerate(part.specs):
+    if spec.dtype.is_integer:
+      out.append(tf.random.stateless_uniform(
+          spec.shape, [seed, i], maxval=part.maxval or 2, dtype=spec.dtype))
+    else:
+      out.append(tf.random.stateless_normal(spec.shape, [seed, i],
+                                            dtype=spec.dtype))
+  return out
+
+
+def _Dense(g):
+  return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _Sum(out):
+  return tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32))
+                   for o in tf.nest.flatten(out) if o.dtype.is_floating])
+
+
+def _Functions(part):
+  """(forward, forward + backward) tf.functions of a part's inputs."""
+  thetas = [base_layer.WithStepSeed(l.theta, step_seed.MakeStepSeed(0))
+            for l in part.layers]
+  weights = [v for l in part.layers for v in l.vars.Flatten()
+             if v.trainable and v.dtype.is_floating]
+
+  def _Forward(*xs):
+    return _Sum(part.fn(thetas, *xs))
+
+  def _ForwardBackward(*xs):
+    floats = [x for x in xs if x.dtype.is_floating]
+    with tf.GradientTape() as tape:
+      tape.watch(floats)
+      loss = _Sum(part.fn(thetas, *xs))
+    grads = tape.gradient(loss, weights + floats)
+    return [_Dense(g) for g in grads if g is not None]
+
+  return (tf.function(_Forward, autograph=False),
+          tf.function(_ForwardBackward, autograph=False))
+
+
+def MeasureParts(parts, device, runs=5, warmup=2):
+  """[(forward seconds, forward + backward seconds)] of each Part on
+  `device` (median of `runs` after `warmup`)."""
+  out = []
+  with tf.device(device):
+    for part in parts:
+      xs = _Inputs(part, len(out))
+      forward, both = _Functions(part)
+      out.append((_Median(lambda: forward(*xs), runs, warmup),  # pylint: disable=cell-var-from-loop
+                  _Median(lambda: both(*xs), runs, warmup)))  # pylint: disable=cell-var-from-loop
+  return out
+
+
+def MeasureUpdate(learner_params, layer, device, runs=5, warmup=2):
+  """(seconds, bytes) of the optimizer update of `layer`'s trained weights
+  by a learner of `learner_params` (its clipping, skip test and rule)."""
+  with tf.device(device):
+    learner = learner_params.Copy().Instantiate(var_map=layer.vars)
+    learner.Build()
+    grads = learner.trainable_vars.Transform(
+        lambda v: tf.random.stateless_normal(v.shape, [1, 2], dtype=v.dtype)
+        * 1e-6)
+    apply = tf.function(lambda g: learner.ApplyGradients(1, g).grad_norm,
+                        autograph=False)
+    seconds = _Median(lambda: apply(grads), runs, warmup)
+  size = sum(v.shape.num_elements() * v.dtype.size
+             for _, v in learner.trainable)
+  return seconds, size
+
+
+def LmParts(task, micro_batch, seq_len):
+  """The parts of the LM task (tasks/lm/model.py) on a micro-batch, built
+  for real from the params of `task` (e.g. a symbolic build):
+
+    first: the embedding and positions, ids -> [mb, t, d];
+    layer: one layer of the stack, ([mb, t, d], paddings) -> [mb, t, d];
+    final: the stack's final norm;
+    loss:  the softmax and cross-entropy against labels.
+
+  Returns:
+    NestedMap of Parts.
+
+  Raises:
+    ValueError: the task has not these children.
+  """
+  c = task.children
+  if not all(n in c for n in ('emb', 'pos_emb', 'softmax', 'stack')) or (
+      'x_layers' not in c.stack.children):
+    raise ValueError(
+        f'--plan_measure times the LM task\'s parts (emb, pos_emb, '
+        f'stack.x_layers, softmax); {type(task).__name__} has '
+        f'{sorted(c)}. Plan without --plan_measure (costs from FLOPs).')
+  build = lambda layer: layer.params.Copy().Instantiate()  # pylint: disable=unnecessary-lambda-assignment
+  emb, pos, layer, softmax = (build(c.emb), build(c.pos_emb),
+                              build(c.stack.x_layers[0]), build(c.softmax))
+  dim = c.emb.params.embedding_dim
+  vocab = c.emb.params.vocab_size
+  x = tf.TensorSpec([micro_batch, seq_len, dim], tf.float32)
+  ids = tf.TensorSpec([micro_batch, seq_len], tf.int32)
+
+  def _First(th, ids):
+    return emb.FProp(th[0], ids) + pos.FProp(th[1], seq_length=seq_len)[None]
+
+  def _Layer(th, x, paddings):
+    return tf.nest.flatten(layer.FProp(th[0], x, paddings))[0]
+
+  def _Loss(th, x, labels):
+    return softmax.FProp(th[0], x, labels).total_xent
+
+  parts = base_layer.NestedMap(
+      first=Part([emb, pos], _First, [ids], vocab),
+      layer=Part([layer], _Layer,
+                 [x, tf.TensorSpec([micro_batch, seq_len], tf.float32)]),
+      loss=Part([softmax], _Loss, [x, ids], c.softmax.params.num_classes))
+  if 'final_ln' in c.stack.children:
+    final = build(c.stack.final_ln)
+    parts.final = Part([final], lambda th, x: final.FProp(th[0], x), [x])
+  parts.layer_object = layer
+  return parts
+
+
+def MemoryBandwidth(device, megabytes=32, runs=5):
+  """Bytes/s of an elementwise add on `device` (2 reads, 1 write)."""
+  n = megabytes * 2**20 // 4
+  with tf.device(device):
+    a = tf.random.stateless_normal([n], [1, 2])
+    b = tf.random.stateless_normal([n], [3, 4])
+    add = tf.function(lambda x, y: tf.reduce_sum(x + y), autograph=False)
+    seconds = _Median(lambda: add(a, b), runs, 2)
+  return 3 * n * 4 / seconds
+
+
+def MatmulProbe(size=384, depth=6):
+  """A Part of `depth` [size, size] products with ReLUs: the concurrency
+  workload when no model layer is given."""
+
+  class _Chain:
+    theta = base_layer.NestedMap()
+    vars = base_layer.NestedMap()
+
+  def _Fn(unused_thetas, x):
+    for _ in range(depth):
+      x = tf.nn.relu(tf.matmul(x, x) * (1.0 / size))
+    return x
+
+  return Part(layers=[_Chain()], fn=_Fn,
+              specs=[tf.TensorSpec([size, size], tf.float32)])
+
+
+def Concurrency(probe, devices, max_running, runs=5):
+  """(1, c_2, c_4, ...): the throughput of n copies of `probe`'s forward
+  and backward run at once, copy i on devices[i % len(devices)], relative
+  to one alone; n = 1, 2, 4, ... <= max_running."""
+  counts = [1]
+  while counts[-1] * 2 <= max_running:
+    counts.append(counts[-1] * 2)
+  inputs = []
+  calls = []
+  for i in range(counts[-1]):
+    with tf.device(devices[i % len(devices)]):
+      inputs.append(_Inputs(probe, i))
+      calls.append(_Functions(probe)[1])
+
+  def _Together(n):
+    def _Run():
+      outs = []
+      for i in range(n):
+        with tf.device(devices[i % len(devices)]):
+          outs.append(calls[i](*inputs[i]))
+      return outs
+    return tf.function(_Run, autograph=False)
+
+  together = {n: _Together(n) for n in counts}
+  times = {n: [] for n in counts}
+  for _ in range(2):
+    for n in counts:
+      _Median(together[n], 1, 1)
+  for _ in range(runs):   # Interleaved: the load of a shared host drifts.
+    for n in counts:
+      times[n].append(_Median(together[n], 1, 0))
+  one = statistics.median(times[1])
+  out = [1.0]
+  for n in counts[1:]:
+    out.append(max(out[-1], n * one / statistics.median(times[n])))
+  return tuple(out)
+
+
+def Calibrate(hw, devices, probe=None):
+  """`hw` with its 'measure' values measured on this host's `devices`
+  (logical devices; see the module docstring) and, where it has none, the
+  host's memory (shared) as its memory."""
+  flops = bandwidth = concurrency = None
+  if hw.flops == 'measure':
+    flops = train_report.MeasurePeakFlops(devices[0])
+  if hw.memory_bandwidth == 'measure':
+    bandwidth = MemoryBandwidth(devices[0])
+  if hw.concurrency == 'measure':
+    concurrency = Concurrency(probe or MatmulProbe(), devices,
+                              hw.devices_per_host)
+  memory = None
+  if hw.memory is None and hw.shared:
+    memory = memory_check.HostMemoryBytes()
+  return hw.Calibrated(flops=flops, memory_bandwidth=bandwidth,
+                       concurrency=concurrency, memory=memory)

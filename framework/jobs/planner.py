@@ -1,0 +1,512 @@
+"""`--mode=plan`: every layout of a model on a cluster, predicted and ranked.
+
+For a model with a pipelined stack (plan_model.py) and a described cluster
+(--plan_cluster, framework/pipeline/hardware.py), the planner predicts,
+before anything trains, for every layout that fits the devices:
+
+  R replicas x K devices per replica x v cells per device (S = K v stages)
+  x M micro-batches x schedule (every registered one, `schedules.Names()`,
+  except 'table'; sizes a schedule refuses are skipped) x remat
+  x the cut of the layers into stages (the stack's even cut, and the cut
+  that balances the predicted stage times, BalancedPartition)
+
+the step time, examples/s, MFU, bubble and memory per device, and ranks
+them by step time (the global batch stays the input's batch_size: R
+replicas take batch_size / R each). How:
+
+  costs:   each layer's forward and backward seconds on one micro-batch:
+           its FPropMeta FLOPs over the device's FLOP/s x efficiency (the
+           backward 2x the forward), or, with --plan_measure, timed on this
+           host's device (plan_measure.py); the embedding counts in the
+           first stage, the final norm, softmax and loss in the last;
+  step:    the schedule's action lists run by a discrete-event simulation
+           with transfers between stages, the gradient all-reduce and the
+           update (framework/pipeline/step_model.py); devices that share
+           compute (this host's logical CPUs) slow each other down;
+  memory:  weights, gradients, slots and the activations the schedule and
+           remat keep (framework/pipeline/memory_estimate.py), per device;
+           on a host whose devices share memory, all of them together.
+
+A layout whose remat is slower than another fitting remat of the same
+layout (never < selective < except_last < always: each re-runs more) is
+dominated and left out; one that does not fit is ranked after those that
+do. The best plan is printed as the exact flags and params overrides that
+run it; --plan_apply=FILE writes the overrides as a params file
+(--model_params_file_override=FILE), and with --logdir the best plan's
+simulated timeline is drawn as the timeline tool's chart
+(<logdir>/plan/plan_timeline.svg, framework/pipeline/timeline.py) beside
+the report (plan.txt).
+
+Example:
+  python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \\
+      --mode=plan --plan_cluster=cpu --plan_measure --logdir=/tmp/plan
+  python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformer \\
+      --mode=plan --plan_cluster=h100x8
+"""
+import collections
+import os
+import statistics
+import sys
+import time
+
+import tensorflow as tf
+
+from cadence.framework import cluster as cluster_lib
+from cadence.framework.jobs import command_line
+from cadence.framework.jobs import inspect_lib
+from cadence.framework.jobs import plan_measure
+from cadence.framework.jobs import plan_model
+from cadence.framework.pipeline import hardware as hardware_lib
+from cadence.framework.pipeline import schedules
+from cadence.framework.pipeline import step_model
+from cadence.framework.pipeline import timeline as timeline_lib
+from cadence.layers import gpipe_partition
+
+Layout = plan_model.Layout
+# Cheapest first: each re-runs more of the forward than the one before.
+REMATS = ('never', 'selective', 'except_last', 'always')
+_SKIP_SCHEDULES = ('table',)   # Written by hand, not searched.
+MAX_PER_DEVICE = 4             # v: cells per device.
+
+
+Prediction = collections.namedtuple('Prediction', [
+    'layout', 'step', 'memory', 'together', 'fits', 'examples_per_sec',
+    'mfu'])
+Prediction.__doc__ = """One layout's prediction.
+
+Attributes:
+  layout: the Layout.
+  step: the step_model.Step.
+  memory: per device of a replica, its bytes at its worst moment.
+  together: a replica's devices together at the step's worst moment.
+  fits: whether it fits the cluster's memory (None: unknown memory).
+  examples_per_sec: global batch / step time.
+  mfu: model FLOPs (3x the forward) / (step time x R K peak FLOP/s).
+"""
+
+
+# --- costs --------------------------------------------------------------------
+
+
+ItemCost = collections.namedtuple('ItemCost', ['rerun', 'once', 'loss',
+                                               'backward'])
+ItemCost.__doc__ = """One layer's seconds on one micro-batch: `rerun`, the
+forward a remat re-runs; `once`, the forward it does not (the embedding);
+`loss`, the forward of the loss (re-run only inside the pipeline);
+`backward`, input and weight gradients without re-run."""
+
+
+class FlopsCosts:
+  """Layer costs from FPropMeta FLOPs on a device of `hw` (calibrated): a
+  forward takes flops / (peak x efficiency), a backward twice that."""
+
+  def __init__(self, model, hw):
+    self._model, self._rate = model, hw.flops * hw.efficiency
+    flops = model.item_flops
+    self._layer = statistics.median(flops)
+    self._first = max(flops[0] - self._layer, 0) if len(flops) > 1 else 0
+    self._last = max(flops[-1] - self._layer, 0) if len(flops) > 1 else 0
+    self.source = (f'FLOPs at {hw.flops / 1e12:.3g} TFLOP/s x efficiency '
+                   f'{hw.efficiency:g} per device')
+    self.seconds = 0.0
+    self.update_rate = None   # Seconds per weight byte: from bandwidth.
+
+  def Items(self, micro_batch):
+    scale = micro_batch / self._model.batch_size / self._rate
+    out = []
+    for i, f in enumerate(self._model.item_flops):
+      once = self._first if i == 0 else 0
+      loss = self._last if i == len(self._model.item_flops) - 1 else 0
+      rerun = f - once - loss
+      out.append(ItemCost(rerun * scale, once * scale, loss * scale,
+                          2 * f * scale))
+    return out
+
+
+class MeasuredCosts:
+  """Layer costs timed on `device` (--plan_measure), per micro-batch size,
+  measured once each (plan_measure.LmParts), and the optimizer update's
+  seconds per weight byte (plan_measure.MeasureUpdate on one layer).
+
+  `MedianOf` merges several measurements (a benchmark's rounds) into one
+  of their medians.
+  """
+
+  def __init__(self, model, device, learner_params, parts=None,
+               update_rate=None):
+    self._model, self._device = model, device
+    self._seq = model.BatchShapes(1).ids[1]
+    self.parts = dict(parts or {})   # {micro-batch: {name: (F, F + B)}}
+    self.seconds = 0.0
+    self.update_rate = update_rate
+    if update_rate is None:
+      start = time.perf_counter()
+      layer = plan_measure.LmParts(model.symbolic_task, 1,
+                                   self._seq).layer_object
+      secs, size = plan_measure.MeasureUpdate(learner_params, layer, device)
+      self.update_rate = secs / size
+      self.seconds += time.perf_counter() - start
+    self.source = f'measured on {device} (--plan_measure)'
+
+  @classmethod
+  def MedianOf(cls, runs):
+    """One MeasuredCosts of the medians of `runs` (MeasuredCosts of one
+    model and device): each part's times, and the update's rate."""
+    first = runs[0]
+    parts = {}
+    for mb in set.intersection(*(set(r.parts) for r in runs)):
+      parts[mb] = {name: tuple(statistics.median(r.parts[mb][name][i]
+                                                 for r in runs)
+                               for i in range(2))
+                   for name in first.parts[mb]}
+    out = cls(first._model, first._device, None, parts,  # pylint: disable=protected-access
+              statistics.median(r.update_rate for r in runs))
+    out.source += f', medians of {len(runs)} measurements'
+    return out
+
+  def Parts(self, micro_batch):
+    """{part name: (forward s, forward + backward s)} at `micro_batch`."""
+    if micro_batch not in self.parts:
+      start = time.perf_counter()
+      parts = plan_measure.LmParts(self._model.symbolic_task, micro_batch,
+                                   self._seq)
+      names = [n for n in ('first', 'layer', 'final', 'loss') if n in parts]
+      times = plan_measure.MeasureParts([parts[n] for n in names],
+                                        self._device)
+      self.parts[micro_batch] = dict(zip(names, times))
+      self.seconds += time.perf_counter() - start
+    return self.parts[micro_batch]
+
+  def Items(self, micro_batch):
+    t = self.Parts(micro_batch)
+    back = lambda name: max(t[name][1] - t[name][0], 0.0)  # pylint: disable=unnecessary-lambda-assignment
+    n = self._model.num_layers
+    out = []
+    for i in range(n):
+      rerun, backward = t['layer'][0], back('layer')
+      once = loss = 0.0
+      if i == 0:
+        once, backward = t['first'][0], backward + back('first')
+      if i == n - 1:
+        if 'final' in t:
+          rerun, backward = rerun + t['final'][0], backward + back('final')
+        loss, backward = t['loss'][0], backward + back('loss')
+      out.append(ItemCost(rerun, once, loss, backward))
+    return out
+
+
+def StageCosts(model, layout, items, memory, hw, update_rate=None):
+  """The step_model.StageCost of each stage of `layout` from its layers'
+  ItemCosts on one micro-batch and the FPropMeta `memory` of the layout.
+
+  remat 'selective' re-runs what it does not keep: the forward times the
+  share of the activation bytes it does not keep (1 - act_weights / act).
+  """
+  inside = schedules.LossInside(layout.schedule)
+  weights = model.StageWeights(model.Bounds(layout))
+  bounds = model.Bounds(layout)
+  out = []
+  for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    mine = items[a:b]
+    rerun = sum(c.rerun for c in mine) + (
+        sum(c.loss for c in mine) if inside else 0.0)
+    cell = memory.cells[s]
+    if layout.remat == 'selective' and cell.act:
+      rerun *= max(0.0, 1.0 - cell.act_weights / cell.act)
+    w, g, slots = weights[s]
+    update = (update_rate * w if update_rate else
+              2 * (w + g + slots) / hw.memory_bandwidth)
+    out.append(step_model.StageCost(
+        forward=sum(c.rerun + c.once + c.loss for c in mine),
+        backward=sum(c.backward for c in mine), recompute=rerun,
+        out_bytes=cell.out, grad_bytes=g, update=update,
+        accumulate=3 * g / hw.memory_bandwidth))
+  return out
+
+
+# --- the search ---------------------------------------------------------------
+
+
+def MicroBatchCounts(batch, current=None):
+  """The M to try for a replica's `batch`: powers of two dividing it, and
+  the experiment's own M if it divides it."""
+  out = {m for m in (2 ** i for i in range(batch.bit_length()))
+         if batch % m == 0}
+  if current and batch % current == 0:
+    out.add(current)
+  return sorted(out)
+
+
+def Schedules():
+  return [n for n in schedules.Names() if n not in _SKIP_SCHEDULES]
+
+
+def Shapes(num_devices, num_layers, batch):
+  """(R, K, S) of every layout on at most `num_devices` devices: R divides
+  the global batch, S = K v <= the layers, v <= MAX_PER_DEVICE (v = 1 on
+  one device)."""
+  for r in range(1, num_devices + 1):
+    if batch % r:
+      continue
+    for k in range(1, num_devices // r + 1):
+      for v in range(1, (MAX_PER_DEVICE if k > 1 else 1) + 1):
+        if k * v <= num_layers:
+          yield r, k, k * v
+
+
+class Planner:
+  """Predicts layouts of a PlanModel on a calibrated Hardware.
+
+  Args:
+    model: a plan_model.PlanModel.
+    hw: a calibrated hardware.Hardware.
+    costs: FlopsCosts or MeasuredCosts.
+  """
+
+  def __init__(self, model, hw, costs):
+    self.model, self.hw, self.costs = model, hw, costs
+    self._items = {}
+    self._memory = {}
+
+  def Items(self, micro_batch):
+    if micro_batch not in self._items:
+      self._items[micro_batch] = self.costs.Items(micro_batch)
+    return self._items[micro_batch]
+
+  def BalancedBounds(self, layout):
+    """The cut whose stages' predicted times (forward, backward and re-run
+    of each layer, extras included) are as even as a contiguous cut
+    allows."""
+    mb = self.model.PerReplicaBatch(layout) // layout.micro_batches
+    times = [c.rerun + c.once + c.loss + c.backward +
+             (c.rerun if layout.remat != 'never' else 0.0)
+             for c in self.Items(mb)]
+    return gpipe_partition.BalancedPartition(times, layout.stages)
+
+  def Memory(self, layout):
+    """The layout's FPropMeta `memory` (cached)."""
+    if layout not in self._memory:
+      self._memory[layout] = self.model.ActivationMeta(layout)
+    return self._memory[layout]
+
+  def Predict(self, layout, schedule=None):
+    """The Prediction of one layout (`schedule`: its built Schedule)."""
+    model, hw = self.model, self.hw
+    schedule = schedule or schedules.Build(
+        layout.schedule, layout.stages, layout.devices,
+        layout.micro_batches)
+    memory = self.Memory(layout)
+    mb = model.PerReplicaBatch(layout) // layout.micro_batches
+    stages = StageCosts(model, layout, self.Items(mb), memory, hw,
+                        self.costs.update_rate)
+    step = step_model.SimulateStep(schedule, stages, hw, layout.remat,
+                                   layout.replicas)
+    per_device, together = model.DeviceMemory(layout, memory)
+    if hw.memory is None:
+      fits = None
+    elif hw.shared:
+      on_host = min(layout.replicas, max(1, hw.devices_per_host //
+                                         layout.devices))
+      fits = together * on_host <= hw.memory
+    else:
+      fits = max(per_device) <= hw.memory
+    peak = hw.flops * layout.replicas * layout.devices
+    return Prediction(layout, step, per_device, together, fits,
+                      model.batch_size / step.time,
+                      3 * model.flops / step.time / peak)
+
+  def Search(self):
+    """Every layout's Prediction, best first (see the module docstring);
+    returns (predictions, counts: NestedMap of what was skipped)."""
+    model, hw = self.model, self.hw
+    out, dominated, refused = [], 0, 0
+    for r, k, s in Shapes(hw.num_devices, model.num_layers,
+                          model.batch_size):
+      per_replica = model.batch_size // r
+      for m in MicroBatchCounts(per_replica, model.current.micro_batches):
+        for name in Schedules():
+          try:
+            schedule = schedules.Build(name, s, k, m)
+          except ValueError:
+            refused += 1
+            continue
+          for bounds in self._Cuts(Layout(r, k, s, m, name, 'never', None)):
+            found = False
+            for remat in REMATS:
+              if found:
+                dominated += 1
+                continue
+              p = self.Predict(Layout(r, k, s, m, name, remat, bounds),
+                               schedule)
+              out.append(p)
+              found = p.fits is not False
+    out.sort(key=lambda p: (p.fits is False, p.step.time))
+    return out, dict(dominated=dominated, refused=refused)
+
+  def _Cuts(self, layout):
+    """The even cut (None) and, if it differs, the balanced one."""
+    even = self.model.EvenBounds(layout.stages)
+    balanced = self.BalancedBounds(layout)
+    return [None] if balanced == even else [None, tuple(balanced)]
+
+
+# --- the report ---------------------------------------------------------------
+
+
+def _Ms(seconds):
+  """Milliseconds with 4 significant digits (a tiny model on an H100
+  takes microseconds), whole ones from 1000 ms."""
+  ms = 1000 * seconds
+  return f'{ms:.0f}' if ms >= 1000 else f'{ms:.4g}'
+
+
+def _Row(rank, p):
+  lay = p.layout
+  fmt = inspect_lib.FormatBytes
+  fits = {None: '?', True: 'yes', False: 'NO'}[p.fits]
+  cut = 'even' if lay.bounds is None else '/'.join(
+      str(b - a) for a, b in zip(lay.bounds, lay.bounds[1:]))
+  return (f'{rank:>4} {lay.replicas:>2} {lay.devices:>2} {lay.per_device:>2}'
+          f' {lay.micro_batches:>3}  {lay.schedule:<16} {lay.remat:<12}'
+          f'{cut:<12}{_Ms(p.step.time):>10}{p.examples_per_sec:>11.1f}'
+          f'{100 * p.mfu:>7.1f}%{p.step.bubble:>7.2f}'
+          f'{fmt(max(p.memory)):>13}{fits:>5}')
+
+
+_HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
+           f'{"schedule":<16} {"remat":<12}{"cut":<12}{"step ms":>10}'
+           f'{"examples/s":>11}{"MFU":>8}{"bubble":>7}{"memory/dev":>13}'
+           f'{"fits":>5}')
+
+
+def Report(key, model, hw, costs, predictions, counts, top, seconds):
+  """The ranked table and the best plan's flags, as text."""
+  fits = [p for p in predictions if p.fits is not False]
+  lines = [
+      f'Layout plan of {key}: global batch {model.batch_size} '
+      f'(input.batch_size; R replicas take batch_size / R each), '
+      f'{model.num_layers} layers, {model.flops * 3 / 1e9:.4g} GFLOP a '
+      'training step.',
+      f'Cluster {hw.Describe()}.',
+      f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
+                                   costs.seconds else '') +
+      f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
+      f'({counts["dominated"]} dominated by a cheaper remat that fits, '
+      f'{counts["refused"]} sizes refused by their schedule); '
+      f'{len(predictions) - len(fits)} do not fit.',
+      'R replicas x K devices x v cells per device (S = K v stages), M '
+      'micro-batches; cut: layers per stage; memory/dev: the largest '
+      'device\'s peak' + (' (the host\'s devices share its memory: fits '
+                          'counts them all)' if hw.shared else '') + '.',
+      _HEADER]
+  lines += [_Row(i + 1, p) for i, p in enumerate(predictions[:top])]
+  if not fits:
+    lines.append('No layout fits the cluster\'s memory.')
+  return '\n'.join(lines) + '\n'
+
+
+def BestText(key, model, best, params_file=None):
+  """The flags and overrides that run the best plan."""
+  return (f'Best plan: {best.layout.Name()}: {_Ms(best.step.time)} ms '
+          f'a step, {best.examples_per_sec:.1f} examples/s, MFU '
+          f'{100 * best.mfu:.1f}%, bubble {best.step.bubble:.2f}.\n'
+          f'  python trainer.py {model.Flags(best.layout, key, params_file)}'
+          '\n')
+
+
+def SimulatedTimeline(prediction, device_names=None):
+  """A timeline.Timeline of a prediction's simulated actions (replica 0):
+  the timeline tool's object, built from one op event per action named in
+  its scope, so it draws the same chart."""
+  lay = prediction.layout
+  devices = device_names or [f'/device:SIM:{d}' for d in range(lay.devices)]
+  events = [timeline_lib.OpEvent(f'{a.scope}/simulated', s, e)
+            for a, (s, e) in prediction.step.spans.items()]
+  return timeline_lib.Timeline(events, devices, schedule=lay.schedule)
+
+
+def WriteTimeline(prediction, folder):
+  """Writes plan_timeline.svg (the simulated chart) to `folder`."""
+  chart = SimulatedTimeline(prediction).Svg().replace(
+      'Pipeline step:', 'Simulated pipeline step (planner):', 1)
+  path = os.path.join(folder, 'plan_timeline.svg')
+  _WriteText(path, chart)
+  return path
+
+
+def _WriteText(path, text):
+  """Writes `text` to `path` whole or not at all (a temporary file, then a
+  rename)."""
+  tf.io.gfile.makedirs(os.path.dirname(path) or '.')
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with tf.io.gfile.GFile(tmp, 'w') as f:
+    f.write(text)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def Plan(key, params, plan, logdir=''):
+  """Runs --mode=plan; returns the report text (also written with
+  --logdir).
+
+  Args:
+    key: the experiment's registry key (for the printed flags).
+    params: its model params (Train, overrides applied).
+    plan: command_line.PlanOptions (cluster, measure, top, apply, explain).
+    logdir: where plan.txt and the chart go ('' : nowhere).
+
+  Raises:
+    hardware.SpecError: a bad cluster text.
+    plan_model.NotPlannable: a model the planner cannot lay out.
+    command_line.UserError: a --plan_explain rank beyond the layouts.
+  """
+  start = time.perf_counter()
+  hw = hardware_lib.Parse(plan.cluster)
+  model = plan_model.PlanModel(params)
+  devices = cluster_lib.Cluster.Current().devices
+  if plan.measure and tf.DeviceSpec.from_string(devices[0]).device_type != (
+      'CPU'):
+    raise ValueError(f'--plan_measure times layers on this host\'s CPU; '
+                     f'this run\'s first device is {devices[0]}.')
+  costs = (MeasuredCosts(model, devices[0], params.task.train.learner)
+           if plan.measure else None)
+  if hw.needs_calibration:
+    probe = None
+    if plan.measure:
+      mb = max(1, model.batch_size // 4)
+      probe = plan_measure.LmParts(model.symbolic_task, mb,
+                                   model.BatchShapes(1).ids[1]).layer
+    hw = plan_measure.Calibrate(hw, devices, probe)
+  costs = costs or FlopsCosts(model, hw)
+  planner = Planner(model, hw, costs)
+  predictions, counts = planner.Search()
+  text = Report(key, model, hw, costs, predictions, counts, plan.top,
+                time.perf_counter() - start)
+  if plan.explain > len(predictions):
+    raise command_line.UserError(
+        f'--plan_explain={plan.explain} is beyond the {len(predictions)} '
+        'layouts planned.')
+  best = predictions[0]
+  if plan.apply:
+    _WriteText(plan.apply, model.OverridesText(best.layout))
+    text += f'Wrote the best plan\'s overrides to {plan.apply}.\n'
+  text += BestText(key, model, best, plan.apply or None)
+  if logdir:
+    folder = os.path.join(logdir, 'plan')
+    explained = predictions[plan.explain - 1]
+    path = WriteTimeline(explained, folder)
+    text += (f'Simulated timeline of plan {plan.explain} '
+             f'({explained.layout.Name()}): {path}\n')
+    _WriteText(os.path.join(folder, 'plan.txt'), text)
+  return text
+
+
+def Run(options, params):
+  """--mode=plan for the trainer (trainer_lib): prints the plan of
+  `params` (options.model's, Train); a user error is a UserError."""
+  try:
+    text = Plan(options.model, params, command_line.PlanOptions.Of(options),
+                options.logdir)
+  except (hardware_lib.SpecError, plan_model.NotPlannable) as e:
+    raise command_line.UserError(f'--mode=plan: {e}') from None
+  sys.stdout.write(text)
+  sys.stdout.flush()

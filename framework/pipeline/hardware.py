@@ -1,0 +1,310 @@
+"""The cluster a layout is planned for: devices, memory, links, sharing.
+
+A `Hardware` says what the layout planner (framework/jobs/planner.py)
+needs to time a training step before anything runs: how many devices, how
+fast each one multiplies (peak FLOP/s, and the share of it a model's layers
+reach), how much memory it has and how fast it reads it, how fast the links
+between devices of a host and between hosts are, and which devices share
+compute. Logical CPU devices of one host share its cores: two actions that
+run at once on two of them slow each other down, so the step of a K-stage
+pipeline is not K times shorter (`share='host'`, with `concurrency`: the
+throughput of the host's cores when n actions run at once, relative to one
+action alone, for n = 1, 2, 4, ...).
+
+A cluster is written as text (`Parse`, the trainer's --plan_cluster): a
+preset's name, then `key=value` items that change it, all separated by
+commas; or the items alone, with at least `devices` and `tflops`:
+
+  cpu                         this host's logical CPUs, measured at plan time
+  cpu,devices=8               the same, 8 of them
+  h100x8                      8 x NVIDIA H100 SXM 80 GB on one host
+  h100x8,hosts=2              two such hosts, linked by `network_gbps`
+  tpu_v4_8                    a Cloud TPU v4-8: 4 chips
+  devices=4,tflops=100,memory_gib=16,link_gbps=50
+
+Keys (`KEYS`): devices, hosts, tflops (peak dense TFLOP/s a device, for
+the model's dtype), efficiency (the share of peak a layer's products reach,
+in (0, 1]), memory_gib (a device's memory, or the host's when `share` is
+'host'), memory_gbps (a device's memory bandwidth: gradient sums, the
+optimizer update), link_gbps (between devices of a host, one direction),
+network_gbps (between hosts), latency_us (a transfer's fixed cost), share
+('none' or 'host'), concurrency (throughput with 1, 2, 4, ... actions at
+once, '/'-separated, e.g. 1/1.6/1.8; with share=host). GB are 1e9 bytes,
+GiB 2**30.
+
+'measure' (the cpu preset's tflops, memory_gbps and concurrency) is filled
+in at plan time by timing this host (planner.Calibrate); `Parse` needs no
+TensorFlow, so the trainer checks the text before TensorFlow loads.
+
+Example:
+  hw = Parse('h100x8,hosts=2')
+  hw.num_devices, hw.devices_per_host     # 16, 8
+  hw.LinkBandwidth(0, 9)                  # network_gbps * 1e9 (two hosts)
+"""
+import collections
+import difflib
+
+MEASURE = 'measure'
+SHARE = ('none', 'host')
+
+# Public specifications (datasheets), not measured here.
+#  * NVIDIA H100 SXM5 80 GB (NVIDIA H100 Tensor Core GPU datasheet): 989
+#    TFLOP/s dense BF16 (1979 with sparsity), 80 GB HBM3 at 3.35 TB/s,
+#    fourth-generation NVLink 900 GB/s per GPU in both directions together
+#    (450 GB/s each way). Hosts linked by 8 x 400 Gb/s InfiniBand, 50 GB/s
+#    a GPU (a common DGX H100 set-up).
+#  * Google Cloud TPU v4 (cloud.google.com/tpu/docs/v4): 275 TFLOP/s BF16 a
+#    chip, 32 GiB HBM2 at 1200 GB/s; a v4-8 has 4 chips (each of 2
+#    TensorCores, one device with megacore). ICI: the documented all-reduce
+#    bandwidth of a 4096-chip pod, 1.1 PB/s, is ~270 GB/s a chip.
+#  * efficiency 0.5: the share of peak large Transformer layers commonly
+#    reach (published MFU figures are 40-60%); an assumption, not a spec.
+_PRESETS = {
+    'cpu': dict(devices=4, hosts=1, tflops=MEASURE, efficiency=1.0,
+                memory_gib=None, memory_gbps=MEASURE, link_gbps=None,
+                network_gbps=10.0, latency_us=0.0, share='host',
+                concurrency=MEASURE),
+    'h100x8': dict(devices=8, hosts=1, tflops=989.0, efficiency=0.5,
+                   memory_gib=80e9 / 2**30, memory_gbps=3350.0,
+                   link_gbps=450.0, network_gbps=50.0, latency_us=5.0,
+                   share='none', concurrency=None),
+    'tpu_v4_8': dict(devices=4, hosts=1, tflops=275.0, efficiency=0.5,
+                     memory_gib=32.0, memory_gbps=1200.0, link_gbps=270.0,
+                     network_gbps=25.0, latency_us=5.0, share='none',
+                     concurrency=None),
+}
+PRESETS = tuple(_PRESETS)
+_DESCRIPTIONS = {
+    'cpu': "this host's logical CPU devices sharing its cores (FLOP/s, "
+           'memory bandwidth and concurrency measured at plan time)',
+    'h100x8': '8 x NVIDIA H100 SXM 80 GB, NVLink (public specs)',
+    'tpu_v4_8': 'Cloud TPU v4-8, 4 chips (public specs)',
+}
+# key: (kind, rule); kinds: int, number, share, concurrency.
+_KEYS = collections.OrderedDict([
+    ('devices', ('int', 'an int >= 1 (devices in all)')),
+    ('hosts', ('int', 'an int >= 1 that divides devices')),
+    ('tflops', ('number', "a number > 0 (peak TFLOP/s of a device) or "
+                "'measure' (this host's CPU)")),
+    ('efficiency', ('number', 'a number in (0, 1] (the share of peak a '
+                    "layer's products reach)")),
+    ('memory_gib', ('number', "a number > 0 (GiB of a device; of the host "
+                    "with share=host)")),
+    ('memory_gbps', ('number', "a number > 0 (GB/s of a device's memory) "
+                     "or 'measure'")),
+    ('link_gbps', ('number', 'a number > 0 (GB/s between two devices of a '
+                   'host, one way)')),
+    ('network_gbps', ('number', 'a number > 0 (GB/s between hosts, a '
+                      'device)')),
+    ('latency_us', ('number', 'a number >= 0 (microseconds a transfer '
+                    'costs besides its bytes)')),
+    ('share', ('share', "'none' (each device computes alone) or 'host' "
+               "(a host's devices share its cores)")),
+    ('concurrency', ('concurrency', "'measure' or '/'-separated numbers "
+                     '>= 1, non-decreasing, starting at 1: the throughput '
+                     'of a shared host with 1, 2, 4, ... actions at once')),
+])
+KEYS = tuple(_KEYS)
+
+
+class SpecError(ValueError):
+  """A cluster text that cannot be read; its message is one line."""
+
+
+class Hardware(collections.namedtuple('Hardware', [
+    'name', 'num_devices', 'num_hosts', 'flops', 'efficiency', 'memory',
+    'memory_bandwidth', 'link_bandwidth', 'network_bandwidth', 'latency',
+    'share', 'concurrency'])):
+  """A cluster; see the module docstring. Units: FLOP/s, bytes, bytes/s,
+  seconds. `flops`, `memory_bandwidth` or `concurrency` is MEASURE until
+  calibrated (`Calibrated`); `memory` None: unknown (no fit check)."""
+  __slots__ = ()
+
+  @property
+  def devices_per_host(self):
+    return self.num_devices // self.num_hosts
+
+  @property
+  def shared(self):
+    """Whether a host's devices share its cores (and its memory)."""
+    return self.share == 'host'
+
+  @property
+  def needs_calibration(self):
+    return MEASURE in (self.flops, self.memory_bandwidth, self.concurrency)
+
+  def Calibrated(self, flops=None, memory_bandwidth=None, concurrency=None,
+                 memory=None):
+    """A copy with the measured values in place of MEASURE (and `memory`
+    where it was unknown)."""
+    pick = lambda old, new: new if old == MEASURE else old  # pylint: disable=unnecessary-lambda-assignment
+    return self._replace(
+        flops=pick(self.flops, flops),
+        memory_bandwidth=pick(self.memory_bandwidth, memory_bandwidth),
+        concurrency=pick(self.concurrency, concurrency),
+        memory=self.memory if self.memory is not None else memory)
+
+  def Host(self, device):
+    """The host of global device index `device`."""
+    return device // self.devices_per_host
+
+  def LinkBandwidth(self, a, b):
+    """Bytes/s from device a to device b (within a host or between)."""
+    if self.Host(a) != self.Host(b):
+      return self.network_bandwidth
+    return self.link_bandwidth or self.memory_bandwidth
+
+  def Transfer(self, num_bytes, a, b):
+    """Seconds to send `num_bytes` from device a to device b (0 on the same
+    device)."""
+    if a == b or not num_bytes:
+      return 0.0
+    return self.latency + num_bytes / self.LinkBandwidth(a, b)
+
+  def Throughput(self, running):
+    """The work per second of a shared host running `running` actions at
+    once, relative to one action alone (`concurrency`, held at its last
+    value; linear in between)."""
+    if not self.shared or running <= 1:
+      return 1.0
+    points = [(2 ** i, c) for i, c in enumerate(self.concurrency)]
+    for (n0, c0), (n1, c1) in zip(points, points[1:]):
+      if running <= n1:
+        return c0 + (c1 - c0) * (running - n0) / (n1 - n0)
+    return points[-1][1]
+
+  def Describe(self):
+    """One line: the cluster in words and numbers."""
+    def _Num(x, scale, unit):
+      if x is None:
+        return 'unknown'
+      return x if x == MEASURE else f'{x / scale:g} {unit}'
+    text = (f'{self.name}: {self.num_devices} device(s) on '
+            f'{self.num_hosts} host(s), '
+            f'{_Num(self.flops, 1e12, "TFLOP/s")} peak x efficiency '
+            f'{self.efficiency:g}, memory '
+            f'{_Num(self.memory, 2**30, "GiB")}'
+            f'{" per host" if self.shared else " per device"} at '
+            f'{_Num(self.memory_bandwidth, 1e9, "GB/s")}, links '
+            f'{_Num(self.link_bandwidth, 1e9, "GB/s")} in a host, '
+            f'{_Num(self.network_bandwidth, 1e9, "GB/s")} between hosts')
+    if self.shared:
+      conc = self.concurrency
+      conc = conc if conc == MEASURE else '/'.join(f'{c:.2f}' for c in conc)
+      text += (f"; a host's devices share its cores (throughput with 1, 2, "
+               f'4, ... actions at once: {conc})')
+    return text
+
+
+def _Hint(word, choices):
+  close = difflib.get_close_matches(str(word).lower(), list(choices), n=2,
+                                    cutoff=0.5)
+  return f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
+
+
+def _Value(key, text):
+  kind, rule = _KEYS[key]
+  bad = SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.')
+  if kind == 'share':
+    if text not in SHARE:
+      raise SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.'
+                      f'{_Hint(text, SHARE)}')
+    return text
+  if text == MEASURE and key in ('tflops', 'memory_gbps', 'concurrency'):
+    return MEASURE
+  if kind == 'concurrency':
+    try:
+      values = tuple(float(x) for x in text.split('/'))
+    except ValueError:
+      raise bad from None
+    if (values[0] != 1 or any(b < a for a, b in zip(values, values[1:])) or
+        any(v != v or v == float('inf') for v in values)):
+      raise bad
+    return values
+  try:
+    value = int(text) if kind == 'int' else float(text)
+  except ValueError:
+    raise bad from None
+  if value != value or value in (float('inf'), float('-inf')):
+    raise bad
+  low_ok = value >= 0 if key == 'latency_us' else (
+      value >= 1 if kind == 'int' else value > 0)
+  if not low_ok or (key == 'efficiency' and value > 1):
+    raise bad
+  return value
+
+
+def Parse(text):
+  """The `Hardware` of a cluster text; see the module docstring.
+
+  Raises:
+    SpecError: one line naming the item, the value and the rule (an
+      unknown preset or key with the closest names).
+  """
+  items = [s.strip() for s in str(text).split(',') if s.strip()]
+  if not items:
+    raise SpecError('--plan_cluster is empty: give a preset '
+                    f'({", ".join(PRESETS)}) or key=value items '
+                    f'({", ".join(KEYS)}).')
+  name = 'custom'
+  values = dict(_PRESETS['cpu'], tflops=None, devices=None, memory_gib=None,
+                memory_gbps=None, share='none', concurrency=None,
+                efficiency=1.0, network_gbps=None, latency_us=0.0)
+  if '=' not in items[0]:
+    name = items.pop(0)
+    if name not in _PRESETS:
+      raise SpecError(f'--plan_cluster: {name!r} is not a preset (one of '
+                      f'{", ".join(PRESETS)}) nor a key=value item.'
+                      f'{_Hint(name, PRESETS)}')
+    values = dict(_PRESETS[name])
+  given = set()
+  for item in items:
+    key, sep, value = item.partition('=')
+    key, value = key.strip(), value.strip()
+    if not sep:
+      raise SpecError(f'--plan_cluster: {item!r} is not key=value (only '
+                      'the first item may name a preset).')
+    if key not in _KEYS:
+      raise SpecError(f'--plan_cluster: unknown key {key!r}; the keys are '
+                      f'{", ".join(KEYS)}.{_Hint(key, KEYS)}')
+    if key in given:
+      raise SpecError(f'--plan_cluster: {key} is given twice.')
+    given.add(key)
+    values[key] = _Value(key, value)
+  for key in ('devices', 'tflops'):
+    if values[key] is None:
+      raise SpecError(f'--plan_cluster: {key}=... is needed without a '
+                      f'preset ({", ".join(PRESETS)}).')
+  if values['devices'] % values['hosts']:
+    raise SpecError(f'--plan_cluster: hosts={values["hosts"]} must divide '
+                    f'devices={values["devices"]}.')
+  if values['share'] == 'host' and values['concurrency'] is None:
+    values['concurrency'] = (1.0,)
+  if values['share'] == 'none':
+    values['concurrency'] = None
+  if values['memory_gbps'] is None:
+    raise SpecError('--plan_cluster: memory_gbps=... is needed without a '
+                    'preset (the gradient sums and the optimizer update '
+                    'read memory).')
+  if values['hosts'] > 1 and values['network_gbps'] is None:
+    raise SpecError(f'--plan_cluster: hosts={values["hosts"]} needs '
+                    'network_gbps=... (GB/s between hosts).')
+  gb = lambda x: x if x in (None, MEASURE) else x * 1e9  # pylint: disable=unnecessary-lambda-assignment
+  return Hardware(
+      name=name if not given else f'{name} ({", ".join(items)})',
+      num_devices=values['devices'], num_hosts=values['hosts'],
+      flops=values['tflops'] if values['tflops'] == MEASURE else
+      values['tflops'] * 1e12,
+      efficiency=values['efficiency'],
+      memory=None if values['memory_gib'] is None else
+      values['memory_gib'] * 2**30,
+      memory_bandwidth=gb(values['memory_gbps']),
+      link_bandwidth=gb(values['link_gbps']),
+      network_bandwidth=gb(values['network_gbps']),
+      latency=values['latency_us'] * 1e-6, share=values['share'],
+      concurrency=values['concurrency'])
+
+
+def Presets():
+  """'name: what it is' lines of the presets."""
+  return [f'{n}: {_DESCRIPTIONS[n]}' for n in PRESETS]

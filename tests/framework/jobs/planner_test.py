@@ -1,0 +1,215 @@
+"""Tests for the layout planner: plan_model, planner and plan_measure."""
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import model_registry
+from cadence.framework.jobs import inspect_lib
+from cadence.framework.jobs import plan_measure
+from cadence.framework.jobs import plan_model
+from cadence.framework.jobs import planner
+from cadence.framework.pipeline import executor
+from cadence.framework.pipeline import hardware
+from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import schedules
+
+_TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+Layout = plan_model.Layout
+
+
+def _Bytes(v):
+  return v.shape.num_elements() * v.dtype.size
+
+
+class PlanModelTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.params = model_registry.GetParams(_TINY, 'Train')
+    cls.model = plan_model.PlanModel(cls.params)
+
+  def testLayersCostWhatTheModelCosts(self):
+    model = self.model
+    self.assertEqual((4, 32), (model.num_layers, model.batch_size))
+    meta = model.Meta(self.params, 32)      # The experiment's 2 cells.
+    self.assertEqual(meta.flops, model.flops)
+    self.assertEqual(sum(meta.partitions), sum(model.item_flops))
+    # Middle layers alike; the embedding in the first, softmax in the last.
+    self.assertEqual(model.item_flops[1], model.item_flops[2])
+    self.assertGreater(model.item_flops[0], model.item_flops[1])
+    self.assertGreater(model.item_flops[3], model.item_flops[0])
+    # Every variable once: the weights' bytes are the model's.
+    task = model.symbolic_task
+    self.assertEqual(sum(_Bytes(v) for v in task.vars.Flatten()),
+                     sum(w[0] for w in model.item_weights))
+    # Adam: two slots of each trained weight.
+    self.assertEqual([2 * w[1] for w in model.item_weights],
+                     [w[2] for w in model.item_weights])
+    self.assertEqual([[sum(w[i] for w in model.item_weights[:1])
+                       for i in range(3)],
+                      [sum(w[i] for w in model.item_weights[1:])
+                       for i in range(3)]],
+                     model.StageWeights([0, 1, 4]))
+
+  def testOverridesRunTheLayout(self):
+    model = self.model
+    layout = Layout(2, 2, 4, 4, '1f1b', 'never', (0, 1, 2, 3, 4))
+    params = model.LayoutParams(layout)
+    self.assertEqual([1, 2, 3], params.task.stack_tpl.splits)
+    self.assertEqual((4, '1f1b', 'never', 16), (
+        params.task.stack_tpl.pipeline_tpl.num_micro_batches,
+        params.task.stack_tpl.pipeline_tpl.schedule,
+        params.task.stack_tpl.pipeline_tpl.remat, params.input.batch_size))
+    # The params file text sets the same values.
+    again = self.params.Copy()
+    again.FromText(model.OverridesText(layout))
+    self.assertEqual(params.ToText(), again.ToText())
+    self.assertEqual(
+        f'--model={_TINY} --worker_replicas=2 --worker_split_size=2 '
+        '--model_params_override="task.stack_tpl.splits=[1, 2, 3];'
+        'task.stack_tpl.pipeline_tpl.num_micro_batches=4;'
+        "task.stack_tpl.pipeline_tpl.schedule='1f1b';"
+        "task.stack_tpl.pipeline_tpl.remat='never';input.batch_size=16\"",
+        model.Flags(layout, _TINY))
+    self.assertEqual([0, 2, 4], model.Bounds(
+        Layout(1, 2, 2, 4, 'gpipe', 'never', None)))
+
+  def testDeviceMemoryIsTheStageEstimate(self):
+    """One stage a device: each device's peak is its stage's
+    (memory_estimate.StageMemory of the task built with that layout)."""
+    model = self.model
+    for schedule, remat in (('gpipe', 'except_last'), ('1f1b', 'never')):
+      layout = Layout(1, 2, 2, 4, schedule, remat, None)
+      cluster = cluster_lib.Cluster.Params().Set(
+          job='plan', num_devices=2, worker_split_size=2).Instantiate()
+      with cluster:
+        task, _ = inspect_lib.BuildSymbolically(model.LayoutParams(layout))
+        want = [s.total for s in inspect_lib.TaskStages(task.task)]
+        shared = inspect_lib.TaskStages(task.task,
+                                        memory_estimate.SharedMemory).total
+      per_device, together = model.DeviceMemory(layout)
+      self.assertEqual(want, per_device)
+      self.assertEqual(shared, together)
+    # Two stages on one device hold their sum at each moment: more than
+    # either alone, at most both peaks.
+    layout = Layout(1, 1, 2, 4, 'gpipe', 'never', None)
+    per_device, together = model.DeviceMemory(layout)
+    self.assertEqual([together], per_device)
+
+  def testNoPipeline(self):
+    params = model_registry.GetParams(
+        'synthetic.linear_regression.RegressionTiny', 'Train')
+    with self.assertRaisesRegex(plan_model.NotPlannable,
+                                'runs no pipeline'):
+      plan_model.PlanModel(params)
+
+
+class PlannerTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.model = plan_model.PlanModel(model_registry.GetParams(_TINY,
+                                                              'Train'))
+    cls.hw = hardware.Parse('h100x8,devices=4')
+    cls.planner = planner.Planner(cls.model, cls.hw,
+                                  planner.FlopsCosts(cls.model, cls.hw))
+
+  def testRematsAreTheExecutors(self):
+    self.assertCountEqual(executor.REMAT_MODES, planner.REMATS)
+
+  def testOneDeviceByHand(self):
+    """R=K=M=1: forward + backward (2x) of all FLOPs at peak x efficiency,
+    then the update: weights, gradients and slots read and written."""
+    model, hw = self.model, self.hw
+    p = self.planner.Predict(Layout(1, 1, 1, 1, 'gpipe', 'never', None))
+    compute = 3 * model.flops / (hw.flops * hw.efficiency)
+    w, g, s = [sum(x[i] for x in model.item_weights) for i in range(3)]
+    update = 2 * (w + g + s) / hw.memory_bandwidth
+    self.assertAllClose(compute + update, p.step.time, rtol=1e-9)
+    self.assertAllClose(update, p.step.update, rtol=1e-9)
+    self.assertEqual(0.0, p.step.bubble)
+    self.assertAllClose(model.batch_size / p.step.time, p.examples_per_sec)
+    self.assertAllClose(3 * model.flops / p.step.time / hw.flops, p.mfu)
+    self.assertTrue(p.fits)
+
+  def testBalancedCutEvensTheStages(self):
+    """3 stages of 4 layers: the even cut is 1/1/2, whose last stage also
+    holds the final norm and the softmax (1.3 layers' FLOPs here). The
+    balanced cut gives the middle stage two plain layers: 1/2/1, its
+    largest stage ~2 layers instead of ~2.3."""
+    layout = Layout(1, 3, 3, 4, 'gpipe', 'never', None)
+    self.assertEqual([0, 1, 2, 4], self.model.Bounds(layout))
+    balanced = self.planner.BalancedBounds(layout)
+    self.assertEqual([0, 1, 3, 4], balanced)
+    faster = self.planner.Predict(layout._replace(bounds=tuple(balanced)))
+    self.assertLess(faster.step.time, self.planner.Predict(layout).step.time)
+
+  def testSearch(self):
+    predictions, counts = self.planner.Search()
+    self.assertGreater(len(predictions), 50)
+    times = [p.step.time for p in predictions if p.fits is not False]
+    self.assertEqual(sorted(times), times)
+    seen = set()
+    for p in predictions:
+      lay = p.layout
+      self.assertLessEqual(lay.replicas * lay.devices, 4)
+      self.assertEqual(0, 32 % lay.replicas)
+      self.assertEqual(0, (32 // lay.replicas) % lay.micro_batches)
+      self.assertIn(lay.schedule, schedules.Names())
+      # One remat per layout: the cheapest that fits (all fit here).
+      key = lay._replace(remat=None)
+      self.assertNotIn(key, seen)
+      seen.add(key)
+      self.assertEqual('never', lay.remat)
+    self.assertEqual(3 * len(predictions), counts['dominated'])
+    self.assertEqual(predictions[0].step.time,
+                     min(p.step.time for p in predictions))
+
+  def testSimulatedTimelineDrawsTheSpans(self):
+    p = self.planner.Predict(Layout(1, 2, 2, 4, '1f1b', 'never', None))
+    timeline = planner.SimulatedTimeline(p)
+    self.assertAllClose(p.step.pipeline, timeline.span)
+    self.assertAllClose(p.step.bubble, timeline.measured_bubble)
+    for action, (start, end) in p.step.spans.items():
+      self.assertAllClose((start, end), timeline.actions[action])
+    svg = timeline.Svg()
+    self.assertLen(re.findall('<rect ', svg), 2 * 2 * 4)
+
+
+class PlanMeasureTest(tf.test.TestCase):
+
+  def testPartsAreTimedForwardAndBackward(self):
+    """The timed backward is the real one: its gradients equal numpy's."""
+    w = tf.Variable(np.arange(6, dtype=np.float32).reshape(2, 3))
+
+    class _Layer:
+      vars = plan_measure.base_layer.NestedMap(w=w)
+      theta = plan_measure.base_layer.NestedMap(w=w)
+
+    part = plan_measure.Part([_Layer()], lambda th, x: x @ th[0].w,
+                             [tf.TensorSpec([4, 2])])
+    _, both = plan_measure._Functions(part)  # pylint: disable=protected-access
+    x = tf.ones([4, 2])
+    dw, dx = both(x)
+    self.assertAllClose(np.full([2, 3], 4.0), dw)   # Sum over the rows.
+    self.assertAllClose(np.tile([[3.0, 12.0]], [4, 1]), dx)
+    (forward, total), = plan_measure.MeasureParts([part], '/device:CPU:0',
+                                                  runs=1, warmup=1)
+    self.assertGreater(forward, 0)
+    self.assertGreater(total, 0)
+
+  def testCalibrateFillsOnlyWhatItMeasures(self):
+    hw = hardware.Parse('cpu,devices=2,tflops=20,concurrency=1/1.3')
+    got = plan_measure.Calibrate(hw, ['/device:CPU:0'])
+    self.assertEqual((20e12, (1.0, 1.3)), (got.flops, got.concurrency))
+    self.assertGreater(got.memory_bandwidth, 0)
+    self.assertGreater(got.memory, 0)            # The host's.
+    self.assertFalse(got.needs_calibration)
+
+
+if __name__ == '__main__':
+  tf.test.main()

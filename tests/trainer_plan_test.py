@@ -1,0 +1,64 @@
+"""--mode=plan through the real trainer: the table, the best plan's flags
+and params file, the simulated timeline."""
+import os
+import re
+
+import tensorflow as tf
+
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import model_registry
+from cadence.framework.jobs import inspect_lib
+from cadence.tests import test_utils
+
+_TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+
+
+class TrainerPlanTest(tf.test.TestCase):
+
+  def testPlanRanksAppliesAndDraws(self):
+    tmp = self.get_temp_dir()
+    logdir = os.path.join(tmp, 'run')
+    apply = os.path.join(tmp, 'best_plan.txt')
+    code, out, err = test_utils.TrainerRun(
+        f'--model={_TINY}', '--mode=plan', '--plan_cluster=h100x8,devices=4',
+        '--plan_top=3', f'--plan_apply={apply}', '--plan_explain=2',
+        f'--logdir={logdir}', script=True).Finish()
+    self.assertEqual(0, code, err[-3000:])
+    rows = [l for l in out.splitlines() if re.match(r'^ +\d+ +\d+ +\d+ ', l)]
+    self.assertLen(rows, 3)
+    times = [float(l.split()[8]) for l in rows]    # step ms, best first.
+    self.assertEqual(sorted(times), times)
+    best = re.search(r'Best plan: R=(\d+) K=(\d+) v=(\d+) M=(\d+) (\S+) '
+                     r'(\S+) cut=\S+: ([\d.]+) ms', out)
+    self.assertIsNotNone(best, out)
+    r, k, v, m = (int(x) for x in best.groups()[:4])
+    schedule, remat = best.group(5), best.group(6)
+    self.assertEqual(float(best.group(7)), times[0])
+    self.assertIn(f'python trainer.py --model={_TINY} --worker_replicas={r} '
+                  f'--worker_split_size={k} --model_params_file_override='
+                  f'{apply}', out)
+    # The params file runs that layout: the model built with it has K x v
+    # cells on K devices, M micro-batches, the schedule and the remat.
+    params = model_registry.GetParams(_TINY, 'Train')
+    with open(apply) as f:
+      params.FromText(f.read())
+    pipe = params.task.stack_tpl.pipeline_tpl
+    self.assertEqual((m, schedule, remat, 32 // r),
+                     (pipe.num_micro_batches, pipe.schedule, pipe.remat,
+                      params.input.batch_size))
+    with cluster_lib.Cluster.Params().Set(
+        job='check', num_devices=k, worker_split_size=k).Instantiate():
+      model, _ = inspect_lib.BuildSymbolically(params)
+    self.assertEqual(k * v, model.task.stack.num_cells)
+    # The report is written with the chart of plan 2.
+    with open(os.path.join(logdir, 'plan', 'plan.txt')) as f:
+      self.assertEqual(out, f.read())
+    self.assertIn('Simulated timeline of plan 2', out)
+    with open(os.path.join(logdir, 'plan', 'plan_timeline.svg')) as f:
+      svg = f.read()
+    self.assertTrue(svg.startswith('<svg'))
+    self.assertIn('Simulated pipeline step (planner)', svg)
+
+
+if __name__ == '__main__':
+  tf.test.main()
