@@ -150,15 +150,14 @@ class TransformerLayer(base_layer.BaseLayer):
     """Bytes of the tensors the backward of one layer needs kept, inputs
     [b, t, d] (None if b or t is unknown), by remat_policy `policy`.
 
-    'all' (what it reads): 10 b*t*d (the two norms' centred and normalised
-    inputs, q, k, v, the attention context, the two residual sums feeding
-    the norms) + b*h*t*t (the attention probabilities) + b*t*f (the
-    feed-forward activation) elements; in training a residual dropout adds
-    4 b*t*d (the two masks and outputs), an attention dropout 2 b*h*t*t, a
-    feed-forward dropout 2 b*t*f.
+    'all' (what it reads): 8 b*t*d (the two norms' normalised inputs and
+    their outputs, q, k, v, the attention context) + b*h*t*t (the attention
+    probabilities) + b*t*f (the feed-forward activation) elements; in
+    training a residual dropout adds 2 b*t*d (the two masks), an attention
+    dropout 2 b*h*t*t (the mask and the dropped probabilities), a
+    feed-forward dropout 2 b*t*f (likewise).
     'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
-    output projections) + b*t*f (the first feed-forward product); with a
-    residual dropout in training, the input too (b*t*d).
+    output projections) + b*t*f (the first feed-forward product).
     Held to memory_estimate.SavedBytes of the real gradient by the tests.
     """
     b, t, d = shapes.AsShape(inputs)
@@ -167,9 +166,9 @@ class TransformerLayer(base_layer.BaseLayer):
     train = not p.is_inference
     btd, bhtt, btf = b * t * d, b * p.num_heads * t * t, b * t * p.hidden_dim
     if policy == 'weights':
-      n = btd * (6 if train and p.residual_dropout_prob else 5) + btf
+      n = btd * 5 + btf
     else:
-      n = (btd * (10 + (4 if train and p.residual_dropout_prob else 0)) +
+      n = (btd * (8 + (2 if train and p.residual_dropout_prob else 0)) +
            bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
            btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
     return n * tf.as_dtype(p.fprop_dtype or p.dtype).size
