@@ -173,7 +173,8 @@ class MultiHeadedAttention(base_layer.BaseLayer):
     v = self._SplitHeads(self._Project(w, 'value', value_vec))  # [b,h,tk,dh]
 
     logits = tf.matmul(q, k, transpose_b=True)                  # [b,h,tq,tk]
-    mask = AttentionMask(paddings, causal, tf.shape(q)[2], tf.shape(k)[2])
+    mask = AttentionMask(paddings, causal, _Dims(query_vec, 2)[1],
+                         _Dims(key_vec, 2)[1])
     if mask is not None:
       logits = tf.where(mask, logits, _MaskedLogitValue(dtype))
     probs = tf.nn.softmax(logits, axis=-1)
