@@ -22,7 +22,8 @@ _DEFAULTS = dict(
     model_params_file_override='', max_steps=None, worker_replicas=1,
     worker_split_size=None, worker_gpus=0, steps_per_loop=0, cluster_spec='',
     task_type='worker', task_index=0, peak_tflops=0.0, device_memory_gib=0.0,
-    eval_timeout_s=0.0, tpu='', tpu_zone='', tpu_project='', xla=False)
+    eval_timeout_s=0.0, tpu='', tpu_zone='', tpu_project='', xla=False,
+    export_batch_size=None, export_max_len=None)
 
 
 def _Options(**kw):
@@ -123,8 +124,9 @@ class FlagErrorLineTest(unittest.TestCase):
                      self._Line(['--noxal']))
     self.assertEqual('--zzz: unknown flag.', self._Line(['--zzz']))
     self.assertEqual("--mode='inspect_modle' is not one of sync, "
-                     'inspect_params, inspect_model, inspect_pipeline. Did '
-                     "you mean 'inspect_model' or 'inspect_params'?",
+                     'inspect_params, inspect_model, inspect_pipeline, '
+                     "export. Did you mean 'inspect_model' or "
+                     "'inspect_params'?",
                      self._Line(['--mode=inspect_modle']))
     self.assertEqual("--max_steps='ten' must be an int.",
                      self._Line(['--max_steps=ten']))
