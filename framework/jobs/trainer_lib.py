@@ -65,6 +65,7 @@ from cadence.framework.distribute import ps_programs
 from cadence.framework.distribute import tpu_programs
 from cadence.framework.jobs import command_line
 from cadence.framework.jobs import export
+from cadence.framework.jobs import graph_optimizer
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
 from cadence.framework.jobs import memory_check
@@ -122,6 +123,7 @@ class TrainerOptions:
   tpu_zone: str = ''
   tpu_project: str = ''
   xla: bool = False
+  graph_optimizer: bool = True    # Grappler on the job's steps.
   export_dir: str = ''            # --mode=export (framework/jobs/export.py)
   checkpoint: str = ''
   export_batch_size: int = None
@@ -784,7 +786,8 @@ def Main(options):
   # (Parameter-server workers do not stop by themselves: the chief does.)
   agreement = (preemption.AllReduceAgreement(setup.strategy)
                if setup.num_workers > 1 and not setup.num_ps else None)
-  with setup.cluster, preemption.Watcher(agreement=agreement) as watcher:
+  with setup.cluster, graph_optimizer.Scope(options.graph_optimizer), \
+      preemption.Watcher(agreement=agreement) as watcher:
     try:
       job = _BuildJob(options, setup, watcher)
     except (UserError, ValueError) as e:
