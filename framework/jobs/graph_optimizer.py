@@ -7,7 +7,9 @@ Tiny LM's first step compiles in about half the time on 2 CPU cores
 (bench/trainer_bench.py --grappler: the logged first step 0.50-0.68x,
 start to first step 0.60-0.87x), but its steady steps were not shown to
 be as fast (0.98-1.12x CPU, 0.97-1.19x wall per step on a loaded shared
-machine), so grappler stays on by default. The computation is the same
+machine; bench/gpipe_bench.py --grappler: warm-up 0.52-0.65x, steps
+1.01-1.05x CPU, 1.02-1.24x wall), so grappler stays on by default (off:
+the compile is cheaper, the steps are not). The computation is the same
 either way: grappler only rewrites a graph into an equivalent one
 (tests/framework/jobs/graph_optimizer_test.py).
 
