@@ -40,10 +40,17 @@ the bubble its paper gives when F, B and W take the same time
 with the time each action took in that step (schedules.Simulate: what the
 planner predicts from), (c) the same at unit times.
 
+With --grappler, instead: the unpipelined step and the first variant at
+K=2, M=4 and M=8, each built, warmed up and timed with TensorFlow's graph
+optimiser on and off (framework/jobs/graph_optimizer.py; the trainer's
+--graph_optimizer), interleaved: the warm-up (tracing, optimising and the
+first two steps) and the step's median wall and CPU time, off / on.
+
 Run:
   .venv/bin/python bench/gpipe_bench.py [--rounds 5]
       [--variants gpipe:except_last,1f1b:never,zb_h1:never,zb_v:never:v2,
        interleaved_1f1b:never:v2] [--backward_window 1|2|None]
+  .venv/bin/python bench/gpipe_bench.py --grappler [--rounds 5]
 """
 import argparse
 import collections
@@ -61,6 +68,7 @@ tf.config.set_logical_device_configuration(
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework.jobs import graph_optimizer
 from cadence.framework import nested_map
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
@@ -263,6 +271,53 @@ def _Table(title, table, base, variants):
       print(f'{variant:>13} K={k}' + ''.join(f'{c:>16}' for c in cells))
 
 
+def _TimeSteps(step, ids, labels, paddings, steps):
+  """(wall, CPU) seconds per step, the mean of `steps` steps."""
+  t0, c0 = time.perf_counter(), time.process_time()
+  for s in range(steps):
+    float(step(ids, labels, paddings, tf.constant(s, tf.int64)))
+  return ((time.perf_counter() - t0) / steps,
+          (time.process_time() - c0) / steps)
+
+
+def GrapplerTable(args, window, ids, labels, paddings):
+  """Prints grappler on / off per configuration (see the docstring)."""
+  variant = args.variants.split(',')[0]
+  configs = [('plain', None, 1), (variant, 2, 4), (variant, 2, 8)]
+  models, warmup = {}, {}
+  for i, cfg in enumerate(configs):
+    for enabled in ((True, False) if i % 2 == 0 else (False, True)):
+      # Each model's functions are traced, optimised (or not) and run
+      # inside its own scope.
+      with graph_optimizer.Scope(enabled):
+        t0 = time.perf_counter()
+        overrides = Overrides(cfg[0], window) if cfg[1] else {}
+        models[cfg, enabled] = _Model(cfg[1], cfg[2], **overrides)
+        _TimeSteps(models[cfg, enabled].Step, ids, labels, paddings, 2)
+        warmup[cfg, enabled] = time.perf_counter() - t0
+      print(f'built {cfg}, grappler {enabled}: warm-up '
+            f'{warmup[cfg, enabled]:.1f} s', flush=True)
+  times = {key: [] for key in models}
+  for r in range(args.rounds):   # Interleaved, alternating the order.
+    for key in (list(models) if r % 2 == 0 else list(models)[::-1]):
+      with graph_optimizer.Scope(key[1]):
+        times[key].append(_TimeSteps(models[key].Step, ids, labels,
+                                     paddings, args.steps))
+  print(f'\n{args.rounds} rounds x {args.steps} steps; medians; '
+        'off / on ratios')
+  print(f'{"":>28}{"warm-up s":>21}{"step wall ms":>23}{"step CPU ms":>23}')
+  print(f'{"":>28}' + '  '.join([f'{"on":>8}{"off":>7}{"ratio":>6}'] * 3))
+  for cfg in configs:
+    row = [(warmup[cfg, True], warmup[cfg, False])]
+    for i in (0, 1):
+      row.append(tuple(statistics.median(t[i] for t in times[cfg, e]) * 1000
+                       for e in (True, False)))
+    name = (f'{cfg[0]} K={cfg[1]} M={cfg[2]}' if cfg[1] else
+            'unpipelined')
+    print(f'{name:>28}' + '  '.join(f'{on:8.1f}{off:7.1f}{off / on:6.2f}'
+                                    for on, off in row))
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=5,
@@ -270,8 +325,11 @@ def main():
   parser.add_argument('--steps', type=int, default=3,
                       help='Steps per configuration per round.')
   parser.add_argument('--variants', default='gpipe:except_last,1f1b:never',
-                      help='Comma-separated schedule:remat pairs; schedule:remat:traced '
-      'inlines the cells per call (trace_actions).')
+                      help='Comma-separated schedule:remat pairs; '
+                      'schedule:remat:traced inlines the cells per call '
+                      '(trace_actions).')
+  parser.add_argument('--grappler', action='store_true',
+                      help='Only the grappler on / off table.')
   parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
   args = parser.parse_args()
@@ -281,7 +339,12 @@ def main():
 
   ids = tf.random.stateless_uniform([BATCH, SEQ], [1, 2], maxval=VOCAB,
                                     dtype=tf.int32)
-  batch = (ids, tf.roll(ids, -1, axis=1), tf.zeros([BATCH, SEQ]))
+  labels = tf.roll(ids, -1, axis=1)
+  paddings = tf.zeros([BATCH, SEQ])
+  if args.grappler:
+    GrapplerTable(args, window, ids, labels, paddings)
+    return
+  batch = (ids, labels, paddings)
   configs = [('plain', None, 1), ('accumulated', None, 4),
              ('accumulated', None, 8)] + [
       (v, k, m) for v in variants for k in (1, 2, 4) for m in (1, 4, 8)]
@@ -317,10 +380,12 @@ def main():
     print(f'{what}, pipelined / accumulated (the pipeline\'s own cost)')
     for variant in variants:
       for k in (1, 2, 4):
+        ratios = [statistics.median(table[(variant, k, m)]) / base /
+                  floor[m] if table.get((variant, k, m)) else None
+                  for m in (1, 4, 8)]
         print(f'{variant:>13} K={k}' + ''.join(
-            (f'{statistics.median(table[(variant, k, m)]) / base / floor[m]:9.2f}x'
-             if table.get((variant, k, m)) else f'{"n/a":>10}') + ' ' * 7
-            for m in (1, 4, 8)))
+            (f'{ratio:9.2f}x' if ratio else f'{"n/a":>10}') + ' ' * 7
+            for ratio in ratios))
   _Bubbles(variants, window, batch)
 
 

@@ -2,13 +2,15 @@
 
 Times one forward + backward step (loss = sum(out^2), gradients for every
 variable) of
-  * a TransformerLayer: d 512, 8 heads, ffn 2048, batch 16, seq 128, causal,
-    paddings on, dropout off;
+  * a TransformerLayer, causal, paddings on, dropout off: d 256, 4 heads,
+    ffn 1024, batch 8, seq 64; and d 512, 8 heads, ffn 2048, batch 16,
+    seq 128;
   * a conv block: two 3x3 SAME convs (64 -> 64, ReLU) and a 2x2 max pool on
     [32, 32, 32, 64], as a SequentialLayer;
 each against a hand-written tf.function on the very same variables. Both run
 in one process, warmed up, timed in interleaved repeats; the table gives
-medians and the ratio Cadence / plain (target <= 1.05).
+median wall and CPU (process) times, the ratios Cadence / plain (target
+<= 1.00) and the op count of each traced step (Cadence / plain).
 
 Run:
   .venv/bin/python bench/layers_bench.py [--repeats 15]
@@ -85,12 +87,17 @@ def _TrainStep(forward, variables):
 
 
 def _Time(fn, inputs):
-  start = time.perf_counter()
+  """(wall, CPU) seconds of one call."""
+  start, cpu = time.perf_counter(), time.process_time()
   loss, grads = fn(*inputs)
   loss.numpy()
   for g in grads:
     g.numpy()
-  return time.perf_counter() - start
+  return time.perf_counter() - start, time.process_time() - cpu
+
+
+def _NumOps(fn, inputs):
+  return len(fn.get_concrete_function(*inputs).graph.get_operations())
 
 
 def _Compare(name, cadence_fn, plain_fn, inputs, repeats, warmup):
@@ -114,25 +121,29 @@ def _Compare(name, cadence_fn, plain_fn, inputs, repeats, warmup):
     else:
       times_p.append(_Time(plain_fn, inputs))
       times_c.append(_Time(cadence_fn, inputs))
-  med_c, med_p = statistics.median(times_c), statistics.median(times_p)
+  med = lambda ts, i: statistics.median(t[i] for t in ts)
   # Ratio of adjacent pairs: robust to load that drifts during the run.
-  pair_ratio = statistics.median(c / p for c, p in zip(times_c, times_p))
-  return (name, med_c * 1e3, med_p * 1e3, med_c / med_p, pair_ratio, rel)
+  pair_ratio = statistics.median(c[0] / p[0]
+                                 for c, p in zip(times_c, times_p))
+  return (name, med(times_c, 0) * 1e3, med(times_p, 0) * 1e3,
+          med(times_c, 0) / med(times_p, 0), pair_ratio,
+          med(times_c, 1) / med(times_p, 1), rel,
+          f'{_NumOps(cadence_fn, inputs)}/{_NumOps(plain_fn, inputs)}')
 
 
-def _TransformerCase(repeats, warmup):
+def _TransformerCase(repeats, warmup, d, h, f, b, t):
   p = transformer.TransformerLayer.Params().Set(
-      name='xformer', input_dim=512, hidden_dim=2048, num_heads=8,
+      name='xformer', input_dim=d, hidden_dim=f, num_heads=h,
       mask_self_atten=True)
   layer = p.Instantiate()
   variables = layer.vars.Flatten()
-  x = tf.random.stateless_normal([16, 128, 512], seed=[1, 2])
-  lengths = tf.random.stateless_uniform([16], [3, 4], 64, 129, tf.int32)
-  paddings = 1.0 - tf.sequence_mask(lengths, 128, tf.float32)
+  x = tf.random.stateless_normal([b, t, d], seed=[1, 2])
+  lengths = tf.random.stateless_uniform([b], [3, 4], t // 2, t + 1, tf.int32)
+  paddings = 1.0 - tf.sequence_mask(lengths, t, tf.float32)
   cadence_fn = _TrainStep(lambda x, pads: layer(x, pads), variables)
   plain_fn = _TrainStep(
-      lambda x, pads: _PlainTransformer(layer.vars, x, pads, 8), variables)
-  return _Compare('TransformerLayer d512 h8 ff2048 [16,128]', cadence_fn,
+      lambda x, pads: _PlainTransformer(layer.vars, x, pads, h), variables)
+  return _Compare(f'TransformerLayer d{d} h{h} ff{f} [{b},{t}]', cadence_fn,
                   plain_fn, (x, paddings), repeats, warmup)
 
 
@@ -159,19 +170,22 @@ def main(argv=None):
                       help='Untimed runs of each function first.')
   args = parser.parse_args(argv)
   device = 'GPU' if tf.config.list_physical_devices('GPU') else 'CPU'
-  rows = [_TransformerCase(args.repeats, args.warmup),
+  rows = [_TransformerCase(args.repeats, args.warmup, 256, 4, 1024, 8, 64),
+          _TransformerCase(args.repeats, args.warmup, 512, 8, 2048, 16, 128),
           _ConvCase(args.repeats, args.warmup)]
   print(f'\nFProp + backprop, median of {args.repeats} interleaved repeats '
         f'on {device} (TF {tf.__version__})')
-  print('ratio = median cadence / median plain; pair ratio = median of the '
-        'per-repeat ratios; rel diff = |loss, grads difference| / |plain|.')
+  print('ratio = median cadence / median plain (wall); pair ratio = median '
+        'of the per-repeat wall ratios; CPU ratio = of the median CPU '
+        'times; rel diff = |loss, grads difference| / |plain|; ops = '
+        'cadence/plain graph ops.')
   header = ('case', 'cadence ms', 'plain tf ms', 'ratio', 'pair ratio',
-            'rel diff')
+            'CPU ratio', 'rel diff', 'ops')
   print(f'{header[0]:<42} {header[1]:>11} {header[2]:>12} {header[3]:>7} '
-        f'{header[4]:>11} {header[5]:>9}')
-  for name, c, pl, ratio, pair, diff in rows:
+        f'{header[4]:>11} {header[5]:>10} {header[6]:>9} {header[7]:>9}')
+  for name, c, pl, ratio, pair, cpu, diff, ops in rows:
     print(f'{name:<42} {c:>11.2f} {pl:>12.2f} {ratio:>7.3f} {pair:>11.3f} '
-          f'{diff:>9.1e}')
+          f'{cpu:>10.3f} {diff:>9.1e} {ops:>9}')
 
 
 if __name__ == '__main__':

@@ -24,7 +24,14 @@
    the process used; with `--baseline_root DIR` (a checkout of another
    revision, e.g. `git archive main | tar -x -C /tmp/base/cadence`) the same
    command of that checkout too, and the ratio of the medians.
-4. (`--watcher`) `TrainProgram.Run`'s steps/s (as in 1., tiny model) with
+4. (`--grappler`) The same main job with `--graph_optimizer` true and
+   false, interleaved, run to its second progress line (step 100): start to
+   the first step (wall, the process's CPU seconds from /proc, and the
+   first step's own time as the trainer logs it), start to step 50 (the
+   multi-step loop compiled too; wall and CPU), and the steady step time
+   between the progress lines of steps 50 and 100 (wall and CPU), with the
+   ratios off / on of the medians.
+5. (`--watcher`) `TrainProgram.Run`'s steps/s (as in 1., tiny model) with
    the preemption watcher's signal handlers installed, so that its loop
    runs in the watcher's worker thread, against without; interleaved.
 
@@ -32,10 +39,12 @@ Run:
   .venv/bin/python bench/trainer_bench.py [--repeats 3]
   .venv/bin/python bench/trainer_bench.py --lm --repeats 5 \
       --baseline_root /tmp/base/cadence
+  .venv/bin/python bench/trainer_bench.py --grappler --repeats 3
   .venv/bin/python bench/trainer_bench.py --watcher --repeats 5
 """
 import argparse
 import os
+import re
 import resource
 import shutil
 import signal
@@ -52,6 +61,7 @@ from cadence.framework import model_registry
 from cadence.framework.train import preemption
 from cadence.framework.train import programs
 
+_LM_KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _KEY = 'synthetic.linear_regression.RegressionTiny'
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -155,8 +165,7 @@ def LmStartupSeconds(root, baseline=False):
   start = time.perf_counter()
   proc = subprocess.Popen(
       [sys.executable, 'trainer.py',
-       '--model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny',
-       f'--logdir={logdir}', '--worker_split_size=2'],
+       f'--model={_LM_KEY}', f'--logdir={logdir}', '--worker_split_size=2'],
       cwd=root, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
       text=True)
   first, tail = None, []
@@ -203,6 +212,85 @@ def LmStartup(repeats, baseline_root=None):
           f'{medians["this checkout"] / medians["baseline"]:.2f}')
 
 
+def _CpuSeconds(pid):
+  """User + system CPU seconds the live process `pid` has used so far."""
+  with open(f'/proc/{pid}/stat') as f:
+    fields = f.read().rsplit(')', 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def LmGrapplerRun(enabled):
+  """One run of the Tiny LM main job with --graph_optimizer=`enabled`.
+
+  Returns:
+    {'first' / 'first_cpu': wall / CPU s to 'First step done', 'logged':
+    the first step's own time in that line, 'step50' / 'step50_cpu': wall
+    / CPU s to the step 50 progress line, 'step_ms' / 'step_cpu_ms': wall
+    / CPU ms per step between the step 50 and step 100 progress lines}.
+  """
+  logdir = tempfile.mkdtemp(prefix='trainer_bench_grappler_')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  start = time.perf_counter()
+  proc = subprocess.Popen(
+      [sys.executable, 'trainer.py', f'--model={_LM_KEY}',
+       f'--logdir={logdir}', '--worker_split_size=2',
+       f'--graph_optimizer={str(enabled).lower()}'],
+      cwd=_ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+      text=True)
+  marks, tail, logged = {}, [], None
+  for line in proc.stderr:
+    tail = (tail + [line])[-20:]
+    found = re.search(r'First step done .* in ([\d.]+) s', line)
+    if found:
+      logged = float(found.group(1))
+    for key, text in (('first', 'First step done'),
+                      (50, 'step 50/'), (100, 'step 100/')):
+      if text in line and key not in marks:
+        marks[key] = (time.perf_counter() - start, _CpuSeconds(proc.pid))
+    if 100 in marks:
+      proc.send_signal(signal.SIGKILL)
+      break
+  proc.wait()
+  shutil.rmtree(logdir, ignore_errors=True)
+  if len(marks) < 3:
+    raise RuntimeError('no "First step done", "step 50/" and "step 100/" '
+                       'lines:\n' + ''.join(tail))
+  return dict(first=marks['first'][0], first_cpu=marks['first'][1],
+              logged=logged, step50=marks[50][0],
+              step50_cpu=marks[50][1],
+              step_ms=(marks[100][0] - marks[50][0]) * 1000 / 50,
+              step_cpu_ms=(marks[100][1] - marks[50][1]) * 1000 / 50)
+
+
+def LmGrappler(repeats):
+  """Prints the grappler on/off table (see the module docstring, 4.)."""
+  runs = {True: [], False: []}
+  for r in range(repeats):   # Interleaved, alternating the order.
+    for enabled in ([True, False] if r % 2 == 0 else [False, True]):
+      runs[enabled].append(LmGrapplerRun(enabled))
+  keys = ('first', 'first_cpu', 'logged', 'step50', 'step50_cpu',
+          'step_ms', 'step_cpu_ms')
+  med = {e: {k: statistics.median(run[k] for run in runs[e]) for k in keys}
+         for e in runs}
+  print(f'\nTiny LM main job ({_LM_KEY}, --worker_split_size=2), '
+        f'median of {repeats} interleaved runs')
+  print('| --graph_optimizer | start -> first step (s) | its CPU (s) | '
+        'first step as logged (s) | start -> step 50 (s) | its CPU (s) | '
+        'step, wall (ms) | step, CPU (ms) | runs: first step (s) / step '
+        '(ms) |')
+  print('| --- ' * 9 + '|')
+  for enabled in runs:
+    m = med[enabled]
+    each = ', '.join(f'{run["first"]:.1f}/{run["step_ms"]:.0f}'
+                     for run in runs[enabled])
+    print(f'| {str(enabled).lower()} | {m["first"]:.2f} | '
+          f'{m["first_cpu"]:.2f} | {m["logged"]:.2f} | {m["step50"]:.2f} | '
+          f'{m["step50_cpu"]:.2f} | {m["step_ms"]:.1f} | '
+          f'{m["step_cpu_ms"]:.1f} | {each} |')
+  print('| off / on | ' + ' | '.join(
+      f'{med[False][k] / med[True][k]:.3f}' for k in keys) + ' | |')
+
+
 def ImportSeconds():
   start = time.perf_counter()
   subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True,
@@ -212,7 +300,7 @@ def ImportSeconds():
 
 
 def Watcher(repeats, steps):
-  """Prints the preemption watcher table (see the module docstring, 4.)."""
+  """Prints the preemption watcher table (see the module docstring, 5.)."""
   cfg = _CONFIGS['tiny (8-16-1, b32)']
   runs = {(): [], preemption.DEFAULT_SIGNALS: []}
   for r in range(repeats):   # Interleaved, alternating the order.
@@ -237,11 +325,16 @@ def main():
                       help='Only the Tiny LM start-up table (3.).')
   parser.add_argument('--baseline_root', default=None,
                       help='With --lm: a checkout to compare against.')
+  parser.add_argument('--grappler', action='store_true',
+                      help='Only the grappler on/off table (4.).')
   parser.add_argument('--watcher', action='store_true',
-                      help='Only the preemption watcher table (4.).')
+                      help='Only the preemption watcher table (5.).')
   args = parser.parse_args()
   if args.lm:
     LmStartup(args.repeats, args.baseline_root)
+    return
+  if args.grappler:
+    LmGrappler(args.repeats)
     return
   tf.get_logger().setLevel('ERROR')
   from absl import logging  # pylint: disable=g-import-not-at-top

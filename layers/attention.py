@@ -9,6 +9,7 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import shapes
 from cadence.framework import validation
+from cadence.layers import linear
 
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams
@@ -130,13 +131,8 @@ class MultiHeadedAttention(base_layer.BaseLayer):
 
   def _Project(self, theta, name, x):
     """[b, t, in] -> [b, t, out] with theta.<name>_w (and _b)."""
-    w = theta[f'{name}_w']
-    # A 2-D matmul: its gradients are plain matmuls too (cheaper on CPU than
-    # Einsum's, which transposes operands into place).
-    y = tf.matmul(tf.reshape(x, [-1, w.shape[0]]), w)
-    if self.params.use_bias:
-      y += theta[f'{name}_b']
-    return tf.reshape(y, _Dims(x, 2) + [w.shape[1]])
+    return linear.Project(x, theta[f'{name}_w'],
+                          theta[f'{name}_b'] if self.params.use_bias else None)
 
   def _SplitHeads(self, x):
     """[b, t, hidden] -> [b, heads, t, dh]."""
@@ -177,7 +173,8 @@ class MultiHeadedAttention(base_layer.BaseLayer):
     v = self._SplitHeads(self._Project(w, 'value', value_vec))  # [b,h,tk,dh]
 
     logits = tf.matmul(q, k, transpose_b=True)                  # [b,h,tq,tk]
-    mask = AttentionMask(paddings, causal, tf.shape(q)[2], tf.shape(k)[2])
+    mask = AttentionMask(paddings, causal, _Dims(query_vec, 2)[1],
+                         _Dims(key_vec, 2)[1])
     if mask is not None:
       logits = tf.where(mask, logits, _MaskedLogitValue(dtype))
     probs = tf.nn.softmax(logits, axis=-1)

@@ -150,8 +150,8 @@ class TransformerLayer(base_layer.BaseLayer):
     """Bytes of the tensors the backward of one layer needs kept, inputs
     [b, t, d] (None if b or t is unknown), by remat_policy `policy`.
 
-    'all' (what it reads): 4 b*t*d in the norms' compute dtype (float32
-    for bfloat16 too: the two norms' centred and normalised inputs), and in
+    'all' (what it reads): 2 b*t*d in the norms' compute dtype (float32
+    for bfloat16 too: the two norms' normalised inputs), and in
     fprop_dtype 6 b*t*d (q, k, v, the attention context, the two norms'
     outputs) + b*h*t*t (the attention probabilities) + b*t*f (the
     feed-forward activation); in training a residual dropout adds 2 b*t*d
@@ -181,7 +181,7 @@ class TransformerLayer(base_layer.BaseLayer):
          btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
     if dtype != tf.as_dtype(p.dtype):
       n += 4 * d * d + 2 * d * p.hidden_dim
-    norms = 4 * btd * base_layer.AccumulationDtype(dtype).size
+    norms = 2 * btd * base_layer.AccumulationDtype(dtype).size
     return n * dtype.size + norms
 
 

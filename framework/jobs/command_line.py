@@ -263,8 +263,10 @@ def Check(options):
                               RUN_LOCALLY))
   _CheckNumbers(options)
   _CheckPlan(options)
-  if not isinstance(options.xla, bool):
-    raise UserError(f'--xla={options.xla!r} must be True or False.')
+  for name in ('xla', 'graph_optimizer'):
+    if not isinstance(getattr(options, name), bool):
+      raise UserError(f'--{name}={getattr(options, name)!r} must be True or '
+                      'False.')
   for name in ('tpu_zone', 'tpu_project'):
     if getattr(options, name) and not options.tpu:
       raise UserError(f'--{name}={getattr(options, name)!r} needs --tpu '

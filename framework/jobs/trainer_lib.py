@@ -63,6 +63,7 @@ from cadence.framework import base_model
 from cadence.framework.distribute import distribution
 from cadence.framework.jobs import command_line
 from cadence.framework.jobs import export
+from cadence.framework.jobs import graph_optimizer
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
 from cadence.framework.jobs import memory_check
@@ -120,6 +121,7 @@ class TrainerOptions:
   tpu_zone: str = ''
   tpu_project: str = ''
   xla: bool = False
+  graph_optimizer: bool = True    # Grappler on the job's steps.
   export_dir: str = ''            # --mode=export (framework/jobs/export.py)
   checkpoint: str = ''
   export_batch_size: int = None
@@ -764,7 +766,8 @@ def Main(options):
   # return); the hosts of a multi-host job agree on the step to stop at
   # (the distribution option's agreement).
   agreement = setup.Agreement()
-  with setup.cluster, preemption.Watcher(agreement=agreement) as watcher:
+  with setup.cluster, graph_optimizer.Scope(options.graph_optimizer), \
+      preemption.Watcher(agreement=agreement) as watcher:
     try:
       job = _BuildJob(options, setup, watcher)
     except (UserError, ValueError) as e:

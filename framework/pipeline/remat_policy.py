@@ -96,7 +96,9 @@ def Walk(graph, outputs, weights, policy):
   """The forward tensors the gradient needs under `policy`.
 
   Args:
-    graph: the graph of a forward and its gradient.
+    graph: the graph of a forward and its gradient; when it has `outputs`
+      (a function's graph), ops none of them needs never run and are left
+      out (tf.custom_gradient leaves an unused identity of its result).
     outputs: the forward's output tensors (the forward is their ancestors).
     weights: the placeholder ops of the weights (theta).
     policy: one of POLICIES (see the module docstring).
@@ -110,7 +112,11 @@ def Walk(graph, outputs, weights, policy):
                      f'{POLICIES}.')
   forward = ForwardOps(outputs)
   weights = set(weights)
-  todo = [t for op in graph.get_operations() if op not in forward
+  ops = graph.get_operations()
+  if getattr(graph, 'outputs', None):
+    live = ForwardOps(graph.outputs)
+    ops = [op for op in ops if op in live]
+  todo = [t for op in ops if op not in forward
           for t in op.inputs if t.op in forward]
   kept, read, seen = [], [], set()
   chains = {}   # product ref -> (product, [(chain tensor needed, path)])

@@ -23,6 +23,45 @@ def _OutShapeUnknownBatch(fn, shape, dtype=tf.float32):
   return shapes.Shape(traced.get_concrete_function().structured_outputs.shape)
 
 
+class ProjectTest(tf.test.TestCase):
+
+  def testMatchesNumpyOnAnyRank(self):
+    w, b = test_utils.Rand([3, 4], 20), test_utils.Rand([4], 21)
+    relu = lambda v: np.maximum(v, 0.0)
+    for shape in ([3], [5, 3], [2, 5, 3]):
+      x = test_utils.Rand(shape, 22)
+      for bias, act, np_act in ((None, None, lambda v: v),
+                                (b, tf.nn.relu, relu)):
+        with self.subTest(shape=shape, bias=bias is not None):
+          want = np_act(x @ w + (0.0 if bias is None else bias))
+          self.assertAllClose(want, linear.Project(
+              tf.constant(x), tf.constant(w),
+              None if bias is None else tf.constant(bias), act), atol=1e-6)
+
+  def testUnknownLeadingDims(self):
+    w = tf.constant(test_utils.Rand([3, 4], 23))
+    x = test_utils.Rand([2, 5, 3], 24)
+    fn = tf.function(lambda x: linear.Project(x, w),
+                     input_signature=[tf.TensorSpec([None, None, 3])])
+    self.assertEqual([None, None, 4],
+                     fn.get_concrete_function().output_shapes.as_list())
+    self.assertAllClose(x @ w.numpy(), fn(tf.constant(x)), atol=1e-6)
+
+  def testGradientsMatchNumpy(self):
+    # d(sum(dy * relu(x @ w + b))): the bias gradient is BiasAddGrad's.
+    w, b = test_utils.Rand([3, 4], 25), test_utils.Rand([4], 26)
+    x, dy = test_utils.Rand([2, 5, 3], 27), test_utils.Rand([2, 5, 4], 28)
+    g = dy * (x @ w + b > 0)
+    want = (g @ w.T, np.einsum('bti,bto->io', x, g), g.sum((0, 1)))
+    args = [tf.constant(v) for v in (x, w, b)]
+    with tf.GradientTape() as tape:
+      tape.watch(args)
+      y = linear.Project(*args, tf.nn.relu)
+    got = tape.gradient(y, args, output_gradients=tf.constant(dy))
+    for name, want_g, got_g in zip('xwb', want, got):
+      self.assertAllClose(want_g, got_g, atol=1e-5, msg=name)
+
+
 class ProjectionLayerTest(tf.test.TestCase):
 
   def _Layer(self, **kwargs):

@@ -35,6 +35,45 @@ def _TracedShape(fn, shape):
   return shapes.Shape(traced.get_concrete_function().structured_outputs.shape)
 
 
+def _NpLayerNormGrads(x, scale, dy, eps):
+  """Numpy reference gradients (dx, dscale, dbias) of _NpLayerNorm, from
+  the chain rule written out term by term (not the layer's formula)."""
+  d = x.shape[-1]
+  mean = x.mean(-1, keepdims=True)
+  c = x - mean
+  var = (c ** 2).mean(-1, keepdims=True)
+  r = 1.0 / np.sqrt(var + eps)
+  g = dy * scale
+  d_c = g * r                                     # through c * r
+  d_var = (g * c).sum(-1, keepdims=True) * -0.5 * r ** 3
+  d_c += d_var * 2.0 * c / d                      # through var's square
+  dx = d_c - d_c.mean(-1, keepdims=True)          # through c = x - mean
+  rows = (-1, d)
+  return (dx, (dy * c * r).reshape(rows).sum(0), dy.reshape(rows).sum(0))
+
+
+def _NpRmsNormGrads(x, scale, dy, eps):
+  """Numpy reference gradients (dx, dscale) of _NpRmsNorm (chain rule)."""
+  d = x.shape[-1]
+  r = 1.0 / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+  g = dy * scale
+  dx = g * r + (g * x).sum(-1, keepdims=True) * -r ** 3 * x / d
+  return dx, (dy * x * r).reshape(-1, d).sum(0)
+
+
+def _TheoryGrads(layer, theta, x, dy):
+  """The layer's (dx, d theta...) for output gradient dy, in a function."""
+
+  @tf.function
+  def _Grads(theta, x):
+    with tf.GradientTape() as tape:
+      tape.watch([x, theta])
+      y = layer.FProp(theta, x)
+    return tape.gradient(y, [x] + theta.Flatten(), output_gradients=dy)
+
+  return _Grads(theta, x)
+
+
 class LayerNormTest(tf.test.TestCase):
 
   def testInitialValues(self):
@@ -83,6 +122,23 @@ class LayerNormTest(tf.test.TestCase):
               tf.convert_to_tensor(layer.vars.bias), x], delta=1e-5)
     for t, n in zip(theoretical, numerical):
       self.assertAllClose(t, n, atol=1e-6)
+
+  def testHandWrittenGradientMatchesNumpy(self):
+    # The layer's own backward (a custom gradient) against the chain rule
+    # in numpy, float64, on [2, 3, 6] with an offset and a scale != 1.
+    p = normalization.LayerNorm.Params().Set(
+        name='ln', input_dim=6, epsilon=1e-3, dtype=tf.float64)
+    layer = p.Instantiate()
+    scale = test_utils.Rand([6], 10, np.float64) + 1.0
+    theta = NestedMap(scale=tf.constant(scale),
+                      bias=tf.constant(test_utils.Rand([6], 11, np.float64)))
+    x = test_utils.Rand([2, 3, 6], 12, np.float64) + 3.0
+    dy = test_utils.Rand([2, 3, 6], 13, np.float64)
+    got = _TheoryGrads(layer, theta, tf.constant(x), tf.constant(dy))
+    want = _NpLayerNormGrads(x, scale, dy, 1e-3)
+    # Flatten order: bias, scale.
+    for g, w in zip(got, (want[0], want[2], want[1])):
+      self.assertAllClose(w, g, atol=1e-10)
 
   def testBfloat16StatisticsInFloat32(self):
     _, ref, _, _ = _Build(normalization.LayerNorm)
@@ -144,6 +200,18 @@ class RMSNormTest(tf.test.TestCase):
     g = tape.gradient(loss, layer.vars.scale)
     self.assertIsNotNone(g)
     self.assertTrue(np.all(np.isfinite(g)))
+
+  def testHandWrittenGradientMatchesNumpy(self):
+    p = normalization.RMSNorm.Params().Set(
+        name='rms', input_dim=6, epsilon=1e-3, dtype=tf.float64)
+    layer = p.Instantiate()
+    scale = test_utils.Rand([6], 14, np.float64) + 1.0
+    x = test_utils.Rand([2, 3, 6], 15, np.float64) + 0.5
+    dy = test_utils.Rand([2, 3, 6], 16, np.float64)
+    got = _TheoryGrads(layer, NestedMap(scale=tf.constant(scale)),
+                       tf.constant(x), tf.constant(dy))
+    for g, w in zip(got, _NpRmsNormGrads(x, scale, dy, 1e-3)):
+      self.assertAllClose(w, g, atol=1e-10)
 
   def testBfloat16(self):
     _, ref, _, _ = _Build(normalization.RMSNorm)

@@ -23,7 +23,7 @@ _DEFAULTS = dict(
     worker_split_size=None, worker_gpus=0, steps_per_loop=0, cluster_spec='',
     task_type='worker', task_index=0, peak_tflops=0.0, device_memory_gib=0.0,
     eval_timeout_s=0.0, tpu='', tpu_zone='', tpu_project='', xla=False,
-    export_batch_size=None, export_max_len=None)
+    export_batch_size=None, export_max_len=None, graph_optimizer=True)
 
 
 def _Options(**kw):
@@ -73,6 +73,8 @@ class CheckTest(unittest.TestCase):
         (dict(device_memory_gib='16'), r"^--device_memory_gib='16' must be "
          r'a number >= 0 \(GiB of memory per device; 0: no check\)\.$'),
         (dict(xla='yes'), r"^--xla='yes' must be True or False\.$"),
+        (dict(graph_optimizer=0), r'^--graph_optimizer=0 must be True or '
+         r'False\.$'),
         (dict(tpu_project='p'), r"^--tpu_project='p' needs --tpu"),
         (dict(model_params_override='a=1;b'),
          r"^--model_params_override: 'b' is not 'key=value'"),

@@ -13,6 +13,7 @@ from unittest import mock
 from absl import logging
 import tensorflow as tf
 
+from cadence.framework.jobs import graph_optimizer
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpoint_files
@@ -241,6 +242,24 @@ class FaultsTest(tf.test.TestCase):
     self.assertIn("The evaler_dev job is finished: it handled every "
                   "checkpoint up to step 30 (the trainer's final checkpoint, "
                   "global step 30 >= max_steps 20, ", logs.output[-1])
+
+
+class GraphOptimizerTest(tf.test.TestCase):
+
+  def testTheFlagReachesTheJobsScope(self):
+    def _Off():
+      return tf.config.optimizer.get_experimental_options().get(
+          'disable_meta_optimizer', False)
+    before = _Off()
+    for enabled in (False, True):
+      with mock.patch.object(graph_optimizer, 'Scope',
+                             wraps=graph_optimizer.Scope) as scope:
+        code, _ = _Main(logdir=os.path.join(self.get_temp_dir(),
+                                            str(enabled)),
+                        max_steps=1, graph_optimizer=enabled)
+      self.assertEqual(code, 0)
+      scope.assert_called_once_with(enabled)
+      self.assertEqual(_Off(), before)         # Restored after the job.
 
 
 class _Records(py_logging.Handler):

@@ -57,7 +57,7 @@ class ActBytesTest(tf.test.TestCase):
         _Check(self, p, [tf.TensorSpec([b, t, d])],
                p.cls.FPropMeta(p, shapes.Shape([b, t, d])))
     p.is_inference = True
-    self.assertEqual(4 * (10 * b * t * d + b * h * t * t + b * t * f),
+    self.assertEqual(4 * (8 * b * t * d + b * h * t * t + b * t * f),
                      p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
 
   def testNormAndSoftmax(self):

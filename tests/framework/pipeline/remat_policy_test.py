@@ -85,6 +85,31 @@ class KeptTensorsTest(tf.test.TestCase):
                                     'weights')
     self.assertCountEqual(['Relu', 'Transpose'], [t.op.type for t in kept])
 
+  def testOpsNoOutputNeedsAreLeftOut(self):
+    # tf.custom_gradient leaves an unused identity of its result in a
+    # function's graph; it never runs, so the result is not kept for it.
+    @tf.custom_gradient
+    def _Square(x):
+      return x * x, lambda dy: 2.0 * dy * x
+
+    def _Traced(x):
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = _Square(x)
+      return [y], tape.gradient(y, x)
+
+    graph = tf.function(_Traced, autograph=False).get_concrete_function(
+        tf.TensorSpec([4])).graph
+    forward_out = graph.outputs[:1]
+    outputs = {t.ref() for t in graph.outputs}
+    dead = [op for op in graph.get_operations() if op.type == 'Identity' and
+            not op.outputs[0].consumers() and
+            op.outputs[0].ref() not in outputs]
+    self.assertNotEmpty(dead)   # The identity this test is about.
+    kept, read = remat_policy.Walk(graph, forward_out, [], 'all')
+    self.assertEqual([], kept)   # The gradient reads x alone.
+    self.assertEqual(['x'], [t.op.name for t in read])
+
   def testSameGradientsInAGraph(self):
     rand = lambda shape, seed: tf.random.stateless_normal(shape, [seed, 2])
     w = tf.Variable(rand([8, 8], 1))
