@@ -155,28 +155,23 @@ class TransformerLayer(base_layer.BaseLayer):
     fprop_dtype 6 b*t*d (q, k, v, the attention context, the two norms'
     outputs) + b*h*t*t (the attention probabilities) + b*t*f (the
     feed-forward activation); in training a residual dropout adds 2 b*t*d
-    (the two masks; in float32 also the two inputs, which TF's float32
-    Mul gradient reads), an attention dropout 2 b*h*t*t, a feed-forward
+    (the two masks), an attention dropout 2 b*h*t*t, a feed-forward
     dropout 2 b*t*f; with fprop_dtype other than dtype, the weights of the
     six products cast to it (4 d*d + 2 d*f), which their gradients read.
     'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
-    output projections) + b*t*f (the first feed-forward product); with a
-    residual dropout in float32 training, b*t*d more (a dropout's input,
-    which TF's float32 Mul gradient reads).
+    output projections) + b*t*f (the first feed-forward product).
     Held to memory_estimate.SavedBytes of the real gradient by the tests.
     """
     b, t, d = shapes.AsShape(inputs)
     if b is None or t is None:
       return None
     dtype = base_layer.FPropDtype(p)
-    # TF's Mul gradient has a float32 path that reads both operands.
     drop = not p.is_inference and p.residual_dropout_prob
-    drop_inputs = drop and dtype == tf.float32
     train = not p.is_inference
     btd, bhtt, btf = b * t * d, b * p.num_heads * t * t, b * t * p.hidden_dim
     if policy == 'weights':
-      return (btd * (6 if drop_inputs else 5) + btf) * dtype.size
-    n = (btd * (6 + (2 if drop else 0) + (2 if drop_inputs else 0)) +
+      return (btd * 5 + btf) * dtype.size
+    n = (btd * (6 + (2 if drop else 0)) +
          bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
          btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
     if dtype != tf.as_dtype(p.dtype):

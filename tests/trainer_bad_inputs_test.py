@@ -100,7 +100,7 @@ _BEFORE_TF = [
              prepare=_FileAsLogdir),
     BadInput('unknown_mode', _Lm('--mode=train'),
              r"^Error: --mode='train' is not one of sync, inspect_params, "
-             r'inspect_model, inspect_pipeline, export\.$'),
+             r'inspect_model, inspect_pipeline, export, plan\.$'),
     BadInput('job_typo', _Lm('--job=trainer_and_eval'),
              r"^Error: --job='trainer_and_eval' is not one of trainer, "
              r'trainer_and_evaler, evaler_<dataset>, decoder_<dataset> '

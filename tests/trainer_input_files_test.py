@@ -75,7 +75,11 @@ class InputFilesTest(tf.test.TestCase):
                       '--job=trainer']
              for i, (flags, _) in enumerate(cases)]
     driver = test_utils.StartTrainerMains(argvs, env=env)
-    real = test_utils.StartTrainer(argvs[0], env=env)
+    # The same first case as a real process, in a logdir of its own (one
+    # logdir has one writer: the driver holds run0's lock).
+    real = test_utils.StartTrainer(
+        cases[0][0] + [f'--logdir={tmp}/run_real', '--worker_split_size=2',
+                       '--job=trainer'], env=env)
     results = test_utils.FinishTrainerMains(driver)
     for i, ((_, regex), (code, stderr)) in enumerate(zip(cases, results)):
       with self.subTest(case=i):

@@ -178,12 +178,17 @@ class PlanModel:
     """[(params key, value)] that run `layout` (with the trainer flags
     --worker_replicas=R --worker_split_size=K); the global batch stays
     the input's batch_size, so each replica takes batch_size / R."""
-    splits = layout.stages if layout.bounds is None else list(
+    # An int splits is the devices K (the stack cuts K x v stages); a list
+    # is the stages' boundaries.
+    per_device = layout.stages // layout.devices
+    splits = layout.devices if layout.bounds is None else list(
         layout.bounds[1:-1])
     out = [(f'{self.stack_key}.splits', splits),
            (f'{self.pipeline_key}.num_micro_batches', layout.micro_batches),
            (f'{self.pipeline_key}.schedule', layout.schedule),
            (f'{self.pipeline_key}.remat', layout.remat)]
+    if per_device > 1:
+      out.insert(3, (f'{self.pipeline_key}.stages_per_device', per_device))
     if layout.replicas > 1:
       out.append(('input.batch_size', self.PerReplicaBatch(layout)))
     return out
@@ -228,25 +233,14 @@ class PlanModel:
     replica's devices together at the step's worst moment).
 
     A device holding several stages holds their sum at each moment
-    (memory_estimate.Moments: the schedule's ticks with each stage on a
-    device of its own).
+    (memory_estimate.DeviceMemory, over the schedule's ticks).
     """
     memory = memory or self.ActivationMeta(layout)
     weights = self.StageWeights(self.Bounds(layout))
-    moments = memory_estimate.Moments(
-        memory, [w[0] for w in weights], [w[2] for w in weights],
-        grads=[w[1] for w in weights])
-    placed = schedules.StageDevices(layout.schedule, layout.stages,
-                                    layout.devices)
-    per_device = [0] * layout.devices
-    together = 0
-    for moment in moments:
-      sums = [0] * layout.devices
-      for s, stage in enumerate(moment):
-        sums[placed[s]] += stage.total
-      per_device = [max(a, b) for a, b in zip(per_device, sums)]
-      together = max(together, sum(sums))
-    return per_device, together
+    args = (memory, [w[0] for w in weights], [w[2] for w in weights],
+            [w[1] for w in weights])
+    return ([d.total for d in memory_estimate.DeviceMemory(*args)],
+            memory_estimate.SharedMemory(*args).total)
 
 
 def _Text(value):

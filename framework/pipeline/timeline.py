@@ -1,17 +1,16 @@
 """PipelineTimeline: where each pipeline device spent a real training step.
 
 A step runs under TensorFlow's profiler; every op the pipeline executors
-build carries the name scope of its action (`schedules.Action.
-scope`: forward F, backward B (with its re-run) or weight gradient W, of
-stage s on micro-batch j), so the profile says when each op of each action ran. What an action
-ran is the union of its ops' execution intervals (`segments`), not its
-first op's start to its last op's end: the executor builds the actions'
-ops in one graph, and TensorFlow runs an op as soon as its inputs are
-ready, so a few cheap ops of a later action (masks, slices of its input)
-may run long before the rest of it. Its *blocks* are those intervals
-joined across gaps shorter than `join` (the executor's own pauses between
-two ops), and its span (`actions`) is the block that holds most of its
-work. Per device (the schedule's placement of the stages; by default stage
+build carries the name scope of its action (`schedules.Action.scope`:
+forward F, backward B (with its re-run) or weight gradient W, of stage s on
+micro-batch j), so the profile says when each op of each action ran. What an
+action ran is the union of its ops' execution intervals (`segments`), not
+its first op's start to its last op's end: the executor builds the actions'
+ops in one graph, and TensorFlow runs an op as soon as its inputs are ready,
+so a few cheap ops of a later action (masks, slices of its input) may run
+long before the rest of it. Its *blocks* are those intervals joined across
+gaps shorter than `join` (the executor's own pauses between two ops), and
+its span (`actions`) is the block that holds most of its work. Per device (the schedule's placement of the stages; by default stage
 s on device s % D of the model split):
 
   forward / backward: time some op of an F / B action ran (their union);

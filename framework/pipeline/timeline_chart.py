@@ -2,17 +2,17 @@
 
 One row per device of the model split; in it, each action's blocks
 (`Timeline.blocks`: when its ops ran) as boxes, forward blue, backward
-orange and weight gradient green, micro-batches alternating shades. Actions whose boxes overlap in
-time (their ops ran at once on two threads) get lanes of their own, so no
-box hides another; an action's blocks thinner than 2 pixels (a few cheap
-ops that ran apart from the rest of it) are marks under the lanes. A last,
-grey row holds the ops outside every action (the loss and its softmax
-between the phases, the gradients' sums); white is idle time. Each
-action's label (its micro-batch, or stage.micro-batch when a device holds
-several stages) goes inside its span's box where it fits, else in a strip above the
-row where it overlaps no other label; the exact times of every action are
-`Timeline.SpanTable`, written beside the chart. `Layout` computes every box
-and label (pixels), `Svg` and `Image` draw them.
+orange and weight gradient green, micro-batches alternating shades. Actions
+whose boxes overlap in time (their ops ran at once on two threads) get lanes
+of their own, so no box hides another; an action's blocks thinner than 2
+pixels (a few cheap ops that ran apart from the rest of it) are marks under
+the lanes. A last, grey row holds the ops outside every action (the loss and
+its softmax between the phases, the gradients' sums); white is idle time.
+Each action's label (its micro-batch, or stage.micro-batch when a device
+holds several stages) goes inside its span's box where it fits, else in a
+strip above the row where it overlaps no other label; the exact times of
+every action are `Timeline.SpanTable`, written beside the chart. `Layout`
+computes every box and label (pixels), `Svg` and `Image` draw them.
 
 Example:
   chart = Layout(timeline, width=960)
@@ -153,7 +153,8 @@ def Layout(timeline, width=960, left=150, top=44, lane_height=18, strip=14,
       lane_y = lanes_y + lane_of[a] * lane_height
       for s, e in laned[a]:
         boxes.append(Box(a, x_of(s), lane_y, max((e - s) * scale, 1.0),
-                         lane_height - 2, COLOURS[a.kind][a.micro_batch % 2], s, e))
+                         lane_height - 2,
+                         COLOURS[a.kind][a.micro_batch % 2], s, e))
       if not labels:
         continue
       w, h = LabelWidth(texts[a]), _FONT_SIZE + 2

@@ -127,7 +127,7 @@ class FlagErrorLineTest(unittest.TestCase):
     self.assertEqual('--zzz: unknown flag.', self._Line(['--zzz']))
     self.assertEqual("--mode='inspect_modle' is not one of sync, "
                      'inspect_params, inspect_model, inspect_pipeline, '
-                     "export. Did you mean 'inspect_model' or "
+                     "export, plan. Did you mean 'inspect_model' or "
                      "'inspect_params'?",
                      self._Line(['--mode=inspect_modle']))
     self.assertEqual("--max_steps='ten' must be an int.",

@@ -1,5 +1,4 @@
 """Tests for the layout planner: plan_model, planner and plan_measure."""
-import re
 
 import numpy as np
 import tensorflow as tf
@@ -14,6 +13,7 @@ from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import hardware
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
+from cadence.framework.pipeline import timeline_chart
 
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 Layout = plan_model.Layout
@@ -59,8 +59,9 @@ class PlanModelTest(tf.test.TestCase):
     layout = Layout(2, 2, 4, 4, '1f1b', 'never', (0, 1, 2, 3, 4))
     params = model.LayoutParams(layout)
     self.assertEqual([1, 2, 3], params.task.stack_tpl.splits)
-    self.assertEqual((4, '1f1b', 'never', 16), (
+    self.assertEqual((4, 2, '1f1b', 'never', 16), (
         params.task.stack_tpl.pipeline_tpl.num_micro_batches,
+        params.task.stack_tpl.pipeline_tpl.stages_per_device,
         params.task.stack_tpl.pipeline_tpl.schedule,
         params.task.stack_tpl.pipeline_tpl.remat, params.input.batch_size))
     # The params file text sets the same values.
@@ -72,6 +73,7 @@ class PlanModelTest(tf.test.TestCase):
         '--model_params_override="task.stack_tpl.splits=[1, 2, 3];'
         'task.stack_tpl.pipeline_tpl.num_micro_batches=4;'
         "task.stack_tpl.pipeline_tpl.schedule='1f1b';"
+        'task.stack_tpl.pipeline_tpl.stages_per_device=2;'
         "task.stack_tpl.pipeline_tpl.remat='never';input.batch_size=16\"",
         model.Flags(layout, _TINY))
     self.assertEqual([0, 2, 4], model.Bounds(
@@ -176,8 +178,11 @@ class PlannerTest(tf.test.TestCase):
     self.assertAllClose(p.step.bubble, timeline.measured_bubble)
     for action, (start, end) in p.step.spans.items():
       self.assertAllClose((start, end), timeline.actions[action])
-    svg = timeline.Svg()
-    self.assertLen(re.findall('<rect ', svg), 2 * 2 * 4)
+    # One box per action in the chart, and the chart is drawn.
+    boxes = [b for b in timeline_chart.Layout(timeline).boxes if b.action]
+    self.assertCountEqual(p.step.spans, [b.action for b in boxes])
+    self.assertLen(boxes, 2 * 2 * 4)
+    self.assertIn('<svg', timeline.Svg())
 
 
 class PlanMeasureTest(tf.test.TestCase):

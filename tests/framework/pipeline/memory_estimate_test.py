@@ -76,9 +76,9 @@ class ActBytesTest(tf.test.TestCase):
                sm.cls.FPropMeta(sm, shapes.Shape([4, 8, 128])), rtol=0.04)
 
   def testBfloat16(self):
-    # Activations of 2 bytes; a norm's statistics and the cross-entropy in
-    # float32; the weights cast to bfloat16 for the products (their
-    # gradients read the cast copies).
+    # Activations of 2 bytes; a norm's normalised input and the
+    # cross-entropy in float32; the weights cast to bfloat16 for the
+    # products (their gradients read the cast copies).
     bf16 = dict(fprop_dtype=tf.bfloat16)
     for (b, t, d, h, f), drops in [((4, 8, 16, 2, 32), (0, 0, 0)),
                                    ((2, 12, 24, 4, 40), (0.1, 0.1, 0.1))]:
@@ -92,7 +92,7 @@ class ActBytesTest(tf.test.TestCase):
     p.is_inference = True
     self.assertEqual(
         2 * (6 * b * t * d + b * h * t * t + b * t * f + 4 * d * d +
-             2 * d * f) + 4 * 4 * b * t * d,
+             2 * d * f) + 2 * 4 * b * t * d,
         p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
     ln = normalization.LayerNorm.Params().Set(name='ln', input_dim=64, **bf16)
     _Check(self, ln, [tf.TensorSpec([4, 8, 64], tf.bfloat16)],
