@@ -10,8 +10,9 @@ ops in one graph, and TensorFlow runs an op as soon as its inputs are ready,
 so a few cheap ops of a later action (masks, slices of its input) may run
 long before the rest of it. Its *blocks* are those intervals joined across
 gaps shorter than `join` (the executor's own pauses between two ops), and
-its span (`actions`) is the block that holds most of its work. Per device (the schedule's placement of the stages; by default stage
-s on device s % D of the model split):
+its span (`actions`) is the block that holds most of its work. Per device
+(the schedule's placement of the stages; by default stage s on device
+s % D of the model split):
 
   forward / backward: time some op of an F / B action ran (their union);
   idle: the rest of the pipeline's span (first action op's start to the
