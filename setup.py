@@ -36,8 +36,8 @@ setuptools.setup(
         'cpu': ['tensorflow-cpu>=2.16'],
         'gpu': ['tensorflow[and-cuda]>=2.16'],
         'tf': ['tensorflow>=2.16'],
-        # pytest-xdist: the README's test command runs two files at a time
-        # (the suite's 10-minute budget on 2 cores).
+        # pytest-xdist: the README's test command runs three files at a
+        # time (the suite's 10-minute budget on 2 cores).
         'test': ['pytest', 'pytest-xdist'],
         # A TPU named by --tpu=<name> is looked up with the Cloud TPU API
         # (a grpc://host:8470 address needs nothing more).

@@ -147,7 +147,9 @@ _TRANSPARENCY = textwrap.dedent("""
     results = {}
     plain = Train(1, 1, tf.distribute.get_strategy(),
                   Params(R * %(batch)d), 'plain')
-    for mode in ('one_device', 'hierarchical_copy', 'ring'):
+    # Each all-reduce implementation in one of the two layouts (one_device,
+    # the default, in both).
+    for mode in ('one_device', 'ring' if R == 2 else 'hierarchical_copy'):
       got = Train(R, K, strategy, Params(%(batch)d, mode=mode), mode)
       results[mode] = max(float(np.abs(got[k] - plain[k]).max())
                           for k in plain)
@@ -177,7 +179,8 @@ class TransparencyTest(tf.test.TestCase):
       out = test_utils.FinishPython(proc)
       errors = json.loads(out.strip().splitlines()[-1])
       with self.subTest(replicas=r, stages=k):
-        for mode in ('one_device', 'hierarchical_copy', 'ring', 'dropout'):
+        for mode in ('one_device', 'ring' if r == 2 else 'hierarchical_copy',
+                     'dropout'):
           self.assertLess(errors[mode], 1e-5, (mode, errors))
         self.assertGreater(errors['moved'], 1e-3)   # Dropout changed them.
       if r != 2:
