@@ -20,10 +20,10 @@ async checkpoint joins its saver thread) and flushes stdout and stderr.
 Only trainer.py calls it; `trainer_lib.Main` returns its code, so tests run
 it in process.
 
-Example (trainer.py):
-  def main(argv):
-    ...
-    process_exit.Exit(trainer_lib.Main(options))   # Never returns.
+Example (trainer.py: `main` returns the code, so tests call it in process;
+the script's entry point ends the process):
+  def _MainThenExit(argv):
+    process_exit.Exit(main(argv))   # Never returns.
 """
 import atexit
 import os
