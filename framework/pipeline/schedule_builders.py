@@ -132,12 +132,19 @@ def OneFOneBOrder(stage, num_stages, num_micro_batches):
   return order
 
 
-def OneFOneB(stage_devices, num_devices, num_micro_batches):
-  """1F1B's device lists; see the module docstring."""
+def _EachStage(stage_order, stage_devices, num_devices, num_micro_batches):
+  """The device lists of a schedule whose stage s runs
+  `stage_order(s, num_stages, num_micro_batches)`, in that order."""
   num_stages = len(stage_devices)
   return FromStageOrders(
-      stage_devices, [OneFOneBOrder(s, num_stages, num_micro_batches)
+      stage_devices, [stage_order(s, num_stages, num_micro_batches)
                       for s in range(num_stages)], num_devices)
+
+
+def OneFOneB(stage_devices, num_devices, num_micro_batches):
+  """1F1B's device lists; see the module docstring."""
+  return _EachStage(OneFOneBOrder, stage_devices, num_devices,
+                    num_micro_batches)
 
 
 def Interleaved1F1B(stage_devices, num_devices, num_micro_batches):
@@ -251,10 +258,8 @@ def ZeroBubbleH1Order(stage, num_stages, num_micro_batches):
 
 def ZeroBubbleH1(stage_devices, num_devices, num_micro_batches):
   """ZB-H1's device lists; see the module docstring."""
-  num_stages = len(stage_devices)
-  return FromStageOrders(
-      stage_devices, [ZeroBubbleH1Order(s, num_stages, num_micro_batches)
-                      for s in range(num_stages)], num_devices)
+  return _EachStage(ZeroBubbleH1Order, stage_devices, num_devices,
+                    num_micro_batches)
 
 
 def ZeroBubbleV(stage_devices, num_devices, num_micro_batches):
