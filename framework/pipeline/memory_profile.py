@@ -50,6 +50,9 @@ def Placement(run):
   ctx = context.context()
   ctx.enable_run_metadata()
   try:
+    # Drop what the process collected before (another step's graphs, when
+    # run metadata was on elsewhere): only `run`'s graphs are read.
+    ctx.export_run_metadata()
     run()
     metadata = ctx.export_run_metadata()
   finally:
