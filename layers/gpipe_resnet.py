@@ -323,16 +323,19 @@ class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
 
   @classmethod
   def CellMemory(cls, p, images):
-    """Per cell NestedMap(act, act_weights, out, transient, outside=0) in
-    bytes on `images` (one micro-batch): the units' act_bytes (estimates,
-    see resnet.py), its output, and its largest unit's act_bytes."""
+    """Per cell NestedMap(act, act_weights, residuals, out, transient,
+    outside=0) in bytes on `images` (one micro-batch): the units' act_bytes
+    (estimates, see resnet.py; also taken for what remat 'selective' keeps
+    and for what W reads after a split B: a convolution's W reads its input
+    and its output's gradient, about what its backward reads), its output,
+    and its largest unit's act_bytes."""
     bounds = cls.Boundaries(p)
     metas = cls.UnitMetas(p, images)
     out = []
     for a, b in zip(bounds, bounds[1:]):
       act = sum(m.act_bytes for m in metas[a:b])
       out.append(NestedMap(
-          act=act, act_weights=act,
+          act=act, act_weights=act, residuals=act,
           out=4 * metas[b - 1].out_shapes[0].num_elements(),
           transient=max(m.act_bytes for m in metas[a:b]), outside=0))
     return out

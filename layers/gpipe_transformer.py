@@ -195,9 +195,10 @@ class GPipeTransformerStack(gpipe.SplitCells,
 
   @classmethod
   def CellMemory(cls, p, inputs):
-    """Per cell, NestedMap(act, act_weights, out, transient) in bytes on one
-    micro-batch of inputs [micro_batch, time, dim]: what its backward reads
-    (act_bytes), what it keeps with remat 'selective', its outputs (the
+    """Per cell, NestedMap(act, act_weights, residuals, out, transient) in
+    bytes on one micro-batch of inputs [micro_batch, time, dim]: what its
+    backward reads (act_bytes), what it keeps with remat 'selective', what
+    its W reads after a split B (residual_bytes), its outputs (the
     activations and the paddings passed on, in the pipeline's
     `StateDtype`) and one layer's act_bytes (the gradients in flight
     through a layer); see framework/pipeline/memory_estimate.py."""
@@ -207,13 +208,14 @@ class GPipeTransformerStack(gpipe.SplitCells,
     pipe = base_layer.InheritParams(p, p.pipeline_tpl)
     size = pipe.cls.StateDtype(pipe, base_layer.FPropDtype(p)).size
     layer = base_layer.InheritParams(p, p.transformer_tpl)
+
+    def _Bytes(c, policy):
+      return cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],
+                                c == last and p.final_layer_norm, policy)
+
     return [NestedMap(
-        act=cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],
-                               c == last and p.final_layer_norm),
-        act_weights=cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],
-                                       c == last and p.final_layer_norm,
-                                       'weights'),
-        out=b * t * (d + 1) * size,
+        act=_Bytes(c, 'all'), act_weights=_Bytes(c, 'weights'),
+        residuals=_Bytes(c, 'residuals'), out=b * t * (d + 1) * size,
         transient=layer.cls.ActBytes(layer, inputs))
             for c in range(last + 1)]
 

@@ -26,7 +26,9 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
   dtype (float32, or float64; float32 for bfloat16 too), that the backward
   reads (beside [..., 1] inverse deviations, left out); act_bytes_weights:
   the input alone, in fprop_dtype (remat_policy 'weights' recomputes the
-  norm from it)."""
+  norm from it); residual_bytes (what W reads after a split B): the
+  normalised input and the output gradient, both in the compute dtype, for
+  the scale's gradient."""
   cls.CheckParams(p, validation.Owner(p))
   shape = shapes.AsShape(inputs)
   if shape.rank == 0 or (shape[-1] is not None and shape[-1] != p.input_dim):
@@ -41,7 +43,9 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
   return NestedMap(flops=flops, out_shapes=(shape,),
                    act_bytes=shapes.Mul(size, shape.num_elements()),
                    act_bytes_weights=shapes.Mul(dtype.size,
-                                                shape.num_elements()))
+                                                shape.num_elements()),
+                   residual_bytes=shapes.Mul(2 * size,
+                                             shape.num_elements()))
 
 
 def _ComputeDtype(layer):

@@ -244,6 +244,9 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     copy of `w` cast to it that the product's gradient reads;
     act_bytes_weights: the inputs and the logits (remat_policy 'weights'
     recomputes the rest, the cast copy of `w` too, from them).
+    residual_bytes (what W reads after a split B): the inputs and the
+    logits' gradient in fprop_dtype; chunked, the weights' gradients
+    (the chunked gradient computes them with the inputs' in one loop, B).
     """
     del class_ids, class_weights  # Shapes follow from inputs.
     cls.CheckParams(p, validation.Owner(p))
@@ -260,13 +263,15 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     rows = lead.num_elements()
     dtype = base_layer.FPropDtype(p)
     size = dtype.size
-    act = weights = shapes.Mul(rows, p.input_dim * size)
-    if not p.softmax_max_alloc:
+    act = weights = residuals = shapes.Mul(rows, p.input_dim * size)
+    if p.softmax_max_alloc:
+      residuals = (p.input_dim + 1) * c * tf.as_dtype(p.dtype).size
+    else:
       xent_size = base_layer.AccumulationDtype(dtype).size
       act = shapes.Add(act, shapes.Mul(rows, 2 * c * xent_size))
-      weights = shapes.Add(weights, shapes.Mul(rows, c * size))
+      weights = residuals = shapes.Add(weights, shapes.Mul(rows, c * size))
     if dtype != tf.as_dtype(p.dtype):
       act = shapes.Add(act, p.input_dim * c * size)
     return NestedMap(flops=shapes.Mul(rows, per_row),
                      out_shapes=(lead + (c,), lead), act_bytes=act,
-                     act_bytes_weights=weights)
+                     act_bytes_weights=weights, residual_bytes=residuals)

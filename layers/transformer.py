@@ -143,7 +143,8 @@ class TransformerLayer(base_layer.BaseLayer):
       flops = shapes.Add(flops, sub.cls.FPropMeta(sub, shape).flops)
     return NestedMap(flops=flops, out_shapes=(shape,),
                      act_bytes=cls.ActBytes(p, shape),
-                     act_bytes_weights=cls.ActBytes(p, shape, 'weights'))
+                     act_bytes_weights=cls.ActBytes(p, shape, 'weights'),
+                     residual_bytes=cls.ActBytes(p, shape, 'residuals'))
 
   @classmethod
   def ActBytes(cls, p, inputs, policy='all'):
@@ -160,7 +161,14 @@ class TransformerLayer(base_layer.BaseLayer):
     six products cast to it (4 d*d + 2 d*f), which their gradients read.
     'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
     output projections) + b*t*f (the first feed-forward product).
-    Held to memory_estimate.SavedBytes of the real gradient by the tests.
+    'residuals' (what W reads after a split B, not a remat policy): in
+    fprop_dtype the inputs of the six products, 3 b*t*d + b*t*f (2 b*t*f
+    with a feed-forward dropout: the activation before and after it), and
+    the gradients of their outputs, 5 b*t*d + b*t*f; in the norms'
+    compute dtype their normalised inputs and output gradients, 4 b*t*d
+    (for the scales' gradients).
+    Held to memory_estimate.SavedBytes (ResidualBytes for 'residuals') of
+    the real gradient by the tests.
     """
     b, t, d = shapes.AsShape(inputs)
     if b is None or t is None:
@@ -169,15 +177,18 @@ class TransformerLayer(base_layer.BaseLayer):
     drop = not p.is_inference and p.residual_dropout_prob
     train = not p.is_inference
     btd, bhtt, btf = b * t * d, b * p.num_heads * t * t, b * t * p.hidden_dim
+    norm_size = base_layer.AccumulationDtype(dtype).size
     if policy == 'weights':
       return (btd * 5 + btf) * dtype.size
+    if policy == 'residuals':
+      ffn = btf * (3 if train and p.relu_dropout_prob else 2)
+      return (btd * 8 + ffn) * dtype.size + 4 * btd * norm_size
     n = (btd * (6 + (2 if drop else 0)) +
          bhtt * (1 + (2 if train and p.atten_dropout_prob else 0)) +
          btf * (1 + (2 if train and p.relu_dropout_prob else 0)))
     if dtype != tf.as_dtype(p.dtype):
       n += 4 * d * d + 2 * d * p.hidden_dim
-    norms = 2 * btd * base_layer.AccumulationDtype(dtype).size
-    return n * dtype.size + norms
+    return n * dtype.size + 2 * btd * norm_size
 
 
 class GPipeTransformerLayer(TransformerLayer):
@@ -350,15 +361,17 @@ class TransformerStack(base_layer.BaseLayer):
   def LayersActBytes(cls, p, inputs, num_layers, final_ln, policy='all'):
     """Bytes the backward of `num_layers` layers (+ the final norm if
     `final_ln`) of stack params `p` needs kept on inputs [batch, time, dim],
-    by remat_policy `policy` ('all' or 'weights')."""
+    by remat_policy `policy` ('all' or 'weights'), or what their W reads
+    after a split B ('residuals')."""
     shape = shapes.AsShape(inputs)
     tpl = base_layer.InheritParams(p, p.transformer_tpl)
     act = shapes.Mul(num_layers, tpl.cls.ActBytes(tpl, shape, policy))
     if final_ln:
       ln = base_layer.InheritParams(p, cls.FinalLnParams(p))
       meta = ln.cls.FPropMeta(ln, shape)
-      act = shapes.Add(act, meta.act_bytes if policy == 'all' else
-                       meta.act_bytes_weights)
+      act = shapes.Add(act, {'all': meta.act_bytes,
+                             'weights': meta.act_bytes_weights,
+                             'residuals': meta.residual_bytes}[policy])
     return act
 
   @classmethod

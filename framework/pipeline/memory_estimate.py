@@ -14,7 +14,9 @@ schedule):
                TF's gradient reads, not every forward tensor), for as many
                micro-batches as the schedule and `remat` keep at once, plus
                the cell's outputs (`out` bytes a micro-batch) that wait for
-               the backward;
+               the backward; with the backward split (zero-bubble
+               schedules), `residuals` bytes (FPropMeta `residual_bytes`:
+               what W reads) per micro-batch between its B and its W;
   transient:   the temporaries of one micro-batch's backward (the gradients
                flowing through a layer), taken as the largest layer's act.
 
@@ -48,8 +50,9 @@ reshapes counted once); the tests hold the formulas to it.
 Example:
   memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=8,
                      backward_window=1, cells=[NestedMap(
-                         act=30 << 20, out=2 << 20, transient=8 << 20,
-                         outside=0)] * 4)
+                         act=30 << 20, act_weights=12 << 20,
+                         residuals=16 << 20, out=2 << 20,
+                         transient=8 << 20, outside=0)] * 4)
   stages = StageMemory(memory, params=[100 << 20] * 4, slots=[200 << 20] * 4)
   [s.total for s in stages]   # bytes per stage
   SharedMemory(memory, [100 << 20] * 4, [200 << 20] * 4).total  # together
@@ -59,6 +62,7 @@ import collections
 import tensorflow as tf
 
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import backward_split
 from cadence.framework.pipeline import remat_policy
 from cadence.framework.pipeline import schedules
 
@@ -186,9 +190,9 @@ def Moments(memory, params, slots, grads=None):
   once it runs or has run a backward (a split one: its first W); the
   activations it keeps (KeptMicroBatches' rule at that tick) and the
   outputs of the micro-batches in flight; after a split B, until its W,
-  what W reads (taken as `act_weights`: the inputs of the weight products
-  and the gradients of their outputs, about the bytes remat 'selective'
-  keeps); and, while it runs a backward or a W, one layer's transient
+  what W reads (`residuals`: the inputs of the weight products and the
+  gradients of their outputs, ResidualBytes); and, while it runs a
+  backward or a W, one layer's transient
   (remat 'selective': one micro-batch's whole act, recomputed). Between
   GPipe's phases, a stage with `outside` bytes (the loss on the whole
   batch) holds them twice (the loss and its gradient) on top of what its
@@ -199,11 +203,13 @@ def Moments(memory, params, slots, grads=None):
     memory: NestedMap(schedule (a registered name, or None: unpipelined),
       remat, num_micro_batches, backward_window, cells=K NestedMaps(act:
       bytes a micro-batch's backward reads, act_weights: of them, those
-      remat 'selective' keeps, out: bytes of its output, transient: the
-      largest layer's act, outside: bytes of what runs on the whole batch
-      outside the pipeline after this stage)), and optionally num_devices
-      (the stages' devices; default one each) and schedule_table (a
-      'table' schedule's text), as a task's FPropMeta gives it.
+      remat 'selective' keeps, residuals: what W reads after a split B
+      (read only by schedules that split it), out: bytes of its output,
+      transient: the largest layer's act, outside: bytes of what runs on
+      the whole batch outside the pipeline after this stage)), and
+      optionally num_devices (the stages' devices; default one each) and
+      schedule_table (a 'table' schedule's text), as a task's FPropMeta
+      gives it.
     params: K ints, bytes of each stage's variables.
     slots: K ints, bytes of each stage's optimizer slots.
     grads: K ints, bytes of the trained variables' gradients (default:
@@ -223,7 +229,7 @@ def Moments(memory, params, slots, grads=None):
     moment = []
     for i, (c, n) in enumerate(zip(cells, counts)):
       held = (n.kept * (c.act_weights if selective else c.act) +
-              n.live * c.out + n.waiting * c.act_weights)
+              n.live * c.out + (n.waiting and n.waiting * c.residuals))
       g = grads[i] if n.backward or n.done else 0
       transient = ((c.act if selective else c.transient) if n.backward
                    else 0)
@@ -302,8 +308,54 @@ def SavedBytes(fn, input_specs, theta_specs=(), policy='all'):
   kept, read = remat_policy.Walk(
       graph, graph.outputs[:len(concrete.structured_outputs[0])], weights,
       policy)
+  return _Bytes(kept + [t for t in read if t.op not in weights], weights)
+
+
+def ResidualBytes(fn, input_specs, theta_specs=()):
+  """Bytes of what W reads after a split B (backward_split.Split, as
+  zero-bubble schedules run it): the inputs of the weight products and the
+  gradients of their outputs that B computed, the forward tensors and the
+  output gradients W needs; theta not. What a stage holds per micro-batch
+  between its B and its W, which the `residual_bytes` formulas of the
+  layers estimate.
+
+  Traces `fn` and its gradient (nothing runs), the output gradients fed,
+  and cuts the gradient as the executor does.
+
+  Args:
+    fn: fn(*inputs, *theta) -> a nest of tensors.
+    input_specs: tf.TensorSpecs of the inputs.
+    theta_specs: tf.TensorSpecs of the weights.
+  """
+  specs = list(input_specs) + list(theta_specs)
+  outs = tf.function(fn, autograph=False).get_concrete_function(
+      *specs).structured_outputs
+  d_specs = [tf.TensorSpec(o.shape, o.dtype) for o in tf.nest.flatten(outs)
+             if o.dtype.is_floating]
+
+  def _Grads(*flat):
+    args = flat[:len(specs)]
+    with tf.GradientTape() as tape:
+      tape.watch([a for a in args if a.dtype.is_floating])
+      out = [o for o in tf.nest.flatten(fn(*args)) if o.dtype.is_floating]
+    return tape.gradient(
+        out, [a for a in args if a.dtype.is_floating],
+        output_gradients=list(flat[len(specs):]))
+
+  traced = tf.compat.v1.wrap_function(_Grads, specs + d_specs)
+  grads = list(traced.outputs)
+  n_input_grads = sum(s.dtype.is_floating for s in input_specs)
+  cut = backward_split.Split(traced, traced.inputs,
+                             grads[n_input_grads:], grads[:n_input_grads])
+  weights = [t.op for t in traced.inputs[len(input_specs):len(specs)]]
+  return _Bytes(cut.residuals, weights)
+
+
+def _Bytes(tensors, weights):
+  """Bytes of `tensors` but those of ops `weights`, a buffer shared by
+  reshapes (and other aliases) counted once."""
   saved = {}
-  for t in kept + [t for t in read if t.op not in weights]:
+  for t in tensors:
     while t.op.type in _ALIASES and t.op.inputs:
       t = t.op.inputs[0]
     if t.shape.is_fully_defined() and t.op not in weights:

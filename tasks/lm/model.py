@@ -730,11 +730,12 @@ class LanguageModel(base_model.BaseTask):
 
     Returns:
       NestedMap(schedule, remat, num_micro_batches, backward_window,
-      cells=[NestedMap(act, act_weights, out, transient, outside)]) as
-      `memory_estimate.StageMemory` takes it: per cell the bytes its
-      backward reads for one micro-batch (the softmax's in the last cell
-      with 1F1B, where it runs inside the pipeline), of them those remat
-      'selective' keeps, of its output for one micro-batch, of its largest
+      cells=[NestedMap(act, act_weights, residuals, out, transient,
+      outside)]) as `memory_estimate.StageMemory` takes it: per cell the
+      bytes its backward reads for one micro-batch (the softmax's in the
+      last cell with 1F1B, where it runs inside the pipeline), of them those
+      remat 'selective' keeps, what its W reads after a split B (zero-bubble
+      schedules), of its output for one micro-batch, of its largest
       layer's, and of what runs outside the pipeline on the whole batch (the
       softmax with GPipe); the unpipelined stack is one cell with the whole
       batch. None if the batch is unknown.
@@ -749,7 +750,7 @@ class LanguageModel(base_model.BaseTask):
       return NestedMap(
           schedule=None, remat=None, num_micro_batches=1,
           backward_window=None, cells=[NestedMap(
-              act=act, act_weights=act, out=0,
+              act=act, act_weights=act, residuals=act, out=0,
               transient=max(layer.cls.ActBytes(layer, x), softmax),
               outside=0)])
     pipe = stack.pipeline_tpl
@@ -762,6 +763,7 @@ class LanguageModel(base_model.BaseTask):
       loss = c.softmax.cls.FPropMeta(c.softmax, mb)
       cells[-1].act += loss.act_bytes
       cells[-1].act_weights += loss.act_bytes_weights
+      cells[-1].residuals += loss.residual_bytes
       cells[-1].transient = max(cells[-1].transient, loss.act_bytes)
     else:
       cells[-1].outside = softmax

@@ -313,8 +313,8 @@ _MEMORY_SCRIPT = textwrap.dedent("""
       return (peak - base) / 2**20
 
     print(json.dumps({f'{r} {m} {w}': Peak(r, m, w) for r, m, w in [
-        ('never', 8, 1), ('never', 1, 1), ('always', 8, 1),
-        ('except_last', 8, 1), ('always', 8, 2)]}))
+        ('never', 8, 1), ('always', 8, 1), ('except_last', 8, 1),
+        ('always', 8, 2)]}))
 """)
 
 
@@ -323,19 +323,22 @@ class MemoryTest(tf.test.TestCase):
   def testRematHoldsAWindowOfSteps(self):
     # A step's cell keeps 7.5 MiB of activations for its backward: about
     # 60 MiB for 8 steps without remat. With remat and backward_window=1,
-    # one step's at a time (about what a single step needs), with 2 two.
-    # (One process; each step's peak above what it started with.)
+    # one step's at a time (below two steps'), with 2 one step's more.
+    # (One process; each step's peak above what it started with. Measured
+    # 64, 9.9, 10.2 and 16.3-16.8 MiB. The peak of a lone step without
+    # remat is no yardstick: it varied from 5.7 to 9.0 MiB between runs,
+    # as the order of its independent ops did.)
+    step = 7.5
     proc = test_utils.RunPython(
         _MEMORY_SCRIPT,
         env=dict(test_utils.QUIET_ENV, TF_CPU_ALLOCATOR_USE_BFC='true'))
     peak = json.loads(proc.stdout.strip().splitlines()[-1])
-    one_step = peak['never 1 1']
-    self.assertGreater(peak['never 8 1'], 55)
-    self.assertLess(one_step, 20)
+    self.assertGreater(peak['never 8 1'], 7 * step)
     for remat in ('always', 'except_last'):
       with self.subTest(remat=remat):
-        self.assertLess(peak[f'{remat} 8 1'], one_step + 3)
-    self.assertLess(peak['always 8 2'], one_step + 11)
+        self.assertBetween(peak[f'{remat} 8 1'], step, 2 * step)
+    self.assertBetween(peak['always 8 2'] - peak['always 8 1'],
+                       0.5 * step, 1.5 * step)
 
 
 class PlacementTest(tf.test.TestCase):

@@ -14,7 +14,8 @@ from cadence.layers import transformer
 
 
 def _Saved(params, input_specs, policy='all'):
-  """SavedBytes of a layer's FProp (with a step seed) on input_specs."""
+  """SavedBytes of a layer's FProp (with a step seed) on input_specs by
+  remat policy `policy`, or its ResidualBytes ('residuals')."""
   layer = params.Instantiate()
   leaves = tf.nest.flatten(layer.theta)
   n = len(input_specs)
@@ -25,15 +26,18 @@ def _Saved(params, input_specs, policy='all'):
     out = layer.FProp(theta, *args[:n])
     return out.total_xent if isinstance(out, NestedMap) else out
 
-  return memory_estimate.SavedBytes(
-      _Fn, input_specs, [tf.TensorSpec(v.shape, v.dtype) for v in leaves],
-      policy)
+  theta_specs = [tf.TensorSpec(v.shape, v.dtype) for v in leaves]
+  if policy == 'residuals':
+    return memory_estimate.ResidualBytes(_Fn, input_specs, theta_specs)
+  return memory_estimate.SavedBytes(_Fn, input_specs, theta_specs, policy)
 
 
 def _Check(test, params, input_specs, meta, rtol=0.02):
-  """act_bytes and act_bytes_weights of `meta` against SavedBytes."""
+  """act_bytes and act_bytes_weights of `meta` against SavedBytes,
+  residual_bytes against ResidualBytes."""
   for policy, got in (('all', meta.act_bytes),
-                      ('weights', meta.act_bytes_weights)):
+                      ('weights', meta.act_bytes_weights),
+                      ('residuals', meta.residual_bytes)):
     with test.subTest(policy=policy):
       test.assertAllClose(_Saved(params, input_specs, policy), got,
                           rtol=rtol)
@@ -173,28 +177,28 @@ class StageMemoryTest(tf.test.TestCase):
 
   def testSplitBackwardHoldsWhatWReadsUntilW(self):
     # ZB-H1, K=2, M=2, no remat; ticks [F00] [F01 F10] [B10] [B00 F11]
-    # [W00 B11] [B01 W10] [W01 W11]. After a B its act_weights (what W
+    # [W00 B11] [B01 W10] [W01 W11]. After a B its residuals (what W
     # reads) stay until the W; gradients exist from the first B or W on.
-    cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
-                       outside=0),
-             NestedMap(act=200, act_weights=80, out=20, transient=50,
-                       outside=0)]
+    cells = [NestedMap(act=100, act_weights=40, residuals=50, out=10,
+                       transient=30, outside=0),
+             NestedMap(act=200, act_weights=80, residuals=90, out=20,
+                       transient=50, outside=0)]
     memory = NestedMap(schedule='zb_h1', remat='never', num_micro_batches=2,
                        backward_window=1, cells=cells)
     moments = memory_estimate.Moments(memory, [1000, 2000], [0, 0])
     self.assertEqual(
-        [[110, 0], [220, 220], [220, 220 + 2050], [220 + 1030, 300],
-         [150 + 1030, 300 + 2050], [110 + 1030, 160 + 2050],
-         [40 + 1030, 80 + 2050]],
+        [[110, 0], [220, 220], [220, 220 + 2050], [220 + 1030, 310],
+         [160 + 1030, 310 + 2050], [110 + 1030, 180 + 2050],
+         [50 + 1030, 90 + 2050]],
         [[s.activations + s.grads + s.transient for s in m]
          for m in moments])
     self.assertEqual(
-        memory_estimate.Stage(2000, 0, 2000, 300, 50),
+        memory_estimate.Stage(2000, 0, 2000, 310, 50),
         memory_estimate.StageMemory(memory, [1000, 2000], [0, 0])[1])
 
   def testDeviceMemoryOfStagesSharingDevices(self):
-    cell = NestedMap(act=100, act_weights=40, out=10, transient=30,
-                     outside=0)
+    cell = NestedMap(act=100, act_weights=40, residuals=50, out=10,
+                     transient=30, outside=0)
     for schedule, k, d in (('zb_v', 4, 2), ('interleaved_1f1b', 4, 2),
                            ('zb_v', 2, 1), ('1f1b', 2, 2)):
       memory = NestedMap(schedule=schedule, remat='never',
