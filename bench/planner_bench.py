@@ -41,7 +41,11 @@ from FLOPs and public specs: nothing here can check those.
 
 Run:
   .venv/bin/python bench/planner_bench.py [--rounds 5] [--steps 3]
-      [--models tiny,bench] [--skip_memory] [--skip_published]
+      [--models tiny,bench] [--layouts 0,6,14] [--skip_memory]
+      [--skip_published]
+  --layouts picks a subset (indices into LAYOUTS or 'RxKxSxM:schedule:
+  remat' specs; the reference LAYOUTS[0] always runs): the whole list
+  takes about 45 minutes on this machine.
 """
 import argparse
 import json
@@ -79,7 +83,37 @@ LAYOUTS = [
     (1, 4, 4, 8, '1f1b', 'never'),
     (2, 1, 1, 1, 'gpipe', 'never'),
     (2, 2, 2, 2, '1f1b', 'never'),
+    (1, 2, 2, 8, 'zb_h1', 'never'),
+    (1, 2, 4, 4, 'interleaved_1f1b', 'never'),
+    (1, 2, 4, 4, 'zb_v', 'never'),
 ]
+
+
+def SelectLayouts(text):
+  """The layouts of --layouts: comma-separated indices into LAYOUTS or
+  specs 'RxKxSxM:schedule:remat' (e.g. '1x2x2x8:zb_h1:never'); LAYOUTS[0],
+  the reference step, always comes first. '' = all of LAYOUTS."""
+  if not text:
+    return list(LAYOUTS)
+  chosen = [LAYOUTS[0]]
+  for item in text.split(','):
+    if item.isdigit():
+      if int(item) >= len(LAYOUTS):
+        raise SystemExit(f'--layouts: index {item} is past LAYOUTS '
+                         f'(0..{len(LAYOUTS) - 1})')
+      spec = LAYOUTS[int(item)]
+    else:
+      try:
+        sizes, schedule, remat = item.split(':')
+        spec = tuple(int(x) for x in sizes.split('x')) + (schedule, remat)
+      except ValueError:
+        raise SystemExit(f'--layouts: {item!r} is neither an index into '
+                         "LAYOUTS nor 'RxKxSxM:schedule:remat'") from None
+      if len(spec) != 6:
+        raise SystemExit(f'--layouts: {item!r} needs four sizes RxKxSxM')
+    if spec not in chosen:
+      chosen.append(spec)
+  return chosen
 
 
 def _Quiet():
@@ -196,11 +230,11 @@ def _Scaled(costs, hw, factor):
   return scaled, hw._replace(memory_bandwidth=hw.memory_bandwidth / factor)
 
 
-def ChildTime(name, rounds, steps):
-  """Times every R = 1 layout (the trainer's loop) and measures the
-  planner's costs, in interleaved rounds, each next to a reference step
-  (LAYOUTS[0]); predicts every layout (R > 1 too) from the costs at the
-  median speed. Prints one JSON line."""
+def ChildTime(name, rounds, steps, specs):
+  """Times every R = 1 layout of `specs` (the trainer's loop) and
+  measures the planner's costs, in interleaved rounds, each next to a
+  reference step (LAYOUTS[0]); predicts every layout (R > 1 too) from the
+  costs at the median speed. Prints one JSON line."""
   _Quiet()
   _SetDevices(4)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -208,7 +242,8 @@ def ChildTime(name, rounds, steps):
   from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
   model = plan_model.PlanModel(_Params(name))
   devices = [d.name for d in tf.config.list_logical_devices('CPU')]
-  layouts = [_Layout(spec) for spec in LAYOUTS]
+  specs = [tuple(spec) for spec in specs]
+  layouts = [_Layout(spec) for spec in specs]
   runs = {}
   for layout in layouts:
     if layout.replicas == 1:
@@ -243,7 +278,7 @@ def ChildTime(name, rounds, steps):
       'raw': planner.Planner(model, raw_hw, planner.MeasuredCosts.MedianOf(
           [c for c, _, _ in rounds_costs]))}
   out = []
-  for spec, layout in zip(LAYOUTS, layouts):
+  for spec, layout in zip(specs, layouts):
     p = plans['scaled'].Predict(layout)
     out.append(dict(
         spec=list(spec), name=layout.Name(), predicted=p.step.time,
@@ -363,6 +398,10 @@ def main():
   parser.add_argument('--steps', type=int, default=3,
                       help='Steps per layout per round.')
   parser.add_argument('--models', default='tiny,bench')
+  parser.add_argument('--layouts', default='',
+                      help='Comma-separated indices into LAYOUTS or specs '
+                      "RxKxSxM:schedule:remat; default all. LAYOUTS[0] (the "
+                      'reference) is always run.')
   parser.add_argument('--skip_memory', action='store_true')
   parser.add_argument('--skip_published', action='store_true')
   parser.add_argument('--child', nargs='*', help=argparse.SUPPRESS)
@@ -370,16 +409,19 @@ def main():
   if args.child:
     kind, name = args.child[:2]
     if kind == 'time':
-      return ChildTime(name, int(args.child[2]), int(args.child[3]))
+      return ChildTime(name, int(args.child[2]), int(args.child[3]),
+                       json.loads(args.child[4]))
     if kind == 'replicas':
       return ChildReplicas(name, json.loads(args.child[2]),
                            int(args.child[3]), int(args.child[4]))
     return ChildMemory(name, json.loads(args.child[2]))
+  specs = SelectLayouts(args.layouts)
   results = {}
   for name in args.models.split(','):
-    print(f'== {name}: {len(LAYOUTS)} layouts, {args.rounds} interleaved '
+    print(f'== {name}: {len(specs)} layouts, {args.rounds} interleaved '
           'rounds', flush=True)
-    res = _ChildRun(['time', name, args.rounds, args.steps])
+    res = _ChildRun(['time', name, args.rounds, args.steps,
+                     json.dumps(specs)])
     for entry in res['layouts']:
       spec = entry['spec']
       if spec[0] > 1:
