@@ -30,7 +30,10 @@ replicas take batch_size / R each). How:
 A layout whose remat is slower than another fitting remat of the same
 layout (never < selective < except_last < always: each re-runs more) is
 dominated and left out; one that does not fit is ranked after those that
-do. The best plan is printed as the exact flags and params overrides that
+do. Step times within `TIE` (2%) of each other are a tie, well inside the
+cost model's error (bench/planner_bench.py): a tie goes to the layout on
+fewer devices, then with fewer micro-batches and stages (less to go
+wrong, less memory for transfers). The best plan is printed as the exact flags and params overrides that
 run it; --plan_apply=FILE writes the overrides as a params file
 (--model_params_file_override=FILE), and with --logdir the best plan's
 simulated timeline is drawn as the timeline tool's chart
@@ -67,6 +70,7 @@ Layout = plan_model.Layout
 REMATS = ('never', 'selective', 'except_last', 'always')
 _SKIP_SCHEDULES = ('table',)   # Written by hand, not searched.
 MAX_PER_DEVICE = 4             # v: cells per device.
+TIE = 0.02                     # Step times this close rank as equal.
 
 
 Prediction = collections.namedtuple('Prediction', [
@@ -340,14 +344,37 @@ class Planner:
                                schedule)
               out.append(p)
               found = p.fits is not False
-    out.sort(key=lambda p: (p.fits is False, p.step.time))
-    return out, dict(dominated=dominated, refused=refused)
+    return Rank(out), dict(dominated=dominated, refused=refused)
 
   def _Cuts(self, layout):
     """The even cut (None) and, if it differs, the balanced one."""
     even = self.model.EvenBounds(layout.stages)
     balanced = self.BalancedBounds(layout)
     return [None] if balanced == even else [None, tuple(balanced)]
+
+
+def Rank(predictions):
+  """`predictions` best first: those that fit (or may) before those that
+  do not; by step time, where times within TIE of the fastest of a group
+  tie and the tie goes to fewer devices (R x K), then fewer micro-batches,
+  then fewer stages."""
+  def _Simple(p):
+    lay = p.layout
+    return (lay.replicas * lay.devices, lay.micro_batches, lay.stages)
+
+  out = []
+  for fits in (True, False):
+    rest = sorted((p for p in predictions if (p.fits is not False) == fits),
+                  key=lambda p: p.step.time)
+    while rest:
+      # The group: the layouts within TIE of the fastest left (a prefix).
+      limit = rest[0].step.time * (1 + TIE)
+      end = 1
+      while end < len(rest) and rest[end].step.time <= limit:
+        end += 1
+      best = min(range(end), key=lambda i: (_Simple(rest[i]), i))
+      out.append(rest.pop(best))
+  return out
 
 
 # --- the report ---------------------------------------------------------------
