@@ -33,12 +33,12 @@ dominated and left out; one that does not fit is ranked after those that
 do. Step times within `TIE` (2%) of each other are a tie, well inside the
 cost model's error (bench/planner_bench.py): a tie goes to the layout on
 fewer devices, then with fewer micro-batches and stages (less to go
-wrong, less memory for transfers). The best plan is printed as the exact flags and params overrides that
-run it; --plan_apply=FILE writes the overrides as a params file
-(--model_params_file_override=FILE), and with --logdir the best plan's
-simulated timeline is drawn as the timeline tool's chart
-(<logdir>/plan/plan_timeline.svg, framework/pipeline/timeline.py) beside
-the report (plan.txt).
+wrong, less memory for transfers). The best plan is printed as the exact
+flags and params overrides that run it; --plan_apply=FILE writes the
+overrides as a params file (--model_params_file_override=FILE), and with
+--logdir the best plan's simulated timeline is drawn as the timeline
+tool's chart (<logdir>/plan/plan_timeline.svg,
+framework/pipeline/timeline.py) beside the report (plan.txt).
 
 Example:
   python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \\
