@@ -246,6 +246,14 @@ def _Meta(task_cls, params, batch_size):
     return None
 
 
+def PipelineKeys(params):
+  """The params paths of every pipeline in model `params` (the parents of
+  each `trace_actions` param), e.g. ['task.stack_tpl.pipeline_tpl']."""
+  keys = [line.split(' : ', 1)[0] for line in str(params).splitlines()]
+  return [k.rsplit('.', 1)[0] for k in keys
+          if k.rsplit('.', 1)[-1] == 'trace_actions']
+
+
 def BuildSymbolically(params):
   """Builds the model of `params` in a throwaway graph; no weight memory.
 

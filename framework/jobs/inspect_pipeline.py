@@ -56,18 +56,11 @@ def TrainStep(task):
   return tf.function(_Step, autograph=False)
 
 
-def _PipelineKeys(params):
-  """The params paths of every pipeline (the parents of `trace_actions`)."""
-  keys = [line.split(' : ', 1)[0] for line in str(params).splitlines()]
-  return [k.rsplit('.', 1)[0] for k in keys
-          if k.rsplit('.', 1)[-1] == 'trace_actions']
-
-
 def TraceActions(params):
   """A copy of model params with every pipeline's `trace_actions` on (the
   cells inlined per call, so that the profile names each op's action)."""
   params = params.Copy()
-  for key in _PipelineKeys(params):
+  for key in inspect_lib.PipelineKeys(params):
     params.Set(**{f'{key}.trace_actions': True})
   return params
 
@@ -133,7 +126,7 @@ def InspectPipeline(params, logdir=None):
   space = timeline_lib.ProfileSpace(
       lambda: step(batch, tf.constant(1, tf.int64)).numpy(), out)
   devices = cluster_lib.Cluster.Current().DevicesInModelSplit(0)
-  pipelines = _PipelineKeys(params)
+  pipelines = inspect_lib.PipelineKeys(params)
   timeline = timeline_lib.Timeline(
       timeline_lib.OpEvents(space), devices,
       schedule=params.Get(f'{pipelines[0]}.schedule') if pipelines else None)

@@ -71,12 +71,6 @@ class NotPlannable(ValueError):
   """The model has no pipeline the planner knows how to lay out."""
 
 
-def _PipelineKeys(params):
-  keys = [line.split(' : ', 1)[0] for line in str(params).splitlines()]
-  return [k.rsplit('.', 1)[0] for k in keys
-          if k.rsplit('.', 1)[-1] == 'trace_actions']
-
-
 def _Bytes(shape, dtype):
   return shape.num_elements() * dtype.size
 
@@ -96,7 +90,7 @@ class PlanModel:
 
   def __init__(self, params):
     self.params = params
-    pipelines = _PipelineKeys(params)
+    pipelines = inspect_lib.PipelineKeys(params)
     if not pipelines:
       raise NotPlannable(
           f'model {params.name!r} runs no pipeline (no params with '
