@@ -251,8 +251,13 @@ class MemoryTest(tf.test.TestCase):
     for k, steps in ((1, 1), (2, 3)):
       with self.subTest(k=k):
         # (Transients of the two cells' backwards may overlap or not.)
-        self.assertLess(peak[f'1f1b {k} 8'], peak[f'1f1b {k} 2'] + 6)
         self.assertBetween(peak[f'1f1b {k} 8'], 7.5 * steps - 2,
+                           7.5 * steps + 6)
+        # At M=2 cell 1 may finish its first backward before cell 0's
+        # second forward or not: 2 or 3 steps at K=2 (22.7-24.0 MiB in
+        # three runs, 18.2 in a loaded CI run, where M=8 held 25.8), so
+        # M=2 is no yardstick for M=8; both are bounded.
+        self.assertBetween(peak[f'1f1b {k} 2'], 7.5 * min(steps, 2) - 2,
                            7.5 * steps + 6)
     self.assertGreater(peak['gpipe 1 8'], 7.5 * 8 - 1)
     # Selective remat keeps each step's matmul outputs (256 KiB: 2 MiB for
