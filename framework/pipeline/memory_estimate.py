@@ -229,7 +229,9 @@ def Moments(memory, params, slots, grads=None):
     moment = []
     for i, (c, n) in enumerate(zip(cells, counts)):
       held = (n.kept * (c.act_weights if selective else c.act) +
-              n.live * c.out + (n.waiting and n.waiting * c.residuals))
+              n.live * c.out +
+              # Only split schedules have micro-batches waiting for a W.
+              (n.waiting * c.residuals if n.waiting else 0))
       g = grads[i] if n.backward or n.done else 0
       transient = ((c.act if selective else c.transient) if n.backward
                    else 0)
