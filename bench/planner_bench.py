@@ -9,7 +9,12 @@ v, micro-batches M, schedule, remat), in one run:
 
   predicted: framework/jobs/planner.py with --plan_cluster=cpu and
     --plan_measure: each layer timed on this host, the host's concurrency
-    and memory bandwidth calibrated, in every round (medians);
+    and memory bandwidth calibrated, and the real steps of the planner's
+    calibration layouts (planner.CalibrationLayouts: R=1 K=1 M=1 and M=8,
+    R=1 K=2 M=8 1f1b, R=2 K=1 M=1) timed, in every round (medians); the
+    planner fits its overheads and the host's concurrency to those steps
+    (the table names the calibration layouts that are among LAYOUTS: their
+    errors are in-sample);
   measured: the trainer's own compiled train loop (programs.TrainProgram:
     the task's forward, gradients, all-reduce across replicas and Adam
     update), `--steps` steps at a time; every R = 1 layout built in one
@@ -177,15 +182,9 @@ def _Program(model, layout, cluster=None, strategy=None):
     tasks = replicas.BuildReplicas(model.LayoutParams(layout), cluster)
     program = programs.TrainProgram(tasks, tempfile.mkdtemp(), strategy,
                                     cluster=cluster)
-  # The loop `Run` calls between its summaries (private: the bench times
-  # exactly the trainer's step, without its checkpoints and logs).
-  iterator = program._Iterator(program._ReplicaBatches(0), 0)  # pylint: disable=protected-access
-
-  def _Run(n):
-    start = time.perf_counter()
-    program._RunLoop(iterator, n)  # pylint: disable=protected-access
-    return (time.perf_counter() - start) / n
-  return _Run
+  # The loop `Run` calls between its summaries: the trainer's own step,
+  # without its checkpoints and logs.
+  return program.StepRunner()
 
 
 def _MeasureCosts(model, hw_text, devices, batches):
@@ -195,9 +194,11 @@ def _MeasureCosts(model, hw_text, devices, batches):
   from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
   from cadence.framework.pipeline import hardware  # pylint: disable=g-import-not-at-top
   costs = planner.MeasuredCosts(model, devices[0],
-                                model.params.task.train.learner)
+                                model.params.task.train.learner,
+                                devices=devices)
   for mb in batches:
     costs.Parts(mb)
+  costs.MeasureSteps(planner.CalibrationLayouts(model, len(devices)))
   probe = plan_measure.LmParts(model.symbolic_task, model.batch_size // 4,
                                model.BatchShapes(1).ids[1]).layer
   hw = plan_measure.Calibrate(hardware.Parse(hw_text), devices, probe)
@@ -225,8 +226,9 @@ def _Scaled(costs, hw, factor):
   from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
   parts = {mb: {n: (f * factor, fb * factor) for n, (f, fb) in p.items()}
            for mb, p in costs.parts.items()}
+  steps = {l: t * factor for l, t in costs.steps.items()}
   scaled = planner.MeasuredCosts(costs._model, costs._device, None, parts,  # pylint: disable=protected-access
-                                 costs.update_rate * factor)
+                                 costs.update_rate * factor, steps)
   return scaled, hw._replace(memory_bandwidth=hw.memory_bandwidth / factor)
 
 
@@ -284,7 +286,11 @@ def ChildTime(name, rounds, steps, specs):
         spec=list(spec), name=layout.Name(), predicted=p.step.time,
         predicted_raw=plans['raw'].Predict(layout).step.time,
         samples=samples.get(layout, []), memory=p.memory))
-  print(json.dumps(dict(layouts=out, hardware=hw.Describe(), speed=speed)))
+  fitted = plans['scaled']
+  print(json.dumps(dict(
+      layouts=out, hardware=fitted.hw.Describe(), speed=speed,
+      probe=hw.concurrency, overheads=fitted.costs.overheads._asdict(),
+      calibration=[l.Name() for l in layouts if l in fitted.costs.steps])))
 
 
 def ChildReplicas(name, spec, runs, steps):
@@ -464,8 +470,15 @@ def _Print(results):
   all_mem = []
   for name, res in results.items():
     entries = res['layouts']
+    o = res['overheads']
     print(f'\n{name}: {res["hardware"]}; reference step (median) '
-          f'{1000 * res["speed"]:.0f} ms')
+          f'{1000 * res["speed"]:.0f} ms\nfitted to the real steps of the '
+          f'calibration layouts (planner.CalibrationLayouts; of those here: '
+          f'{", ".join(res["calibration"]) or "none"}): '
+          f'{1000 * o["layer"]:.3f} ms a layer of an action, '
+          f'{1000 * o["step"]:.1f} ms a step, {1000 * o["replica"]:.1f} ms '
+          f'a replica beyond the first; concurrency probed '
+          f'{"/".join(f"{c:.2f}" for c in res["probe"])}, fitted above')
     pred, meas, errs = _Errors(entries, res['speed'], True)
     _, raw_meas, raw_errs = _Errors(entries, res['speed'], False)
     print(f'{"layout":<46}{"predicted":>10}{"measured":>10}{"error":>8}'

@@ -15,14 +15,29 @@ framework/pipeline/hardware.py):
                     t(1): this is what a pipeline's stages lose by running
                     on one host.
 
-Layer costs (`MeasureParts`, --plan_measure): the median wall time of a
-part's forward, and of its forward and backward (the gradients of its
-weights and of its float inputs), on a device, on random inputs of its
+Layer costs (`MeasureParts`, --plan_measure): what a part's forward, and
+its forward and backward (the gradients of its weights and of its float
+inputs), add to a compiled step, on a device, on random inputs of its
 micro-batch shapes (int inputs, e.g. token ids, uniform below their
-`maxval`), after warm-up runs; and of the optimizer update of a layer's
+`maxval`): the median time of one tf.function running `copies` + 1 of it
+in a chain (each copy's float inputs depend on the previous copy's
+result, so none runs early and none is merged with another), less that
+of one copy, over `copies`. A call of its own would add the call's
+dispatch and the fetch of its results, a fixed ~2-3 ms on this host's
+CPU that a step's actions do not pay: timed alone, a Transformer layer
+of the Tiny LM on 4 examples seemed to cost 5.5 ms, in a chain 3.0 ms;
+on 32 examples 20.0 and 18.5 ms. And of the optimizer update of a layer's
 weights (`MeasureUpdate`). Like PartitionSequentialLayers(cost='measured')
 (layers/gpipe_partition.py), which times forward + backward together; the
 planner needs the forward alone too (a re-run costs a forward).
+
+Whole steps (`BuildStep`): a step of the trainer's own compiled loop for a
+layout, on a random batch, which the planner times for a few layouts
+(planner.MeasuredCosts.MeasureSteps) to fit what layer costs leave out:
+the executor's cost per layer and micro-batch, the step's fixed cost
+(the loop, metrics, gradient norm and clipping), each extra replica's,
+and how much devices sharing the host gain together (planner.Overheads,
+planner.FitConcurrency).
 
 Timings on a shared machine are noisy: every figure is a median of `runs`.
 
@@ -39,8 +54,12 @@ import time
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
 from cadence.framework import step_seed
+from cadence.framework.distribute import local
 from cadence.framework.jobs import memory_check
+from cadence.framework.train import programs
+from cadence.framework.train import replicas
 from cadence.framework.train import train_report
 
 # A measurable part of a model: its layers (built), fn(thetas, *inputs) ->
@@ -83,12 +102,20 @@ def _Sum(out):
                    for o in tf.nest.flatten(out) if o.dtype.is_floating])
 
 
+def _Thetas(part):
+  return [base_layer.WithStepSeed(l.theta, step_seed.MakeStepSeed(0))
+          for l in part.layers]
+
+
+def _Weights(part):
+  return [v for l in part.layers for v in l.vars.Flatten()
+          if v.trainable and v.dtype.is_floating]
+
+
 def _Functions(part):
-  """(forward, forward + backward) tf.functions of a part's inputs."""
-  thetas = [base_layer.WithStepSeed(l.theta, step_seed.MakeStepSeed(0))
-            for l in part.layers]
-  weights = [v for l in part.layers for v in l.vars.Flatten()
-             if v.trainable and v.dtype.is_floating]
+  """(forward, forward + backward) tf.functions of a part's inputs; the
+  second returns the gradients of the weights and the float inputs."""
+  thetas, weights = _Thetas(part), _Weights(part)
 
   def _Forward(*xs):
     return _Sum(part.fn(thetas, *xs))
@@ -105,16 +132,45 @@ def _Functions(part):
           tf.function(_ForwardBackward, autograph=False))
 
 
-def MeasureParts(parts, device, runs=5, warmup=2):
+def _Chain(part, copies, backward):
+  """A tf.function of `part`'s inputs running `copies` of its forward (and
+  backward) one after another: each copy's float inputs add 0 x the sum
+  of the previous copy's results. Returns that last sum."""
+  forward, both = _Functions(part)
+  fn = both if backward else forward
+
+  def _Run(*xs):
+    total = tf.constant(0.0)
+    for _ in range(copies):
+      ins = [x + tf.cast(0.0 * total, x.dtype) if x.dtype.is_floating
+             else x for x in xs]
+      total = _Sum(fn(*ins))
+    return total
+
+  return tf.function(_Run, autograph=False)
+
+
+def MeasureParts(parts, device, runs=5, warmup=2, copies=4):
   """[(forward seconds, forward + backward seconds)] of each Part on
-  `device` (median of `runs` after `warmup`)."""
+  `device`, as a step's action pays them (see the module docstring): the
+  medians of `runs` after `warmup`, of a chain of copies + 1 less one."""
   out = []
   with tf.device(device):
     for part in parts:
       xs = _Inputs(part, len(out))
-      forward, both = _Functions(part)
-      out.append((_Median(lambda: forward(*xs), runs, warmup),  # pylint: disable=cell-var-from-loop
-                  _Median(lambda: both(*xs), runs, warmup)))  # pylint: disable=cell-var-from-loop
+      times = []
+      for backward in (False, True):
+        one, more = _Chain(part, 1, backward), _Chain(part, copies + 1,
+                                                      backward)
+        for _ in range(warmup):
+          one(*xs).numpy()
+          more(*xs).numpy()
+        diffs = []
+        for _ in range(runs):   # Interleaved: the host's speed drifts.
+          diffs.append(_Median(lambda: more(*xs), 1, 0) -  # pylint: disable=cell-var-from-loop
+                       _Median(lambda: one(*xs), 1, 0))  # pylint: disable=cell-var-from-loop
+        times.append(max(statistics.median(diffs), 0.0) / copies)
+      out.append(tuple(times))
   return out
 
 
@@ -133,6 +189,49 @@ def MeasureUpdate(learner_params, layer, device, runs=5, warmup=2):
   size = sum(v.shape.num_elements() * v.dtype.size
              for _, v in learner.trainable)
   return seconds, size
+
+
+def LmBatch(vocab_size, batch_size, seq_len, seed=0):
+  """A random batch of the LM input (tasks/lm/input_generator.py): ids and
+  labels uniform below `vocab_size`, no padding, every weight 1."""
+  shape = [batch_size, seq_len]
+  ids = tf.random.stateless_uniform(shape, [seed, 0], maxval=vocab_size,
+                                    dtype=tf.int32)
+  labels = tf.random.stateless_uniform(shape, [seed, 1], maxval=vocab_size,
+                                       dtype=tf.int32)
+  ones = tf.ones(shape)
+  return base_layer.NestedMap(ids=ids, labels=labels,
+                              paddings=tf.zeros(shape), weights=ones,
+                              sentence_weights=ones)
+
+
+def BuildStep(params, devices, logdir, num_replicas=1):
+  """run() -> seconds: one step of the trainer's compiled loop
+  (programs.TrainProgram: forward, gradients, update, the step's metrics
+  and counters) for model `params` as `num_replicas` replicas (a
+  MirroredStrategy, as the trainer's local setup makes) of len(devices) /
+  num_replicas devices each, warmed up, on one random batch of its
+  input's shape (an LM input: LmBatch) per replica over and over. The
+  program's files (none are written) would go under `logdir`.
+
+  The loop, not the bare forward, gradients and update: what it adds is
+  the step's too (the Tiny LM on one device: 125 and 210 ms a step at 1
+  and 8 micro-batches in the loop, 95 and 146 ms bare)."""
+  cluster = cluster_lib.Cluster.Params().Set(
+      devices=list(devices),
+      worker_split_size=len(devices) // num_replicas).Instantiate()
+  strategy = local.LocalStrategy(cluster)
+  with cluster:
+    tasks = replicas.BuildReplicas(params, cluster)
+    program = programs.TrainProgram(tasks, logdir, strategy,
+                                    cluster=cluster)
+    shape = params.input.cls.BatchShapes(params.input).ids
+    with tf.device(devices[0]):
+      batch = LmBatch(tasks[0].children.emb.params.vocab_size,
+                      params.input.batch_size, shape[1])
+  run = program.StepRunner(tf.data.Dataset.from_tensors(batch).repeat())
+  run(2)
+  return lambda: run(1)
 
 
 def LmParts(task, micro_batch, seq_len):

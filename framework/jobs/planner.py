@@ -17,8 +17,14 @@ replicas take batch_size / R each). How:
   costs:   each layer's forward and backward seconds on one micro-batch:
            its FPropMeta FLOPs over the device's FLOP/s x efficiency (the
            backward 2x the forward), or, with --plan_measure, timed on this
-           host's device (plan_measure.py); the embedding counts in the
-           first stage, the final norm, softmax and loss in the last;
+           host's device as a compiled step pays them (plan_measure.py);
+           the embedding counts in the first stage, the final norm,
+           softmax and loss in the last. With --plan_measure the planner
+           also times real steps of the trainer's loop for a few layouts
+           (CalibrationLayouts) and fits to them what layer costs leave
+           out (Overheads: the executor's cost per layer and micro-batch,
+           the step's fixed cost, each extra replica's) and the host's
+           concurrency (FitConcurrency);
   step:    the schedule's action lists run by a discrete-event simulation
            with transfers between stages, the gradient all-reduce and the
            update (framework/pipeline/step_model.py); devices that share
@@ -50,6 +56,7 @@ import collections
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import tensorflow as tf
@@ -114,6 +121,8 @@ class FlopsCosts:
                    f'{hw.efficiency:g} per device')
     self.seconds = 0.0
     self.update_rate = None   # Seconds per weight byte: from bandwidth.
+    self.overheads = Overheads()
+    self.steps = {}           # Measured steps to fit: none, or set by hand.
 
   def Items(self, micro_batch):
     scale = micro_batch / self._model.batch_size / self._rate
@@ -127,20 +136,150 @@ class FlopsCosts:
     return out
 
 
+Overheads = collections.namedtuple('Overheads', ['layer', 'step',
+                                                'replica'],
+                                   defaults=[0.0, 0.0, 0.0])
+Overheads.__doc__ = """Seconds the measured layer costs leave out:
+`layer`, what the executor adds to each layer of each action (an action
+of a stage of n layers pays n x layer: its ops, and its weights' gradient
+sums, are per layer and micro-batch); `step`, what a step pays once
+(FitOverheads); `replica`, what each replica beyond the first adds to a
+step (FitReplicaOverhead: the strategy's work beyond the simulated
+all-reduce and updates).
+
+Per layer, not per action: on this machine the Tiny LM's step grows from
+1 to 8 micro-batches far beyond its layers' measured costs, but 2 devices
+holding 2 cells each (interleaved, 32 actions) step as fast as holding
+one (1F1B, 16 actions)."""
+
+
+def CalibrationLayouts(model, num_devices=1):
+  """The layouts whose real steps fit the Overheads and the concurrency:
+  the model on one device, as one micro-batch and as the most
+  micro-batches up to 8 that divide the batch (gpipe, no remat); and, with
+  2 devices or more, 2 stages on 2 devices at that M (1f1b, no remat) and
+  2 replicas of one device (one micro-batch)."""
+  m = [n for n in MicroBatchCounts(model.batch_size) if n <= 8][-1]
+  out = [Layout(1, 1, 1, n, 'gpipe', 'never', None) for n in sorted({1, m})]
+  if num_devices >= 2 and model.num_layers >= 2:
+    out.append(Layout(1, 2, 2, m, '1f1b', 'never', None))
+  if num_devices >= 2 and model.batch_size % 2 == 0:
+    out.append(Layout(2, 1, 1, 1, 'gpipe', 'never', None))
+  return out
+
+
+def FitOverheads(planner, steps):
+  """Overheads (each >= 0) that bring the planner's predictions of
+  one-device layouts to their measured step times: a least-squares fit
+  of t = simulated + actions x layers x `layer` + `step` (on one device
+  every action runs in turn, so each adds its overhead to the step).
+
+  Args:
+    planner: a Planner (its costs' own overheads are not used).
+    steps: {Layout: measured seconds}; those on one device (K = 1, R = 1)
+      count.
+  """
+  rows = []
+  for layout, seconds in steps.items():
+    if layout.devices != 1 or layout.replicas != 1:
+      continue
+    p = planner.Predict(layout, overheads=Overheads())
+    actions = sum(len(a) for a in schedules.Build(
+        layout.schedule, layout.stages, 1, layout.micro_batches).actions)
+    rows.append((actions * planner.model.num_layers / layout.stages,
+                 seconds - p.step.time))
+  if not rows:
+    return Overheads()
+  layer = 0.0
+  if len({n for n, _ in rows}) > 1:
+    mean_n = statistics.mean(n for n, _ in rows)
+    mean_r = statistics.mean(r for _, r in rows)
+    layer = max(0.0, sum((n - mean_n) * (r - mean_r) for n, r in rows) /
+                sum((n - mean_n) ** 2 for n, _ in rows))
+  step = max(0.0, statistics.mean(r - n * layer for n, r in rows))
+  return Overheads(layer, step)
+
+
+def FitReplicaOverhead(planner, steps):
+  """Seconds each replica beyond the first adds to a step (>= 0): the
+  mean over the R > 1 layouts of `steps` of (measured - predicted without
+  it) / (R - 1). 0 without such layouts."""
+  rows = []
+  base = planner.costs.overheads._replace(replica=0.0)
+  for layout, seconds in steps.items():
+    if layout.replicas > 1:
+      p = planner.Predict(layout, overheads=base)
+      rows.append((seconds - p.step.time) / (layout.replicas - 1))
+  return max(0.0, statistics.mean(rows)) if rows else 0.0
+
+
+def FitConcurrency(planner, steps, highest=None):
+  """The host's concurrency (hardware.Hardware.concurrency) with the
+  throughput of 2 actions at once fitted so that the planner predicts the
+  measured step of the first 2-device layout of `steps` (R = 1), found by
+  bisection between 1 and `highest` (default: the host's devices); the
+  throughputs of more actions keep their ratios to it. None: no such
+  layout, or a host whose devices do not share compute.
+
+  Logical devices of one host share its cores and thread pools, and how
+  much two of them gain together depends on the work: a chain of small
+  ops (a pipeline's actions on micro-batches) leaves cores idle that a
+  second device's actions fill, which a probe of one layer's forward and
+  backward (plan_measure.Concurrency) does not see. On this machine the
+  probe measured 1.2; the Tiny LM's real 2-device steps need about 1.8.
+  """
+  hw = planner.hw
+  two = [(l, t) for l, t in steps.items()
+         if l.devices == 2 and l.replicas == 1]
+  if not two or not hw.shared or len(hw.concurrency) < 2:
+    return None
+  layout, seconds = two[0]
+  base = hw.concurrency
+  highest = highest or float(hw.devices_per_host)
+
+  def _With(c2):
+    return (1.0, c2) + tuple(c * c2 / base[1] for c in base[2:])
+
+  def _Time(c2):
+    planner.hw = hw._replace(concurrency=_With(c2))
+    return planner.Predict(layout).step.time
+
+  lo, hi = 1.0, max(highest, 1.0)
+  try:
+    if _Time(hi) >= seconds:
+      return _With(hi)
+    if _Time(lo) <= seconds:
+      return _With(lo)
+    for _ in range(30):
+      mid = (lo + hi) / 2
+      if _Time(mid) > seconds:
+        lo = mid
+      else:
+        hi = mid
+  finally:
+    planner.hw = hw
+  return _With((lo + hi) / 2)
+
+
 class MeasuredCosts:
   """Layer costs timed on `device` (--plan_measure), per micro-batch size,
-  measured once each (plan_measure.LmParts), and the optimizer update's
-  seconds per weight byte (plan_measure.MeasureUpdate on one layer).
+  measured once each (plan_measure.LmParts); the optimizer update's
+  seconds per weight byte (plan_measure.MeasureUpdate on one layer); and
+  the real steps of the CalibrationLayouts (`MeasureSteps`), from which a
+  Planner fits the Overheads and the host's concurrency.
 
   `MedianOf` merges several measurements (a benchmark's rounds) into one
   of their medians.
   """
 
   def __init__(self, model, device, learner_params, parts=None,
-               update_rate=None):
+               update_rate=None, steps=None, devices=None):
     self._model, self._device = model, device
+    self._devices = list(devices or [device])
     self._seq = model.BatchShapes(1).ids[1]
     self.parts = dict(parts or {})   # {micro-batch: {name: (F, F + B)}}
+    self.steps = dict(steps or {})   # {Layout: seconds}
+    self.overheads = Overheads()
     self.seconds = 0.0
     self.update_rate = update_rate
     if update_rate is None:
@@ -155,7 +294,8 @@ class MeasuredCosts:
   @classmethod
   def MedianOf(cls, runs):
     """One MeasuredCosts of the medians of `runs` (MeasuredCosts of one
-    model and device): each part's times, and the update's rate."""
+    model and device): each part's times, the update's rate and the
+    steps."""
     first = runs[0]
     parts = {}
     for mb in set.intersection(*(set(r.parts) for r in runs)):
@@ -163,8 +303,10 @@ class MeasuredCosts:
                                                  for r in runs)
                                for i in range(2))
                    for name in first.parts[mb]}
+    steps = {l: statistics.median(r.steps[l] for r in runs)
+             for l in set.intersection(*(set(r.steps) for r in runs))}
     out = cls(first._model, first._device, None, parts,  # pylint: disable=protected-access
-              statistics.median(r.update_rate for r in runs))
+              statistics.median(r.update_rate for r in runs), steps)
     out.source += f', medians of {len(runs)} measurements'
     return out
 
@@ -180,6 +322,24 @@ class MeasuredCosts:
       self.parts[micro_batch] = dict(zip(names, times))
       self.seconds += time.perf_counter() - start
     return self.parts[micro_batch]
+
+  def MeasureSteps(self, layouts, runs=5):
+    """Times real steps of `layouts` (R x K <= the devices given) on the
+    first R x K devices: the medians of `runs`, interleaved; returns
+    {Layout: seconds}."""
+    start = time.perf_counter()
+    times = {l: [] for l in layouts}
+    with tempfile.TemporaryDirectory() as logdir:
+      built = {l: plan_measure.BuildStep(
+          self._model.LayoutParams(l),
+          self._devices[:l.devices * l.replicas], logdir, l.replicas)
+               for l in layouts}
+      for _ in range(runs):
+        for layout, run in built.items():
+          times[layout].append(run())
+    self.steps.update({l: statistics.median(t) for l, t in times.items()})
+    self.seconds += time.perf_counter() - start
+    return self.steps
 
   def Items(self, micro_batch):
     t = self.Parts(micro_batch)
@@ -199,12 +359,15 @@ class MeasuredCosts:
     return out
 
 
-def StageCosts(model, layout, items, memory, hw, update_rate=None):
+def StageCosts(model, layout, items, memory, hw, update_rate=None,
+               overhead=0.0):
   """The step_model.StageCost of each stage of `layout` from its layers'
   ItemCosts on one micro-batch and the FPropMeta `memory` of the layout.
 
   remat 'selective' re-runs what it does not keep: the forward times the
   share of the activation bytes it does not keep (1 - act_weights / act).
+  `overhead`: seconds each action pays per layer of its stage beyond the
+  layers' costs (Overheads.layer).
   """
   inside = schedules.LossInside(layout.schedule)
   weights = model.StageWeights(model.Bounds(layout))
@@ -224,7 +387,8 @@ def StageCosts(model, layout, items, memory, hw, update_rate=None):
         forward=sum(c.rerun + c.once + c.loss for c in mine),
         backward=sum(c.backward for c in mine), recompute=rerun,
         out_bytes=cell.out, grad_bytes=g, update=update,
-        accumulate=3 * g / hw.memory_bandwidth))
+        accumulate=3 * g / hw.memory_bandwidth,
+        overhead=overhead * (b - a)))
   return out
 
 
@@ -271,6 +435,13 @@ class Planner:
     self.model, self.hw, self.costs = model, hw, costs
     self._items = {}
     self._memory = {}
+    if costs.steps:   # In this order: each fit uses the ones before.
+      costs.overheads = FitOverheads(self, costs.steps)
+      concurrency = FitConcurrency(self, costs.steps)
+      if concurrency:
+        self.hw = hw._replace(concurrency=concurrency)
+      costs.overheads = costs.overheads._replace(
+          replica=FitReplicaOverhead(self, costs.steps))
 
   def Items(self, micro_batch):
     if micro_batch not in self._items:
@@ -293,18 +464,21 @@ class Planner:
       self._memory[layout] = self.model.ActivationMeta(layout)
     return self._memory[layout]
 
-  def Predict(self, layout, schedule=None):
-    """The Prediction of one layout (`schedule`: its built Schedule)."""
+  def Predict(self, layout, schedule=None, overheads=None):
+    """The Prediction of one layout (`schedule`: its built Schedule;
+    `overheads`: instead of the costs' own)."""
     model, hw = self.model, self.hw
     schedule = schedule or schedules.Build(
         layout.schedule, layout.stages, layout.devices,
         layout.micro_batches)
     memory = self.Memory(layout)
     mb = model.PerReplicaBatch(layout) // layout.micro_batches
+    overheads = overheads or self.costs.overheads
     stages = StageCosts(model, layout, self.Items(mb), memory, hw,
-                        self.costs.update_rate)
-    step = step_model.SimulateStep(schedule, stages, hw, layout.remat,
-                                   layout.replicas)
+                        self.costs.update_rate, overheads.layer)
+    step = step_model.SimulateStep(
+        schedule, stages, hw, layout.remat, layout.replicas,
+        fixed=overheads.step + (layout.replicas - 1) * overheads.replica)
     per_device, together = model.DeviceMemory(layout, memory)
     if hw.memory is None:
       fits = None
@@ -387,6 +561,18 @@ def _Ms(seconds):
   return f'{ms:.0f}' if ms >= 1000 else f'{ms:.4g}'
 
 
+def _OverheadsText(costs):
+  if not costs.steps:
+    return ''
+  o = costs.overheads
+  steps = ', '.join(
+      f'R={l.replicas} K={l.devices} M={l.micro_batches}: {_Ms(t)} ms'
+      for l, t in sorted(costs.steps.items()))
+  return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a layer '
+          f'of an action, {_Ms(o.step)} ms a step, {_Ms(o.replica)} ms a '
+          'replica beyond the first, and the concurrency below')
+
+
 def _Row(rank, p):
   lay = p.layout
   fmt = inspect_lib.FormatBytes
@@ -417,6 +603,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds):
       f'Cluster {hw.Describe()}.',
       f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
                                    costs.seconds else '') +
+      _OverheadsText(costs) +
       f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
       f'({counts["dominated"]} dominated by a cheaper remat that fits, '
       f'{counts["refused"]} sizes refused by their schedule); '
@@ -494,8 +681,11 @@ def Plan(key, params, plan, logdir=''):
       'CPU'):
     raise ValueError(f'--plan_measure times layers on this host\'s CPU; '
                      f'this run\'s first device is {devices[0]}.')
-  costs = (MeasuredCosts(model, devices[0], params.task.train.learner)
-           if plan.measure else None)
+  costs = None
+  if plan.measure:
+    costs = MeasuredCosts(model, devices[0], params.task.train.learner,
+                          devices=devices)
+    costs.MeasureSteps(CalibrationLayouts(model, len(devices)))
   if hw.needs_calibration:
     probe = None
     if plan.measure:
@@ -506,7 +696,7 @@ def Plan(key, params, plan, logdir=''):
   costs = costs or FlopsCosts(model, hw)
   planner = Planner(model, hw, costs)
   predictions, counts = planner.Search()
-  text = Report(key, model, hw, costs, predictions, counts, plan.top,
+  text = Report(key, model, planner.hw, costs, predictions, counts, plan.top,
                 time.perf_counter() - start)
   if plan.explain > len(predictions):
     raise command_line.UserError(

@@ -24,7 +24,12 @@ What an action costs (`StageCost`, seconds, given per stage):
            for every micro-batch but the last; 'selective': the part it
            does not keep); plus the sum of the weight gradients into the
            step's (`accumulate`, from the second micro-batch on);
-  W(s, j)  the weight gradients (`W_SHARE` of `backward`) and their sum.
+  W(s, j)  the weight gradients (`W_SHARE` of `backward`) and their sum;
+and each action `overhead`: what the executor adds to the work it runs
+(its call, the split of a micro-batch, the control edges ordering it),
+which measured layer costs leave out (planner.FitOverheads fits it).
+A step also pays a `fixed` cost once (the loop, the gradients' norm and
+clipping, what the update costs beyond its per-device share).
 
 The weight-gradient share: a layer's backward is dominated by its products
 with a weight, each of which has an input-gradient product and a
@@ -62,7 +67,7 @@ _EPS = 1e-12
 
 class StageCost(collections.namedtuple('StageCost', [
     'forward', 'backward', 'recompute', 'out_bytes', 'grad_bytes',
-    'update', 'accumulate'])):
+    'update', 'accumulate', 'overhead'], defaults=[0.0])):
   """Per stage, seconds (alone on its device) and bytes; see the module
   docstring.
 
@@ -75,21 +80,24 @@ class StageCost(collections.namedtuple('StageCost', [
     grad_bytes: its trained weights' gradients (all-reduced).
     update: the optimizer update of its weights.
     accumulate: adding one micro-batch's weight gradients to the step's.
+    overhead: what the executor adds to each action of the stage.
   """
   __slots__ = ()
 
 
 Step = collections.namedtuple('Step', [
-    'time', 'pipeline', 'spans', 'bubble', 'allreduce', 'update'])
+    'time', 'pipeline', 'spans', 'bubble', 'allreduce', 'update', 'fixed'],
+                              defaults=[0.0])
 Step.__doc__ = """A simulated step (seconds).
 
 Attributes:
-  time: the step: pipeline, then all-reduce and update.
+  time: the step: pipeline, then all-reduce and update, and `fixed`.
   pipeline: from the first action's start to the last one's end.
   spans: {Action: (start, end)} of replica 0's pipeline actions.
   bubble: the idle share of the devices' time in `pipeline`.
   allreduce: the longest device's gradient all-reduce.
   update: the longest device's optimizer update.
+  fixed: the step's fixed cost.
 """
 
 
@@ -197,14 +205,14 @@ def ActionCost(action, stage, splits_backward, remat, num_micro_batches):
   """Seconds `action` takes alone, from its stage's `StageCost`."""
   kind, _, j = action
   if kind == schedules.FORWARD:
-    return stage.forward
+    return stage.forward + stage.overhead
   accumulate = stage.accumulate if j else 0.0
   if kind == schedules.WEIGHT:
-    return W_SHARE * stage.backward + accumulate
+    return W_SHARE * stage.backward + accumulate + stage.overhead
   cost = stage.backward * ((1 - W_SHARE) if splits_backward else 1.0)
   if ReRuns(remat, j, num_micro_batches):
     cost += stage.recompute
-  return cost + (0.0 if splits_backward else accumulate)
+  return cost + (0.0 if splits_backward else accumulate) + stage.overhead
 
 
 def _TransferBytes(need, action, stages):
@@ -227,7 +235,7 @@ def AllReduceTime(num_bytes, num_replicas, bandwidth, latency):
 
 
 def SimulateStep(schedule, stages, hardware, remat, num_replicas=1,
-                 first_device=0):
+                 first_device=0, fixed=0.0):
   """Simulates one training step of a layout; see the module docstring.
 
   Args:
@@ -238,6 +246,7 @@ def SimulateStep(schedule, stages, hardware, remat, num_replicas=1,
     num_replicas: R; replica r uses global devices first_device + r * D ..
       + D - 1.
     first_device: the global index of replica 0's first device.
+    fixed: seconds the step pays once, after the update.
 
   Returns:
     A `Step`.
@@ -288,8 +297,8 @@ def SimulateStep(schedule, stages, hardware, remat, num_replicas=1,
   busy = sum(e - s for s, e in spans.values())
   pipeline = last - first
   bubble = 1.0 - busy / (d_count * pipeline) if pipeline else 0.0
-  return Step(time=max(e for _, e in times.values()) - first,
+  return Step(time=max(e for _, e in times.values()) - first + fixed,
               pipeline=pipeline,
               spans={a: (s - first, e - first) for a, (s, e) in spans.items()},
               bubble=bubble, allreduce=max(reduce_time.values()),
-              update=max(update_time.values()))
+              update=max(update_time.values()), fixed=fixed)

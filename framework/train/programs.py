@@ -510,6 +510,26 @@ class TrainProgram:
     return iter(self._strategy.distribute_datasets_from_function(
         lambda unused_ctx: dataset))
 
+  def StepRunner(self, dataset=None):
+    """run(n) -> seconds a step: n steps of the compiled train loop, as
+    `Run` takes them but without checkpoints, summaries or logs (the
+    planner's calibration and the benchmarks time the trainer's own step
+    with it). The steps train: the weights and the global step move.
+
+    Args:
+      dataset: this host's batches, one element per local replica (default:
+        the input's, from the current input position).
+    """
+    if dataset is None:
+      dataset = self._ReplicaBatches(int(self._input_position.numpy()))
+    iterator = self._Iterator(dataset, 0)
+
+    def _Run(num_steps):
+      start = time.perf_counter()
+      self._RunLoop(iterator, num_steps)
+      return (time.perf_counter() - start) / num_steps
+    return _Run
+
   def _NextBoundary(self, step):
     p = self._p
     nxt = p.max_steps

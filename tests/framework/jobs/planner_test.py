@@ -189,6 +189,44 @@ class PlannerTest(tf.test.TestCase):
     got = planner.Rank([big, slow1, fast4, tie2, tie2_m4])
     self.assertEqual([tie2_m4, tie2, fast4, slow1, big], got)
 
+  def testCalibrationRecoversKnownOverheadsAndConcurrency(self):
+    """Real steps made by a planner with known overheads and a known
+    throughput of 2 devices at once (1.8, and 1.95 of 4): a planner of the
+    same layer costs with none and a probe's 1.2 and 1.3 fits them back
+    from the calibration layouts' steps (4 at once keeps its ratio to 2),
+    and then predicts every layout as the first."""
+    model = self.model
+    truth_hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
+                              'concurrency=1/1.8/1.95')
+    truth_costs = planner.FlopsCosts(model, truth_hw)
+    truth_costs.overheads = planner.Overheads(0.002, 0.03, 0.01)
+    truth = planner.Planner(model, truth_hw, truth_costs)
+    layouts = planner.CalibrationLayouts(model, 4)
+    self.assertEqual(
+        [(1, 1, 1), (1, 1, 8), (1, 2, 8), (2, 1, 1)],
+        [(l.replicas, l.devices, l.micro_batches) for l in layouts])
+    costs = planner.FlopsCosts(model, truth_hw)
+    costs.steps = {l: truth.Predict(l).step.time for l in layouts}
+    fitted = planner.Planner(
+        model, truth_hw._replace(concurrency=(1.0, 1.2, 1.3)), costs)
+    self.assertAllClose(truth_costs.overheads, costs.overheads, atol=1e-9)
+    self.assertAllClose(1.8, fitted.hw.concurrency[1], rtol=1e-6)
+    self.assertAllClose(1.95, fitted.hw.concurrency[2])
+    for layout in (Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
+                   Layout(1, 2, 4, 8, 'zb_v', 'never', None),
+                   Layout(2, 2, 2, 2, '1f1b', 'never', None)):
+      self.assertAllClose(truth.Predict(layout).step.time,
+                          fitted.Predict(layout).step.time, rtol=1e-6)
+
+  def testOverheadsAreNotNegative(self):
+    """Steps faster than the layer costs alone: no negative overheads."""
+    costs = planner.FlopsCosts(self.model, self.hw)
+    plain = planner.Planner(self.model, self.hw, costs)
+    costs.steps = {l: 0.5 * plain.Predict(l).step.time
+                   for l in planner.CalibrationLayouts(self.model)}
+    planner.Planner(self.model, self.hw, costs)
+    self.assertEqual(planner.Overheads(), costs.overheads)
+
   def testSimulatedTimelineDrawsTheSpans(self):
     p = self.planner.Predict(Layout(1, 2, 2, 4, '1f1b', 'never', None))
     timeline = planner.SimulatedTimeline(p)
@@ -220,10 +258,17 @@ class PlanMeasureTest(tf.test.TestCase):
     dw, dx = both(x)
     self.assertAllClose(np.full([2, 3], 4.0), dw)   # Sum over the rows.
     self.assertAllClose(np.tile([[3.0, 12.0]], [4, 1]), dx)
+    # A chain of copies runs that backward each time (its value: the sum
+    # of one copy's gradients, as the inputs only add 0 x the last sum).
+    for copies in (1, 3):
+      self.assertAllClose(
+          24.0 + 60.0, plan_measure._Chain(part, copies, True)(x))  # pylint: disable=protected-access
+      self.assertAllClose(
+          4 * 15.0, plan_measure._Chain(part, copies, False)(x))  # pylint: disable=protected-access
     (forward, total), = plan_measure.MeasureParts([part], '/device:CPU:0',
                                                   runs=1, warmup=1)
-    self.assertGreater(forward, 0)
-    self.assertGreater(total, 0)
+    self.assertGreaterEqual(forward, 0)
+    self.assertGreaterEqual(total, 0)
 
   def testCalibrateFillsOnlyWhatItMeasures(self):
     hw = hardware.Parse('cpu,devices=2,tflops=20,concurrency=1/1.3')

@@ -183,6 +183,20 @@ class CostsTest(unittest.TestCase):
     self.assertAlmostEqual(2 + 0.606 + 0.5, step.time)
     self.assertAlmostEqual(2.0, step.pipeline)
 
+  def testOverheadsPerActionAndStep(self):
+    """Each action pays its stage's overhead (F, B and a split-off W), the
+    step its fixed cost once: gpipe, one stage, M=3, F=1, B=2, overhead
+    0.25: 3 (1 + 0.25) + 3 (2 + 0.25) + fixed 0.5 = 11."""
+    stage = step_model.StageCost(1.0, 2.0, 0.0, 0, 0, 0.0, 0.0,
+                                 overhead=0.25)
+    step = step_model.SimulateStep(schedules.Build('gpipe', 1, 1, 3),
+                                   [stage], _ALONE, 'never', fixed=0.5)
+    self.assertAlmostEqual(11.0, step.time)
+    self.assertAlmostEqual(10.5, step.pipeline)
+    self.assertAlmostEqual(0.5, step.fixed)
+    self.assertAlmostEqual(1.25, step_model.ActionCost(
+        A('W', 0, 0), stage, True, 'never', 3))
+
   def testSplitBackward(self):
     """With W actions, B is the input-gradient half of the backward (plus
     any re-run) and W the weight half (plus the gradient sum)."""

@@ -70,6 +70,27 @@ class TrainProgramTest(tf.test.TestCase):
                       ListCheckpoints(os.path.join(logdir, 'train'))],
                      [100, 200])
 
+  def testStepRunnerTrainsWithoutFiles(self):
+    """StepRunner runs the compiled loop's steps (the global step moves, the
+    loss falls) and writes no file (no checkpoint, no summary)."""
+    logdir = self.get_temp_dir()
+    program = _Program(logdir, _Params(max_steps=1000))
+    dataset = program._input.Dataset()  # pylint: disable=protected-access
+    run = program.StepRunner(dataset)
+    files = lambda: sorted(os.path.join(d, f) for d, _, fs in os.walk(logdir)  # pylint: disable=g-long-lambda
+                           for f in fs)
+    made = files()
+
+    def _Loss():   # One more step on the first batch: its loss.
+      stats = program._RunLoop(program._Iterator(dataset, 0), 1)  # pylint: disable=protected-access
+      return stats['metrics.loss.vw'] / stats['metrics.loss.w']
+
+    before = _Loss()
+    self.assertGreater(run(50), 0.0)
+    self.assertEqual(51, program.global_step)
+    self.assertLess(_Loss(), before / 2)
+    self.assertEqual(made, files())
+
   def testTheProgramOwnsItsInputIterator(self):
     # Run leaves the iterator (and tf.data's threads) to the program, so a
     # trainer that exits next does not wait for them to stop.
