@@ -34,6 +34,14 @@
 5. (`--watcher`) `TrainProgram.Run`'s steps/s (as in 1., tiny model) with
    the preemption watcher's signal handlers installed, so that its loop
    runs in the watcher's worker thread, against without; interleaved.
+6. (`--lm_steps`) The Tiny LM's train step as the trainer runs it (its
+   compiled loop on its own input: `TrainProgram.StepRunner`) in four
+   layouts (K devices, M micro-batches, schedule, remat), each checkout in
+   a process of its own with 4 logical CPUs, `--repeats` processes per
+   checkout, alternating; with `--baseline_root` the same for that
+   checkout and the ratios of the medians. (A baseline before
+   TrainProgram.StepRunner existed is timed through the loop's private
+   methods, which StepRunner wraps.)
 
 Run:
   .venv/bin/python bench/trainer_bench.py [--repeats 3]
@@ -41,8 +49,11 @@ Run:
       --baseline_root /tmp/base/cadence
   .venv/bin/python bench/trainer_bench.py --grappler --repeats 3
   .venv/bin/python bench/trainer_bench.py --watcher --repeats 5
+  .venv/bin/python bench/trainer_bench.py --lm_steps --repeats 3 \
+      --baseline_root /tmp/base/cadence
 """
 import argparse
+import json
 import os
 import re
 import resource
@@ -189,11 +200,8 @@ def LmStartup(repeats, baseline_root=None):
   """Prints the Tiny LM start-up table (see the module docstring, 3.)."""
   roots = {'this checkout': _ROOT}
   if baseline_root:
-    baseline_root = os.path.abspath(baseline_root)
-    if os.path.basename(baseline_root) != 'cadence':
-      raise ValueError(f'--baseline_root={baseline_root!r}: the checkout '
-                       "must be a folder named 'cadence' (the package).")
-    roots = {'baseline': baseline_root, **roots}
+    _CheckoutParent(baseline_root)
+    roots = {'baseline': os.path.abspath(baseline_root), **roots}
   runs = {name: [] for name in roots}
   for r in range(repeats):   # Interleaved, alternating the order.
     for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
@@ -316,6 +324,98 @@ def Watcher(repeats, steps):
         f'{steps} steps)')
 
 
+# (K devices, M micro-batches, schedule, remat) of --lm_steps.
+_LM_LAYOUTS = [(1, 8, 'gpipe', 'never'), (2, 4, 'gpipe', 'never'),
+               (2, 4, 'gpipe', 'except_last'), (2, 8, '1f1b', 'never')]
+
+
+def _LayoutName(layout):
+  return 'K={} M={} {} {}'.format(*layout)
+
+
+def LmStepsChild(steps, rounds):
+  """Prints {layout: median seconds a step} (JSON) of the Tiny LM's
+  trainer step in each of _LM_LAYOUTS, built in this process (whichever
+  cadence it imports), timed in `rounds` interleaved rounds."""
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices('CPU')[0],
+      [tf.config.LogicalDeviceConfiguration()] * 4)
+  runs = {}
+  for layout in _LM_LAYOUTS:
+    k, m, schedule, remat = layout
+    params = model_registry.GetParams(_LM_KEY, 'Train')
+    params.task.stack_tpl.splits = k
+    params.task.stack_tpl.pipeline_tpl.Set(num_micro_batches=m,
+                                           schedule=schedule, remat=remat)
+    cluster = cluster_lib.Cluster.Params().Set(
+        num_devices=k, worker_split_size=k).Instantiate()
+    with cluster:
+      program = programs.TrainProgram(params.Instantiate().task,
+                                      tempfile.mkdtemp(), cluster=cluster,
+                                      peak_flops=1e12)
+    if hasattr(program, 'StepRunner'):
+      run = program.StepRunner()
+    else:   # A checkout before StepRunner: what it wraps.
+      iterator = program._Iterator(program._ReplicaBatches(0), 0)  # pylint: disable=protected-access
+
+      def run(n, iterator=iterator, program=program):
+        start = time.perf_counter()
+        program._RunLoop(iterator, n)  # pylint: disable=protected-access
+        return (time.perf_counter() - start) / n
+    run(2)
+    runs[_LayoutName(layout)] = (run, [])
+  for _ in range(rounds):
+    for run, times in runs.values():
+      times.append(run(steps))
+  print(json.dumps({name: statistics.median(times)
+                    for name, (_, times) in runs.items()}))
+
+
+def LmSteps(repeats, steps, baseline_root=None):
+  """Prints the Tiny LM step table (see the module docstring, 6.)."""
+  roots = {'this checkout': None}
+  if baseline_root:
+    roots = {'baseline': _CheckoutParent(baseline_root), **roots}
+  found = {name: [] for name in roots}
+  for r in range(repeats):   # Alternating the order.
+    for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+      env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+      if roots[name]:
+        env['PYTHONPATH'] = os.pathsep.join(
+            [roots[name]] + [p for p in env.get('PYTHONPATH', '').split(
+                os.pathsep) if p])
+      out = subprocess.run(
+          [sys.executable, os.path.abspath(__file__), '--lm_steps_child',
+           f'--steps={steps}'], env=env, capture_output=True, text=True,
+          check=False)
+      if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+      found[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+  names = [_LayoutName(l) for l in _LM_LAYOUTS]
+  med = {n: {l: statistics.median(run[l] for run in found[n]) for l in names}
+         for n in roots}
+  print(f'\n| Tiny LM, trainer step (ms, median of {repeats} processes) | ' +
+        ' | '.join(roots) + (' | this / baseline |' if baseline_root else
+                             ' |'))
+  print('| --- ' * (len(roots) + 1 + bool(baseline_root)) + '|')
+  for l in names:
+    cells = [f'{1000 * med[n][l]:.1f}' for n in roots]
+    if baseline_root:
+      cells.append(f'{med["this checkout"][l] / med["baseline"][l]:.2f}')
+    print(f'| {l} | ' + ' | '.join(cells) + ' |')
+
+
+def _CheckoutParent(root):
+  """The folder to put first on PYTHONPATH for checkout `root` (a folder
+  named cadence, the package)."""
+  root = os.path.abspath(root)
+  if os.path.basename(root) != 'cadence':
+    raise ValueError(f'--baseline_root={root!r}: the checkout must be a '
+                     "folder named 'cadence' (the package).")
+  return os.path.dirname(root)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=3)
@@ -324,12 +424,25 @@ def main():
   parser.add_argument('--lm', action='store_true',
                       help='Only the Tiny LM start-up table (3.).')
   parser.add_argument('--baseline_root', default=None,
-                      help='With --lm: a checkout to compare against.')
+                      help='With --lm or --lm_steps: a checkout to compare '
+                      'against.')
   parser.add_argument('--grappler', action='store_true',
                       help='Only the grappler on/off table (4.).')
   parser.add_argument('--watcher', action='store_true',
                       help='Only the preemption watcher table (5.).')
+  parser.add_argument('--lm_steps', action='store_true',
+                      help='Only the Tiny LM train step table (6.); '
+                      '--steps: steps a timing (default here 3).')
+  parser.add_argument('--lm_steps_child', action='store_true',
+                      help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.lm_steps or args.lm_steps_child:
+    steps = 3 if args.steps == parser.get_default('steps') else args.steps
+    if args.lm_steps_child:
+      LmStepsChild(steps, rounds=5)
+    else:
+      LmSteps(args.repeats, steps, args.baseline_root)
+    return
   if args.lm:
     LmStartup(args.repeats, args.baseline_root)
     return

@@ -46,6 +46,15 @@ def OnDevice(device, fn, *args):
 
   @tf.custom_gradient
   def _Call(*xs):
+    # tf.gradients differentiates every op between the ops of its sources
+    # and its outputs: a source that is one output of an op with others (a
+    # batch from an iterator: one op, every field) would put all its
+    # siblings' consumers between (the whole pipeline, whose backward would
+    # run here, once more, and take the activations its own backward keeps:
+    # remat 'never' became a re-run in the trainer). Fresh identities are
+    # sources of their own.
+    with cluster_lib.DeviceScope(device):
+      xs = [tf.identity(x) for x in xs]
     inputs = list(flat)
     for i, x in zip(floats, xs):
       inputs[i] = x

@@ -64,6 +64,34 @@ class OnDeviceTest(tf.test.TestCase):
     self.assertAllClose(expected[1], tape.gradient(out.loss, [self.w, self.x]),
                         atol=1e-6)
 
+  def testSiblingOutputsOfASourceAreNotDifferentiatedAgain(self):
+    """An argument that is one output of an op with others (a batch from an
+    iterator is one op) does not put what its siblings feed between the
+    sources and the outputs: the backward of that (here a custom gradient
+    fed by the other half of a split) runs once, for the outer tape, and
+    not again inside OnDevice's gradient."""
+    calls = []
+
+    @tf.custom_gradient
+    def _Upstream(x):
+      def _Grad(dy):
+        calls.append(dy)
+        return 2.0 * dy
+      return 2.0 * x, _Grad
+
+    def _Run(v):
+      with tf.GradientTape() as tape:
+        tape.watch(v)
+        a, b = tf.split(v, 2)        # One op, two outputs.
+        out = device_call.OnDevice(_CPU1, lambda y, b: tf.reduce_sum(y * b),
+                                   _Upstream(a), b)
+      return tape.gradient(out, v)
+
+    grad = tf.function(_Run, autograph=False)(tf.constant([1., 2., 3., 4.]))
+    # out = sum(2 a b): d/da = 2 b, d/db = 2 a.
+    self.assertAllClose([6.0, 8.0, 2.0, 4.0], grad)
+    self.assertLen(calls, 1)
+
   def testBackwardOnTheForwardsDevice(self):
     for on_device, device in ((True, 'CPU:1'), (False, 'CPU:0')):
       step = self._Step(on_device)

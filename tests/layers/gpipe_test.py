@@ -1,12 +1,14 @@
 """Tests for cadence.layers.gpipe: partitioning, cells, the pipeline."""
 import itertools
 import textwrap
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework.pipeline import cell_program
 from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import step_seed
@@ -577,6 +579,44 @@ class FPropLossTest(tf.test.TestCase):
                                 side_inputs=side, step_seed=seed)
       self.assertAllClose(got[0], [0.5 * out.loss, [out.err, out.count]],
                           atol=1e-5)
+
+  def testNeverReRunsWhenTheBatchIsOneOp(self):
+    """GPipe with remat 'never' in a graph whose inputs and side inputs are
+    outputs of one op (as a batch from an iterator is): every backward
+    reads its kept activations, none re-runs a cell, and the gradients are
+    those of the batch as separate tensors (device_call.OnDevice)."""
+    (x,), in_shapes = _Inputs('conv', 0, False)
+    cells = gpipe.PartitionSequentialLayers(_ConvLayers(0, False), 2,
+                                            *in_shapes)
+    with _Cluster(2):
+      pipe = gpipe.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells, num_micro_batches=4,
+          schedule='gpipe', remat='never').Instantiate()
+    loss = _LossCell(False, 0, x.shape[-1])
+    y = tf.random.stateless_normal(x.shape, [1, 2])
+    wrt = pipe.vars.Flatten() + [loss.theta.v]
+
+    def _Grads(one_op):
+      def _Run(x, y):
+        if one_op:
+          x, y = tf.unstack(tf.stack([x, y]))
+        with tf.GradientTape() as tape:
+          out = pipe.FPropLoss(pipe._OwnCells(pipe.theta), loss, x,  # pylint: disable=protected-access
+                               side_inputs=NestedMap(y=y))
+        return tape.gradient(out.loss, wrt)
+      return tf.function(_Run, autograph=False)(x, y)
+
+    reruns = []
+    backward = cell_program.CellProgram.Backward
+
+    def _Counted(program, *args, **kwargs):
+      reruns.append(program)
+      return backward(program, *args, **kwargs)
+
+    with mock.patch.object(cell_program.CellProgram, 'Backward', _Counted):
+      got = _Grads(True)
+    self.assertEqual([], reruns)
+    self.assertAllClose(_Grads(False), got, atol=1e-6)
 
   def testErrors(self):
     layers = _ConvLayers(0, False)
