@@ -226,7 +226,8 @@ def FitConcurrency(planner, steps, highest=None):
   ops (a pipeline's actions on micro-batches) leaves cores idle that a
   second device's actions fill, which a probe of one layer's forward and
   backward (plan_measure.Concurrency) does not see. On this machine the
-  probe measured 1.2; the Tiny LM's real 2-device steps need about 1.8.
+  probe measured 1.13-1.25; the real 2-device steps of the Tiny LM fitted
+  1.5-1.6, of the bench Transformer 1.7 (bench/planner_bench.py).
   """
   hw = planner.hw
   two = [(l, t) for l, t in steps.items()

@@ -48,6 +48,13 @@ The replicas are identical, so one is simulated: with shared compute, the
 replicas on a host divide its throughput (n running actions of one replica
 are n x (replicas on the host) on the host).
 
+A device runs one action at a time here. TF may not: a remat re-run only
+waits for its own output gradients (executor.py), so on a host with cores
+one device's chain of small ops leaves idle, the re-run of micro-batch j
+overlaps the backward of j + 1; the simulation charges it in full (the
+Tiny LM on one logical CPU, M=4, 'except_last': predicted 1.4x the
+measured step, bench/planner_bench.py).
+
 Example:
   schedule = schedules.Build('1f1b', 2, 2, 4)
   stage = StageCost(forward=1.0, backward=2.0, recompute=0.0,
