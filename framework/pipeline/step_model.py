@@ -49,9 +49,10 @@ replicas on a host divide its throughput (n running actions of one replica
 are n x (replicas on the host) on the host).
 
 A device runs one action at a time here. TF may not: a remat re-run only
-waits for its own output gradients (executor.py), so on a host with cores
-one device's chain of small ops leaves idle, the re-run of micro-batch j
-overlaps the backward of j + 1; the simulation charges it in full (the
+waits for its own output gradients (executor.py), so on a host whose
+cores one device's chain of small ops leaves partly idle, the re-run of
+micro-batch j overlaps the backward of j + 1; the simulation charges it
+in full (the
 Tiny LM on one logical CPU, M=4, 'except_last': predicted 1.4x the
 measured step, bench/planner_bench.py).
 
