@@ -52,9 +52,8 @@ A device runs one action at a time here. TF may not: a remat re-run only
 waits for its own output gradients (executor.py), so on a host whose
 cores one device's chain of small ops leaves partly idle, the re-run of
 micro-batch j overlaps the backward of j + 1; the simulation charges it
-in full (the
-Tiny LM on one logical CPU, M=4, 'except_last': predicted 1.4x the
-measured step, bench/planner_bench.py).
+in full (the Tiny LM on one logical CPU, M=4, 'except_last': predicted
+1.4x the measured step, bench/planner_bench.py).
 
 Example:
   schedule = schedules.Build('1f1b', 2, 2, 4)
