@@ -289,7 +289,7 @@ def ChildTime(name, rounds, steps, specs):
   fitted = plans['scaled']
   print(json.dumps(dict(
       layouts=out, hardware=fitted.hw.Describe(), speed=speed,
-      probe=hw.concurrency, overheads=fitted.costs.overheads._asdict(),
+      probe=hw.concurrency, overheads=fitted.overheads._asdict(),
       calibration=[l.Name() for l in layouts if l in fitted.costs.steps])))
 
 

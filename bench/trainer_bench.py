@@ -167,11 +167,7 @@ def LmStartupSeconds(root, baseline=False):
   imported from there and not from the installed one.
   """
   logdir = tempfile.mkdtemp(prefix='trainer_bench_lm_')
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  if baseline:
-    env['PYTHONPATH'] = os.pathsep.join(
-        [os.path.dirname(root)] +
-        [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  env = _Env(root if baseline else None)
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
   start = time.perf_counter()
   proc = subprocess.Popen(
@@ -376,19 +372,15 @@ def LmSteps(repeats, steps, baseline_root=None):
   """Prints the Tiny LM step table (see the module docstring, 6.)."""
   roots = {'this checkout': None}
   if baseline_root:
-    roots = {'baseline': _CheckoutParent(baseline_root), **roots}
+    _CheckoutParent(baseline_root)
+    roots = {'baseline': os.path.abspath(baseline_root), **roots}
   found = {name: [] for name in roots}
   for r in range(repeats):   # Alternating the order.
     for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
-      env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-      if roots[name]:
-        env['PYTHONPATH'] = os.pathsep.join(
-            [roots[name]] + [p for p in env.get('PYTHONPATH', '').split(
-                os.pathsep) if p])
       out = subprocess.run(
           [sys.executable, os.path.abspath(__file__), '--lm_steps_child',
-           f'--steps={steps}'], env=env, capture_output=True, text=True,
-          check=False)
+           f'--steps={steps}'], env=_Env(roots[name]), capture_output=True,
+          text=True, check=False)
       if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
       found[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -404,6 +396,18 @@ def LmSteps(repeats, steps, baseline_root=None):
     if baseline_root:
       cells.append(f'{med["this checkout"][l] / med["baseline"][l]:.2f}')
     print(f'| {l} | ' + ' | '.join(cells) + ' |')
+
+
+def _Env(baseline_root=None):
+  """The environment of a child process; with `baseline_root` (a checkout
+  named cadence) its parent goes first on PYTHONPATH, so the package is
+  imported from there and not from the installed one."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  if baseline_root:
+    env['PYTHONPATH'] = os.pathsep.join(
+        [_CheckoutParent(baseline_root)] +
+        [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  return env
 
 
 def _CheckoutParent(root):

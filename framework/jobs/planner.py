@@ -121,7 +121,6 @@ class FlopsCosts:
                    f'{hw.efficiency:g} per device')
     self.seconds = 0.0
     self.update_rate = None   # Seconds per weight byte: from bandwidth.
-    self.overheads = Overheads()
     self.steps = {}           # Measured steps to fit: none, or set by hand.
 
   def Items(self, micro_batch):
@@ -175,7 +174,7 @@ def FitOverheads(planner, steps):
   every action runs in turn, so each adds its overhead to the step).
 
   Args:
-    planner: a Planner (its costs' own overheads are not used).
+    planner: a Planner (its own overheads are not used).
     steps: {Layout: measured seconds}; those on one device (K = 1, R = 1)
       count.
   """
@@ -205,7 +204,7 @@ def FitReplicaOverhead(planner, steps):
   mean over the R > 1 layouts of `steps` of (measured - predicted without
   it) / (R - 1). 0 without such layouts."""
   rows = []
-  base = planner.costs.overheads._replace(replica=0.0)
+  base = planner.overheads._replace(replica=0.0)
   for layout, seconds in steps.items():
     if layout.replicas > 1:
       p = planner.Predict(layout, overheads=base)
@@ -242,23 +241,20 @@ def FitConcurrency(planner, steps, highest=None):
     return (1.0, c2) + tuple(c * c2 / base[1] for c in base[2:])
 
   def _Time(c2):
-    planner.hw = hw._replace(concurrency=_With(c2))
-    return planner.Predict(layout).step.time
+    return planner.Predict(
+        layout, hw=hw._replace(concurrency=_With(c2))).step.time
 
   lo, hi = 1.0, max(highest, 1.0)
-  try:
-    if _Time(hi) >= seconds:
-      return _With(hi)
-    if _Time(lo) <= seconds:
-      return _With(lo)
-    for _ in range(30):
-      mid = (lo + hi) / 2
-      if _Time(mid) > seconds:
-        lo = mid
-      else:
-        hi = mid
-  finally:
-    planner.hw = hw
+  if _Time(hi) >= seconds:
+    return _With(hi)
+  if _Time(lo) <= seconds:
+    return _With(lo)
+  for _ in range(30):
+    mid = (lo + hi) / 2
+    if _Time(mid) > seconds:
+      lo = mid
+    else:
+      hi = mid
   return _With((lo + hi) / 2)
 
 
@@ -266,8 +262,8 @@ class MeasuredCosts:
   """Layer costs timed on `device` (--plan_measure), per micro-batch size,
   measured once each (plan_measure.LmParts); the optimizer update's
   seconds per weight byte (plan_measure.MeasureUpdate on one layer); and
-  the real steps of the CalibrationLayouts (`MeasureSteps`), from which a
-  Planner fits the Overheads and the host's concurrency.
+  the real steps of the CalibrationLayouts (`MeasureSteps`), to which a
+  Planner fits its Overheads and the host's concurrency.
 
   `MedianOf` merges several measurements (a benchmark's rounds) into one
   of their medians.
@@ -280,7 +276,6 @@ class MeasuredCosts:
     self._seq = model.BatchShapes(1).ids[1]
     self.parts = dict(parts or {})   # {micro-batch: {name: (F, F + B)}}
     self.steps = dict(steps or {})   # {Layout: seconds}
-    self.overheads = Overheads()
     self.seconds = 0.0
     self.update_rate = update_rate
     if update_rate is None:
@@ -430,18 +425,22 @@ class Planner:
     model: a plan_model.PlanModel.
     hw: a calibrated hardware.Hardware.
     costs: FlopsCosts or MeasuredCosts.
+    overheads: the Overheads to predict with; None: fitted to the costs'
+      measured steps, if any (the host's concurrency too), else none.
   """
 
-  def __init__(self, model, hw, costs):
+  def __init__(self, model, hw, costs, overheads=None):
     self.model, self.hw, self.costs = model, hw, costs
     self._items = {}
     self._memory = {}
-    if costs.steps:   # In this order: each fit uses the ones before.
-      costs.overheads = FitOverheads(self, costs.steps)
+    self.overheads = overheads or Overheads()
+    if overheads is None and costs.steps:
+      # In this order: each fit uses the ones before.
+      self.overheads = FitOverheads(self, costs.steps)
       concurrency = FitConcurrency(self, costs.steps)
       if concurrency:
         self.hw = hw._replace(concurrency=concurrency)
-      costs.overheads = costs.overheads._replace(
+      self.overheads = self.overheads._replace(
           replica=FitReplicaOverhead(self, costs.steps))
 
   def Items(self, micro_batch):
@@ -465,16 +464,16 @@ class Planner:
       self._memory[layout] = self.model.ActivationMeta(layout)
     return self._memory[layout]
 
-  def Predict(self, layout, schedule=None, overheads=None):
+  def Predict(self, layout, schedule=None, overheads=None, hw=None):
     """The Prediction of one layout (`schedule`: its built Schedule;
-    `overheads`: instead of the costs' own)."""
-    model, hw = self.model, self.hw
+    `overheads`, `hw`: instead of the planner's own)."""
+    model, hw = self.model, hw or self.hw
     schedule = schedule or schedules.Build(
         layout.schedule, layout.stages, layout.devices,
         layout.micro_batches)
     memory = self.Memory(layout)
     mb = model.PerReplicaBatch(layout) // layout.micro_batches
-    overheads = overheads or self.costs.overheads
+    overheads = overheads or self.overheads
     stages = StageCosts(model, layout, self.Items(mb), memory, hw,
                         self.costs.update_rate, overheads.layer)
     step = step_model.SimulateStep(
@@ -562,10 +561,9 @@ def _Ms(seconds):
   return f'{ms:.0f}' if ms >= 1000 else f'{ms:.4g}'
 
 
-def _OverheadsText(costs):
+def _OverheadsText(costs, o):
   if not costs.steps:
     return ''
-  o = costs.overheads
   steps = ', '.join(
       f'R={l.replicas} K={l.devices} M={l.micro_batches}: {_Ms(t)} ms'
       for l, t in sorted(costs.steps.items()))
@@ -593,7 +591,8 @@ _HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
            f'{"fits":>5}')
 
 
-def Report(key, model, hw, costs, predictions, counts, top, seconds):
+def Report(key, model, hw, costs, predictions, counts, top, seconds,
+           overheads=None):
   """The ranked table and the best plan's flags, as text."""
   fits = [p for p in predictions if p.fits is not False]
   lines = [
@@ -604,7 +603,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds):
       f'Cluster {hw.Describe()}.',
       f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
                                    costs.seconds else '') +
-      _OverheadsText(costs) +
+      _OverheadsText(costs, overheads or Overheads()) +
       f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
       f'({counts["dominated"]} dominated by a cheaper remat that fits, '
       f'{counts["refused"]} sizes refused by their schedule); '
@@ -698,7 +697,7 @@ def Plan(key, params, plan, logdir=''):
   planner = Planner(model, hw, costs)
   predictions, counts = planner.Search()
   text = Report(key, model, planner.hw, costs, predictions, counts, plan.top,
-                time.perf_counter() - start)
+                time.perf_counter() - start, planner.overheads)
   if plan.explain > len(predictions):
     raise command_line.UserError(
         f'--plan_explain={plan.explain} is beyond the {len(predictions)} '

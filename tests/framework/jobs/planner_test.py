@@ -198,9 +198,9 @@ class PlannerTest(tf.test.TestCase):
     model = self.model
     truth_hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                               'concurrency=1/1.8/1.95')
-    truth_costs = planner.FlopsCosts(model, truth_hw)
-    truth_costs.overheads = planner.Overheads(0.002, 0.03, 0.01)
-    truth = planner.Planner(model, truth_hw, truth_costs)
+    known = planner.Overheads(0.002, 0.03, 0.01)
+    truth = planner.Planner(model, truth_hw,
+                            planner.FlopsCosts(model, truth_hw), known)
     layouts = planner.CalibrationLayouts(model, 4)
     self.assertEqual(
         [(1, 1, 1), (1, 1, 8), (1, 2, 8), (2, 1, 1)],
@@ -209,7 +209,7 @@ class PlannerTest(tf.test.TestCase):
     costs.steps = {l: truth.Predict(l).step.time for l in layouts}
     fitted = planner.Planner(
         model, truth_hw._replace(concurrency=(1.0, 1.2, 1.3)), costs)
-    self.assertAllClose(truth_costs.overheads, costs.overheads, atol=1e-9)
+    self.assertAllClose(known, fitted.overheads, atol=1e-9)
     self.assertAllClose(1.8, fitted.hw.concurrency[1], rtol=1e-6)
     self.assertAllClose(1.95, fitted.hw.concurrency[2])
     for layout in (Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
@@ -224,8 +224,8 @@ class PlannerTest(tf.test.TestCase):
     plain = planner.Planner(self.model, self.hw, costs)
     costs.steps = {l: 0.5 * plain.Predict(l).step.time
                    for l in planner.CalibrationLayouts(self.model)}
-    planner.Planner(self.model, self.hw, costs)
-    self.assertEqual(planner.Overheads(), costs.overheads)
+    fitted = planner.Planner(self.model, self.hw, costs)
+    self.assertEqual(planner.Overheads(), fitted.overheads)
 
   def testSimulatedTimelineDrawsTheSpans(self):
     p = self.planner.Predict(Layout(1, 2, 2, 4, '1f1b', 'never', None))
