@@ -211,9 +211,17 @@ class BaseOptimizer:
     rather than branching: a `tf.cond` per variable traces two branch
     functions each, which made tracing the Tiny LM's train step (69
     variables) ~15% slower.
+
+    The variable and its slots are read once the gradient exists: read
+    before, the reads and what the rule computes of them alone (Adam's
+    `beta1 * m`, `beta2 * v`) ran at the start of the step and held two
+    more copies of every variable's bytes while the forward and backward
+    ran (measured per device, bench/planner_bench.py's memory table).
     """
-    old_var = var.value()
-    old_slots = {k: s.value() for k, s in slots.items()}
+    with tf.control_dependencies(
+        tf.nest.flatten(grad, expand_composites=True)):
+      old_var = var.value()
+      old_slots = {k: s.value() for k, s in slots.items()}
     new_var, new_slots = self._Update(old_var, tf.cast(grad, var.dtype),
                                       old_slots, step)
     ops = [var.assign(tf.where(skip, old_var, new_var))]

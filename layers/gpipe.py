@@ -411,11 +411,13 @@ class PipeliningLayer(SeqLayer):
                             p.batch_dim)
 
   @classmethod
-  def MemoryMeta(cls, p, num_micro_batches, cells):
+  def MemoryMeta(cls, p, num_micro_batches, cells, input_bytes=0):
     """What memory_estimate needs of this pipeline and its K `cells`
     (NestedMaps of bytes, see memory_estimate.Moments): the schedule,
     remat, M, backward_window, the devices (K / stages_per_device, or the
-    table's lines) and a table's text."""
+    table's lines), a table's text, and `input_bytes`: one micro-batch of
+    the pipeline's inputs in the state dtype (the micro-batches are slices
+    of one buffer on the first device, alive while any of them is)."""
     devices = len(cells) // p.stages_per_device
     if p.schedule == schedules.TABLE:
       devices = len(schedules.ParseTable(p.schedule_table))
@@ -431,7 +433,8 @@ class PipeliningLayer(SeqLayer):
     return NestedMap(schedule=p.schedule, remat=p.remat,
                      num_micro_batches=num_micro_batches,
                      backward_window=p.backward_window, num_devices=devices,
-                     schedule_table=p.schedule_table, cells=cells)
+                     schedule_table=p.schedule_table, cells=cells,
+                     input=input_bytes)
 
   @classmethod
   def CheckBatch(cls, p, input_shapes, owner=None):

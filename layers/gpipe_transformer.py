@@ -200,8 +200,11 @@ class GPipeTransformerStack(gpipe.SplitCells,
     backward reads (act_bytes), what it keeps with remat 'selective', what
     its W reads after a split B (residual_bytes), its outputs (the
     activations and the paddings passed on, in the pipeline's
-    `StateDtype`) and one layer's act_bytes (the gradients in flight
-    through a layer); see framework/pipeline/memory_estimate.py."""
+    `StateDtype`) and half of one layer's act_bytes (the gradients in
+    flight through a layer: its backward frees what it kept as the
+    gradient passes; a device's peak measured about 0.55 of a layer's act
+    above what it keeps, bench/planner_bench.py's memory table); see
+    framework/pipeline/memory_estimate.py."""
     bounds = cls.Boundaries(p)
     last = len(bounds) - 2
     b, t, d = shapes.AsShape(inputs)
@@ -216,7 +219,7 @@ class GPipeTransformerStack(gpipe.SplitCells,
     return [NestedMap(
         act=_Bytes(c, 'all'), act_weights=_Bytes(c, 'weights'),
         residuals=_Bytes(c, 'residuals'), out=b * t * (d + 1) * size,
-        transient=layer.cls.ActBytes(layer, inputs))
+        transient=layer.cls.ActBytes(layer, inputs) // 2)
             for c in range(last + 1)]
 
   @classmethod

@@ -18,7 +18,12 @@ schedule):
                schedules), `residuals` bytes (FPropMeta `residual_bytes`:
                what W reads) per micro-batch between its B and its W;
   transient:   the temporaries of one micro-batch's backward (the gradients
-               flowing through a layer), taken as the largest layer's act.
+               flowing through a layer), from the cells: the largest
+               layer's act (ResNet units), half of it (Transformer layers,
+               whose backward frees what they kept as it passes);
+  input:       the first stage's: the whole batch's input (tf.split's parts
+               share its buffer, so all M micro-batches stay while any
+               does) and the input gradients waiting to be joined.
 
 StageMemory is each stage's worst moment (what each device must hold);
 SharedMemory the step's worst moment of all stages together (what one
@@ -193,11 +198,15 @@ def Moments(memory, params, slots, grads=None):
   what W reads (`residuals`: the inputs of the weight products and the
   gradients of their outputs, ResidualBytes); and, while it runs a
   backward or a W, one layer's transient
-  (remat 'selective': one micro-batch's whole act, recomputed). Between
-  GPipe's phases, a stage with `outside` bytes (the loss on the whole
-  batch) holds them twice (the loss and its gradient) on top of what its
-  forward kept. An unpipelined model has one moment, where its backward
-  starts: no gradients yet.
+  (remat 'selective': one micro-batch's whole act, recomputed). The first
+  stage holds the whole batch's input (the micro-batches are slices of one
+  buffer) beyond the micro-batches its `act` keeps, and the input
+  gradients of the micro-batches back-propagated, until they are joined
+  at the end. Between GPipe's phases, a stage with `outside` bytes (what
+  the loss on the whole batch keeps for its backward) holds them and its
+  backward's temporaries (`outside_transient`, default `outside`) on top
+  of what its forward kept. An unpipelined model has one moment, where its
+  backward starts: no gradients yet.
 
   Args:
     memory: NestedMap(schedule (a registered name, or None: unpipelined),
@@ -206,10 +215,12 @@ def Moments(memory, params, slots, grads=None):
       remat 'selective' keeps, residuals: what W reads after a split B
       (read only by schedules that split it), out: bytes of its output,
       transient: the largest layer's act, outside: bytes of what runs on
-      the whole batch outside the pipeline after this stage)), and
+      the whole batch outside the pipeline after this stage keeps, and
+      optionally outside_transient: its backward's temporaries), and
       optionally num_devices (the stages' devices; default one each) and
-      schedule_table (a 'table' schedule's text), as a task's FPropMeta
-      gives it.
+      schedule_table (a 'table' schedule's text) and input (bytes of one
+      micro-batch of the pipeline's inputs, default 0), as a task's
+      FPropMeta gives it.
     params: K ints, bytes of each stage's variables.
     slots: K ints, bytes of each stage's optimizer slots.
     grads: K ints, bytes of the trained variables' gradients (default:
@@ -224,6 +235,7 @@ def Moments(memory, params, slots, grads=None):
     return [[Stage(params[i], slots[i], 0, c.act, c.transient)
              for i, c in enumerate(cells)]]
   selective = memory.remat == 'selective'
+  m, micro_input = memory.num_micro_batches, memory.get('input', 0)
   moments = []
   for counts, outside in _Counts(memory):
     moment = []
@@ -235,8 +247,14 @@ def Moments(memory, params, slots, grads=None):
       g = grads[i] if n.backward or n.done else 0
       transient = ((c.act if selective else c.transient) if n.backward
                    else 0)
+      if i == 0:
+        # The micro-batches are slices of the batch's one buffer: all M
+        # stay alive, not only the kept ones `act` counts; and the input
+        # gradients of back-propagated ones wait to be joined.
+        held += micro_input * (m - n.kept + n.done + n.waiting)
       if outside and c.outside:
-        held, transient = held + c.outside, c.outside
+        held = held + c.outside
+        transient = c.get('outside_transient', c.outside)
       moment.append(Stage(params[i], slots[i], g, held, transient))
     moments.append(moment)
   return moments

@@ -159,8 +159,10 @@ class ImageClassifier(base_model.BaseTask):
                        backward_window=None,
                        cells=net.cls.CellMemory(net, image))
     m, size = pipe.cls.MicroBatching(pipe, image[0])
+    micro = image.WithDim(0, size)
     return pipe.cls.MemoryMeta(
-        pipe, m, net.cls.CellMemory(net, image.WithDim(0, size)))
+        pipe, m, net.cls.CellMemory(net, micro),
+        input_bytes=micro.num_elements() * pipe.cls.StateDtype(pipe).size)
 
 
 _PREDICT_DOC = """predict(images) -> probabilities, classes

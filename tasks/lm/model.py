@@ -756,6 +756,9 @@ class LanguageModel(base_model.BaseTask):
     pipe = stack.pipeline_tpl
     m, size = pipe.cls.MicroBatching(pipe, x[0])
     mb = x.WithDim(0, size)
+    # The largest temporary of the loss's backward: the gradient of the
+    # logits [b, t, vocab] (float32, the cross-entropy's).
+    logits_grad = shapes.Mul(4, x[0], x[1], c.softmax.num_classes)
     cells = stack.cls.CellMemory(stack, mb)
     for cell in cells:
       cell.outside = 0
@@ -764,10 +767,12 @@ class LanguageModel(base_model.BaseTask):
       cells[-1].act += loss.act_bytes
       cells[-1].act_weights += loss.act_bytes_weights
       cells[-1].residuals += loss.residual_bytes
-      cells[-1].transient = max(cells[-1].transient, loss.act_bytes)
+      cells[-1].transient = max(cells[-1].transient, logits_grad // m)
     else:
       cells[-1].outside = softmax
-    return pipe.cls.MemoryMeta(pipe, m, cells)
+      cells[-1].outside_transient = logits_grad
+    # The stack's input is what each cell passes on: [b, t, d] and paddings.
+    return pipe.cls.MemoryMeta(pipe, m, cells, input_bytes=cells[0].out)
 
 
 _SCORE_DOC = """score(ids, paddings) -> log_probs, sentence_log_prob, num_tokens

@@ -66,6 +66,18 @@ def _NpAdafactor(x, grads, lrs, factored, beta1, clip, eps1=1e-30,
   return x
 
 
+def _Ancestors(op):
+  """Names of the ops `op` depends on, through data and control inputs."""
+  seen, todo = set(), [op]
+  while todo:
+    node = todo.pop()
+    for parent in [t.op for t in node.inputs] + list(node.control_inputs):
+      if parent.name not in seen:
+        seen.add(parent.name)
+        todo.append(parent)
+  return seen
+
+
 class OptimizerTest(tf.test.TestCase):
 
   def _Run(self, p, inits, grads, lrs=_LRS, traced=True):
@@ -124,6 +136,31 @@ class OptimizerTest(tf.test.TestCase):
                    [g[0].astype(np.float64) for g in grads], _LRS, 0.8, 0.99,
                    1e-7)
     self.assertAllClose(got[0], want, atol=1e-5, rtol=1e-5)
+
+  def testUpdateReadsItsStateOnlyOnceTheGradientExists(self):
+    # Read earlier, a variable and its slots (and what Adam computes of
+    # them alone) would be held while the forward and backward run: two
+    # more copies of the model in a training step.
+    for p in (optimizer.Adam.Params(), optimizer.Momentum.Params(),
+              optimizer.Adafactor.Params().Set(beta1=0.9)):
+      var = tf.Variable(tf.ones([4, 6]))
+      opt = p.Instantiate()
+      opt.Build([('w', var)])
+      state = [var] + list(opt.Slots(var).values())
+
+      def Step(x, opt=opt, var=var):
+        grad = tf.identity(tf.matmul(x, x, transpose_a=True), name='grad')
+        opt.Apply(0.1, [(grad[:4], var)])
+
+      graph = tf.function(Step).get_concrete_function(
+          tf.TensorSpec([6, 6])).graph
+      # All reads but the scalar count of updates (the step's scalars).
+      reads = [op for op in graph.get_operations()
+               if op.type == 'ReadVariableOp' and op.outputs[0].shape.rank]
+      with self.subTest(optimizer=p.cls.__name__):
+        self.assertLen(reads, len(state))
+        for op in reads:
+          self.assertIn('grad', _Ancestors(op), op.name)
 
   def testAdafactorMatchesNumpy(self):
     rng = np.random.RandomState(4)

@@ -175,6 +175,26 @@ class StageMemoryTest(tf.test.TestCase):
     self.assertEqual([memory_estimate.Stage(1000, 500, 0, 100, 30)],
                      memory_estimate.StageMemory(plain, [1000], [500]))
 
+  def testFirstStageHoldsTheWholeBatchInput(self):
+    # 1F1B, K=2, M=4, no remat: cell 0 runs F0 F1 B0 F2 B1 F3 B2 B3. Its
+    # micro-batches are slices of one input buffer (7 bytes each): all 4
+    # stay while any does, and each B's input gradient waits to be joined.
+    cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
+                       outside=0),
+             NestedMap(act=200, act_weights=80, out=20, transient=50,
+                       outside=0)]
+    memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
+                       backward_window=1, cells=cells)
+    plain = memory_estimate.Moments(memory, [0, 0], [0, 0])
+    memory.input = 7
+    moments = memory_estimate.Moments(memory, [0, 0], [0, 0])
+    # F0: one micro-batch kept, the other 3 held by the buffer.
+    self.assertEqual(110 + 3 * 7, moments[0][0].activations)
+    # B3: one kept, 3 more in the buffer, 3 input gradients waiting.
+    self.assertEqual(110 + 6 * 7, moments[-1][0].activations)
+    # The other stage's inputs are transfers of their own.
+    self.assertEqual([m[1] for m in plain], [m[1] for m in moments])
+
   def testSplitBackwardHoldsWhatWReadsUntilW(self):
     # ZB-H1, K=2, M=2, no remat; ticks [F00] [F01 F10] [B10] [B00 F11]
     # [W00 B11] [B01 W10] [W01 W11]. After a B its residuals (what W
