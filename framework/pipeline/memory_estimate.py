@@ -39,8 +39,8 @@ min(K-i, M) for 1F1B; KeptMicroBatches, and per tick `Moments`):
   remat 'never':       in flight;
   remat 'selective':   in flight, but only `act_weights` bytes of each (the
                        products with a weight, remat_policy 'weights'),
-                       and one micro-batch's whole `act` recomputed in the
-                       backward (its transient);
+                       and the rest of one micro-batch's `act`
+                       recomputed in the backward (with its transient);
   remat 'always':      min(W, in flight) (the backward re-runs them);
   remat 'except_last': min(W + 1, in flight) for 1F1B (the last
                        micro-batch's forward overlaps re-runs), 1 for GPipe
@@ -198,7 +198,7 @@ def Moments(memory, params, slots, grads=None):
   what W reads (`residuals`: the inputs of the weight products and the
   gradients of their outputs, ResidualBytes); and, while it runs a
   backward or a W, one layer's transient
-  (remat 'selective': one micro-batch's whole act, recomputed). The first
+  (remat 'selective': and what it recomputes, act - act_weights). The first
   stage holds the whole batch's input (the micro-batches are slices of one
   buffer) beyond the micro-batches its `act` keeps, and the input
   gradients of the micro-batches back-propagated, until they are joined
@@ -245,8 +245,9 @@ def Moments(memory, params, slots, grads=None):
               # Only split schedules have micro-batches waiting for a W.
               (n.waiting * c.residuals if n.waiting else 0))
       g = grads[i] if n.backward or n.done else 0
-      transient = ((c.act if selective else c.transient) if n.backward
-                   else 0)
+      transient = 0
+      if n.backward:   # 'selective' first recomputes what it did not keep.
+        transient = c.transient + (c.act - c.act_weights if selective else 0)
       if i == 0:
         # The micro-batches are slices of the batch's one buffer: all M
         # stay alive, not only the kept ones `act` counts; and the input

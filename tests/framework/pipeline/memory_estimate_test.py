@@ -155,10 +155,11 @@ class StageMemoryTest(tf.test.TestCase):
     self.assertEqual(memory_estimate.Stage(1000, 2000, 1000, 2 * 110, 30),
                      stages[0])
     self.assertEqual(2000 + 4000 + 2000 + 220 + 50, stages[1].total)
-    # Selective: act_weights of each micro-batch, one whole act recomputed.
+    # Selective: act_weights of each micro-batch; a backward recomputes
+    # the rest of one micro-batch's act (100 - 40) besides its transient.
     memory.remat = 'selective'
     stages = memory_estimate.StageMemory(memory, [1000, 2000], [2000, 4000])
-    self.assertEqual(memory_estimate.Stage(1000, 2000, 1000, 2 * 50, 100),
+    self.assertEqual(memory_estimate.Stage(1000, 2000, 1000, 2 * 50, 60 + 30),
                      stages[0])
     # GPipe with the loss outside: its moment wins when it is larger.
     cells[1].outside = 5000
