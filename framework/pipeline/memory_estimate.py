@@ -214,9 +214,9 @@ def Moments(memory, params, slots, grads=None):
       bytes a micro-batch's backward reads, act_weights: of them, those
       remat 'selective' keeps, residuals: what W reads after a split B
       (read only by schedules that split it), out: bytes of its output,
-      transient: the largest layer's act, outside: bytes of what runs on
+      transient: its backward's temporaries, outside: bytes of what runs on
       the whole batch outside the pipeline after this stage keeps, and
-      optionally outside_transient: its backward's temporaries), and
+      optionally outside_transient: the temporaries of that backward), and
       optionally num_devices (the stages' devices; default one each) and
       schedule_table (a 'table' schedule's text) and input (bytes of one
       micro-batch of the pipeline's inputs, default 0), as a task's
