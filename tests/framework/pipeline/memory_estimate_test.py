@@ -43,6 +43,16 @@ def _Check(test, params, input_specs, meta, rtol=0.02):
                           rtol=rtol)
 
 
+def _TwoCells1F1B():
+  """Two cells' memory (bytes) under 1F1B, M=4, no remat."""
+  cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
+                     outside=0),
+           NestedMap(act=200, act_weights=80, out=20, transient=50,
+                     outside=0)]
+  return NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
+                   backward_window=1, cells=cells)
+
+
 class ActBytesTest(tf.test.TestCase):
   """FPropMeta's act_bytes equal what TF's gradient really reads."""
 
@@ -144,12 +154,8 @@ class StageMemoryTest(tf.test.TestCase):
       memory_estimate.KeptMicroBatches('gpipe', 'some', 2, 2)
 
   def testStages(self):
-    cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
-                       outside=0),
-             NestedMap(act=200, act_weights=80, out=20, transient=50,
-                       outside=0)]
-    memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
-                       backward_window=1, cells=cells)
+    memory = _TwoCells1F1B()
+    cells = memory.cells
     stages = memory_estimate.StageMemory(memory, [1000, 2000], [2000, 4000])
     # 1F1B: cell 0 keeps 2 micro-batches, cell 1 one; the gradients' sum.
     self.assertEqual(memory_estimate.Stage(1000, 2000, 1000, 2 * 110, 30),
@@ -180,12 +186,7 @@ class StageMemoryTest(tf.test.TestCase):
     # 1F1B, K=2, M=4, no remat: cell 0 runs F0 F1 B0 F2 B1 F3 B2 B3. Its
     # micro-batches are slices of one input buffer (7 bytes each): all 4
     # stay while any does, and each B's input gradient waits to be joined.
-    cells = [NestedMap(act=100, act_weights=40, out=10, transient=30,
-                       outside=0),
-             NestedMap(act=200, act_weights=80, out=20, transient=50,
-                       outside=0)]
-    memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=4,
-                       backward_window=1, cells=cells)
+    memory = _TwoCells1F1B()
     plain = memory_estimate.Moments(memory, [0, 0], [0, 0])
     memory.input = 7
     moments = memory_estimate.Moments(memory, [0, 0], [0, 0])
