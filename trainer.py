@@ -24,6 +24,7 @@ flag error (unknown flag, unparsable value) exits 2 as well, naming the
 closest flag. TensorFlow's own C++ log lines are hidden unless --tf_log
 (`framework/jobs/tf_log.py`).
 """
+import os
 import sys
 import time
 
@@ -161,6 +162,10 @@ def main(argv):
     return command_line.EXIT_USER_ERROR
   # TensorFlow loads only now, its C++ log levels set first.
   tf_log.Configure(FLAGS.tf_log)
+  if FLAGS.mode == 'plan' and FLAGS.plan_measure:
+    # Timings that do not depend on what the process built before them
+    # (framework/jobs/plan_measure.py): read when TF makes its first device.
+    os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
   with tf_log.QuietImport(FLAGS.tf_log):
     from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top
   options = trainer_lib.TrainerOptions(

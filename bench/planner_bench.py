@@ -11,10 +11,10 @@ v, micro-batches M, schedule, remat), in one run:
     --plan_measure: each layer timed on this host, the host's concurrency
     and memory bandwidth calibrated, and the real steps of the planner's
     calibration layouts (planner.CalibrationLayouts: R=1 K=1 M=1 and M=8,
-    R=1 K=2 M=8 1f1b, R=2 K=1 M=1) timed, in every round (medians); the
-    planner fits its overheads and the host's concurrency to those steps
-    (the table names the calibration layouts that are among LAYOUTS: their
-    errors are in-sample);
+    R=1 K=2 M=8 and M=4 1f1b, R=2 K=1 M=1) timed, in every round
+    (medians); the planner fits its overheads and the host's concurrency
+    to those steps (the table names the calibration layouts that are
+    among LAYOUTS: their errors are in-sample);
   measured: the trainer's own compiled train loop (programs.TrainProgram:
     the task's forward, gradients, all-reduce across replicas and Adam
     update), `--steps` steps at a time; every R = 1 layout built in one
@@ -27,11 +27,16 @@ v, micro-batches M, schedule, remat), in one run:
     so every op is placed), plus its variables, next to the planner's
     per-device estimate.
 
+Every timing is of `--steps` steps after one untimed step (a trainer runs
+one layout step after step), in processes on TF's BFC allocator (with the
+default one a step's speed depends on what else the process built:
+framework/jobs/plan_measure.py).
+
 The machine is shared: other engineers' jobs come and go on its 2 cores,
 and the speed a process gets changed 3x within minutes while this was
 written. So every timing (each layout's steps, and each round's cost
-measurement) is taken right after one step of a reference layout
-(LAYOUTS[0]), which measures the machine's speed at that moment; the
+measurement) is taken right after steps of a reference layout
+(LAYOUTS[0]), which measure the machine's speed at that moment; the
 tables compare the predictions with the step times scaled to the median
 speed (t x the median reference / the reference before it), the costs
 likewise, and give the raw errors (no scaling) too.
@@ -214,11 +219,19 @@ def _MedianHardware(hws):
       flops=statistics.median(h.flops for h in hws))
 
 
+def _Steady(run, steps):
+  """Seconds a step of `run` over `steps` steps after one untimed step (the
+  first step after another layout's pays for the switch, which a trainer
+  running one layout does not)."""
+  run(1)
+  return run(steps)
+
+
 def _Timed(ref, run, steps):
   """(seconds a step of `run`, seconds a step of the reference just
   before it): the reference measures the machine's speed at that moment."""
-  before = ref(1)
-  return run(steps), before
+  before = _Steady(ref, steps)
+  return _Steady(run, steps), before
 
 
 def _Scaled(costs, hw, factor):
@@ -261,9 +274,9 @@ def ChildTime(name, rounds, steps, specs):
   samples = {l: [] for l in runs}
   rounds_costs = []
   for r in range(rounds):
-    before = ref(1)
+    before = _Steady(ref, steps)
     costs, hw = _MeasureCosts(model, 'cpu', devices, batches)
-    rounds_costs.append((costs, hw, (before + ref(1)) / 2))
+    rounds_costs.append((costs, hw, (before + _Steady(ref, steps)) / 2))
     for layout, run in runs.items():
       samples[layout].append(_Timed(ref, run, steps))
     print(f'[{name}] round {r + 1}/{rounds} done', file=sys.stderr,
@@ -289,6 +302,7 @@ def ChildTime(name, rounds, steps, specs):
   fitted = plans['scaled']
   print(json.dumps(dict(
       layouts=out, hardware=fitted.hw.Describe(), speed=speed,
+      concurrency=planner.ConcurrencyText(fitted.concurrency),
       probe=hw.concurrency, overheads=fitted.overheads._asdict(),
       calibration=[l.Name() for l in layouts if l in fitted.costs.steps])))
 
@@ -339,9 +353,11 @@ def ChildMemory(name, spec):
 
 
 def _ChildRun(args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  if args[0] == 'memory':
-    env['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
+  # BFC: the allocator's stats for memory; for time, steps as fast as in a
+  # process that built one layout (framework/jobs/plan_measure.py), as
+  # `trainer.py --mode=plan --plan_measure` runs.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
+             TF_CPU_ALLOCATOR_USE_BFC='true')
   out = subprocess.run([sys.executable, os.path.abspath(__file__),
                         '--child'] + [str(a) for a in args],
                        capture_output=True, text=True, check=False, env=env,
@@ -478,7 +494,9 @@ def _Print(results):
           f'{1000 * o["layer"]:.3f} ms a layer of an action, '
           f'{1000 * o["step"]:.1f} ms a step, {1000 * o["replica"]:.1f} ms '
           f'a replica beyond the first; concurrency probed '
-          f'{"/".join(f"{c:.2f}" for c in res["probe"])}, fitted above')
+          f'{"/".join(f"{c:.2f}" for c in res["probe"])} (above), the '
+          f'throughput of 2 actions at once fitted '
+          f'{res.get("concurrency") or "to none"}')
     pred, meas, errs = _Errors(entries, res['speed'], True)
     _, raw_meas, raw_errs = _Errors(entries, res['speed'], False)
     print(f'{"layout":<46}{"predicted":>10}{"measured":>10}{"error":>8}'

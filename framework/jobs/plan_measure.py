@@ -41,6 +41,17 @@ planner.FitConcurrency).
 
 Timings on a shared machine are noisy: every figure is a median of `runs`.
 
+The process's allocator: with TensorFlow's default CPU allocator (malloc
+per tensor) a compiled step's speed depends on what the process built and
+ran before it. Measured on this machine (Tiny LM, one device, M=8; medians
+of 15 steps): 152 ms alone, 190-250 ms once one more step of another
+layout had been built in the process (even one never run again), and it
+stayed there after that one was freed. With the BFC allocator
+(TF_CPU_ALLOCATOR_USE_BFC=true; `trainer.py --mode=plan --plan_measure`
+sets it unless the environment does) the same step took 144-161 ms
+throughout, as a trainer running one layout pays. The planner measures
+many functions in one process, so it asks for BFC.
+
 Example:
   hw = Calibrate(hardware.Parse('cpu'), devices)
   part = Part(layers=[layer], fn=lambda th, x: layer.FProp(th[0], x),
@@ -206,7 +217,7 @@ def LmBatch(vocab_size, batch_size, seq_len, seed=0):
 
 
 def BuildStep(params, devices, logdir, num_replicas=1):
-  """run() -> seconds: one step of the trainer's compiled loop
+  """run(n) -> seconds a step: n steps of the trainer's compiled loop
   (programs.TrainProgram: forward, gradients, update, the step's metrics
   and counters) for model `params` as `num_replicas` replicas (a
   MirroredStrategy, as the trainer's local setup makes) of len(devices) /
@@ -232,7 +243,7 @@ def BuildStep(params, devices, logdir, num_replicas=1):
                       params.input.batch_size, shape[1])
   run = program.StepRunner(tf.data.Dataset.from_tensors(batch).repeat())
   run(2)
-  return lambda: run(1)
+  return run
 
 
 def LmParts(task, micro_batch, seq_len):

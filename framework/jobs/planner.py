@@ -24,7 +24,7 @@ replicas take batch_size / R each). How:
            (CalibrationLayouts) and fits to them what layer costs leave
            out (Overheads: the executor's cost per layer and micro-batch,
            the step's fixed cost, each extra replica's) and the host's
-           concurrency (FitConcurrency);
+           concurrency at two micro-batch sizes (FitConcurrency);
   step:    the schedule's action lists run by a discrete-event simulation
            with transfers between stages, the gradient all-reduce and the
            update (framework/pipeline/step_model.py); devices that share
@@ -53,6 +53,7 @@ Example:
       --mode=plan --plan_cluster=h100x8
 """
 import collections
+import math
 import os
 import statistics
 import sys
@@ -156,12 +157,14 @@ def CalibrationLayouts(model, num_devices=1):
   """The layouts whose real steps fit the Overheads and the concurrency:
   the model on one device, as one micro-batch and as the most
   micro-batches up to 8 that divide the batch (gpipe, no remat); and, with
-  2 devices or more, 2 stages on 2 devices at that M (1f1b, no remat) and
-  2 replicas of one device (one micro-batch)."""
+  2 devices or more, 2 stages on 2 devices at that M and at half of it
+  (1f1b, no remat: the concurrency at two micro-batch sizes) and 2
+  replicas of one device (one micro-batch)."""
   m = [n for n in MicroBatchCounts(model.batch_size) if n <= 8][-1]
   out = [Layout(1, 1, 1, n, 'gpipe', 'never', None) for n in sorted({1, m})]
   if num_devices >= 2 and model.num_layers >= 2:
-    out.append(Layout(1, 2, 2, m, '1f1b', 'never', None))
+    out += [Layout(1, 2, 2, n, '1f1b', 'never', None)
+            for n in sorted({m, max(m // 2, 2)}, reverse=True)]
   if num_devices >= 2 and model.batch_size % 2 == 0:
     out.append(Layout(2, 1, 1, 1, 'gpipe', 'never', None))
   return out
@@ -213,12 +216,14 @@ def FitReplicaOverhead(planner, steps):
 
 
 def FitConcurrency(planner, steps, highest=None):
-  """The host's concurrency (hardware.Hardware.concurrency) with the
-  throughput of 2 actions at once fitted so that the planner predicts the
-  measured step of the first 2-device layout of `steps` (R = 1), found by
-  bisection between 1 and `highest` (default: the host's devices); the
-  throughputs of more actions keep their ratios to it. None: no such
-  layout, or a host whose devices do not share compute.
+  """{micro-batch size: the host's concurrency} (hardware.Hardware.
+  concurrency) with the throughput of 2 actions at once fitted so that the
+  planner predicts the measured step of each 2-device layout of `steps`
+  (R = 1) at its micro-batch size, found by bisection between 1 and
+  `highest` (default: the host's devices); the throughputs of more actions
+  keep their ratios to it. {}: no such layout, or a host whose devices do
+  not share compute. The planner interpolates between the sizes
+  (Planner.ConcurrencyAt).
 
   Logical devices of one host share its cores and thread pools, and how
   much two of them gain together depends on the work: a chain of small
@@ -226,14 +231,23 @@ def FitConcurrency(planner, steps, highest=None):
   second device's actions fill, which a probe of one layer's forward and
   backward (plan_measure.Concurrency) does not see. On this machine the
   probe measured 1.13-1.25; the real 2-device steps of the Tiny LM fitted
-  1.5-1.6, of the bench Transformer 1.7 (bench/planner_bench.py).
+  1.5-1.6, of the bench Transformer 1.7 (bench/planner_bench.py). The gain
+  depends on the micro-batch too: an action on more examples keeps more
+  of the cores busy alone (the Tiny LM's 2-device layouts at 8 examples a
+  micro-batch were predicted 15-33% fast from a fit at 4 examples).
   """
   hw = planner.hw
   two = [(l, t) for l, t in steps.items()
          if l.devices == 2 and l.replicas == 1]
   if not two or not hw.shared or len(hw.concurrency) < 2:
-    return None
-  layout, seconds = two[0]
+    return {}
+  return {planner.model.PerReplicaBatch(l) // l.micro_batches:
+          _FitConcurrency(planner, l, t, highest) for l, t in two}
+
+
+def _FitConcurrency(planner, layout, seconds, highest):
+  """FitConcurrency's bisection for one layout."""
+  hw = planner.hw
   base = hw.concurrency
   highest = highest or float(hw.devices_per_host)
 
@@ -319,9 +333,12 @@ class MeasuredCosts:
       self.seconds += time.perf_counter() - start
     return self.parts[micro_batch]
 
-  def MeasureSteps(self, layouts, runs=5):
+  def MeasureSteps(self, layouts, runs=5, steps=3):
     """Times real steps of `layouts` (R x K <= the devices given) on the
-    first R x K devices: the medians of `runs`, interleaved; returns
+    first R x K devices: the medians of `runs`, interleaved, each the mean
+    of `steps` steps after one untimed step (a trainer runs one layout step
+    after step; the first step after another layout's pays for the switch:
+    the Tiny LM at M=8 on one device, 150 ms against 138 ms); returns
     {Layout: seconds}."""
     start = time.perf_counter()
     times = {l: [] for l in layouts}
@@ -332,7 +349,8 @@ class MeasuredCosts:
                for l in layouts}
       for _ in range(runs):
         for layout, run in built.items():
-          times[layout].append(run())
+          run(1)
+          times[layout].append(run(steps))
     self.steps.update({l: statistics.median(t) for l, t in times.items()})
     self.seconds += time.perf_counter() - start
     return self.steps
@@ -434,14 +452,31 @@ class Planner:
     self._items = {}
     self._memory = {}
     self.overheads = overheads or Overheads()
+    # {micro-batch size: fitted concurrency}; {}: the hardware's.
+    self.concurrency = {}
     if overheads is None and costs.steps:
       # In this order: each fit uses the ones before.
       self.overheads = FitOverheads(self, costs.steps)
-      concurrency = FitConcurrency(self, costs.steps)
-      if concurrency:
-        self.hw = hw._replace(concurrency=concurrency)
+      self.concurrency = FitConcurrency(self, costs.steps)
       self.overheads = self.overheads._replace(
           replica=FitReplicaOverhead(self, costs.steps))
+
+  def ConcurrencyAt(self, micro_batch):
+    """The host's concurrency for actions on `micro_batch` examples: the
+    fitted one (self.concurrency), linear in log2(micro_batch) between the
+    fitted sizes and held beyond them; the hardware's if none is
+    fitted."""
+    if not self.concurrency:
+      return self.hw.concurrency
+    points = sorted((math.log2(b), c) for b, c in self.concurrency.items())
+    x = math.log2(micro_batch)
+    if x <= points[0][0]:
+      return points[0][1]
+    for (x0, c0), (x1, c1) in zip(points, points[1:]):
+      if x <= x1:
+        w = (x - x0) / (x1 - x0)
+        return tuple(a + w * (b - a) for a, b in zip(c0, c1))
+    return points[-1][1]
 
   def Items(self, micro_batch):
     if micro_batch not in self._items:
@@ -467,12 +502,14 @@ class Planner:
   def Predict(self, layout, schedule=None, overheads=None, hw=None):
     """The Prediction of one layout (`schedule`: its built Schedule;
     `overheads`, `hw`: instead of the planner's own)."""
-    model, hw = self.model, hw or self.hw
+    model = self.model
     schedule = schedule or schedules.Build(
         layout.schedule, layout.stages, layout.devices,
         layout.micro_batches)
     memory = self.Memory(layout)
     mb = model.PerReplicaBatch(layout) // layout.micro_batches
+    if hw is None:
+      hw = self.hw._replace(concurrency=self.ConcurrencyAt(mb))
     overheads = overheads or self.overheads
     stages = StageCosts(model, layout, self.Items(mb), memory, hw,
                         self.costs.update_rate, overheads.layer)
@@ -561,15 +598,24 @@ def _Ms(seconds):
   return f'{ms:.0f}' if ms >= 1000 else f'{ms:.4g}'
 
 
-def _OverheadsText(costs, o):
+def ConcurrencyText(concurrency):
+  """The fitted {micro-batch size: concurrency} as text."""
+  return ', '.join(f'{c[1]:.2f} at {b} examples a micro-batch'
+                   for b, c in sorted(concurrency.items()))
+
+
+def _OverheadsText(costs, o, concurrency):
   if not costs.steps:
     return ''
   steps = ', '.join(
       f'R={l.replicas} K={l.devices} M={l.micro_batches}: {_Ms(t)} ms'
       for l, t in sorted(costs.steps.items()))
+  fitted = (f', and the throughput of 2 actions at once on a host '
+            f'{ConcurrencyText(concurrency)} (the cluster line gives the '
+            'probe\'s)') if concurrency else ''
   return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a layer '
           f'of an action, {_Ms(o.step)} ms a step, {_Ms(o.replica)} ms a '
-          'replica beyond the first, and the concurrency below')
+          f'replica beyond the first{fitted}')
 
 
 def _Row(rank, p):
@@ -592,7 +638,7 @@ _HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
 
 
 def Report(key, model, hw, costs, predictions, counts, top, seconds,
-           overheads=None):
+           overheads=None, concurrency=None):
   """The ranked table and the best plan's flags, as text."""
   fits = [p for p in predictions if p.fits is not False]
   lines = [
@@ -603,7 +649,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
       f'Cluster {hw.Describe()}.',
       f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
                                    costs.seconds else '') +
-      _OverheadsText(costs, overheads or Overheads()) +
+      _OverheadsText(costs, overheads or Overheads(), concurrency or {}) +
       f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
       f'({counts["dominated"]} dominated by a cheaper remat that fits, '
       f'{counts["refused"]} sizes refused by their schedule); '
@@ -697,7 +743,8 @@ def Plan(key, params, plan, logdir=''):
   planner = Planner(model, hw, costs)
   predictions, counts = planner.Search()
   text = Report(key, model, planner.hw, costs, predictions, counts, plan.top,
-                time.perf_counter() - start, planner.overheads)
+                time.perf_counter() - start, planner.overheads,
+                planner.concurrency)
   if plan.explain > len(predictions):
     raise command_line.UserError(
         f'--plan_explain={plan.explain} is beyond the {len(predictions)} '

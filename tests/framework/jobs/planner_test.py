@@ -1,6 +1,7 @@
 """Tests for the layout planner: plan_model, planner and plan_measure."""
 
 import collections
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -203,20 +204,73 @@ class PlannerTest(tf.test.TestCase):
                             planner.FlopsCosts(model, truth_hw), known)
     layouts = planner.CalibrationLayouts(model, 4)
     self.assertEqual(
-        [(1, 1, 1), (1, 1, 8), (1, 2, 8), (2, 1, 1)],
+        [(1, 1, 1), (1, 1, 8), (1, 2, 8), (1, 2, 4), (2, 1, 1)],
         [(l.replicas, l.devices, l.micro_batches) for l in layouts])
     costs = planner.FlopsCosts(model, truth_hw)
     costs.steps = {l: truth.Predict(l).step.time for l in layouts}
     fitted = planner.Planner(
         model, truth_hw._replace(concurrency=(1.0, 1.2, 1.3)), costs)
     self.assertAllClose(known, fitted.overheads, atol=1e-9)
-    self.assertAllClose(1.8, fitted.hw.concurrency[1], rtol=1e-6)
-    self.assertAllClose(1.95, fitted.hw.concurrency[2])
+    self.assertEqual([4, 8], sorted(fitted.concurrency))  # Examples a mb.
+    for concurrency in fitted.concurrency.values():
+      self.assertAllClose(1.8, concurrency[1], rtol=1e-6)
+      self.assertAllClose(1.95, concurrency[2])
     for layout in (Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
                    Layout(1, 2, 4, 8, 'zb_v', 'never', None),
                    Layout(2, 2, 2, 2, '1f1b', 'never', None)):
       self.assertAllClose(truth.Predict(layout).step.time,
                           fitted.Predict(layout).step.time, rtol=1e-6)
+
+  def testCalibrationStepsAreTimedAfterAnUntimedStep(self):
+    """Steps whose first after another layout's pays for the switch (10 s,
+    then 1 s each): MeasureSteps interleaves the layouts but times each
+    after an untimed step, so it reads the trainer's 1 s a step."""
+    last = []
+
+    def _Build(params, devices, logdir, num_replicas=1):
+      del params, devices, logdir, num_replicas
+      me = object()
+
+      def _Run(n):
+        switch = 9.0 if not last or last[-1] is not me else 0.0
+        last.append(me)
+        return (n + switch) / n
+      return _Run
+    layouts = planner.CalibrationLayouts(self.model)
+    costs = planner.MeasuredCosts(self.model, 'CPU:0', None, parts={},
+                                  update_rate=1e-9)
+    with mock.patch.object(plan_measure, 'BuildStep', _Build):
+      got = costs.MeasureSteps(layouts, runs=3, steps=4)
+    self.assertEqual({l: 1.0 for l in layouts}, got)
+
+  def testConcurrencyIsFittedPerMicroBatchSize(self):
+    """Steps of a host whose 2 devices gain 1.6x together on micro-batches
+    of 4 examples and 1.1x on 8: the fit finds both; between and beyond
+    them, the concurrency is linear in log2(examples), then held."""
+    model = self.model
+    hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
+                        'concurrency=1/1.3/1.4')
+    known = planner.Overheads(0.002, 0.03, 0.0)
+    truth = planner.Planner(model, hw, planner.FlopsCosts(model, hw), known)
+
+    def conc(c2):   # The probe's ratio of 4 at once to 2 kept.
+      return (1.0, c2, c2 * 1.4 / 1.3)
+    truth.concurrency = {4: conc(1.6), 8: conc(1.1)}
+    self.assertAllClose(conc(1.35), truth.ConcurrencyAt(2 ** 2.5))
+    costs = planner.FlopsCosts(model, hw)
+    costs.steps = {l: truth.Predict(l).step.time
+                   for l in planner.CalibrationLayouts(model, 4)}
+    fitted = planner.Planner(model, hw, costs)
+    self.assertAllClose(1.6, fitted.concurrency[4][1], rtol=1e-6)
+    self.assertAllClose(1.1, fitted.concurrency[8][1], rtol=1e-6)
+    self.assertAllClose(conc(1.6), fitted.ConcurrencyAt(2))
+    self.assertAllClose(conc(1.1), fitted.ConcurrencyAt(16))
+    for layout in (Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
+                   Layout(1, 2, 2, 2, 'gpipe', 'never', None),
+                   Layout(1, 4, 4, 8, '1f1b', 'never', None),
+                   Layout(1, 2, 4, 8, 'zb_v', 'never', None)):
+      self.assertAllClose(truth.Predict(layout).step.time,
+                          fitted.Predict(layout).step.time, rtol=1e-5)
 
   def testOverheadsAreNotNegative(self):
     """Steps faster than the layer costs alone: no negative overheads."""
