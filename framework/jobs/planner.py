@@ -234,7 +234,7 @@ def FitConcurrency(planner, steps, highest=None):
   1.5-1.6, of the bench Transformer 1.7 (bench/planner_bench.py). The gain
   depends on the micro-batch too: an action on more examples keeps more
   of the cores busy alone (the Tiny LM's 2-device layouts at 8 examples a
-  micro-batch were predicted 15-33% fast from a fit at 4 examples).
+  micro-batch were predicted 10-31% fast from a fit at 4 examples).
   """
   hw = planner.hw
   two = [(l, t) for l, t in steps.items()
