@@ -219,19 +219,13 @@ def _MedianHardware(hws):
       flops=statistics.median(h.flops for h in hws))
 
 
-def _Steady(run, steps):
-  """Seconds a step of `run` over `steps` steps after one untimed step (the
-  first step after another layout's pays for the switch, which a trainer
-  running one layout does not)."""
-  run(1)
-  return run(steps)
-
-
 def _Timed(ref, run, steps):
   """(seconds a step of `run`, seconds a step of the reference just
-  before it): the reference measures the machine's speed at that moment."""
-  before = _Steady(ref, steps)
-  return _Steady(run, steps), before
+  before it): the reference measures the machine's speed at that moment;
+  both steady (plan_measure.SteadySeconds)."""
+  from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
+  before = plan_measure.SteadySeconds(ref, steps)
+  return plan_measure.SteadySeconds(run, steps), before
 
 
 def _Scaled(costs, hw, factor):
@@ -253,6 +247,7 @@ def ChildTime(name, rounds, steps, specs):
   _Quiet()
   _SetDevices(4)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
   from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
   from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
   model = plan_model.PlanModel(_Params(name))
@@ -274,9 +269,10 @@ def ChildTime(name, rounds, steps, specs):
   samples = {l: [] for l in runs}
   rounds_costs = []
   for r in range(rounds):
-    before = _Steady(ref, steps)
+    before = plan_measure.SteadySeconds(ref, steps)
     costs, hw = _MeasureCosts(model, 'cpu', devices, batches)
-    rounds_costs.append((costs, hw, (before + _Steady(ref, steps)) / 2))
+    rounds_costs.append(
+        (costs, hw, (before + plan_measure.SteadySeconds(ref, steps)) / 2))
     for layout, run in runs.items():
       samples[layout].append(_Timed(ref, run, steps))
     print(f'[{name}] round {r + 1}/{rounds} done', file=sys.stderr,

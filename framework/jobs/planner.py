@@ -335,11 +335,9 @@ class MeasuredCosts:
 
   def MeasureSteps(self, layouts, runs=5, steps=3):
     """Times real steps of `layouts` (R x K <= the devices given) on the
-    first R x K devices: the medians of `runs`, interleaved, each the mean
-    of `steps` steps after one untimed step (a trainer runs one layout step
-    after step; the first step after another layout's pays for the switch:
-    the Tiny LM at M=8 on one device, 150 ms against 138 ms); returns
-    {Layout: seconds}."""
+    first R x K devices: the medians of `runs`, interleaved, each of
+    `steps` steps after an untimed one (plan_measure.SteadySeconds);
+    returns {Layout: seconds}."""
     start = time.perf_counter()
     times = {l: [] for l in layouts}
     with tempfile.TemporaryDirectory() as logdir:
@@ -349,8 +347,7 @@ class MeasuredCosts:
                for l in layouts}
       for _ in range(runs):
         for layout, run in built.items():
-          run(1)
-          times[layout].append(run(steps))
+          times[layout].append(plan_measure.SteadySeconds(run, steps))
     self.steps.update({l: statistics.median(t) for l, t in times.items()})
     self.seconds += time.perf_counter() - start
     return self.steps
@@ -469,14 +466,10 @@ class Planner:
     if not self.concurrency:
       return self.hw.concurrency
     points = sorted((math.log2(b), c) for b, c in self.concurrency.items())
-    x = math.log2(micro_batch)
-    if x <= points[0][0]:
-      return points[0][1]
-    for (x0, c0), (x1, c1) in zip(points, points[1:]):
-      if x <= x1:
-        w = (x - x0) / (x1 - x0)
-        return tuple(a + w * (b - a) for a, b in zip(c0, c1))
-    return points[-1][1]
+    return tuple(
+        hardware_lib.Interpolate([(x, c[i]) for x, c in points],
+                                 math.log2(micro_batch))
+        for i in range(len(points[0][1])))
 
   def Items(self, micro_batch):
     if micro_batch not in self._items:

@@ -111,6 +111,17 @@ class SpecError(ValueError):
   """A cluster text that cannot be read; its message is one line."""
 
 
+def Interpolate(points, x):
+  """y at `x` of the piecewise-linear curve through `points` ((x, y), x
+  ascending), held at its end values beyond them."""
+  if x <= points[0][0]:
+    return points[0][1]
+  for (x0, y0), (x1, y1) in zip(points, points[1:]):
+    if x <= x1:
+      return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+  return points[-1][1]
+
+
 class Hardware(collections.namedtuple('Hardware', [
     'name', 'num_devices', 'num_hosts', 'flops', 'efficiency', 'memory',
     'memory_bandwidth', 'link_bandwidth', 'network_bandwidth', 'latency',
@@ -167,11 +178,8 @@ class Hardware(collections.namedtuple('Hardware', [
     value; linear in between)."""
     if not self.shared or running <= 1:
       return 1.0
-    points = [(2 ** i, c) for i, c in enumerate(self.concurrency)]
-    for (n0, c0), (n1, c1) in zip(points, points[1:]):
-      if running <= n1:
-        return c0 + (c1 - c0) * (running - n0) / (n1 - n0)
-    return points[-1][1]
+    return Interpolate([(2 ** i, c) for i, c in enumerate(self.concurrency)],
+                       running)
 
   def Describe(self):
     """One line: the cluster in words and numbers."""
