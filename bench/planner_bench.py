@@ -10,24 +10,24 @@ v, micro-batches M, schedule, remat), in one run:
   predicted: framework/jobs/planner.py with --plan_cluster=cpu and
     --plan_measure: each layer timed on this host, the host's concurrency
     and memory bandwidth calibrated, and the real steps of the planner's
-    calibration layouts (planner.CalibrationLayouts: R=1 K=1 M=1 and M=8,
-    R=1 K=2 M=8 and M=4 1f1b, R=2 K=1 M=1) timed, in every round
-    (medians); the planner fits its overheads and the host's concurrency
-    to those steps (the table names the calibration layouts that are
-    among LAYOUTS: their errors are in-sample);
+    calibration layouts (planner.CalibrationLayouts: R=1 K=1 M=1 and M=8
+    gpipe, M=8 zb_h1, R=1 K=2 M=8 and M=4 1f1b, R=2 K=1 M=1) timed, in
+    every round (medians); the planner fits its overheads and the host's
+    concurrency to those steps (the table names the calibration layouts
+    that are among LAYOUTS: their errors are in-sample);
   measured: the trainer's own compiled train loop (programs.TrainProgram:
     the task's forward, gradients, all-reduce across replicas and Adam
-    update), `--steps` steps at a time; every R = 1 layout built in one
-    process of 4 logical CPUs and timed in interleaved rounds; an R > 1
-    layout (its MirroredStrategy) in a process of its own, `--rounds`
-    times;
+    update), `--steps` steps at a time or as many more as take
+    `--window` seconds; every R = 1 layout built in one process of 4
+    logical CPUs and timed in interleaved rounds; an R > 1 layout (its
+    MirroredStrategy) in a process of its own, `--rounds` times;
   memory, R = 1: each device's peak in a profiled step, from the
     allocator's events (framework/pipeline/memory_profile.py, as
     bench/gpipe_memory.py --per_device: pipelines built with trace_actions
     so every op is placed), plus its variables, next to the planner's
     per-device estimate.
 
-Every timing is of `--steps` steps after one untimed step (a trainer runs
+Every timing is of those steps after one untimed step (a trainer runs
 one layout step after step), in processes on TF's BFC allocator (with the
 default one a step's speed depends on what else the process built:
 framework/jobs/plan_measure.py).
@@ -35,11 +35,13 @@ framework/jobs/plan_measure.py).
 The machine is shared: other engineers' jobs come and go on its 2 cores,
 and the speed a process gets changed 3x within minutes while this was
 written. So every timing (each layout's steps, and each round's cost
-measurement) is taken right after steps of a reference layout
-(LAYOUTS[0]), which measure the machine's speed at that moment; the
-tables compare the predictions with the step times scaled to the median
-speed (t x the median reference / the reference before it), the costs
-likewise, and give the raw errors (no scaling) too.
+measurement) is taken between steps of a reference layout (LAYOUTS[0]),
+which measure the machine's speed at that moment; the tables compare the
+predictions with the step times scaled to the median speed (t x the
+median reference / the mean of the references just before and after it),
+the costs likewise, and give the raw errors (no scaling) too. Windows of
+3 Tiny LM steps (0.3 s) read the host's jitter: one layout's ranged
+91-139 ms, and its reference 87-131 ms, within a run; hence `--window`.
 
 It prints per model a table (predicted, measured, error), the median and
 worst |error| of the step time, Spearman's rank correlation of the
@@ -51,7 +53,7 @@ from FLOPs and public specs: nothing here can check those.
 
 Run:
   .venv/bin/python bench/planner_bench.py [--rounds 5] [--steps 3]
-      [--models tiny,bench] [--layouts 0,6,14] [--skip_memory]
+      [--window 1.0] [--models tiny,bench] [--layouts 0,6,14] [--skip_memory]
       [--skip_published]
   --layouts picks a subset (indices into LAYOUTS or 'RxKxSxM:schedule:
   remat' specs; the reference LAYOUTS[0] always runs): the whole list
@@ -219,13 +221,21 @@ def _MedianHardware(hws):
       flops=statistics.median(h.flops for h in hws))
 
 
-def _Timed(ref, run, steps):
-  """(seconds a step of `run`, seconds a step of the reference just
-  before it): the reference measures the machine's speed at that moment;
-  both steady (plan_measure.SteadySeconds)."""
+def _Interleaved(ref, runs, steps, window):
+  """[(seconds a step of run, of the reference before it, after it)] for
+  each of `runs` in turn, each between two windows of the reference (the
+  one after a run is the one before the next): the reference measures the
+  machine's speed at that moment. Every window is steady, of `steps`
+  steps or more to take `window` seconds (plan_measure.SteadySeconds)."""
   from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
-  before = plan_measure.SteadySeconds(ref, steps)
-  return plan_measure.SteadySeconds(run, steps), before
+  before = plan_measure.SteadySeconds(ref, steps, window)
+  out = []
+  for run in runs:
+    seconds = plan_measure.SteadySeconds(run, steps, window)
+    after = plan_measure.SteadySeconds(ref, steps, window)
+    out.append((seconds, before, after))
+    before = after
+  return out
 
 
 def _Scaled(costs, hw, factor):
@@ -239,7 +249,7 @@ def _Scaled(costs, hw, factor):
   return scaled, hw._replace(memory_bandwidth=hw.memory_bandwidth / factor)
 
 
-def ChildTime(name, rounds, steps, specs):
+def ChildTime(name, rounds, steps, window, specs):
   """Times every R = 1 layout of `specs` (the trainer's loop) and
   measures the planner's costs, in interleaved rounds, each next to a
   reference step (LAYOUTS[0]); predicts every layout (R > 1 too) from the
@@ -269,16 +279,17 @@ def ChildTime(name, rounds, steps, specs):
   samples = {l: [] for l in runs}
   rounds_costs = []
   for r in range(rounds):
-    before = plan_measure.SteadySeconds(ref, steps)
+    before = plan_measure.SteadySeconds(ref, steps, window)
     costs, hw = _MeasureCosts(model, 'cpu', devices, batches)
-    rounds_costs.append(
-        (costs, hw, (before + plan_measure.SteadySeconds(ref, steps)) / 2))
-    for layout, run in runs.items():
-      samples[layout].append(_Timed(ref, run, steps))
+    rounds_costs.append((costs, hw, (before + plan_measure.SteadySeconds(
+        ref, steps, window)) / 2))
+    timed = _Interleaved(ref, list(runs.values()), steps, window)
+    for layout, sample in zip(runs, timed):
+      samples[layout].append(sample)
     print(f'[{name}] round {r + 1}/{rounds} done', file=sys.stderr,
           flush=True)
   speed = statistics.median(
-      [b for v in samples.values() for _, b in v] +
+      [x for v in samples.values() for _, b, a in v for x in (b, a)] +
       [x for _, _, x in rounds_costs])
   scaled = [_Scaled(c, hw, speed / x) for c, hw, x in rounds_costs]
   hw = _MedianHardware([h for _, h in scaled])
@@ -303,7 +314,7 @@ def ChildTime(name, rounds, steps, specs):
       calibration=[l.Name() for l in layouts if l in fitted.costs.steps])))
 
 
-def ChildReplicas(name, spec, runs, steps):
+def ChildReplicas(name, spec, runs, steps, window):
   """Times an R > 1 layout with the trainer's loop, its replicas on a
   MirroredStrategy, each time next to the reference step (LAYOUTS[0], one
   replica on CPU:0). Prints one JSON line."""
@@ -321,7 +332,7 @@ def ChildReplicas(name, spec, runs, steps):
   ref = _Program(model, _Layout(LAYOUTS[0]), one)
   run(2)
   ref(2)
-  samples = [_Timed(ref, run, steps) for _ in range(runs)]
+  samples = _Interleaved(ref, [run] * runs, steps, window)
   print(json.dumps(dict(samples=samples)))
 
 
@@ -414,7 +425,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--steps', type=int, default=3,
-                      help='Steps per layout per round.')
+                      help='Steps per layout per round, at least.')
+  parser.add_argument('--window', type=float, default=1.0,
+                      help='Seconds per timing, at least: more steps than '
+                      '--steps if they are short.')
   parser.add_argument('--models', default='tiny,bench')
   parser.add_argument('--layouts', default='',
                       help='Comma-separated indices into LAYOUTS or specs '
@@ -428,31 +442,33 @@ def main():
     kind, name = args.child[:2]
     if kind == 'time':
       return ChildTime(name, int(args.child[2]), int(args.child[3]),
-                       json.loads(args.child[4]))
+                       float(args.child[4]), json.loads(args.child[5]))
     if kind == 'replicas':
       return ChildReplicas(name, json.loads(args.child[2]),
-                           int(args.child[3]), int(args.child[4]))
+                           int(args.child[3]), int(args.child[4]),
+                           float(args.child[5]))
     return ChildMemory(name, json.loads(args.child[2]))
   specs = SelectLayouts(args.layouts)
   results = {}
   for name in args.models.split(','):
     print(f'== {name}: {len(specs)} layouts, {args.rounds} interleaved '
           'rounds', flush=True)
-    res = _ChildRun(['time', name, args.rounds, args.steps,
+    res = _ChildRun(['time', name, args.rounds, args.steps, args.window,
                      json.dumps(specs)])
     for entry in res['layouts']:
       spec = entry['spec']
       if spec[0] > 1:
         entry['samples'] = _ChildRun(['replicas', name, json.dumps(spec),
-                                      args.rounds, args.steps])['samples']
+                                      args.rounds, args.steps,
+                                      args.window])['samples']
       entry['measured_memory'] = None
       if spec[0] == 1 and not args.skip_memory:
         entry['measured_memory'] = _ChildRun(['memory', name,
                                               json.dumps(spec)])
       print(f'  {entry["name"]}: predicted {1000 * entry["predicted"]:.0f} '
-            f'ms; measured, reference before (ms): ' + ', '.join(
-                f'{1000 * t:.0f}/{1000 * b:.0f}'
-                for t, b in entry['samples']), flush=True)
+            f'ms; measured/reference before/after (ms): ' + ', '.join(
+                f'{1000 * t:.0f}/{1000 * b:.0f}/{1000 * a:.0f}'
+                for t, b, a in entry['samples']), flush=True)
     results[name] = res
   _Print(results)
   if not args.skip_published:
@@ -464,16 +480,17 @@ def main():
 
 def _Errors(entries, speed, scaled):
   """(predicted, measured medians, |errors|) of the entries: at the median
-  speed (each step time x the median reference / the reference just before
-  it), or raw."""
+  speed (each step time x the median reference / the mean of the
+  references just before and after it), or raw."""
   pred, meas = [], []
   for e in entries:
     if scaled:
       pred.append(e['predicted'])
-      meas.append(statistics.median(t * speed / b for t, b in e['samples']))
+      meas.append(statistics.median(2 * t * speed / (b + a)
+                                    for t, b, a in e['samples']))
     else:
       pred.append(e['predicted_raw'])
-      meas.append(statistics.median(t for t, _ in e['samples']))
+      meas.append(statistics.median(t for t, _, _ in e['samples']))
   return pred, meas, [abs(p / m - 1) for p, m in zip(pred, meas)]
 
 
@@ -488,6 +505,7 @@ def _Print(results):
           f'calibration layouts (planner.CalibrationLayouts; of those here: '
           f'{", ".join(res["calibration"]) or "none"}): '
           f'{1000 * o["layer"]:.3f} ms a layer of an action, '
+          f'{1000 * o["split"]:.3f} ms a layer of a split backward, '
           f'{1000 * o["step"]:.1f} ms a step, {1000 * o["replica"]:.1f} ms '
           f'a replica beyond the first; concurrency probed '
           f'{"/".join(f"{c:.2f}" for c in res["probe"])} (above), the '

@@ -59,6 +59,7 @@ Example:
   MeasureParts([part], device)       # [(forward s, forward+backward s)]
 """
 import collections
+import math
 import statistics
 import time
 
@@ -216,13 +217,17 @@ def LmBatch(vocab_size, batch_size, seq_len, seed=0):
                               sentence_weights=ones)
 
 
-def SteadySeconds(run, steps):
+def SteadySeconds(run, steps, min_seconds=0.0):
   """Seconds a step of `run` (run(n) -> seconds a step, e.g. BuildStep's)
-  over `steps` steps after one untimed step: the first step after another
+  over `steps` steps, or as many more as take about `min_seconds` (as the
+  untimed step took), after one untimed step: the first step after another
   layout's pays for the switch, which a trainer running one layout step
   after step does not (the Tiny LM at M=8 on one device: 150 ms against
-  138 ms)."""
-  run(1)
+  138 ms). A short window reads the shared host's jitter: 3 steps of the
+  Tiny LM (0.3 s) spread 87-155 ms on one layout within a run."""
+  first = run(1)
+  if min_seconds > 0 and first > 0:
+    steps = max(steps, math.ceil(min_seconds / first))
   return run(steps)
 
 

@@ -23,8 +23,9 @@ replicas take batch_size / R each). How:
            also times real steps of the trainer's loop for a few layouts
            (CalibrationLayouts) and fits to them what layer costs leave
            out (Overheads: the executor's cost per layer and micro-batch,
-           the step's fixed cost, each extra replica's) and the host's
-           concurrency at two micro-batch sizes (FitConcurrency);
+           what a split backward adds, the step's fixed cost, each extra
+           replica's) and the host's concurrency at two micro-batch sizes
+           (FitConcurrency);
   step:    the schedule's action lists run by a discrete-event simulation
            with transfers between stages, the gradient all-reduce and the
            update (framework/pipeline/step_model.py); devices that share
@@ -79,6 +80,8 @@ REMATS = ('never', 'selective', 'except_last', 'always')
 _SKIP_SCHEDULES = ('table',)   # Written by hand, not searched.
 MAX_PER_DEVICE = 4             # v: cells per device.
 TIE = 0.02                     # Step times this close rank as equal.
+# The schedule whose one-device step measures what a split backward costs.
+SPLIT_CALIBRATION = 'zb_h1'
 
 
 Prediction = collections.namedtuple('Prediction', [
@@ -137,15 +140,17 @@ class FlopsCosts:
 
 
 Overheads = collections.namedtuple('Overheads', ['layer', 'step',
-                                                'replica'],
-                                   defaults=[0.0, 0.0, 0.0])
+                                                'replica', 'split'],
+                                   defaults=[0.0, 0.0, 0.0, 0.0])
 Overheads.__doc__ = """Seconds the measured layer costs leave out:
 `layer`, what the executor adds to each layer of each action (an action
 of a stage of n layers pays n x layer: its ops, and its weights' gradient
 sums, are per layer and micro-batch); `step`, what a step pays once
 (FitOverheads); `replica`, what each replica beyond the first adds to a
 step (FitReplicaOverhead: the strategy's work beyond the simulated
-all-reduce and updates).
+all-reduce and updates); `split`, what a backward cut in B and W
+(zero-bubble schedules) adds per layer of each micro-batch beyond the
+fused backward (FitSplitOverhead).
 
 Per layer, not per action: on this machine the Tiny LM's step grows from
 1 to 8 micro-batches far beyond its layers' measured costs, but 2 devices
@@ -156,12 +161,14 @@ one (1F1B, 16 actions)."""
 def CalibrationLayouts(model, num_devices=1):
   """The layouts whose real steps fit the Overheads and the concurrency:
   the model on one device, as one micro-batch and as the most
-  micro-batches up to 8 that divide the batch (gpipe, no remat); and, with
+  micro-batches up to 8 that divide the batch (gpipe, no remat), and at
+  that M with its backward split (SPLIT_CALIBRATION); and, with
   2 devices or more, 2 stages on 2 devices at that M and at half of it
   (1f1b, no remat: the concurrency at two micro-batch sizes) and 2
   replicas of one device (one micro-batch)."""
   m = [n for n in MicroBatchCounts(model.batch_size) if n <= 8][-1]
   out = [Layout(1, 1, 1, n, 'gpipe', 'never', None) for n in sorted({1, m})]
+  out.append(Layout(1, 1, 1, m, SPLIT_CALIBRATION, 'never', None))
   if num_devices >= 2 and model.num_layers >= 2:
     out += [Layout(1, 2, 2, n, '1f1b', 'never', None)
             for n in sorted({m, max(m // 2, 2)}, reverse=True)]
@@ -170,21 +177,33 @@ def CalibrationLayouts(model, num_devices=1):
   return out
 
 
+def _SplitsBackward(layout):
+  return schedules.Build(layout.schedule, layout.stages, layout.devices,
+                         layout.micro_batches).splits_backward
+
+
+def _OneDevice(steps, split):
+  """The (layout, seconds) of `steps` on one device (K = 1, R = 1) whose
+  schedule splits the backward or not."""
+  return [(l, t) for l, t in steps.items()
+          if l.devices == 1 and l.replicas == 1 and
+          _SplitsBackward(l) == split]
+
+
 def FitOverheads(planner, steps):
-  """Overheads (each >= 0) that bring the planner's predictions of
-  one-device layouts to their measured step times: a least-squares fit
-  of t = simulated + actions x layers x `layer` + `step` (on one device
-  every action runs in turn, so each adds its overhead to the step).
+  """Overheads `layer` and `step` (each >= 0) that bring the planner's
+  predictions of one-device layouts with a fused backward to their
+  measured step times: a least-squares fit of t = simulated + actions x
+  layers x `layer` + `step` (on one device every action runs in turn, so
+  each adds its overhead to the step).
 
   Args:
     planner: a Planner (its own overheads are not used).
     steps: {Layout: measured seconds}; those on one device (K = 1, R = 1)
-      count.
+      whose schedule does not split the backward count.
   """
   rows = []
-  for layout, seconds in steps.items():
-    if layout.devices != 1 or layout.replicas != 1:
-      continue
+  for layout, seconds in _OneDevice(steps, split=False):
     p = planner.Predict(layout, overheads=Overheads())
     actions = sum(len(a) for a in schedules.Build(
         layout.schedule, layout.stages, 1, layout.micro_batches).actions)
@@ -200,6 +219,23 @@ def FitOverheads(planner, steps):
                 sum((n - mean_n) ** 2 for n, _ in rows))
   step = max(0.0, statistics.mean(r - n * layer for n, r in rows))
   return Overheads(layer, step)
+
+
+def FitSplitOverhead(planner, steps):
+  """Seconds a split backward adds per layer of each micro-batch (>= 0):
+  the mean over the one-device layouts of `steps` whose schedule splits
+  it of (measured - predicted without it) / (M x layers). 0 without such
+  layouts.
+
+  Measured on this machine (bench-style interleaved steps, 10 a sample):
+  the Tiny LM on one device at M=8 took 163 ms with zb_h1 against 140 ms
+  with gpipe, and on 2 devices 135 ms against 1f1b's 117 ms, all actions
+  and FLOPs alike but for the cut."""
+  base = planner.overheads._replace(split=0.0)
+  rows = [(seconds - planner.Predict(layout, overheads=base).step.time) /
+          (layout.micro_batches * planner.model.num_layers)
+          for layout, seconds in _OneDevice(steps, split=True)]
+  return max(0.0, statistics.mean(rows)) if rows else 0.0
 
 
 def FitReplicaOverhead(planner, steps):
@@ -333,11 +369,11 @@ class MeasuredCosts:
       self.seconds += time.perf_counter() - start
     return self.parts[micro_batch]
 
-  def MeasureSteps(self, layouts, runs=5, steps=3):
+  def MeasureSteps(self, layouts, runs=5, steps=3, min_seconds=0.5):
     """Times real steps of `layouts` (R x K <= the devices given) on the
     first R x K devices: the medians of `runs`, interleaved, each of
-    `steps` steps after an untimed one (plan_measure.SteadySeconds);
-    returns {Layout: seconds}."""
+    `steps` steps or more, to take `min_seconds`, after an untimed one
+    (plan_measure.SteadySeconds); returns {Layout: seconds}."""
     start = time.perf_counter()
     times = {l: [] for l in layouts}
     with tempfile.TemporaryDirectory() as logdir:
@@ -347,7 +383,8 @@ class MeasuredCosts:
                for l in layouts}
       for _ in range(runs):
         for layout, run in built.items():
-          times[layout].append(plan_measure.SteadySeconds(run, steps))
+          times[layout].append(
+              plan_measure.SteadySeconds(run, steps, min_seconds))
     self.steps.update({l: statistics.median(t) for l, t in times.items()})
     self.seconds += time.perf_counter() - start
     return self.steps
@@ -371,14 +408,15 @@ class MeasuredCosts:
 
 
 def StageCosts(model, layout, items, memory, hw, update_rate=None,
-               overhead=0.0):
+               overhead=0.0, split=0.0):
   """The step_model.StageCost of each stage of `layout` from its layers'
   ItemCosts on one micro-batch and the FPropMeta `memory` of the layout.
 
   remat 'selective' re-runs what it does not keep: the forward times the
   share of the activation bytes it does not keep (1 - act_weights / act).
   `overhead`: seconds each action pays per layer of its stage beyond the
-  layers' costs (Overheads.layer).
+  layers' costs (Overheads.layer); `split`: what a split backward adds per
+  layer (Overheads.split).
   """
   inside = schedules.LossInside(layout.schedule)
   weights = model.StageWeights(model.Bounds(layout))
@@ -399,7 +437,7 @@ def StageCosts(model, layout, items, memory, hw, update_rate=None,
         backward=sum(c.backward for c in mine), recompute=rerun,
         out_bytes=cell.out, grad_bytes=g, update=update,
         accumulate=3 * g / hw.memory_bandwidth,
-        overhead=overhead * (b - a)))
+        overhead=overhead * (b - a), split=split * (b - a)))
   return out
 
 
@@ -454,6 +492,8 @@ class Planner:
     if overheads is None and costs.steps:
       # In this order: each fit uses the ones before.
       self.overheads = FitOverheads(self, costs.steps)
+      self.overheads = self.overheads._replace(
+          split=FitSplitOverhead(self, costs.steps))
       self.concurrency = FitConcurrency(self, costs.steps)
       self.overheads = self.overheads._replace(
           replica=FitReplicaOverhead(self, costs.steps))
@@ -505,7 +545,8 @@ class Planner:
       hw = self.hw._replace(concurrency=self.ConcurrencyAt(mb))
     overheads = overheads or self.overheads
     stages = StageCosts(model, layout, self.Items(mb), memory, hw,
-                        self.costs.update_rate, overheads.layer)
+                        self.costs.update_rate, overheads.layer,
+                        overheads.split)
     step = step_model.SimulateStep(
         schedule, stages, hw, layout.remat, layout.replicas,
         fixed=overheads.step + (layout.replicas - 1) * overheads.replica)
@@ -601,13 +642,15 @@ def _OverheadsText(costs, o, concurrency):
   if not costs.steps:
     return ''
   steps = ', '.join(
-      f'R={l.replicas} K={l.devices} M={l.micro_batches}: {_Ms(t)} ms'
+      f'R={l.replicas} K={l.devices} M={l.micro_batches} {l.schedule}: '
+      f'{_Ms(t)} ms'
       for l, t in sorted(costs.steps.items()))
   fitted = (f', and the throughput of 2 actions at once on a host '
             f'{ConcurrencyText(concurrency)} (the cluster line gives the '
             'probe\'s)') if concurrency else ''
   return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a layer '
-          f'of an action, {_Ms(o.step)} ms a step, {_Ms(o.replica)} ms a '
+          f'of an action, {_Ms(o.split)} ms a layer of a micro-batch\'s '
+          f'split backward, {_Ms(o.step)} ms a step, {_Ms(o.replica)} ms a '
           f'replica beyond the first{fitted}')
 
 

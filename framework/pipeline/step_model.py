@@ -24,7 +24,11 @@ What an action costs (`StageCost`, seconds, given per stage):
            for every micro-batch but the last; 'selective': the part it
            does not keep); plus the sum of the weight gradients into the
            step's (`accumulate`, from the second micro-batch on);
-  W(s, j)  the weight gradients (`W_SHARE` of `backward`) and their sum;
+  W(s, j)  the weight gradients (`W_SHARE` of `backward`) and their sum,
+           plus `split`: what cutting the backward in two adds (B's
+           residuals returned and W's call; measured, the Tiny LM's
+           zero-bubble steps took 15-17% more than the same steps with a
+           fused backward, on one device and on two);
 and each action `overhead`: what the executor adds to the work it runs
 (its call, the split of a micro-batch, the control edges ordering it),
 which measured layer costs leave out (planner.FitOverheads fits it).
@@ -76,7 +80,7 @@ _EPS = 1e-12
 
 class StageCost(collections.namedtuple('StageCost', [
     'forward', 'backward', 'recompute', 'out_bytes', 'grad_bytes',
-    'update', 'accumulate', 'overhead'], defaults=[0.0])):
+    'update', 'accumulate', 'overhead', 'split'], defaults=[0.0, 0.0])):
   """Per stage, seconds (alone on its device) and bytes; see the module
   docstring.
 
@@ -90,6 +94,8 @@ class StageCost(collections.namedtuple('StageCost', [
     update: the optimizer update of its weights.
     accumulate: adding one micro-batch's weight gradients to the step's.
     overhead: what the executor adds to each action of the stage.
+    split: what a split backward adds to each micro-batch's B and W of
+      the stage together (charged to W).
   """
   __slots__ = ()
 
@@ -217,7 +223,8 @@ def ActionCost(action, stage, splits_backward, remat, num_micro_batches):
     return stage.forward + stage.overhead
   accumulate = stage.accumulate if j else 0.0
   if kind == schedules.WEIGHT:
-    return W_SHARE * stage.backward + accumulate + stage.overhead
+    return (W_SHARE * stage.backward + accumulate + stage.split +
+            stage.overhead)
   cost = stage.backward * ((1 - W_SHARE) if splits_backward else 1.0)
   if ReRuns(remat, j, num_micro_batches):
     cost += stage.recompute

@@ -192,20 +192,23 @@ class PlannerTest(tf.test.TestCase):
 
   def testCalibrationRecoversKnownOverheadsAndConcurrency(self):
     """Real steps made by a planner with known overheads and a known
-    throughput of 2 devices at once (1.8, and 1.95 of 4): a planner of the
-    same layer costs with none and a probe's 1.2 and 1.3 fits them back
+    throughput of 2 devices at once (1.8, and 1.95 of 4), a split backward
+    among them: a planner of the same layer costs with none and a probe's
+    1.2 and 1.3 fits them back
     from the calibration layouts' steps (4 at once keeps its ratio to 2),
     and then predicts every layout as the first."""
     model = self.model
     truth_hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                               'concurrency=1/1.8/1.95')
-    known = planner.Overheads(0.002, 0.03, 0.01)
+    known = planner.Overheads(0.002, 0.03, 0.01, split=0.004)
     truth = planner.Planner(model, truth_hw,
                             planner.FlopsCosts(model, truth_hw), known)
     layouts = planner.CalibrationLayouts(model, 4)
     self.assertEqual(
-        [(1, 1, 1), (1, 1, 8), (1, 2, 8), (1, 2, 4), (2, 1, 1)],
-        [(l.replicas, l.devices, l.micro_batches) for l in layouts])
+        [(1, 1, 1, 'gpipe'), (1, 1, 8, 'gpipe'), (1, 1, 8, 'zb_h1'),
+         (1, 2, 8, '1f1b'), (1, 2, 4, '1f1b'), (2, 1, 1, 'gpipe')],
+        [(l.replicas, l.devices, l.micro_batches, l.schedule)
+         for l in layouts])
     costs = planner.FlopsCosts(model, truth_hw)
     costs.steps = {l: truth.Predict(l).step.time for l in layouts}
     fitted = planner.Planner(
@@ -217,9 +220,26 @@ class PlannerTest(tf.test.TestCase):
       self.assertAllClose(1.95, concurrency[2])
     for layout in (Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
                    Layout(1, 2, 4, 8, 'zb_v', 'never', None),
+                   Layout(1, 2, 2, 8, 'zb_h1', 'never', None),
                    Layout(2, 2, 2, 2, '1f1b', 'never', None)):
       self.assertAllClose(truth.Predict(layout).step.time,
                           fitted.Predict(layout).step.time, rtol=1e-6)
+
+  def testSplitBackwardPaysItsOverheadOnW(self):
+    """A split overhead of x s per layer: a zb_h1 step on one device of
+    the Tiny LM's layers and M micro-batches takes M x layers x x more
+    than with none, and a fused schedule's step nothing more."""
+    model = self.model
+    none = planner.Planner(model, self.hw, planner.FlopsCosts(model, self.hw))
+    split = planner.Planner(model, self.hw, none.costs,
+                            planner.Overheads(split=0.005))
+    zb = Layout(1, 1, 1, 4, 'zb_h1', 'never', None)
+    fused = Layout(1, 1, 1, 4, 'gpipe', 'never', None)
+    self.assertAllClose(
+        none.Predict(zb).step.time + 4 * model.num_layers * 0.005,
+        split.Predict(zb).step.time, rtol=1e-9)
+    self.assertAllClose(none.Predict(fused).step.time,
+                        split.Predict(fused).step.time, rtol=1e-12)
 
   def testCalibrationStepsAreTimedAfterAnUntimedStep(self):
     """Steps whose first after another layout's pays for the switch (10 s,
@@ -242,6 +262,19 @@ class PlannerTest(tf.test.TestCase):
     with mock.patch.object(plan_measure, 'BuildStep', _Build):
       got = costs.MeasureSteps(layouts, runs=3, steps=4)
     self.assertEqual({l: 1.0 for l in layouts}, got)
+
+  def testShortStepsAreTimedOverAWindow(self):
+    """Steps of 0.1 s: 3 of them, or as many as fill a window of 1 s (10),
+    after an untimed one; steps longer than the window: 3."""
+    for step, window, calls in ((0.1, 1.0, [1, 10]), (0.1, 0.0, [1, 3]),
+                                (2.0, 1.0, [1, 3])):
+      asked = []
+
+      def _Run(n, step=step, asked=asked):
+        asked.append(n)
+        return step
+      self.assertEqual(step, plan_measure.SteadySeconds(_Run, 3, window))
+      self.assertEqual(calls, asked)
 
   def testConcurrencyIsFittedPerMicroBatchSize(self):
     """Steps of a host whose 2 devices gain 1.6x together on micro-batches

@@ -208,6 +208,19 @@ class CostsTest(unittest.TestCase):
     self.assertAlmostEqual(2.6, step_model.ActionCost(
         A('B', 0, 1), stage, False, 'always', 4))
 
+  def testSplitCostIsChargedToW(self):
+    """A stage's `split` (what cutting the backward adds) lands on W
+    only; a fused backward and F never pay it."""
+    stage = _Stage(1.0, 2.0, accumulate=0.1)._replace(split=0.3)
+    self.assertAlmostEqual(1.4, step_model.ActionCost(
+        A('W', 0, 1), stage, True, 'never', 4))
+    self.assertAlmostEqual(1.0, step_model.ActionCost(
+        A('B', 0, 1), stage, True, 'never', 4))
+    self.assertAlmostEqual(2.1, step_model.ActionCost(
+        A('B', 0, 1), stage, False, 'never', 4))
+    self.assertAlmostEqual(1.0, step_model.ActionCost(
+        A('F', 0, 1), stage, True, 'never', 4))
+
 
 class RunTest(unittest.TestCase):
 
