@@ -323,7 +323,7 @@ class MemoryTest(tf.test.TestCase):
   def testRematHoldsAWindowOfSteps(self):
     # A step's cell keeps 7.5 MiB of activations for its backward: about
     # 60 MiB for 8 steps without remat. With remat and backward_window=1,
-    # one step's at a time, with 2 one step's more.
+    # one step's at a time, with 2 up to one step's more.
     # (One process; each step's peak above what it started with. Measured
     # 64, 9.9, 10.2 and 16.3-16.8 MiB. The peak of a lone step without
     # remat is no yardstick: it varied from 5.7 to 9.0 MiB between runs,
@@ -339,9 +339,11 @@ class MemoryTest(tf.test.TestCase):
         # One step's activations and one layer's transients (below the
         # lone step + 3 MiB the test used to allow).
         self.assertBetween(peak[f'{remat} 8 1'], step, step + 4)
-    self.assertBetween(peak['always 8 2'] - peak['always 8 1'],
-                       0.5 * step, 1.5 * step)
-    self.assertLess(peak['always 8 2'], 2 * step + 4)
+    # A window of 2 lets two steps' re-runs be held at once; it does not
+    # make TF's scheduler hold both (measured 15.9-17.8 MiB in a quiet
+    # process, once only 2.2 MiB above window 1's under the full suite):
+    # a cap, not a floor.
+    self.assertBetween(peak['always 8 2'], step, 2 * step + 4)
 
 
 class PlacementTest(tf.test.TestCase):
