@@ -221,6 +221,14 @@ def FitOverheads(planner, steps):
   return Overheads(layer, step)
 
 
+def _MeanExcess(planner, steps, overheads, per):
+  """max(0, the mean over (layout, seconds) of `steps` of (seconds - the
+  step predicted with `overheads`) / per(layout)); 0 without steps."""
+  rows = [(seconds - planner.Predict(layout, overheads=overheads).step.time)
+          / per(layout) for layout, seconds in steps]
+  return max(0.0, statistics.mean(rows)) if rows else 0.0
+
+
 def FitSplitOverhead(planner, steps):
   """Seconds a split backward adds per layer of each micro-batch (>= 0):
   the mean over the one-device layouts of `steps` whose schedule splits
@@ -231,24 +239,19 @@ def FitSplitOverhead(planner, steps):
   the Tiny LM on one device at M=8 took 163 ms with zb_h1 against 140 ms
   with gpipe, and on 2 devices 135 ms against 1f1b's 117 ms, all actions
   and FLOPs alike but for the cut."""
-  base = planner.overheads._replace(split=0.0)
-  rows = [(seconds - planner.Predict(layout, overheads=base).step.time) /
-          (layout.micro_batches * planner.model.num_layers)
-          for layout, seconds in _OneDevice(steps, split=True)]
-  return max(0.0, statistics.mean(rows)) if rows else 0.0
+  return _MeanExcess(
+      planner, _OneDevice(steps, split=True),
+      planner.overheads._replace(split=0.0),
+      lambda l: l.micro_batches * planner.model.num_layers)
 
 
 def FitReplicaOverhead(planner, steps):
   """Seconds each replica beyond the first adds to a step (>= 0): the
   mean over the R > 1 layouts of `steps` of (measured - predicted without
   it) / (R - 1). 0 without such layouts."""
-  rows = []
-  base = planner.overheads._replace(replica=0.0)
-  for layout, seconds in steps.items():
-    if layout.replicas > 1:
-      p = planner.Predict(layout, overheads=base)
-      rows.append((seconds - p.step.time) / (layout.replicas - 1))
-  return max(0.0, statistics.mean(rows)) if rows else 0.0
+  return _MeanExcess(
+      planner, [(l, t) for l, t in steps.items() if l.replicas > 1],
+      planner.overheads._replace(replica=0.0), lambda l: l.replicas - 1)
 
 
 def FitConcurrency(planner, steps, highest=None):

@@ -190,6 +190,13 @@ class PlannerTest(tf.test.TestCase):
     got = planner.Rank([big, slow1, fast4, tie2, tie2_m4])
     self.assertEqual([tie2_m4, tie2, fast4, slow1, big], got)
 
+  def _AssertPredictsAs(self, truth, fitted, rtol, layouts):
+    """`fitted` predicts each of `layouts`' step time as `truth` does."""
+    for layout in layouts:
+      with self.subTest(layout=layout.Name()):
+        self.assertAllClose(truth.Predict(layout).step.time,
+                            fitted.Predict(layout).step.time, rtol=rtol)
+
   def testCalibrationRecoversKnownOverheadsAndConcurrency(self):
     """Real steps made by a planner with known overheads and a known
     throughput of 2 devices at once (1.8, and 1.95 of 4), a split backward
@@ -218,12 +225,11 @@ class PlannerTest(tf.test.TestCase):
     for concurrency in fitted.concurrency.values():
       self.assertAllClose(1.8, concurrency[1], rtol=1e-6)
       self.assertAllClose(1.95, concurrency[2])
-    for layout in (Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
-                   Layout(1, 2, 4, 8, 'zb_v', 'never', None),
-                   Layout(1, 2, 2, 8, 'zb_h1', 'never', None),
-                   Layout(2, 2, 2, 2, '1f1b', 'never', None)):
-      self.assertAllClose(truth.Predict(layout).step.time,
-                          fitted.Predict(layout).step.time, rtol=1e-6)
+    self._AssertPredictsAs(truth, fitted, rtol=1e-6, layouts=(
+        Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
+        Layout(1, 2, 4, 8, 'zb_v', 'never', None),
+        Layout(1, 2, 2, 8, 'zb_h1', 'never', None),
+        Layout(2, 2, 2, 2, '1f1b', 'never', None)))
 
   def testSplitBackwardPaysItsOverheadOnW(self):
     """A split overhead of x s per layer: a zb_h1 step on one device of
@@ -298,12 +304,11 @@ class PlannerTest(tf.test.TestCase):
     self.assertAllClose(1.1, fitted.concurrency[8][1], rtol=1e-6)
     self.assertAllClose(conc(1.6), fitted.ConcurrencyAt(2))
     self.assertAllClose(conc(1.1), fitted.ConcurrencyAt(16))
-    for layout in (Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
-                   Layout(1, 2, 2, 2, 'gpipe', 'never', None),
-                   Layout(1, 4, 4, 8, '1f1b', 'never', None),
-                   Layout(1, 2, 4, 8, 'zb_v', 'never', None)):
-      self.assertAllClose(truth.Predict(layout).step.time,
-                          fitted.Predict(layout).step.time, rtol=1e-5)
+    self._AssertPredictsAs(truth, fitted, rtol=1e-5, layouts=(
+        Layout(1, 2, 2, 4, 'gpipe', 'except_last', None),
+        Layout(1, 2, 2, 2, 'gpipe', 'never', None),
+        Layout(1, 4, 4, 8, '1f1b', 'never', None),
+        Layout(1, 2, 4, 8, 'zb_v', 'never', None)))
 
   def testOverheadsAreNotNegative(self):
     """Steps faster than the layer costs alone: no negative overheads."""

@@ -212,14 +212,11 @@ class CostsTest(unittest.TestCase):
     """A stage's `split` (what cutting the backward adds) lands on W
     only; a fused backward and F never pay it."""
     stage = _Stage(1.0, 2.0, accumulate=0.1)._replace(split=0.3)
-    self.assertAlmostEqual(1.4, step_model.ActionCost(
-        A('W', 0, 1), stage, True, 'never', 4))
-    self.assertAlmostEqual(1.0, step_model.ActionCost(
-        A('B', 0, 1), stage, True, 'never', 4))
-    self.assertAlmostEqual(2.1, step_model.ActionCost(
-        A('B', 0, 1), stage, False, 'never', 4))
-    self.assertAlmostEqual(1.0, step_model.ActionCost(
-        A('F', 0, 1), stage, True, 'never', 4))
+    for kind, splits, cost in (('W', True, 1.4), ('B', True, 1.0),
+                               ('B', False, 2.1), ('F', True, 1.0)):
+      with self.subTest(kind=kind, splits=splits):
+        self.assertAlmostEqual(cost, step_model.ActionCost(
+            A(kind, 0, 1), stage, splits, 'never', 4))
 
 
 class RunTest(unittest.TestCase):
