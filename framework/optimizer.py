@@ -1,11 +1,20 @@
 """Optimizers: SGD, Momentum, Adam and Adafactor over plain tf.Variables.
 
-Each optimizer is a pure per-variable rule, `_Update(var, grad, slots, step)
--> (new_var, new_slots)`, where `step` holds the update's scalars
-(`_StepScalars(lr, t)`: the learning rate, the update index and what the rule
-derives from them, e.g. Adam's bias-corrected step size), computed once per
-`Apply` and dtype rather than once per variable; plus the machinery that
-applies it:
+Each optimizer is a per-variable rule, given one of two ways:
+  * `_Fused(var, grad, slots, step) -> op`: TF's fused training kernel for
+    the rule (`ResourceApplyAdam`, ...), one op that updates the variable and
+    its slots in place (SGD, Momentum, Adam);
+  * `_Update(var, grad, slots, step) -> (new_var, new_slots)`: the rule as
+    pure ops, for rules TF has no kernel of (Adafactor).
+`step` holds the update's scalars (`_StepScalars(lr, t)`: the learning rate,
+the update index and what the rule derives from them, e.g. Adam's
+bias-corrected step size), computed once per `Apply` and dtype rather than
+once per variable. The fused kernels make the update cheap: on the Tiny
+LM's 69 variables, Adam as pure ops (skipping by a `tf.where` per variable
+and slot, as Cadence did) was ~30 graph ops a variable, half of its train
+step's graph; fused, the update alone traces in 0.4x the time, its first
+call (grappler) takes 0.5x and each step 0.56x (bench/optimizer_bench.py,
+where Keras's Adam is the baseline). The machinery that applies a rule:
 
   * `Build(variables)` creates the slot variables eagerly, each on its
     variable's device (call it before any `tf.function` traces).
@@ -19,10 +28,10 @@ applies it:
 Why not the Keras optimizers: Keras 3 does update raw tf.Variables, but its
 `apply_gradients` does a `merge_call` under tf.distribute, which cannot sit
 inside a `tf.cond` that skips a non-finite step; and its checkpoint keys are
-slot indices (`_variables/3`) plus a second copy of every model variable. Here
-each variable's own update writes back its old values when skipping (a
-`tf.where`), on the variable's device, the checkpoint keys are variable
-paths, and each rule is a few lines that the tests check against numpy.
+slot indices (`_variables/3`) plus a second copy of every model variable.
+Here a skipped step is one `tf.cond` per device around that device's
+updates, the checkpoint keys are variable paths, and each rule is a few
+lines that the tests check against numpy.
 
 Example:
   v = tf.Variable([1.0, 2.0])
@@ -107,8 +116,11 @@ class BaseOptimizer:
     """
     return NestedMap(lr=lr, t=t)
 
+  # A subclass defines `_Fused` or `_Update` (see the module docstring).
+  _Fused = None
+
   def _Update(self, var, grad, slots, step):
-    """The pure update rule.
+    """The update rule as pure ops (for rules without a fused kernel).
 
     Args:
       var: the variable's current value, a tensor.
@@ -193,6 +205,7 @@ class BaseOptimizer:
     variables = [v for _, v in pairs]
 
     scalars = {}   # (device, dtype) -> _StepScalars, shared by variables.
+    by_device = {}   # device -> [(grad, var, scalars)], in order.
     t = self.num_updates + 1
     for g, v in zip(grads, variables):
       # The update runs where the variable (and its slots) live.
@@ -201,33 +214,37 @@ class BaseOptimizer:
         if key not in scalars:
           scalars[key] = self._StepScalars(tf.cast(lr, v.dtype),
                                            tf.cast(t, v.dtype))
-        self._ApplyOne(v, g, self.Slots(v), scalars[key], skip)
+      by_device.setdefault(v.device, []).append((g, v, scalars[key]))
+    for device, items in by_device.items():
+      with tf.device(device):
+        tf.cond(skip, tf.no_op,
+                lambda items=items: tf.group([self._ApplyOne(*x)
+                                              for x in items]))
     self.num_updates.assign_add(tf.cast(~skip, tf.int64))
 
-  def _ApplyOne(self, var, grad, slots, step, skip):
-    """Updates one variable (one device's copy) and its slots.
-
-    A skipped step writes back the values it read (`tf.where`, bit for bit)
-    rather than branching: a `tf.cond` per variable traces two branch
-    functions each, which made tracing the Tiny LM's train step (69
-    variables) ~15% slower.
+  def _ApplyOne(self, grad, var, step):
+    """Updates one variable (one device's copy) and its slots; an op.
 
     The variable and its slots are read once the gradient exists: read
     before, the reads and what the rule computes of them alone (Adam's
     `beta1 * m`, `beta2 * v`) ran at the start of the step and held two
     more copies of every variable's bytes while the forward and backward
-    ran (measured per device, bench/planner_bench.py's memory table).
+    ran (measured per device, bench/planner_bench.py's memory table). A
+    fused kernel reads them itself, and takes the gradient as an input.
     """
-    with tf.control_dependencies(
-        tf.nest.flatten(grad, expand_composites=True)):
+    slots = self.Slots(var)
+    grad = tf.cast(tf.convert_to_tensor(grad), var.dtype)  # Dense.
+    if self._Fused is not None:
+      return self._Fused(var, grad, slots, step)
+    # An op of this graph (a cond's branch): a control edge from a tensor
+    # of the graph around it would be dropped.
+    grad = tf.identity(grad)
+    with tf.control_dependencies([grad]):
       old_var = var.value()
       old_slots = {k: s.value() for k, s in slots.items()}
-    new_var, new_slots = self._Update(old_var, tf.cast(grad, var.dtype),
-                                      old_slots, step)
-    ops = [var.assign(tf.where(skip, old_var, new_var))]
-    ops += [slots[k].assign(tf.where(skip, old_slots[k], new_slots[k]))
-            for k in slots]
-    return tf.group(ops)
+    new_var, new_slots = self._Update(old_var, grad, old_slots, step)
+    return tf.group([var.assign(new_var)] +
+                    [slots[k].assign(new_slots[k]) for k in slots])
 
 
 class SGD(BaseOptimizer):
@@ -237,8 +254,10 @@ class SGD(BaseOptimizer):
     opt = SGD.Params().Instantiate()
   """
 
-  def _Update(self, var, grad, slots, step):
-    return var - step.lr * grad, {}
+  def _Fused(self, var, grad, slots, step):
+    del slots  # Unused: SGD keeps none.
+    return tf.raw_ops.ResourceApplyGradientDescent(
+        var=var.handle, alpha=step.lr, delta=grad)
 
 
 class Momentum(BaseOptimizer):
@@ -268,10 +287,11 @@ class Momentum(BaseOptimizer):
     scalars.alpha = tf.cast(self._params.alpha, lr.dtype)
     return scalars
 
-  def _Update(self, var, grad, slots, step):
-    m = step.alpha * slots['momentum'] + grad
-    delta = grad + step.alpha * m if self._params.use_nesterov else m
-    return var - step.lr * delta, {'momentum': m}
+  def _Fused(self, var, grad, slots, step):
+    return tf.raw_ops.ResourceApplyMomentum(
+        var=var.handle, accum=slots['momentum'].handle, lr=step.lr,
+        grad=grad, momentum=step.alpha,
+        use_nesterov=self._params.use_nesterov)
 
 
 class Adam(BaseOptimizer):
@@ -306,16 +326,17 @@ class Adam(BaseOptimizer):
     s = super()._StepScalars(lr, t)
     p = self._params
     s.b1, s.b2 = tf.cast(p.beta1, lr.dtype), tf.cast(p.beta2, lr.dtype)
-    s.one_minus_b1, s.one_minus_b2 = 1.0 - s.b1, 1.0 - s.b2
+    s.b1_t, s.b2_t = tf.pow(s.b1, t), tf.pow(s.b2, t)
     s.epsilon = tf.cast(p.epsilon, lr.dtype)
-    s.lr_t = lr * tf.sqrt(1.0 - tf.pow(s.b2, t)) / (1.0 - tf.pow(s.b1, t))
     return s
 
-  def _Update(self, var, grad, slots, step):
-    m = step.b1 * slots['m'] + step.one_minus_b1 * grad
-    v = step.b2 * slots['v'] + step.one_minus_b2 * tf.square(grad)
-    return (var - step.lr_t * m / (tf.sqrt(v) + step.epsilon),
-            {'m': m, 'v': v})
+  def _Fused(self, var, grad, slots, step):
+    # The kernel's lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and its moment
+    # updates m += (g - m)(1 - b1), v += (g^2 - v)(1 - b2): the rule above.
+    return tf.raw_ops.ResourceApplyAdam(
+        var=var.handle, m=slots['m'].handle, v=slots['v'].handle,
+        beta1_power=step.b1_t, beta2_power=step.b2_t, lr=step.lr,
+        beta1=step.b1, beta2=step.b2, epsilon=step.epsilon, grad=grad)
 
 
 class Adafactor(BaseOptimizer):
