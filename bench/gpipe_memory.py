@@ -110,7 +110,7 @@ with cluster_lib.Cluster.Params().Set(num_devices=2,
                                       worker_split_size=2).Instantiate():
   task = params.Instantiate().task
   batch = NestedMap(next(iter(task.params.input.Instantiate().Dataset())))
-  step = inspect_pipeline.TrainStep(task)
+  step, variables = inspect_pipeline.TrainStep(task)
   Step = lambda s: float(step(batch, tf.constant(s, tf.int64)))
   placement = memory_profile.Placement(lambda: Step(0))
   for s in (1, 2):
@@ -119,8 +119,6 @@ with cluster_lib.Cluster.Params().Set(num_devices=2,
   tensor = tf.config.experimental.get_memory_info('CPU:0')['peak']
   devices = {{}}
   if {per_device}:
-    variables = step.get_concrete_function(   # The task's, the learner's.
-        batch, tf.constant(0, tf.int64)).variables
     devices = {{d: b / 2**20 for d, b in memory_profile.DeviceTotals(
         memory_profile.DevicePeaks(lambda: Step(3), placement),
         variables).items()}}

@@ -154,8 +154,9 @@ def _SetDevices(n):
 
 
 def _Build(model, layout, trace=False):
-  """(task, train step, batch, run(step)) of an R = 1 `layout`, built on
-  CPU:0..K-1 (inspect_pipeline.TrainStep: forward, gradients, update)."""
+  """(run(step), the variables it uses) of an R = 1 `layout`'s train step,
+  built on CPU:0..K-1 (inspect_pipeline.TrainStep: forward, gradients,
+  update)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from cadence.framework.jobs import inspect_pipeline  # pylint: disable=g-import-not-at-top
@@ -169,9 +170,9 @@ def _Build(model, layout, trace=False):
   with cluster:
     task = params.Instantiate().task
     batch = NestedMap(next(iter(task.params.input.Instantiate().Dataset())))
-    step = inspect_pipeline.TrainStep(task)
+    step, variables = inspect_pipeline.TrainStep(task)
   run = lambda s: float(step(batch, tf.constant(s, tf.int64)))  # pylint: disable=unnecessary-lambda-assignment
-  return task, step, batch, run
+  return run, variables
 
 
 def _Program(model, layout, cluster=None, strategy=None):
@@ -345,12 +346,9 @@ def ChildMemory(name, spec):
   from cadence.framework.pipeline import memory_profile  # pylint: disable=g-import-not-at-top
   model = plan_model.PlanModel(_Params(name))
   layout = _Layout(spec)
-  _, step, batch, run = _Build(model, layout, trace=True)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  run, variables = _Build(model, layout, trace=True)
   placement = memory_profile.Placement(lambda: run(0))
   run(1)
-  variables = step.get_concrete_function(
-      batch, tf.constant(0, tf.int64)).variables
   totals = memory_profile.DeviceTotals(
       memory_profile.DevicePeaks(lambda: run(2), placement), variables)
   print(json.dumps(dict(

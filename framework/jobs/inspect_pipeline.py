@@ -37,8 +37,12 @@ NoPipelineError = timeline_lib.NoPipelineError
 
 
 def TrainStep(task):
-  """A tf.function `step(batch, global_step) -> loss` that trains `task`
-  one step (forward, gradients, learner update)."""
+  """(step, variables): a tf.function `step(batch, global_step) -> loss`
+  that trains `task` one step (forward, gradients, learner update), and
+  the tf.Variables it uses: the task's, the optimizer's slots and counter
+  (what memory_profile.DeviceTotals adds to a profile's peaks; the
+  function's own `variables` lack the slots its fused updates reach
+  through their handles inside a tf.cond)."""
   learner = task.InstantiateLearner()
   learner.Build()
   seed = task.params.random_seed or 0
@@ -53,7 +57,8 @@ def TrainStep(task):
     learner.ApplyGradients(global_step, grads, loss=loss)
     return loss
 
-  return tf.function(_Step, autograph=False)
+  return (tf.function(_Step, autograph=False),
+          task.vars.Flatten() + list(learner.checkpointables.variables))
 
 
 def TraceActions(params):
@@ -118,7 +123,7 @@ def InspectPipeline(params, logdir=None):
   task = model.task
   batch = next(iter(task.params.input.Instantiate().Dataset()))
   batch = NestedMap(batch)
-  step = TrainStep(task)
+  step, variables = TrainStep(task)
   # Trace and warm up, recording where TF places every op.
   placement = memory_profile.Placement(
       lambda: step(batch, tf.constant(0, tf.int64)).numpy())
@@ -134,7 +139,7 @@ def InspectPipeline(params, logdir=None):
   memory = MemoryReport(
       task, devices,
       memory_profile.Peaks(events, placement) if events else None,
-      step.get_concrete_function(batch, tf.constant(0, tf.int64)).variables)
+      variables)
   if out:
     timeline.WritePictures(out)
     writer = summary_utils.SummaryWriter(out)
