@@ -57,8 +57,10 @@ def TrainStep(task):
     learner.ApplyGradients(global_step, grads, loss=loss)
     return loss
 
+  used = task.vars.Flatten() + list(learner.checkpointables.variables)
+  # A variable shared by two layers counts once.
   return (tf.function(_Step, autograph=False),
-          task.vars.Flatten() + list(learner.checkpointables.variables))
+          list({v.ref(): v for v in used}.values()))
 
 
 def TraceActions(params):
