@@ -165,8 +165,9 @@ def main():
   parser.add_argument('--micro_batches', type=int, default=8,
                       help='M of the pipelined models.')
   parser.add_argument('--variants', default='gpipe:except_last,1f1b:never',
-                      help='Comma-separated schedule:remat pairs; schedule:remat:traced '
-      'inlines the cells per call (trace_actions).')
+                      help='Comma-separated schedule:remat pairs; '
+                      'schedule:remat:traced inlines the cells per call '
+                      '(trace_actions).')
   parser.add_argument('--backward_window', default='1',
                       help='PipeliningLayer.backward_window: an int or None.')
   parser.add_argument('--per_device', action='store_true',
@@ -209,9 +210,9 @@ def main():
   print('\nestimate (all stages at the worst moment, SharedMemory) / '
         'measured tensor peak of the process')
   for name, _, _, _ in models:
+    cells = [table[(name, n)] for n in depths]
     print(f'{name:>26}' + ''.join(
-        f'{table[(name, n)]["estimate_mib"] / table[(name, n)]["tensor_mib"]:8.2f}'
-        for n in depths))
+        f'{c["estimate_mib"] / c["tensor_mib"]:8.2f}' for c in cells))
   if args.per_device:
     print('\nper device: estimate (DeviceMemory: its stages together) / '
           'measured (the allocator\'s events of the step on that device + its '

@@ -130,10 +130,11 @@ def HandWrittenLoop(cfg, steps):
     return metrics.loss[0]
 
   warmup = steps // 2
-  start = None
+  start = loss = None
   for i, batch in enumerate(dataset.take(steps)):
     if i == warmup:
-      loss.numpy()
+      if loss is not None:   # The warm-up steps have finished.
+        loss.numpy()
       start = time.perf_counter()
     loss = TrainStep(batch, tf.constant(i, tf.int64))
   loss.numpy()
