@@ -7,7 +7,10 @@ construction: lines are stripped, empty lines skipped and
 counted, undecodable UTF-8 replaced (U+FFFD) and counted, and every sentence
 becomes `BOS ids EOS` in one flat int32 array in memory (4 bytes a token;
 the embedded corpus takes ~5 MB, the full one-billion-words corpus ~4 GB, so
-point the pattern at a subset of its shards on a small machine).
+point the pattern at a subset of its shards on a small machine). A file's
+ids are cached on disk (`token_cache_dir`, token_cache.py) for tokenizers
+with a `cache_key` (SentencePiece), so the next job reads them back instead
+of tokenising again (0.6 s of the embedded corpus's 100,000 sentences).
 
 Batches are then a pure function of the batch index: epoch `e` visits the
 sentences in the permutation drawn from (random_seed, e), and batch `i`
@@ -58,6 +61,7 @@ batch of a single pass is filled with all-padding rows); otherwise padded
 batches are as long as their longest sentence and a last batch is short.
 """
 import itertools
+import os
 import threading
 
 from absl import logging
@@ -68,6 +72,7 @@ from cadence.framework import base_input_generator
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
+from cadence.tasks.lm import token_cache
 from cadence.tasks.lm import tokenizers
 
 _KEYS = ('ids', 'labels', 'paddings', 'weights', 'sentence_weights')
@@ -158,6 +163,9 @@ class LmInput(base_input_generator.BaseInputGenerator):
     p.Define('max_seq_len', 64, 'Tokens per row, an int > 0 (t of [b, t]).')
     p.Define('packed', True, 'True: concatenate sentences and cut windows of '
              'max_seq_len; False: one sentence per row, padded.')
+    p.Define('token_cache_dir', None, 'Where the ids of tokenised files are '
+             'cached (token_cache.py; tokenizers with a cache_key only, e.g. '
+             'SentencePiece); None: ~/.cache/cadence/tokens; \'\': no cache.')
     return p
 
   def __init__(self, params):
@@ -180,6 +188,11 @@ class LmInput(base_input_generator.BaseInputGenerator):
                              'rows have max_seq_len tokens.')
     validation.CheckInt(owner, 'max_seq_len', p.max_seq_len)
     validation.CheckBool(owner, 'packed', p.packed)
+    if p.token_cache_dir is not None and not isinstance(p.token_cache_dir,
+                                                        str):
+      raise validation.Error(owner, 'token_cache_dir', p.token_cache_dir,
+                             "must be None (the default cache), '' (no "
+                             'cache) or a directory path (a str).')
 
   def _Load(self):
     """Reads and tokenises this shard's files into one flat array."""
@@ -188,13 +201,10 @@ class LmInput(base_input_generator.BaseInputGenerator):
     id_arrays, len_arrays = [], []
     empty = bad = 0
     for path in self._files:
-      sentences, file_empty, file_bad = _ReadSentences(path)
+      ids, lens, file_empty, file_bad = self._TokenisedFile(path)
       empty += file_empty
       bad += file_bad
-      encoded = tok.EncodeBatch(sentences)
-      lens = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
-      id_arrays.append(np.fromiter(itertools.chain.from_iterable(encoded),
-                                   np.int32, count=int(lens.sum())))
+      id_arrays.append(ids)
       len_arrays.append(lens)
     lengths = np.concatenate(len_arrays)
     if not lengths.size:
@@ -224,6 +234,27 @@ class LmInput(base_input_generator.BaseInputGenerator):
         type(self).__name__, p.name, len(self._files), p.file_pattern,
         lengths.size, num_tokens, num_tokens / lengths.size, tok.vocab_size,
         empty, bad, self._stats.num_truncated, p.max_seq_len)
+
+  def _TokenisedFile(self, path):
+    """(ids [n] int32, lengths [sentences] int64, empty lines, bad UTF-8
+    lines) of one file: from the token cache when it holds them."""
+    p = self._params
+    key = self._tokenizer.cache_key
+    cache_dir = None if key is None or p.token_cache_dir == '' else (
+        os.path.abspath(os.path.expanduser(
+            p.token_cache_dir or token_cache.DefaultDir())))
+    if cache_dir:
+      cached = token_cache.Load(cache_dir, path, key)
+      if cached is not None:
+        return cached
+    sentences, empty, bad = _ReadSentences(path)
+    encoded = self._tokenizer.EncodeBatch(sentences)
+    lens = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
+    ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32,
+                      count=int(lens.sum()))
+    if cache_dir:
+      token_cache.Store(cache_dir, path, key, ids, lens, empty, bad)
+    return ids, lens, empty, bad
 
   # --- properties --------------------------------------------------------
 

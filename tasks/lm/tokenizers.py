@@ -89,6 +89,13 @@ class BaseTokenizer:
     """list of str -> list of lists of ids (subclasses may batch faster)."""
     return [self.Encode(t) for t in texts]
 
+  @property
+  def cache_key(self):
+    """A str naming what `Encode` computes, for caching its ids on disk
+    (token_cache.py); None (the default): not worth caching, or not known
+    to be the same function from one process to the next."""
+    return None
+
   def Decode(self, ids):
     """ids (ints or a 1-D array) -> str; pad/bos/eos ids are dropped."""
     raise NotImplementedError
@@ -263,6 +270,7 @@ class SentencePieceTokenizer(BaseTokenizer):
     else:
       self._model_file = p.model_file
     self._sp = spm.SentencePieceProcessor(model_file=self._model_file)
+    self._cache_key = None
     special = {'bos_id': self._sp.bos_id(), 'eos_id': self._sp.eos_id()}
     missing = [k for k, v in special.items() if v < 0]
     if missing:
@@ -340,6 +348,13 @@ class SentencePieceTokenizer(BaseTokenizer):
   def model_file(self):
     """Path of the model in use (given, cached or freshly trained)."""
     return self._model_file
+
+  @property
+  def cache_key(self):
+    """'spm-<SHA-256 of the model file>': the same model encodes the same."""
+    if self._cache_key is None:
+      self._cache_key = 'spm-' + cache_files.Sha256(self._model_file)
+    return self._cache_key
 
   @property
   def pad_id(self):
