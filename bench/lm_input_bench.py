@@ -8,7 +8,11 @@ sentences, written once to --data_dir) for the Tiny LM's shapes and times
 for packed and padded rows, with the SentencePiece (BPE, 512 pieces) and the
 byte tokenizers. `tok/s` counts every position of a batch (b x t), `real/s`
 only positions with label weight 1. Also reported: the one-time start-up
-(read + tokenise every file) and the cost of resuming at step 10^9.
+(read + tokenise every file, the token cache off) and the cost of resuming
+at step 10^9. Then the start-up of the SentencePiece input with the token
+cache (tasks/lm/token_cache.py): off, cold (tokenise and write the
+entries) and warm (read them back), interleaved over --repeats rounds, as
+medians and ratios to off.
 bench/lm_bench.py compares these rates with the model's consumption.
 
 Run:
@@ -91,7 +95,8 @@ def main():
       for b, t in shapes:
         p = input_generator.LmInput.Params().Set(
             file_pattern=patterns.train, tokenizer=tok, batch_size=b,
-            max_seq_len=t, packed=packed, fixed_input_shape=True)
+            max_seq_len=t, packed=packed, fixed_input_shape=True,
+            token_cache_dir='')
         start = time.perf_counter()
         gen = p.Instantiate()
         start_s = time.perf_counter() - start
@@ -100,6 +105,28 @@ def main():
           print(f'{tok_name:>9} {"packed" if packed else "padded":>6} '
                 f'{f"{b}x{t}":>8} {path:>7} {rate:11,.0f} {real:11,.0f} '
                 f'{start_s:8.2f} {resume_ms:9.2f}')
+  CacheStartup(patterns.train, spm, args.repeats)
+
+
+def CacheStartup(pattern, spm, repeats):
+  """Prints the SentencePiece input's start-up with the token cache off,
+  cold and warm (see the module docstring)."""
+  times = {'off': [], 'cold': [], 'warm': []}
+  for r in range(repeats):
+    cache = tempfile.mkdtemp(prefix='lm_input_bench_tokens_')
+    order = ['off', 'cold', 'warm'] if r % 2 == 0 else ['cold', 'warm', 'off']
+    for name in order:
+      p = input_generator.LmInput.Params().Set(
+          file_pattern=pattern, tokenizer=spm, batch_size=32,
+          max_seq_len=128, token_cache_dir='' if name == 'off' else cache)
+      start = time.perf_counter()
+      p.Instantiate()
+      times[name].append(time.perf_counter() - start)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  print(f'\nspm512 train input start-up, token cache (median of {repeats})')
+  print(f'{"cache":>6} {"s":>7} {"/ off":>7}')
+  for name, value in med.items():
+    print(f'{name:>6} {value:7.3f} {value / med["off"]:7.2f}')
 
 
 if __name__ == '__main__':
