@@ -198,20 +198,25 @@ class LmInput(base_input_generator.BaseInputGenerator):
     """Reads and tokenises this shard's files into one flat array."""
     p = self._params
     tok = self._tokenizer
-    id_arrays, len_arrays = [], []
+    id_arrays, len_arrays, to_cache = [], [], []
     empty = bad = 0
     for path in self._files:
-      ids, lens, file_empty, file_bad = self._TokenisedFile(path)
+      ids, lens, file_empty, file_bad, cache = self._TokenisedFile(path)
       empty += file_empty
       bad += file_bad
       id_arrays.append(ids)
       len_arrays.append(lens)
+      if cache:
+        to_cache.append((cache, path, ids, lens, file_empty, file_bad))
     lengths = np.concatenate(len_arrays)
     if not lengths.size:
       raise base_input_generator.InputError(
           f'{type(self).__name__} {p.name!r}: file_pattern '
           f'{p.file_pattern!r} has no sentences: its {len(self._files)} '
           f'file(s) hold {empty} lines, all blank.')
+    # Only an input that loads writes its files' tokens to the cache.
+    for cache, path, *tokens in to_cache:
+      token_cache.Store(cache, path, self._tokenizer.cache_key, *tokens)
     # Each sentence becomes BOS ids EOS in one flat array.
     self._lengths = lengths + 2
     self._starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]])
@@ -237,7 +242,9 @@ class LmInput(base_input_generator.BaseInputGenerator):
 
   def _TokenisedFile(self, path):
     """(ids [n] int32, lengths [sentences] int64, empty lines, bad UTF-8
-    lines) of one file: from the token cache when it holds them."""
+    lines, cache) of one file: from the token cache when it holds them;
+    `cache` is the cache folder to store them in (None: read from it, or
+    no cache)."""
     p = self._params
     key = self._tokenizer.cache_key
     cache_dir = None if key is None or p.token_cache_dir == '' else (
@@ -246,15 +253,13 @@ class LmInput(base_input_generator.BaseInputGenerator):
     if cache_dir:
       cached = token_cache.Load(cache_dir, path, key)
       if cached is not None:
-        return cached
+        return cached + (None,)
     sentences, empty, bad = _ReadSentences(path)
     encoded = self._tokenizer.EncodeBatch(sentences)
     lens = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
     ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32,
                       count=int(lens.sum()))
-    if cache_dir:
-      token_cache.Store(cache_dir, path, key, ids, lens, empty, bad)
-    return ids, lens, empty, bad
+    return ids, lens, empty, bad, cache_dir
 
   # --- properties --------------------------------------------------------
 

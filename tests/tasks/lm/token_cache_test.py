@@ -126,6 +126,16 @@ class TokenCacheTest(tf.test.TestCase):
     self.assertIn('the job goes on without the cache', logs.output[0])
     self.assertEqual(self._Batches(gen), self._Batches(self._Gen(cache='')))
 
+  def testAnInputThatFailsWritesNothing(self):
+    blank = os.path.join(self._dir, 'blank-0')
+    with open(blank, 'w', encoding='utf-8') as f:
+      f.write('\n \n')
+    with self.assertRaisesRegex(ValueError, 'has no sentences'):
+      input_generator.LmInput.Params().Set(
+          file_pattern=blank, tokenizer=_CountingTokenizer.Params(),
+          token_cache_dir=self._cache).Instantiate()
+    self.assertFalse(os.path.exists(self._cache))
+
   def testTokenizersWithoutAKeyAreNotCached(self):
     input_generator.LmInput.Params().Set(
         file_pattern=os.path.join(self._dir, 'train-*'),
