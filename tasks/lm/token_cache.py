@@ -22,8 +22,8 @@ warning, and the job goes on.
 Example:
   got = token_cache.Load(cache_dir, path, tok.cache_key)   # None: a miss
   if got is None:
-    got = TokenisedFile(...)          # computed
-    token_cache.Store(cache_dir, path, tok.cache_key, got)
+    got = ids, lengths, num_empty, num_bad     # tokenised here
+    token_cache.Store(cache_dir, path, tok.cache_key, *got)
 """
 import hashlib
 import io
