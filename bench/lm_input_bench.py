@@ -20,6 +20,7 @@ Run:
 """
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -122,6 +123,7 @@ def CacheStartup(pattern, spm, repeats):
       start = time.perf_counter()
       p.Instantiate()
       times[name].append(time.perf_counter() - start)
+    shutil.rmtree(cache, ignore_errors=True)
   med = {k: statistics.median(v) for k, v in times.items()}
   print(f'\nspm512 train input start-up, token cache (median of {repeats})')
   print(f'{"cache":>6} {"s":>7} {"/ off":>7}')

@@ -198,16 +198,22 @@ class LmInput(base_input_generator.BaseInputGenerator):
     """Reads and tokenises this shard's files into one flat array."""
     p = self._params
     tok = self._tokenizer
+    key = tok.cache_key
+    cache_dir = None if key is None or p.token_cache_dir == '' else (
+        os.path.abspath(os.path.expanduser(
+            p.token_cache_dir or token_cache.DefaultDir())))
     id_arrays, len_arrays, to_cache = [], [], []
     empty = bad = 0
     for path in self._files:
-      ids, lens, file_empty, file_bad, cache = self._TokenisedFile(path)
+      cached = cache_dir and token_cache.Load(cache_dir, path, key)
+      tokens = cached or self._TokeniseFile(path)
+      if cache_dir and not cached:
+        to_cache.append((path, tokens))
+      ids, lens, file_empty, file_bad = tokens
       empty += file_empty
       bad += file_bad
       id_arrays.append(ids)
       len_arrays.append(lens)
-      if cache:
-        to_cache.append((cache, path, ids, lens, file_empty, file_bad))
     lengths = np.concatenate(len_arrays)
     if not lengths.size:
       raise base_input_generator.InputError(
@@ -215,8 +221,8 @@ class LmInput(base_input_generator.BaseInputGenerator):
           f'{p.file_pattern!r} has no sentences: its {len(self._files)} '
           f'file(s) hold {empty} lines, all blank.')
     # Only an input that loads writes its files' tokens to the cache.
-    for cache, path, *tokens in to_cache:
-      token_cache.Store(cache, path, self._tokenizer.cache_key, *tokens)
+    for path, tokens in to_cache:
+      token_cache.Store(cache_dir, path, key, *tokens)
     # Each sentence becomes BOS ids EOS in one flat array.
     self._lengths = lengths + 2
     self._starts = np.concatenate([[0], np.cumsum(self._lengths)[:-1]])
@@ -240,26 +246,15 @@ class LmInput(base_input_generator.BaseInputGenerator):
         lengths.size, num_tokens, num_tokens / lengths.size, tok.vocab_size,
         empty, bad, self._stats.num_truncated, p.max_seq_len)
 
-  def _TokenisedFile(self, path):
+  def _TokeniseFile(self, path):
     """(ids [n] int32, lengths [sentences] int64, empty lines, bad UTF-8
-    lines, cache) of one file: from the token cache when it holds them;
-    `cache` is the cache folder to store them in (None: read from it, or
-    no cache)."""
-    p = self._params
-    key = self._tokenizer.cache_key
-    cache_dir = None if key is None or p.token_cache_dir == '' else (
-        os.path.abspath(os.path.expanduser(
-            p.token_cache_dir or token_cache.DefaultDir())))
-    if cache_dir:
-      cached = token_cache.Load(cache_dir, path, key)
-      if cached is not None:
-        return cached + (None,)
+    lines) of one file, tokenised here."""
     sentences, empty, bad = _ReadSentences(path)
     encoded = self._tokenizer.EncodeBatch(sentences)
     lens = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
     ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32,
                       count=int(lens.sum()))
-    return ids, lens, empty, bad, cache_dir
+    return ids, lens, empty, bad
 
   # --- properties --------------------------------------------------------
 
