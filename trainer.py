@@ -9,10 +9,13 @@ The flags are defined here and nowhere else; everything else lives in
 `framework/train/programs.py` (the train loop) and
 `framework/train/eval_programs.py` (eval and decode). Exit codes: 0 done (also
 for a run that had already finished, and for a SIGTERM/SIGINT that stopped it
-after checkpointing its step: one line says so), 2 a user error (one message on
-stderr; also an unwritable logdir or no readable checkpoint), 3 training stopped
+after checkpointing its step, or while a multi-host job waited for its peers:
+one line says so), 2 a user error (one message on stderr; also an unwritable
+logdir, no readable checkpoint, or a peer host that never accepted a
+connection within --peer_timeout_s), 3 training stopped
 (too many skipped steps or non-finite weights), 4 a checkpoint could not be
-written (the message names the path and the OS error). A second SIGTERM/SIGINT
+written (the message names the path and the OS error; also an export stopped
+by SIGTERM/SIGINT: nothing written, rerun it). A second SIGTERM/SIGINT
 ends the process at once (killed by the signal). The process ends as soon as
 the job is done (framework/jobs/process_exit.py); the hosts of a multi-host
 job wait for each other first (framework/distribute/coordinated_exit.py).
@@ -34,7 +37,9 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 # None imports TensorFlow: the flags are checked before it loads.
+from cadence.framework.distribute import peer_wait  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import command_line  # pylint: disable=g-import-not-at-top
+from cadence.framework.jobs import install_check  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import process_exit  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import tf_log  # pylint: disable=g-import-not-at-top
 
@@ -80,6 +85,13 @@ flags.DEFINE_string('task_type', 'worker', 'This host\'s job in '
                     '--cluster_spec.')
 flags.DEFINE_integer('task_index', 0, 'This host\'s index in its '
                      '--cluster_spec job.')
+flags.DEFINE_float('peer_timeout_s', peer_wait.DEFAULT_TIMEOUT_S, 'With '
+                   'TF_CONFIG (or --cluster_spec): before TensorFlow starts, '
+                   'a chief or worker of a multi-host job (and a '
+                   'parameter-server chief) waits until every task it needs '
+                   'accepts a connection, logging the missing ones every '
+                   '10 s; after this many seconds it stops with exit code 2 '
+                   'naming them (0: no limit).')
 flags.DEFINE_float('eval_timeout_s', 0.0, 'evaler_<dataset>/decoder_'
                    '<dataset>: stop after this many seconds without a new '
                    'checkpoint (0: wait until max_steps or the end the '
@@ -93,7 +105,8 @@ flags.DEFINE_float('device_memory_gib', 0.0, 'Memory per device in GiB: the '
                    'the trainer\'s start-up log) says whether each stage '
                    'fits; 0: no check.')
 
-flags.DEFINE_string('tpu', '', 'Train on this Cloud TPU: its name (with '
+flags.DEFINE_string('tpu', '', 'Train on this Cloud TPU: local (this TPU '
+                    'VM\'s), its name (the tpu extra; with '
                     '--tpu_zone/--tpu_project off its VM) or grpc://host:port; '
                     'replicas of --worker_split_size cores, pipeline stage s '
                     'on logical core s.')
@@ -143,7 +156,12 @@ FLAGS = flags.FLAGS
 
 def ParseFlags(argv):
   """absl's parsing of `argv`; a flag error exits 2 with one `Error:` line
-  (an unknown flag names the closest ones, a bad value the rule)."""
+  (an unknown flag names the closest ones, a bad value the rule, a repeated
+  flag its values)."""
+  repeated = command_line.RepeatedFlagLine(argv, FLAGS)
+  if repeated:
+    sys.stderr.write(f'Error: {repeated}\n')
+    sys.exit(command_line.EXIT_USER_ERROR)
   try:
     return FLAGS(argv)
   except flags.Error as e:
@@ -157,14 +175,18 @@ def main(argv):
     return command_line.EXIT_USER_ERROR
   try:
     command_line.Check(FLAGS)
+    install_check.CheckOneTensorFlow()
   except command_line.UserError as e:
     sys.stderr.write(f'Error: {e}\n')
     return command_line.EXIT_USER_ERROR
   # TensorFlow loads only now, its C++ log levels set first.
   tf_log.Configure(FLAGS.tf_log)
-  if FLAGS.mode == 'plan' and FLAGS.plan_measure:
-    # Timings that do not depend on what the process built before them
-    # (framework/jobs/plan_measure.py): read when TF makes its first device.
+  if FLAGS.mode == 'inspect_pipeline' or (FLAGS.mode == 'plan' and
+                                          FLAGS.plan_measure):
+    # TF's BFC allocator on CPU, read when TF makes its first device: its
+    # allocations are what inspect_pipeline's measured memory reads
+    # (memory_profile), and with it timings do not depend on what the
+    # process built before them (framework/jobs/plan_measure.py).
     os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
   with tf_log.QuietImport(FLAGS.tf_log):
     from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top
@@ -177,7 +199,8 @@ def main(argv):
       worker_split_size=FLAGS.worker_split_size,
       worker_gpus=FLAGS.worker_gpus, steps_per_loop=FLAGS.steps_per_loop,
       cluster_spec=FLAGS.cluster_spec, task_type=FLAGS.task_type,
-      task_index=FLAGS.task_index, peak_tflops=FLAGS.peak_tflops,
+      task_index=FLAGS.task_index, peer_timeout_s=FLAGS.peer_timeout_s,
+      peak_tflops=FLAGS.peak_tflops,
       device_memory_gib=FLAGS.device_memory_gib,
       eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME,
       tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, tpu_project=FLAGS.tpu_project,

@@ -43,6 +43,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_log  # pylint: disable=g-import-not-at-top,wrong-import-position
 # Each configures logical CPUs at import (before TensorFlow starts): the
 # last, gpipe_bench's 4, holds.
 import lm_bench  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -72,6 +73,8 @@ def _LmBatches(data_dir, n):
 
 def _Variants(data_dir, lm_batches):
   """{(model, layout, dtype name): a function running one step}."""
+  bench_log.Say('building the 8 variants (2 models x 2 layouts x 2 '
+                'dtypes)...')
   variants = {}
   for dtype in DTYPES:
     for layout, (splits, m) in (('plain', (1, 1)), ('K=2 M=4', (2, 4))):
@@ -98,13 +101,16 @@ def _Variants(data_dir, lm_batches):
 def _Speed(args, variants):
   compile_s = {}
   for key, fn in variants.items():   # Trace and warm up.
+    bench_log.Say(f'{" ".join(key)}: the first steps (trace, compile)...')
     start = time.perf_counter()
     float(fn())
     compile_s[key] = time.perf_counter() - start
     float(fn())
     print(f'built {key}: first step {compile_s[key]:.1f} s', flush=True)
   times = {key: [] for key in variants}
-  for _ in range(args.rounds):
+  for r in range(args.rounds):
+    bench_log.Say(f'round {r + 1} of {args.rounds}: {args.steps} steps of '
+                  'each variant...')
     for key, fn in variants.items():
       start = time.perf_counter()
       for _ in range(args.steps):
@@ -130,7 +136,10 @@ def _Curve(args):
   steps = {d.name: lm_bench.CadenceStep(_LmTask(args.data_dir, 1, 1, d))
            for d in DTYPES}
   losses = {name: [] for name in steps}
-  for batch in batches:   # In lockstep: the same batches, one by one.
+  for i, batch in enumerate(batches):   # In lockstep: the same batches.
+    if i % 25 == 0:
+      bench_log.Say(f'loss curve: steps {i + 1}-'
+                    f'{min(i + 25, len(batches))} of {len(batches)}...')
     for name, step in steps.items():
       losses[name].append(float(step(batch)))
   print(f'\nTiny LM (plain stack) loss, nats a token, mean of '

@@ -35,6 +35,7 @@ import tempfile
 import time
 
 from absl import logging
+import bench_log
 import tensorflow as tf
 
 from cadence.framework.jobs import trainer_lib
@@ -119,10 +120,13 @@ def _Bytes(path):
 
 def SaveRestore(state, repeats):
   """Rows of part 1 for one model."""
+  bench_log.Say('compiling the train step (the first step)...')
   state.Steps(1)  # Compiles the step; creates nothing new after.
+  bench_log.Say('a first async save (it builds its copies)...')
   state.Save('async')  # TF's first async save also builds its copies.
   runs = {'sync': [], 'async': []}
   for r in range(repeats):
+    bench_log.Say(f'save and restore, repeat {r + 1} of {repeats}...')
     for how in (('sync', 'async') if r % 2 == 0 else ('async', 'sync')):
       blocked, done, path = state.Save(how)
       runs[how].append((blocked, done, state.Restore(path), _Bytes(path)))
@@ -140,7 +144,10 @@ def StepCost(state, every, blocks, saves_per_block=3):
   for b in range(blocks):
     for how in hows[b % 3:] + hows[:b % 3]:  # Rotated order.
       start = time.perf_counter()
-      for _ in range(saves_per_block):
+      for i in range(saves_per_block):
+        bench_log.Say(f'step cost, block {b + 1} of {blocks}, '
+                      f'{i + 1} of {saves_per_block}: {every} steps, then '
+                      f'{"no" if how == "none" else "a " + how} save...')
         state.Steps(every)
         if how != 'none':
           state.Save(how, wait=False)
@@ -167,6 +174,7 @@ def main():
     overrides, every = _MODELS[name]
     directory = tempfile.mkdtemp(prefix=f'checkpoint_bench_{name}_')
     try:
+      bench_log.Say(f'{name}: building the model and its train step...')
       state = _State(overrides, cluster, directory)
       label = f'{name} ({state.num_params / 1e6:.1f}M params)'
       rows = SaveRestore(state, args.repeats)

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import textwrap
 
+import bench_log
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KEY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _CONFIGS = [(1, 1), (2, 1), (1, 2), (2, 2)]   # (replicas, stages)
@@ -103,6 +105,8 @@ def main():
   rates = {c: [] for c in _CONFIGS}
   for rnd in range(args.rounds):
     for r, k in _CONFIGS:
+      bench_log.Say(f'round {rnd}: trainer.py, {r} replica(s) x {k} '
+                    f'stage(s), {args.steps} steps...')
       rate = _StepsPerSec(r, k, args.steps, f'{tmp}/{rnd}_{r}x{k}')
       rates[(r, k)].append(rate)
       print(f'round {rnd}: {r}x{k} {rate:.2f} steps/s', flush=True)
@@ -117,6 +121,7 @@ def main():
   print(f'2x2 per-example cost / 1x2: {cost[(2, 2)] / cost[(1, 2)]:.2f} '
         '(aim <= 1.2)')
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  bench_log.Say('timing the all-reduce alone, each mode and pack size...')
   proc = subprocess.run([sys.executable, '-c', _ALLREDUCE], cwd=_ROOT,
                         env=env, capture_output=True, text=True, check=True)
   reduce_times = json.loads(proc.stdout.strip().splitlines()[-1])

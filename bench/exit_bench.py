@@ -40,6 +40,8 @@ import tempfile
 import threading
 import time
 
+import bench_log
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _REGRESSION = 'synthetic.linear_regression.RegressionTiny'
@@ -175,6 +177,8 @@ def main():
         for mode in modes:
           names = list(roots) if r % 2 == 0 else list(roots)[::-1]
           for name in names:
+            bench_log.Say(f'repeat {r + 1} of {args.repeats}, {load} '
+                          f'CPU burner(s) beside: {mode} ({name})...')
             with tempfile.TemporaryDirectory() as logdir:
               out = RunMode(mode, roots[name], name == 'baseline', logdir)
             results.setdefault((mode, load, name), []).append(out)

@@ -19,6 +19,8 @@ The weights are the checkpoint of --logdir (a run of the experiment), or
 else fresh ones saved to a temporary checkpoint: an untrained model rarely
 emits EOS, so `sample` and the decoder run every row to the end, the most
 work per batch. The machine is shared: compare the ratios of one run.
+Each phase says what it does on stderr as it starts (the table goes to
+stdout).
 
 Run:
   .venv/bin/python bench/export_bench.py [--logdir /tmp/cadence_lm] \
@@ -31,6 +33,8 @@ import tempfile
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import bench_log  # pylint: disable=g-import-not-at-top
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -100,23 +104,30 @@ def main():
   tmp = tempfile.mkdtemp()
   logdir = args.logdir or tmp
   if not args.logdir:
+    bench_log.Say('building the model, saving fresh weights...')
     _SaveFresh(params, logdir)
+  bench_log.Say('reading a Dev batch...')
   batch = next(iter(params.input.Instantiate().Dataset()))
 
   # Export, and the decoder job's start-up: build, restore, first step.
+  bench_log.Say('exporting (build, restore, trace, save)...')
   start = time.perf_counter()
   path, step = export.Export(params, logdir,
                              export_dir=os.path.join(tmp, 'export'))
   export_s = time.perf_counter() - start
+  bench_log.Say('the decoder job\'s start-up on 2 stages (build, restore, '
+                'first decode step)...')
   start = time.perf_counter()
   task, evaler, decoder = _InFramework(params, logdir, 2)
   decoder(batch)
   startup_s = time.perf_counter() - start
+  bench_log.Say('building the evaler and decoder steps on 1 device...')
   _, evaler_1, decoder_1 = _InFramework(params, logdir, 1)
   saved_bytes = _FolderBytes(path)
   weight_bytes = sum(v.shape.num_elements() * v.dtype.size
                      for v in task.vars.Flatten())
 
+  bench_log.Say('loading the SavedModel...')
   served = tf.saved_model.load(path)
   ids = tf.concat([batch.ids[:, :1], batch.labels], 1)
   paddings = tf.pad(1.0 - batch.weights, [[0, 0], [1, 0]])
@@ -135,15 +146,20 @@ def main():
       'decoder step (1 device)': lambda: decoder_1(batch),
       'export sample': lambda: served.sample(**prompts),
   }
+  bench_log.Say('the export\'s sample (its first call traces it), to compare '
+                'with the decoder\'s ids...')
   out_sample = served.sample(**prompts)['ids']
+  bench_log.Say('the decoder\'s ids, to compare...')
   out_decode = decoder(batch)
   same = np.array_equal(out_sample, tf.concat(
       [out_decode.greedy_ids, out_decode.sampled_ids], 0))
   times = {name: [] for name in calls}
   for name, fn in calls.items():
+    bench_log.Say(f'an untimed first call of the {name}...')
     _Timed(fn)   # The first call traces.
-  for _ in range(args.rounds):
+  for r in range(args.rounds):
     for name, fn in calls.items():
+      bench_log.Say(f'round {r + 1} of {args.rounds}: timing the {name}...')
       times[name].append(_Timed(fn))
   med = {name: statistics.median(t) for name, t in times.items()}
 

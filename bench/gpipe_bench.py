@@ -13,8 +13,8 @@ SGD update, compiled with tf.function.
                schedules.py; all but GPipe run the softmax and
                cross-entropy of each micro-batch inside the pipeline,
                PipeliningLayer.FPropLoss), remat as PipeliningLayer.remat.
-               A size a schedule does not allow (interleaved: M a multiple
-               of K) prints n/a.
+               A size a schedule does not allow (zb_v: v other than 2)
+               prints n/a.
 
 Both start from the same weights (identical variable paths). The script
 configures 4 logical CPUs at start; they share this machine's cores, so the
@@ -60,6 +60,7 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import bench_log
 import tensorflow as tf
 
 _CPUS = tf.config.list_physical_devices('CPU')
@@ -287,6 +288,8 @@ def GrapplerTable(args, window, ids, labels, paddings):
   models, warmup = {}, {}
   for i, cfg in enumerate(configs):
     for enabled in ((True, False) if i % 2 == 0 else (False, True)):
+      bench_log.Say(f'building {cfg}, grappler {enabled}: tracing and '
+                    'warming it up...')
       # Each model's functions are traced, optimised (or not) and run
       # inside its own scope.
       with graph_optimizer.Scope(enabled):
@@ -299,6 +302,8 @@ def GrapplerTable(args, window, ids, labels, paddings):
             f'{warmup[cfg, enabled]:.1f} s', flush=True)
   times = {key: [] for key in models}
   for r in range(args.rounds):   # Interleaved, alternating the order.
+    bench_log.Say(f'round {r + 1} of {args.rounds}: {args.steps} steps of '
+                  f'each of the {len(models)} models...')
     for key in (list(models) if r % 2 == 0 else list(models)[::-1]):
       with graph_optimizer.Scope(key[1]):
         times[key].append(_TimeSteps(models[key].Step, ids, labels,
@@ -351,6 +356,7 @@ def main():
   models = {}
   for cfg in configs:
     variant, k, m = cfg
+    bench_log.Say(f'building {cfg}, tracing and warming it up...')
     t0 = time.perf_counter()
     models[cfg] = _Built(k, m, Overrides(variant, window) if k else {},
                          batch)
@@ -359,8 +365,12 @@ def main():
   configs = [cfg for cfg in configs if models[cfg] is not None]
   times = {cfg: [] for cfg in configs}
   cpu = {cfg: [] for cfg in configs}
-  for _ in range(args.rounds):
-    for cfg in configs:
+  for r in range(args.rounds):
+    for i, cfg in enumerate(configs):
+      if i % 5 == 0:
+        bench_log.Say(f'round {r + 1} of {args.rounds}: {args.steps} steps '
+                      f'of configurations {i + 1}-{min(i + 5, len(configs))} '
+                      f'of {len(configs)}...')
       step = models[cfg].Step
       t0 = time.perf_counter()
       c0 = time.process_time()
@@ -404,6 +414,8 @@ def _Bubbles(variants, window, batch):
         # The cells inlined per call, so that the profile names each op's
         # action (trace_actions).
         overrides = dict(Overrides(variant, window), trace_actions=True)
+        bench_log.Say(f'bubble of {variant} K={k} M={m}: building, one '
+                      'profiled step...')
         model = _Built(k, m, overrides, batch)
         if model is None:
           cells.append('n/a')

@@ -52,6 +52,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_log  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpipe_bench  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CHILD = r"""
@@ -190,6 +191,8 @@ def main():
   table = {}
   for name, splits, mbs, overrides in models:
     for n in depths:
+      bench_log.Say(f'{name} L={n}: a fresh process builds it and runs 3 '
+                    'steps...')
       table[(name, n)] = r = _Measure(n, splits, mbs, overrides,
                                       args.per_device)
       print(f'{name:>26}  L={n:<3} tensor peak {r["tensor_mib"]:7.0f} MiB '
@@ -251,6 +254,8 @@ def main():
     for variant in args.variants.split(','):
       overrides = gpipe_bench.Overrides(variant, window)
       overrides.pop('trace_actions')
+      bench_log.Say(f'Tiny LM {variant}: a fresh process builds it and runs '
+                    'its steps...')
       r = _Run(_TINY_LM.format(overrides=overrides,
                                per_device=args.per_device))
       per = ''

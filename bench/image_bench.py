@@ -32,6 +32,7 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import bench_log
 import tensorflow as tf
 
 _CPUS = tf.config.list_physical_devices('CPU')
@@ -113,6 +114,7 @@ def main():
   batches = list(data.Dataset().take(4))
   steps = {}
   for name, k, m, batch in configs:
+    bench_log.Say(f'{name}: building, tracing, warming up...')
     _, step_fn = _Build(batch, k, m, args.remat)
     parts = [b.Transform(lambda x, n=batch: x[:n]) for b in batches]
     step_fn = functools.partial(_Time, step_fn, parts)
@@ -120,7 +122,9 @@ def main():
     steps[name] = step_fn
   wall = {c[0]: [] for c in configs}
   cpu = {c[0]: [] for c in configs}
-  for _ in range(args.rounds):
+  for r in range(args.rounds):
+    bench_log.Say(f'round {r + 1} of {args.rounds}: {args.steps} steps of '
+                  'each configuration...')
     for name, *_ in configs:
       w, c = steps[name](args.steps)
       wall[name].append(w)

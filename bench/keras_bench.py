@@ -28,6 +28,7 @@ import argparse
 import statistics
 import time
 
+import bench_log
 import keras
 import tensorflow as tf
 
@@ -161,6 +162,8 @@ def _Time(step, x):
 
 
 def _Bench(name, sizes, batch, repeats, warmup):
+  bench_log.Say(f'{name}: comparing the math, building and warming up the '
+                '3 steps...')
   x = tf.random.stateless_normal([batch, sizes['seq_len'], sizes['dim']],
                                  [1, 2])
   diff, keras_params, native_params = _SameMath(sizes, x)
@@ -175,6 +178,9 @@ def _Bench(name, sizes, batch, repeats, warmup):
       step(x).numpy()
   times = {name: [] for name in steps}
   for r in range(repeats):   # Interleaved: load drifts hit all alike.
+    if r % 5 == 0:
+      bench_log.Say(f'{name}: timing repeats {r + 1}-{min(r + 5, repeats)} '
+                    f'of {repeats}...')
     for step_name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
       times[step_name].append(_Time(steps[step_name], x))
   print(f'\n{name}: Transformer block d={sizes["dim"]} '

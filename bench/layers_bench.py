@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 
+import bench_log
 import tensorflow as tf
 
 from cadence.layers import combinators
@@ -102,6 +103,7 @@ def _NumOps(fn, inputs):
 
 def _Compare(name, cadence_fn, plain_fn, inputs, repeats, warmup):
   """Warm up both, then alternate them; returns a table row."""
+  bench_log.Say(f'{name}: tracing and warming up both steps...')
   a, b = cadence_fn(*inputs), plain_fn(*inputs)
   # Difference of the loss and all gradients together, relative to their
   # norm (per-tensor ratios mislead: some gradients are ~0 by symmetry).
@@ -114,6 +116,9 @@ def _Compare(name, cadence_fn, plain_fn, inputs, repeats, warmup):
     _Time(plain_fn, inputs)
   times_c, times_p = [], []
   for i in range(repeats):
+    if i % 5 == 0:
+      bench_log.Say(f'{name}: repeats {i + 1}-{min(i + 5, repeats)} of '
+                    f'{repeats}...')
     # Alternate which goes first, so neither always runs on a warmer cache.
     if i % 2 == 0:
       times_c.append(_Time(cadence_fn, inputs))

@@ -35,6 +35,7 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import bench_log  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -232,6 +233,7 @@ def main():
                       help='Corpus directory (default: the experiment\'s).')
   args = parser.parse_args()
 
+  bench_log.Say('reading the input, building the 3 variants...')
   params = _Params(args.data_dir, 1, 1)
   generator = params.input.Instantiate()
   b, t = params.input.batch_size, params.input.max_seq_len
@@ -252,6 +254,7 @@ def main():
   # First calls trace and compile. The same model: step-0 losses agree.
   losses, compile_s = {}, {}
   for name, fn in variants.items():
+    bench_log.Say(f'{name}: the first step (traces and compiles)...')
     start = time.perf_counter()
     losses[name] = float(fn(batches[0]))
     compile_s[name] = time.perf_counter() - start
@@ -259,7 +262,9 @@ def main():
   for name, loss in losses.items():
     print(f'step-0 loss {name:32s} {loss:.6f}  |diff| {abs(loss - ref):.2e}')
   times = {name: [] for name in variants}
-  for _ in range(args.rounds):
+  for r in range(args.rounds):
+    bench_log.Say(f'round {r + 1} of {args.rounds}: {args.steps} steps of '
+                  'each variant...')
     for name, fn in variants.items():
       times[name].append(_TimeSteps(fn, batches, args.steps))
   step_s = {name: statistics.median(v) for name, v in times.items()}
@@ -268,6 +273,7 @@ def main():
       params.task, NestedMap(ids=shapes.Shape([b, t]),
                              labels=shapes.Shape([b, t])))
   train_flops = 3 * meta.flops
+  bench_log.Say('the peak FLOP/s probe, then the input alone...')
   peak = train_report.MeasurePeakFlops()
   input_rate = _InputRate(generator, args.input_batches)
 

@@ -27,6 +27,7 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import bench_log  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 _CPUS = tf.config.list_physical_devices('CPU')
@@ -67,10 +68,15 @@ def main():
   times = {s: [] for s in sizes}
   evaluated = {}
   with cluster, tempfile.TemporaryDirectory() as logdir:
+    bench_log.Say(f'building {len(sizes)} eval programs...')
     programs = {s: _Program(*s, os.path.join(logdir, '_'.join(map(str, s))))
                 for s in sizes}
     for step in range(args.rounds):
       for s in sizes:
+        bench_log.Say(
+            f'round {step + 1} of {args.rounds}: evaluating {s[0] or "all"} '
+            f'samples of {s[1]} tokens in batches of {s[2]}' +
+            (' (the first run traces)...' if step == 0 else '...'))
         program, task = programs[s]
         start = time.perf_counter()
         result = program.Run(step, task.theta)

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from absl import logging
+import bench_log
 import tensorflow as tf
 
 from cadence.tasks.lm import input_generator
@@ -78,6 +79,7 @@ def main():
   args = parser.parse_args()
   logging.set_verbosity(logging.WARNING)
 
+  bench_log.Say('writing the corpus, training (or loading) SentencePiece...')
   patterns = synthetic_corpus.WriteShards(args.data_dir, 10, 10000, seed=0)
   spm = tokenizers.SentencePieceTokenizer.Params().Set(
       train_file_pattern=patterns.train, vocab_size=512)
@@ -98,6 +100,8 @@ def main():
             file_pattern=patterns.train, tokenizer=tok, batch_size=b,
             max_seq_len=t, packed=packed, fixed_input_shape=True,
             token_cache_dir='')
+        bench_log.Say(f'{tok_name} {"packed" if packed else "padded"} '
+                      f'{b}x{t}: building the input, timing its batches...')
         start = time.perf_counter()
         gen = p.Instantiate()
         start_s = time.perf_counter() - start
@@ -114,6 +118,9 @@ def CacheStartup(pattern, spm, repeats):
   cold and warm (see the module docstring)."""
   times = {'off': [], 'cold': [], 'warm': []}
   for r in range(repeats):
+    bench_log.Say(f'token cache start-up, round {r + 1} of {repeats}: '
+                  'building the input without, then with a cold and a warm '
+                  'cache...')
     cache = tempfile.mkdtemp(prefix='lm_input_bench_tokens_')
     order = ['off', 'cold', 'warm'] if r % 2 == 0 else ['cold', 'warm', 'off']
     for name in order:

@@ -38,6 +38,7 @@ import os
 import tempfile
 
 from absl import logging
+import bench_log
 import numpy as np
 
 from cadence.framework import model_registry
@@ -67,16 +68,21 @@ def main():
   p = model_registry.GetParams(_KEY, 'Train').input
   p.data_dir = os.path.join(args.data_dir, 'data')
   p.tokenizer.cache_dir = os.path.join(args.data_dir, 'spm')
+  bench_log.Say('building the input (the corpus and its tokenizer)...')
   gen = p.Instantiate()
   tok = gen.tokenizer
   entropy = synthetic_corpus.EntropyPerSentence()
 
   sums, weights = np.zeros([args.batches]), np.zeros([args.batches])
   for i in range(args.batches):
+    if i % 500 == 0:
+      bench_log.Say(f'scoring the training batches\' sentences: {i} of '
+                    f'{args.batches} done...')
     texts, w = _WholeSentences(gen.InputBatchAt(i), tok)
     nll = np.array([-synthetic_corpus.SentenceLogProb(t) for t in texts])
     sums[i], weights[i] = (w * nll).sum(), w.sum()
 
+  bench_log.Say('scoring every sentence of the corpus...')
   corpus = []
   for path in gen.files:
     with open(path, encoding='utf-8') as f:

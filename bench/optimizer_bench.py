@@ -27,6 +27,7 @@ import argparse
 import statistics
 import time
 
+import bench_log
 import keras
 import numpy as np
 import tensorflow as tf
@@ -146,6 +147,8 @@ def _Build(setup, rounds):
   built = {}
   for r in range(rounds):
     for name in list(_VARIANTS) if r % 2 == 0 else list(_VARIANTS)[::-1]:
+      bench_log.Say(f'build {r + 1} of {rounds}: tracing {name} and its '
+                    'first call...')
       fn, variables = _VARIANTS[name](setup)
       step = tf.function(fn, autograph=False)
       start = time.perf_counter()
@@ -189,6 +192,8 @@ def main():
   same = _SameMath(built)
   times = {name: [] for name in built}
   for r in range(args.repeats):
+    bench_log.Say(f'repeat {r + 1} of {args.repeats}: {args.steps} steps of '
+                  f'each variant...')
     order = list(built) if r % 2 == 0 else list(built)[::-1]
     for name in order:
       step = built[name][0]

@@ -62,11 +62,15 @@ Run:
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+import bench_log
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
@@ -130,6 +134,11 @@ def SelectLayouts(text):
 
 def _Quiet():
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  # The planner's progress lines (INFO, naming their file): a child's
+  # parent passes them on.
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.INFO)
 
 
 def _Params(name):
@@ -204,8 +213,7 @@ def _MeasureCosts(model, hw_text, devices, batches):
   costs = planner.MeasuredCosts(model, devices[0],
                                 model.params.task.train.learner,
                                 devices=devices)
-  for mb in batches:
-    costs.Parts(mb)
+  costs.MeasureParts(batches)
   costs.MeasureSteps(planner.CalibrationLayouts(model, len(devices)))
   probe = plan_measure.LmParts(model.symbolic_task, model.batch_size // 4,
                                model.BatchShapes(1).ids[1]).layer
@@ -222,16 +230,19 @@ def _MedianHardware(hws):
       flops=statistics.median(h.flops for h in hws))
 
 
-def _Interleaved(ref, runs, steps, window):
+def _Interleaved(ref, runs, steps, window, progress=''):
   """[(seconds a step of run, of the reference before it, after it)] for
   each of `runs` in turn, each between two windows of the reference (the
   one after a run is the one before the next): the reference measures the
   machine's speed at that moment. Every window is steady, of `steps`
-  steps or more to take `window` seconds (plan_measure.SteadySeconds)."""
+  steps or more to take `window` seconds (plan_measure.SteadySeconds).
+  With `progress`, a line '<progress> n/N' on stderr before each run."""
   from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
   before = plan_measure.SteadySeconds(ref, steps, window)
   out = []
-  for run in runs:
+  for i, run in enumerate(runs):
+    if progress:
+      print(f'{progress} {i + 1}/{len(runs)}', file=sys.stderr, flush=True)
     seconds = plan_measure.SteadySeconds(run, steps, window)
     after = plan_measure.SteadySeconds(ref, steps, window)
     out.append((seconds, before, after))
@@ -280,11 +291,14 @@ def ChildTime(name, rounds, steps, window, specs):
   samples = {l: [] for l in runs}
   rounds_costs = []
   for r in range(rounds):
+    print(f'[{name}] round {r + 1}/{rounds}: the planner\'s measurements...',
+          file=sys.stderr, flush=True)
     before = plan_measure.SteadySeconds(ref, steps, window)
     costs, hw = _MeasureCosts(model, 'cpu', devices, batches)
     rounds_costs.append((costs, hw, (before + plan_measure.SteadySeconds(
         ref, steps, window)) / 2))
-    timed = _Interleaved(ref, list(runs.values()), steps, window)
+    timed = _Interleaved(ref, list(runs.values()), steps, window,
+                         f'[{name}] round {r + 1}/{rounds}: timing layout')
     for layout, sample in zip(runs, timed):
       samples[layout].append(sample)
     print(f'[{name}] round {r + 1}/{rounds} done', file=sys.stderr,
@@ -357,22 +371,36 @@ def ChildMemory(name, spec):
       predicted=model.DeviceMemory(layout)[0])))
 
 
+# An absl INFO line of the planner's (its progress) in a child's stderr.
+_PLANNER_LINE = re.compile(r'^I\d{4} [\d:.]+ +\d+ (?:planner|plan_measure)'
+                           r'\.py:\d+\] ')
+
+
 def _ChildRun(args):
   # BFC: the allocator's stats for memory; for time, steps as fast as in a
   # process that built one layout (framework/jobs/plan_measure.py), as
   # `trainer.py --mode=plan --plan_measure` runs.
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
              TF_CPU_ALLOCATOR_USE_BFC='true')
-  out = subprocess.run([sys.executable, os.path.abspath(__file__),
-                        '--child'] + [str(a) for a in args],
-                       capture_output=True, text=True, check=False, env=env,
-                       cwd=_ROOT)
-  for line in out.stderr.splitlines():
+  proc = subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                           '--child'] + [str(a) for a in args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env, cwd=_ROOT)
+  stdout = []
+  reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()))
+  reader.start()
+  stderr = []
+  for line in proc.stderr:   # Passed on as it comes: the child's progress.
+    stderr.append(line)
     if line.startswith('['):
-      print('  ' + line, flush=True)
-  if out.returncode:
-    raise RuntimeError(out.stderr[-3000:])
-  return json.loads(out.stdout.strip().splitlines()[-1])
+      print('  ' + line.rstrip('\n'), flush=True)
+    elif _PLANNER_LINE.search(line):
+      bench_log.Say(f'{args[0]} {args[1]}: ' +
+                    _PLANNER_LINE.split(line, 1)[1].rstrip('\n'))
+  reader.join()
+  if proc.wait():
+    raise RuntimeError(''.join(stderr)[-3000:])
+  return json.loads(stdout[0].strip().splitlines()[-1])
 
 
 def _Spearman(xs, ys):
@@ -456,11 +484,15 @@ def main():
     for entry in res['layouts']:
       spec = entry['spec']
       if spec[0] > 1:
+        bench_log.Say(f'{name} {entry["name"]}: its replicas\' steps in a '
+                      'fresh process...')
         entry['samples'] = _ChildRun(['replicas', name, json.dumps(spec),
                                       args.rounds, args.steps,
                                       args.window])['samples']
       entry['measured_memory'] = None
       if spec[0] == 1 and not args.skip_memory:
+        bench_log.Say(f'{name} {entry["name"]}: its memory in a fresh '
+                      'process...')
         entry['measured_memory'] = _ChildRun(['memory', name,
                                               json.dumps(spec)])
       print(f'  {entry["name"]}: predicted {1000 * entry["predicted"]:.0f} '

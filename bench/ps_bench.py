@@ -22,6 +22,7 @@ import os
 import statistics
 import tempfile
 
+import bench_log
 from cadence.framework.train import summary_utils
 from cadence.tests import test_utils
 
@@ -73,6 +74,10 @@ def main():
     for r in range(args.repeats):
       for name, override in _CONFIGS.items():
         for ps in (False, True):
+          bench_log.Say(f'repeat {r + 1} of {args.repeats}: {name}, '
+                        f'{args.steps} steps ' + (
+                            'on 1 chief + 2 parameter servers + 2 workers'
+                            if ps else 'in one process') + '...')
           logdir = os.path.join(tmp, f'{r}-{len(rates)}-{name[:4]}-{ps}')
           rates[name, ps].append(_Run(logdir, args.steps, override, ps))
   print(f'{"model":28s} {"local steps/s":>14s} {"ps steps/s":>11s} '

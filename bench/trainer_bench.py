@@ -65,6 +65,7 @@ import sys
 import tempfile
 import time
 
+import bench_log
 import numpy as np
 import tensorflow as tf
 
@@ -202,6 +203,8 @@ def LmStartup(repeats, baseline_root=None):
   runs = {name: [] for name in roots}
   for r in range(repeats):   # Interleaved, alternating the order.
     for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+      bench_log.Say(f'repeat {r + 1} of {repeats}: the Tiny LM main job to '
+                    f'its first step ({name})...')
       runs[name].append(LmStartupSeconds(roots[name], name == 'baseline'))
   print('\n| Tiny LM main job | start -> first step done (s, median) | CPU s '
         '(median) | runs (s) |')
@@ -272,6 +275,8 @@ def LmGrappler(repeats):
   runs = {True: [], False: []}
   for r in range(repeats):   # Interleaved, alternating the order.
     for enabled in ([True, False] if r % 2 == 0 else [False, True]):
+      bench_log.Say(f'repeat {r + 1} of {repeats}: the Tiny LM main job, '
+                    f'--graph_optimizer={str(enabled).lower()}...')
       runs[enabled].append(LmGrapplerRun(enabled))
   keys = ('first', 'first_cpu', 'logged', 'step50', 'step50_cpu',
           'step_ms', 'step_cpu_ms')
@@ -310,6 +315,8 @@ def Watcher(repeats, steps):
   runs = {(): [], preemption.DEFAULT_SIGNALS: []}
   for r in range(repeats):   # Interleaved, alternating the order.
     for signals in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+      bench_log.Say(f'repeat {r + 1} of {repeats}: {steps} steps, '
+                    f'{"signals handled" if signals else "no handlers"}...')
       runs[signals].append(TrainerLoop(cfg, steps, signals)[0])
   plain, watched = (statistics.median(runs[k]) for k in runs)
   print('| tiny (8-16-1, b32), trainer loop | steps/s (median) |')
@@ -378,6 +385,8 @@ def LmSteps(repeats, steps, baseline_root=None):
   found = {name: [] for name in roots}
   for r in range(repeats):   # Alternating the order.
     for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+      bench_log.Say(f'repeat {r + 1} of {repeats}: a fresh process times '
+                    f'the Tiny LM layouts\' steps ({name})...')
       out = subprocess.run(
           [sys.executable, os.path.abspath(__file__), '--lm_steps_child',
            f'--steps={steps}'], env=_Env(roots[name]), capture_output=True,
@@ -469,7 +478,9 @@ def main():
   for name, cfg in _CONFIGS.items():
     steps = args.steps if cfg['batch'] <= 32 else args.steps // 4
     hand, trainer, diff = [], [], 0.0
-    for _ in range(args.repeats):
+    for r in range(args.repeats):
+      bench_log.Say(f'{name}, repeat {r + 1} of {args.repeats}: {steps} '
+                    'steps of the hand-written loop, then of the trainer\'s...')
       rate, hand_weights = HandWrittenLoop(cfg, steps)
       hand.append(rate)
       rate, trainer_weights = TrainerLoop(cfg, steps)
@@ -484,6 +495,8 @@ def main():
 
   print('\n| start-up | seconds |')
   print('| --- | --- |')
+  bench_log.Say(f'start-up: import tensorflow, then a 1-step trainer, '
+                f'{args.repeats} times each...')
   imports = [ImportSeconds() for _ in range(args.repeats)]
   runs = [StartupSeconds() for _ in range(args.repeats)]
   print(f'| `python -c "import tensorflow"` | '

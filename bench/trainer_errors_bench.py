@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+import bench_log
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _LOGDIR = '--logdir=/tmp/trainer_errors_bench'
@@ -81,12 +83,14 @@ def main():
     roots['baseline'] = os.path.abspath(args.baseline_root)
   runs = {}
   for r in range(args.repeats):
+    bench_log.Say(f'round {r + 1} of {args.repeats}: import tensorflow...')
     start = time.perf_counter()
     subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True,
                    capture_output=True)
     runs.setdefault('import tensorflow', []).append(
         time.perf_counter() - start)
     for name, flags, extra in _CASES:
+      bench_log.Say(f'round {r + 1} of {args.repeats}: {name}...')
       order = list(roots) if r % 2 == 0 else list(roots)[::-1]
       for which in order:
         env = _Env(roots[which], which == 'baseline', extra)

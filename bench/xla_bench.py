@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 
+import bench_log
 import tensorflow as tf
 
 from cadence.framework import model_registry
@@ -44,6 +45,8 @@ def _Program(config, xla):
 def _Bench(config, repeats, steps):
   runs = {}
   for xla in (False, True):
+    bench_log.Say(f'{"xla" if xla else "plain"}: building the program, its '
+                  'first loop call (traces and compiles)...')
     program = _Program(config, xla)
     iterator = program._Iterator(program._ReplicaBatches(0), 0)  # pylint: disable=protected-access
     start = time.perf_counter()
@@ -52,7 +55,8 @@ def _Bench(config, repeats, steps):
     program._RunLoop(iterator, 2)  # pylint: disable=protected-access  (warm)
     runs[xla] = dict(program=program, iterator=iterator, first=first,
                      rates=[])
-  for _ in range(repeats):
+  for r in range(repeats):
+    bench_log.Say(f'round {r + 1} of {repeats}: {steps} steps of each...')
     for xla in (False, True):
       run = runs[xla]
       start = time.perf_counter()
@@ -72,6 +76,7 @@ def main():
   print(f'{"configuration":40s} {"plain st/s":>10s} {"xla st/s":>9s} '
         f'{"xla/plain":>9s} {"first call plain / xla":>23s}')
   for name, config in _CONFIGS.items():
+    bench_log.Say(f'{name}...')
     out = _Bench(config, args.repeats, args.steps)
     (plain, plain_first), (xla, xla_first) = out[False], out[True]
     print(f'{name:40s} {plain:10.2f} {xla:9.2f} {xla / plain:8.2f}x '

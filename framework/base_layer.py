@@ -4,8 +4,11 @@ A layer is built from frozen `Params`, creates its variables and children
 eagerly in `__init__`, and computes with `FProp(theta, *inputs)`, a pure
 function of theta (a NestedMap mirroring `vars`) and its inputs. Purity is
 what lets `Recurrent` and the pipeline run a layer on micro-batches and
-re-run it for the backward pass. `FPropMeta` gives the output shapes and the
-FLOPs from shapes alone, which the partitioner uses to balance stages.
+re-run it for the backward pass. `FPropMeta` gives the layer's cost from
+shapes alone, a `cost.Cost` (out_shapes, FLOPs, the activation bytes its
+backward reads): the partitioner balances stages by it, the memory estimate
+counts its bytes. `FPropCost` reads it with the unset fields filled by
+cost.Complete's documented defaults.
 
 Randomness in FProp is stateless and seeded from `theta.step_seed` (see
 `step_seed.py` and `WithStepSeed`).
@@ -29,19 +32,23 @@ Example:
     @classmethod
     def FPropMeta(cls, p, inputs):
       shape = shapes.AsShape(inputs)
-      return NestedMap(flops=shape.num_elements(), out_shapes=(shape,))
+      return cost.Cost(flops=shape.num_elements(), out_shapes=(shape,))
 
   layer = Scale.Params().Set(name='scale', dim=4).Instantiate()
   y = layer(tf.ones([2, 4]))
+  FPropCost(layer.params, [2, 4]).act     # 64: its input and output, float32
 """
+import difflib
 import sys
 
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import step_seed as step_seed_lib
+from cadence.framework import validation
 from cadence.framework import weight_init
 
 WeightInit = weight_init.WeightInit
@@ -70,10 +77,100 @@ def InheritParams(parent_params, child_params):
   return child
 
 
+# The dtypes a layer's variables and activations may have. float16 is not
+# among them: its 5-bit exponent underflows small gradients unless the loss
+# is scaled, which Cadence does not do (bfloat16 keeps float32's range).
+VARIABLE_DTYPES = (tf.float32, tf.float64)
+FPROP_DTYPES = (None, tf.float32, tf.bfloat16)
+
+
+def _DtypeName(dtype):
+  return 'None' if dtype is None else f'tf.{dtype.name}'
+
+
+def CheckDtypes(owner, params):
+  """Raises a ValueError unless `params.dtype` is one of VARIABLE_DTYPES
+  and `params.fprop_dtype` one of FPROP_DTYPES (a tf.DType, not its name),
+  naming `owner`, the field, the value and the choices."""
+  CheckDtype(owner, 'dtype', params.dtype, VARIABLE_DTYPES)
+  CheckDtype(owner, 'fprop_dtype', params.fprop_dtype, FPROP_DTYPES,
+             FLOAT16_NOTE)
+
+
+# Why an activation dtype may not be tf.float16 (see FPROP_DTYPES).
+FLOAT16_NOTE = (' (tf.float16 is not supported: its range underflows small '
+                'gradients without loss scaling; use tf.bfloat16)')
+
+
+def CheckDtype(owner, field, value, choices, note=''):
+  """Raises a ValueError unless `value` is one of `choices` (tf.DTypes or
+  None; a dtype's name, a str, is refused, naming the dtype meant), naming
+  `owner`, `field`, the value, the choices and `note`. Returns `value`.
+
+  Example:
+    CheckDtype(owner, 'state_dtype', p.state_dtype, (None, tf.float32))
+  """
+  is_dtype = value is None or isinstance(value, tf.DType)
+  if is_dtype and value in choices:
+    return value
+  names = [_DtypeName(c) for c in choices]
+  rule = f'must be one of {", ".join(names)}{note}'
+  hint = ''
+  if isinstance(value, str):
+    try:
+      named = tf.as_dtype(value.rpartition('tf.')[2])
+    except TypeError:
+      named = None
+    if named is not None and named in choices:
+      hint = f' Did you mean {_DtypeName(named)} (a dtype, not a string)?'
+    else:
+      close = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
+      hint = f' Did you mean {close[0]}?' if close else ''
+  text = _DtypeName(value) if is_dtype else repr(value)
+  raise ValueError(f'{owner}: {field}={text} {rule}.{hint}')
+
+
+def CheckBaseParams(owner, params):
+  """The checks of the params every layer has (BaseLayer.Params): dtype and
+  fprop_dtype (CheckDtypes), random_seed (None or an int >= 0),
+  params_init (weight_init.CheckInit) and is_inference (a bool). Raises a
+  ValueError naming `owner`, the field, the value and the rule."""
+  CheckDtypes(owner, params)
+  validation.CheckOptionalInt(owner, 'random_seed', params.random_seed,
+                              low=0)
+  weight_init.CheckInit(owner, 'params_init', params.params_init)
+  validation.CheckBool(owner, 'is_inference', params.is_inference)
+
+
 def FPropDtype(params):
   """The dtype of the activations of layer params `params` (tf.DType):
   fprop_dtype, or dtype when fprop_dtype is None."""
   return tf.as_dtype(params.fprop_dtype or params.dtype)
+
+
+def FPropCost(params, *input_shapes):
+  """The complete cost record of layer params `params` on `input_shapes`:
+  its class's FPropMeta with the fields it leaves None filled by
+  cost.Complete's documented defaults (named in `defaulted`), bytes in its
+  activation dtype. The one way a consumer reads a layer's cost.
+
+  Example:
+    p = ProjectionLayer.Params().Set(name='fc', input_dim=8, output_dim=4)
+    FPropCost(p, [2, 8]).bwd_flops    # 2 x its forward FLOPs
+  """
+  return cost.Complete(params.cls.FPropMeta(params, *input_shapes),
+                       input_shapes, FPropDtype(params))
+
+
+def VariableSpecs(params):
+  """[(tf.TensorShape, dtype, trainable)] of the variables of the layer of
+  `params` (its name set), built in a throwaway tf.Graph: their values are
+  never computed, so nothing is allocated (a unit's weights for the memory
+  estimate, framework/pipeline/plan.py)."""
+  with tf.Graph().as_default():
+    layer = params.Instantiate()
+    return [(v.shape, v.dtype.base_dtype, v.trainable)
+            for v in layer.vars.Flatten()]
 
 
 def AccumulationDtype(dtype):
@@ -146,6 +243,7 @@ class BaseLayer(tf.Module):
     self._path = getattr(self, '_assigned_path', None) or name
     self._params = params.Copy()
     self._params.Freeze()
+    CheckBaseParams(validation.Owner(self), params)
     self._children_by_name = {}
     self._variables_by_name = {}
 
@@ -359,17 +457,26 @@ class BaseLayer(tf.Module):
     `FPropMeta` before it reads a dim: FPropMeta runs on params before any
     layer is built (`BaseTask.CheckStaticShapes`), so a value of the wrong
     type or range ('512' for an int) is named there, with its params path,
-    instead of failing as a shape.
+    instead of failing as a shape. Here: the params every layer has
+    (CheckBaseParams: dtypes, random_seed, params_init, is_inference).
     """
-    del p, owner
+    CheckBaseParams(owner, p)
 
   @classmethod
   def FPropMeta(cls, params, *input_shapes):
-    """Static cost: NestedMap(flops=int, out_shapes=tuple of Shape).
+    """Static cost from params and shapes alone: a `cost.Cost`.
+
+    A layer sets out_shapes and flops, and the fields it knows exactly (the
+    activation bytes `act`, `act_weights`, `residuals`, `transient`,
+    `bwd_flops`, `weight_bytes`); it leaves the others None, which
+    `FPropCost` fills with cost.Complete's documented defaults.
 
     Args:
       params: this class's params.
       *input_shapes: one `shapes.Shape` (or tuple/TensorShape) per input.
+
+    Returns:
+      A cost.Cost (see framework/cost.py).
     """
     raise NotImplementedError(
         f'{cls.__name__} does not implement FPropMeta(params, *shapes); the '

@@ -25,6 +25,12 @@ from cadence.framework import learner as learner_lib
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import validation
 
+# The choices of train.allreduce (run by framework/train/replicas.py) and of
+# train.ps_placement (framework/distribute/ps_placement.py), declared beside
+# the knobs: every task checks them when built, whatever the run's layout.
+ALLREDUCE_MODES = ('auto', 'ring', 'nccl', 'hierarchical_copy', 'one_device')
+PS_PLACEMENTS = ('least_loaded', 'round_robin')
+
 
 def _TrainParams():
   p = hyperparams.Params()
@@ -41,6 +47,11 @@ def _TrainParams():
            'over the steps since the last ones) every this many steps.')
   p.Define('log_interval_steps', 100, 'Log a progress line every this many '
            'steps.')
+  p.Define('log_interval_secs', 30.0, 'Also log a progress line at least '
+           'every this many seconds of training, a number >= 0 (as far as '
+           "one step's time allows; 0: by steps only): slow steps get "
+           'lines between the log_interval_steps ones. One host only: '
+           'several hosts training together log by steps.')
   p.Define('ema_decay', 0.0, 'Decay of an exponential moving average of the '
            'trained variables, in [0, 1); 0 disables it. With it, eval and '
            'decode use the averaged weights.')
@@ -155,7 +166,7 @@ class BaseTask(base_layer.BaseLayer):
 
   def __init__(self, params):
     super().__init__(params)
-    self._ValidateTrainParams()
+    self.CheckTrainParams(self.params, validation.Owner(self))
     self.CheckStaticShapes(self.params)
 
   @classmethod
@@ -172,7 +183,8 @@ class BaseTask(base_layer.BaseLayer):
     FPropMeta).
 
     Returns:
-      The FPropMeta NestedMap, or None when nothing was checked.
+      The FPropMeta record (a cost.Cost), or None when nothing was
+      checked.
     """
     p = params
     if p.input is None:
@@ -186,9 +198,12 @@ class BaseTask(base_layer.BaseLayer):
     except NotImplementedError:
       return None
 
-  def _ValidateTrainParams(self):
-    owner = validation.Owner(self)
-    t = self.params.train
+  @classmethod
+  def CheckTrainParams(cls, params, owner=None):
+    """Checks the task's `train` and `eval` params (the learner's too),
+    from params alone: the trainer asks before it builds anything."""
+    owner = owner or validation.Owner(params)
+    t = params.train
     for field in ('max_steps', 'save_interval_steps', 'save_max_to_keep',
                   'summary_interval_steps', 'log_interval_steps',
                   'max_consecutive_skips'):
@@ -196,7 +211,22 @@ class BaseTask(base_layer.BaseLayer):
                           low=0 if field == 'max_steps' else 1)
     validation.CheckNumber(owner, 'train.ema_decay', t.ema_decay, 0, 1,
                            high_open=True)
-    e = self.params.eval
+    validation.CheckNumber(owner, 'train.log_interval_secs',
+                           t.log_interval_secs, low=0)
+    # Read only with several replicas or parameter servers: checked here so
+    # a typo fails on one replica too.
+    validation.CheckOneOf(owner, 'train.allreduce', t.allreduce,
+                          ALLREDUCE_MODES)
+    validation.CheckInt(owner, 'train.allreduce_bytes_per_pack',
+                        t.allreduce_bytes_per_pack, low=0)
+    validation.CheckOneOf(owner, 'train.ps_placement', t.ps_placement,
+                          PS_PLACEMENTS)
+    # The learner's too: read before any learner is built (the memory
+    # estimate instantiates its optimizer).
+    check = getattr(getattr(t.learner, 'cls', None), 'CheckParams', None)
+    if check is not None:
+      check(t.learner, validation.Owner(t.learner))
+    e = params.eval
     for field in ('samples_per_summary', 'decoder_samples'):
       validation.CheckInt(owner, f'eval.{field}', e.Get(field), low=0)
 
@@ -300,9 +330,10 @@ class BaseTask(base_layer.BaseLayer):
       input_shapes: NestedMap of `shapes.Shape`, the batch's fields.
 
     Returns:
-      NestedMap(flops=int or None, out_shapes=(), and optionally
-      breakdown=[(name, flops)] for `inspect_model`, and
-      partitions=[flops of each pipeline stage]).
+      A cost.Cost(flops=int or None, out_shapes=(), and optionally
+      breakdown=[(name, flops)] for `inspect_model`, and a pipelined
+      task's `plan` (framework/pipeline/plan.py: its stages, schedule and
+      memory, which the memory estimate, inspect and the planner read)).
     """
     raise NotImplementedError(
         f'{cls.__name__} implements no FPropMeta(params, input_shapes); '

@@ -70,6 +70,17 @@ def LogicalCoreScope(index):
   return contextlib.nullcontext()
 
 
+def DeviceLabel(device):
+  """How a log line names `device`: as it is, but a TPU replica's logical
+  core off a TPUStrategy (where it places nothing, LogicalCoreScope) as
+  'no device (unplaced)', e.g. an export's graph, which the loading process
+  places."""
+  if (LogicalCoreIndex(device) is not None and not isinstance(
+      tf.distribute.get_strategy(), tf.distribute.TPUStrategy)):
+    return 'no device (unplaced)'
+  return device
+
+
 def DeviceScope(device):
   """`tf.device(device)`, or a no-op scope for None (the device in scope).
 

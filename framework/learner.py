@@ -22,6 +22,7 @@ loss is the mean over its own examples) and gives every copy's
 `ApplyGradients` the same reduced gradients and the same skip decision, so
 the copies stay equal.
 """
+import difflib
 import re
 
 import tensorflow as tf
@@ -33,6 +34,51 @@ from cadence.framework import optimizer as optimizer_lib
 from cadence.framework import validation
 
 _NOT_TRAINED = object()  # Marks leaves of var_map that do not train.
+
+
+def _Kinds(module, base):
+  """{name: class} of the public subclasses of `base` in `module`, in the
+  order the module defines them (e.g. SGD, Momentum, Adam, Adafactor)."""
+  return {name: obj for name, obj in vars(module).items()
+          if isinstance(obj, type) and issubclass(obj, base) and
+          obj is not base and not name.startswith('_')}
+
+
+def _CheckKind(owner, field, params, module, base):
+  """Raises a ValueError unless `params` (the learner's `field`) are the
+  InstantiableParams of a subclass of `base`; names the classes of
+  `module` there are, and the one meant when a class name was given as a
+  str (e.g. optimizer.cls='adam')."""
+  kinds = _Kinds(module, base)
+  what = f'one of {", ".join(kinds)} ({module.__name__})'
+  if not isinstance(params, hyperparams.InstantiableParams):
+    raise validation.Error(owner, field, params, f'must be the Params() of '
+                           f'{what}.')
+  cls = params.cls
+  if isinstance(cls, type) and issubclass(cls, base):
+    return
+  hint = ''
+  if isinstance(cls, str):
+    by_lower = {name.lower(): name for name in kinds}
+    close = difflib.get_close_matches(cls.rpartition('.')[2].lower(),
+                                      list(by_lower), n=1, cutoff=0.6)
+    if close:
+      hint = (f" Did you mean type('{module.__name__}."
+              f"{by_lower[close[0]]}') (a class, not a str)?")
+  raise validation.Error(owner, f'{field}.cls', cls,
+                         f'must be {what}.{hint}')
+
+
+def _Regex(owner, field, pattern):
+  """re.compile(pattern), None for None; a ValueError naming `owner` and
+  `field` for a pattern that does not compile."""
+  if pattern is None:
+    return None
+  try:
+    return re.compile(pattern)
+  except (re.error, TypeError) as e:
+    raise validation.Error(owner, field, pattern,
+                           f'is not a valid regex: {e}') from None
 
 
 class Learner:
@@ -80,7 +126,7 @@ class Learner:
         `FlattenItems` keys are the paths the filters match.
     """
     self._params = params.Copy().Freeze()
-    self._Validate()
+    self.CheckParams(self._params, validation.Owner(self))
     p = self._params
     self._optimizer = p.optimizer.Instantiate()
     self._schedule = p.lr_schedule.Instantiate()
@@ -104,22 +150,25 @@ class Learner:
     self._var_map = marked.Filter(lambda v: v is not _NOT_TRAINED)
     self._trainable = self._var_map.FlattenItems()
 
-  def _Validate(self):
-    p = self._params
+  @classmethod
+  def CheckParams(cls, p, owner):
+    """Raises ValueError for a bad value of learner params `p`, from params
+    alone; `owner` names them (validation.Owner). A task checks its
+    learner's params when it is built (BaseTask), before anything reads
+    them (the memory estimate instantiates the optimizer); __init__ again.
+    """
     for field in ('learning_rate', 'clip_gradient_norm_to_value',
                   'grad_norm_to_clip_to_zero', 'l2_regularizer_weight'):
-      validation.CheckNumber(validation.Owner(self), field, p.Get(field),
-                             low=0)
+      validation.CheckNumber(owner, field, p.Get(field), low=0)
+    _CheckKind(owner, 'optimizer', p.optimizer, optimizer_lib,
+               optimizer_lib.BaseOptimizer)
+    _CheckKind(owner, 'lr_schedule', p.lr_schedule, lr_schedule_lib,
+               lr_schedule_lib.BaseSchedule)
+    for field in ('bprop_variable_filter', 'bprop_variable_exclusion'):
+      _Regex(owner, field, p.Get(field))
 
   def _Compile(self, field):
-    pattern = self._params.Get(field)
-    if pattern is None:
-      return None
-    try:
-      return re.compile(pattern)
-    except (re.error, TypeError) as e:
-      raise validation.Error(validation.Owner(self), field, pattern,
-                             f'is not a valid regex: {e}') from None
+    return _Regex(validation.Owner(self), field, self._params.Get(field))
 
   @property
   def params(self):

@@ -278,6 +278,8 @@ class Momentum(BaseOptimizer):
 
   def _Validate(self):
     self._CheckRange('alpha', 0.0, 1.0, high_open=True)
+    validation.CheckBool(validation.Owner(self), 'use_nesterov',
+                         self._params.use_nesterov)
 
   def _SlotShapes(self, shape):
     return {'momentum': shape}
@@ -379,6 +381,9 @@ class Adafactor(BaseOptimizer):
     self._CheckRange('decay_exponent', 0.0, 1.0, low_open=True)
     self._CheckRange('epsilon1', 0.0, None, low_open=True)
     self._CheckRange('clipping_threshold', 0.0, None)
+    for field in ('multiply_by_parameter_scale', 'factored'):
+      validation.CheckBool(validation.Owner(self), field,
+                           self._params.Get(field))
 
   def _Factored(self, shape):
     p = self._params

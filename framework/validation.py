@@ -22,6 +22,20 @@ import numbers
 from cadence.framework import hyperparams
 
 
+# SingleTaskModel fills `task.input` from the model's `input` (base_model.py):
+# a user overrides `input...`, so that is the path errors name.
+_FILLED_FROM = (('task.input', 'input'),)
+
+
+def UserPath(path):
+  """The params path a user overrides for `path` (e.g. 'task.input.x' ->
+  'input.x': the task's input is a copy of the model's)."""
+  for copy, source in _FILLED_FROM:
+    if path == copy or path.startswith(copy + '.'):
+      return source + path[len(copy):]
+  return path
+
+
 def Owner(obj, name=None):
   """"<Class> '<path or name>'" for error messages.
 
@@ -41,12 +55,12 @@ def Owner(obj, name=None):
     if name is None and 'name' in obj:
       name = obj.name
     if obj.Path():
-      where = f' (params {obj.Path()!r})'
+      where = f' (params {UserPath(obj.Path())!r})'
   else:
     cls = type(obj)
     params = getattr(obj, 'params', None)
     if isinstance(params, hyperparams.Params) and params.Path():
-      where = f' (params {params.Path()!r})'
+      where = f' (params {UserPath(params.Path())!r})'
   if name is None:
     name = getattr(obj, 'path', None)
   if name is None and hasattr(obj, 'params'):

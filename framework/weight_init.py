@@ -19,6 +19,7 @@ import math
 import tensorflow as tf
 
 from cadence.framework import hyperparams
+from cadence.framework import validation
 
 _METHODS = ('constant', 'gaussian', 'uniform', 'truncated_gaussian', 'xavier',
             'gaussian_sqrt_dim', 'uniform_sqrt_dim', 'gaussian_sqrt_fanout')
@@ -73,6 +74,25 @@ class WeightInit:
   def GaussianSqrtFanOut(scale=1.0):
     """Normal with stddev scale / sqrt(fan_out)."""
     return _Init('gaussian_sqrt_fanout', scale)
+
+
+def CheckInit(owner, field, init):
+  """Raises a ValueError naming `owner` and `field` (e.g. 'params_init')
+  unless `init` is WeightInit params: a `method` of the known ones and a
+  number `scale`. Returns `init`.
+
+  Example:
+    CheckInit("ProjectionLayer 'fc'", 'params_init', WeightInit.Xavier(1.0))
+  """
+  if not (isinstance(init, hyperparams.Params) and 'method' in init and
+          'scale' in init):
+    raise validation.Error(owner, field, init, 'must be WeightInit params '
+                           '(method and scale), e.g. WeightInit.Xavier(1.0).')
+  validation.CheckOneOf(owner, f'{field}.method', init.method, _METHODS)
+  if not validation.IsNumber(init.scale):
+    raise validation.Error(owner, f'{field}.scale', init.scale,
+                           'must be a number.')
+  return init
 
 
 def WeightParams(shape, init=None, dtype=None, trainable=True,

@@ -7,6 +7,7 @@ cross-attention over a memory otherwise.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import linear
@@ -214,7 +215,8 @@ class MultiHeadedAttention(base_layer.BaseLayer):
       paddings_shape: ignored ([batch, tk]).
 
     Returns:
-      NestedMap(flops, out_shapes=(Shape[b, tq, d], Shape[b, h, tq, tk])).
+      cost.Cost(flops, out_shapes=(Shape[b, tq, d], Shape[b, h, tq, tk]));
+      the bytes are cost.Complete's defaults.
     """
     del value_shape, paddings_shape
     cls.CheckParams(p, validation.Owner(p))
@@ -238,6 +240,6 @@ class MultiHeadedAttention(base_layer.BaseLayer):
         m(2 * 2 * n, b, tq, tk),
         m(SOFTMAX_FLOPS_PER_LOGIT, b, h, tq, tk),
         m(2 * n * d + bias * d, b, tq))
-    return base_layer.NestedMap(
+    return cost.Cost(
         flops=flops,
         out_shapes=(shapes.Shape([b, tq, d]), shapes.Shape([b, h, tq, tk])))

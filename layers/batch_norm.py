@@ -38,7 +38,7 @@ Statistics are computed in float32 (float64 with a float64 fprop_dtype).
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework.nested_map import NestedMap
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -80,6 +80,13 @@ class BatchStatsLayer(base_layer.BaseLayer):
   def FProp(self, theta, *inputs):
     """FPropStats' outputs alone (the statistics are dropped)."""
     return self.FPropStats(theta, *inputs)[0]
+
+  @classmethod
+  def StatsShapes(cls, p):
+    """The shapes of FPropStats' stats in training: a shapes.Shape, or a
+    NestedMap child name -> its StatsShapes (what a pipeline carries per
+    micro-batch, layers/gpipe_units.py)."""
+    raise NotImplementedError(f'{cls.__name__} must declare StatsShapes(p).')
 
   def UpdateMovingStats(self, stats):
     """Applies FPropStats' stats, leaves [micro_batches, ...], to the
@@ -134,6 +141,11 @@ class BatchNormLayer(BatchStatsLayer):
 
   def _ComputeDtype(self):
     return base_layer.AccumulationDtype(self.fprop_dtype)
+
+  @classmethod
+  def StatsShapes(cls, p):
+    """[2, dim]: the batch's mean and variance."""
+    return shapes.Shape([2, p.dim])
 
   def FPropStats(self, theta, inputs):
     """Normalises; returns the batch statistics too (training).
@@ -196,8 +208,8 @@ class BatchNormLayer(BatchStatsLayer):
     training: N * dim * 7 + 3 * dim (the mean's sum, centring, square, the
     variance's sum, centring again, the scale and the shift per element;
     the divisions by N and rsqrt per channel); inference: N * dim * 3 +
-    2 * dim. None if N is unknown. act_bytes: the input and the normalised
-    input the backward reads.
+    2 * dim. None if N is unknown. act: the input and the normalised input
+    the backward reads.
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
@@ -208,8 +220,8 @@ class BatchNormLayer(BatchStatsLayer):
     n = shapes.Mul(*shape[:-1])
     per_element, per_channel = (3, 2) if p.is_inference else (7, 3)
     size = 8 if tf.as_dtype(p.fprop_dtype or p.dtype) == tf.float64 else 4
-    return NestedMap(
+    return cost.Cost(
         flops=shapes.Add(shapes.Mul(n, p.dim * per_element),
                          per_channel * p.dim),
         out_shapes=(shape,),
-        act_bytes=shapes.Mul(2 * size, shape.num_elements()))
+        act=shapes.Mul(2 * size, shape.num_elements()))

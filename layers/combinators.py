@@ -7,10 +7,12 @@ A FeatureExtractionLayer also runs sub-layers in order and can pass
 activations through and fetch intermediate ones: it is the pipeline's cell
 type (layers/gpipe.py), as in Lingvo.
 
-`LayerMeta`, `DescribeLayer` and `FmtShapes` are the shared pieces of
-chaining sub-layers' FPropMeta with clear errors.
+`LayerMeta`, `LayerCost`, `DescribeLayer` and `FmtShapes` are the shared
+pieces of chaining sub-layers' FPropMeta with clear errors. A chain's cost
+record is the cost.Chain of its sub-layers' complete records.
 """
 from cadence.framework import base_layer
+from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -41,6 +43,13 @@ def LayerMeta(owner, what, layer_p, in_shapes):
         f'{owner}: {what} has no FPropMeta; the pipeline needs it to cost '
         'the layer and to know the shapes it passes on (inputs '
         f'{FmtShapes(in_shapes)}).') from None
+
+
+def LayerCost(owner, what, layer_p, in_shapes):
+  """LayerMeta's record completed as base_layer.FPropCost completes it
+  (cost.Complete's defaults, in layer_p's activation dtype)."""
+  return cost.Complete(LayerMeta(owner, what, layer_p, in_shapes),
+                       tuple(in_shapes), base_layer.FPropDtype(layer_p))
 
 
 def CheckSubParams(owner, sub):
@@ -118,19 +127,19 @@ class SequentialLayer(base_layer.BaseLayer):
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
-    """Chains the sub-layers' FPropMeta.
+    """Chains the sub-layers' FPropMeta: the cost.Chain of their complete
+    records (base_layer.FPropCost) over all repeats.
 
     flops = sum of the sub-layers' flops over all repeats (None if any is
     None); out_shapes = the last sub-layer's out_shapes.
     """
     cls.CheckParams(p, validation.Owner(p))
-    flops = 0
+    records = []
     in_shapes = tuple(shapes.AsShape(s) for s in input_shapes)
     for sub in list(p.sub) * p.repeat:
-      meta = sub.cls.FPropMeta(sub, *in_shapes)
-      flops = shapes.Add(flops, meta.flops)
-      in_shapes = tuple(meta.out_shapes)
-    return NestedMap(flops=flops, out_shapes=in_shapes)
+      records.append(base_layer.FPropCost(sub, *in_shapes))
+      in_shapes = tuple(records[-1].out_shapes)
+    return cost.Chain(records)
 
   @classmethod
   def FlatSubParams(cls, p):
@@ -244,19 +253,19 @@ class FeatureExtractionLayer(base_layer.BaseLayer):
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
-    """flops: the subs' sum; out_shapes: outputs, activations, fetches."""
+    """The cost.Chain of the subs' complete records (flops: their sum);
+    out_shapes: outputs, activations, fetches."""
     n_act = p.num_act_inputs
     in_shapes = tuple(input_shapes)
     main = in_shapes[:len(in_shapes) - n_act]
     acts = in_shapes[len(in_shapes) - n_act:]
-    flops, fetched = 0, {}
+    records, fetched = [], {}
     for i, sub in enumerate(p.sub):
       sub = base_layer.InheritParams(p, sub)
-      meta = LayerMeta(f"FeatureExtractionLayer '{p.name}'",
-                       DescribeLayer(i, sub), sub, main)
-      flops = shapes.Add(flops, meta.flops)
-      main = tuple(meta.out_shapes)
+      records.append(LayerCost(f"FeatureExtractionLayer '{p.name}'",
+                               DescribeLayer(i, sub), sub, main))
+      main = tuple(records[-1].out_shapes)
       if sub.name in p.act_fetch_layers:
         fetched[sub.name] = main[0]
     out = main + tuple(acts) + tuple(fetched[f] for f in p.act_fetch_layers)
-    return NestedMap(flops=flops, out_shapes=out)
+    return cost.Chain(records).Replace(out_shapes=out)

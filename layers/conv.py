@@ -7,11 +7,11 @@ TensorFlow's rules (see `ConvOutputSize`).
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import activations
 
-NestedMap = base_layer.NestedMap
 WeightInit = base_layer.WeightInit
 WeightParams = base_layer.WeightParams
 
@@ -143,7 +143,7 @@ class Conv2DLayer(base_layer.BaseLayer):
     out = _OutImageShape(cls, p, shape, (kh, kw), p.filter_stride, cout)
     per_output = (2 * kh * kw * cin + (1 if p.has_bias else 0) +
                   activations.FlopsPerElement(p.activation))
-    return NestedMap(flops=shapes.Mul(out.num_elements(), per_output),
+    return cost.Cost(flops=shapes.Mul(out.num_elements(), per_output),
                      out_shapes=(out,))
 
 
@@ -213,7 +213,7 @@ class PoolingLayer(base_layer.BaseLayer):
     kh, kw = p.window_shape
     out = _OutImageShape(cls, p, shape, (kh, kw), p.window_stride, shape[-1])
     per_output = kh * kw + (1 if p.pooling_type == 'AVG' else 0)
-    return NestedMap(flops=shapes.Mul(out.num_elements(), per_output),
+    return cost.Cost(flops=shapes.Mul(out.num_elements(), per_output),
                      out_shapes=(out,))
 
 
@@ -248,7 +248,7 @@ class FlattenLayer(base_layer.BaseLayer):
     if shape.rank < 1:
       raise ValueError(f"FlattenLayer '{p.name}': inputs shape "
                        f'{list(shape)} must have rank >= 1.')
-    return NestedMap(flops=0, out_shapes=(
+    return cost.Cost(flops=0, out_shapes=(
         shapes.Shape([shape[0], shapes.Mul(*shape[1:])]),))
 
 
@@ -301,4 +301,4 @@ class GlobalPoolingLayer(base_layer.BaseLayer):
     flops = shape.num_elements()
     if p.pooling_type == 'AVG':
       flops = shapes.Add(flops, out.num_elements())
-    return NestedMap(flops=flops, out_shapes=(out,))
+    return cost.Cost(flops=flops, out_shapes=(out,))

@@ -9,7 +9,7 @@ micro-batches get distinct masks through `step_seed.MicroBatchSeed`.
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework.nested_map import NestedMap
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -111,4 +111,4 @@ class DropoutLayer(base_layer.BaseLayer):
     shape = shapes.AsShape(inputs)
     flops = 0 if cls._IsIdentity(p) else shapes.Mul(
         _FLOPS_PER_ELEMENT, shape.num_elements())
-    return NestedMap(flops=flops, out_shapes=(shape,))
+    return cost.Cost(flops=flops, out_shapes=(shape,))

@@ -16,7 +16,7 @@ import math
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework.nested_map import NestedMap
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -43,7 +43,7 @@ def _PositionalMeta(cls, p, seq_length_or_positions, flops_per_element):
   else:
     shape = shapes.AsShape(x)
   out = shape + (p.embedding_dim,)
-  return NestedMap(
+  return cost.Cost(
       flops=shapes.Mul(flops_per_element, out.num_elements()),
       out_shapes=(out,))
 
@@ -112,7 +112,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
     shape = shapes.AsShape(ids)
     out = shape + (p.embedding_dim,)
     flops = out.num_elements() if p.scale_sqrt_depth else 0
-    return NestedMap(flops=flops, out_shapes=(out,))
+    return cost.Cost(flops=flops, out_shapes=(out,))
 
 
 class PositionalEmbedding(base_layer.BaseLayer):

@@ -71,6 +71,7 @@ from cadence.framework import cluster as cluster_lib
 from cadence.framework import device_call
 from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import microbatch
+from cadence.framework.pipeline import plan as plan_lib
 from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import step_seed as step_seed_lib
@@ -88,6 +89,10 @@ BalancedPartition = gpipe_partition.BalancedPartition
 SplitBoundaries = gpipe_partition.SplitBoundaries
 StageSplits = gpipe_partition.StageSplits
 SplitCells = gpipe_partition.SplitCells
+
+# `state_dtype` choices: an activation dtype (base_layer.FPROP_DTYPES), or
+# float64 for a float64 model.
+STATE_DTYPES = base_layer.FPROP_DTYPES + (tf.float64,)
 
 # A cell handed to `PipeliningLayer.FPropCells`:
 #   fprop: fn(theta, *inputs) -> outputs (a tensor or a tuple of tensors; one
@@ -223,7 +228,8 @@ class SeqLayer(base_layer.BaseLayer):
     if num_cells > d:
       logging.info('%s: %d pipeline cells on %d device(s): %s.',
                    validation.Owner(self), num_cells, d, ', '.join(
-                       f'cell {i} on {device}' for i, device in
+                       f'cell {i} on {cluster_lib.DeviceLabel(device)}'
+                       for i, device in
                        enumerate(self.StageDevices(num_cells))))
 
   def _Before(self, theta, inputs):
@@ -354,6 +360,9 @@ class PipeliningLayer(SeqLayer):
   @classmethod
   def CheckParams(cls, p, owner):
     """Raises ValueError for bad pipeline settings (no batch needed)."""
+    super().CheckParams(p, owner)
+    base_layer.CheckDtype(owner, 'state_dtype', p.state_dtype,
+                          STATE_DTYPES, base_layer.FLOAT16_NOTE)
     validation.CheckOptionalInt(owner, 'num_micro_batches',
                                 p.num_micro_batches)
     validation.CheckOptionalInt(owner, 'micro_batch_size', p.micro_batch_size)
@@ -411,30 +420,57 @@ class PipeliningLayer(SeqLayer):
                             p.batch_dim)
 
   @classmethod
-  def MemoryMeta(cls, p, num_micro_batches, cells, input_bytes=0):
-    """What memory_estimate needs of this pipeline and its K `cells`
-    (NestedMaps of bytes, see memory_estimate.Moments): the schedule,
-    remat, M, backward_window, the devices (K / stages_per_device, or the
-    table's lines), a table's text, and `input_bytes`: one micro-batch of
-    the pipeline's inputs in the state dtype (the micro-batches are slices
-    of one buffer on the first device, alive while any of them is)."""
-    devices = len(cells) // p.stages_per_device
+  def NumDevices(cls, p, num_stages):
+    """The devices of a model split that runs `num_stages` stages under
+    params `p`: a table's lines, else num_stages / stages_per_device."""
     if p.schedule == schedules.TABLE:
-      devices = len(schedules.ParseTable(p.schedule_table))
-    try:   # Checked here, before anything is built.
-      schedules.Build(p.schedule, len(cells), devices, num_micro_batches,
-                      table=p.schedule_table)
+      return len(schedules.ParseTable(p.schedule_table))
+    return max(1, num_stages // p.stages_per_device)
+
+  @classmethod
+  def BuildSchedule(cls, p, num_stages, num_micro_batches, num_devices=None):
+    """The checked Schedule of params `p` for its stages and micro-batches
+    (num_devices: default `NumDevices`); a ValueError names the field
+    (schedule, or schedule_table), the sizes and the rule."""
+    devices = num_devices or cls.NumDevices(p, num_stages)
+    try:
+      return schedules.Build(p.schedule, num_stages, devices,
+                             num_micro_batches, table=p.schedule_table)
     except ValueError as e:
       field = 'schedule_table' if p.schedule == schedules.TABLE else 'schedule'
       raise validation.Error(validation.Owner(p), field, p.Get(field),
-                             f'with {len(cells)} stages, {devices} devices '
+                             f'with {num_stages} stages, {devices} devices '
                              f'and {num_micro_batches} micro-batches: {e}'
                              ) from None
-    return NestedMap(schedule=p.schedule, remat=p.remat,
-                     num_micro_batches=num_micro_batches,
-                     backward_window=p.backward_window, num_devices=devices,
-                     schedule_table=p.schedule_table, cells=cells,
-                     input=input_bytes)
+
+  @classmethod
+  def Plan(cls, p, bounds, batch, unit_costs, splits_path='',
+           num_devices=None):
+    """The `plan.PipelinePlan` of params `p` (the pipeline's settings, as
+    its owner inherits them) for the owner's units.
+
+    Args:
+      p: this class's params.
+      bounds: [0, b_1, ..., U], the cut of the owner's U units.
+      batch: the static batch size.
+      unit_costs: fn(micro_batch_size) -> (units, outs, input bytes): the
+        owner's units costed on one micro-batch (plan.PipelinePlan), also
+        at the other sizes a planner asks for.
+      splits_path: the params path of the owner's `splits`.
+      num_devices: the model split's devices (default `NumDevices`).
+
+    Raises:
+      ValueError: the micro-batching does not fit the batch, or the
+        schedule does not fit the sizes (naming the field).
+    """
+    cls.CheckParams(p, validation.Owner(p))
+    m, size = cls.MicroBatching(p, batch)
+    schedule = cls.BuildSchedule(p, len(bounds) - 1, m, num_devices)
+    units, outs, first = unit_costs(size)
+    return plan_lib.PipelinePlan(
+        units, bounds, schedule, m, size, p.remat, p.backward_window, outs,
+        first, path=p.Path(), splits_path=splits_path, cost_fn=unit_costs,
+        schedule_fn=lambda s, mb, d: cls.BuildSchedule(p, s, mb, d))
 
   @classmethod
   def CheckBatch(cls, p, input_shapes, owner=None):

@@ -107,12 +107,32 @@ def SplitBoundaries(owner, splits, costs, items, int_rule):
       f'increasing {items} indices in (0, {n}), e.g. [{n // 2}].')
 
 
-def StageSplits(splits, pipeline_params):
+def StageSplits(owner, splits, pipeline_params, num_items, items):
   """`splits` of a layer that cuts its own cells, as the pipeline's stages:
   an int K is K * stages_per_device (v stages on each device); a list of
   boundaries gives the stages itself. pipeline_params may be None (no
-  pipeline)."""
-  v = pipeline_params.stages_per_device if pipeline_params else 1
+  pipeline).
+
+  Raises:
+    ValueError: stages_per_device is not an int >= 1 (naming the
+      pipeline's params), or an int K times it leaves a cell without one
+      of the `num_items` items (naming both knobs and what to lower).
+  """
+  if pipeline_params is None:
+    return splits
+  v = validation.CheckInt(validation.Owner(pipeline_params),
+                          'stages_per_device',
+                          pipeline_params.stages_per_device)
+  if validation.IsInt(splits) and v > 1 and splits >= 1 and (
+      splits * v > num_items):
+    lower = (f'stages_per_device to at most {num_items // splits}'
+             if num_items >= splits else f'splits to at most {num_items}')
+    raise validation.Error(
+        owner, 'splits', splits,
+        f'with stages_per_device={v} (params '
+        f'{validation.UserPath(pipeline_params.Path())!r}) makes '
+        f'{splits} x {v} = {splits * v} cells, more than the {num_items} '
+        f'{items}s (each cell needs a {items}); lower {lower}.')
   return splits * v if validation.IsInt(splits) else splits
 
 

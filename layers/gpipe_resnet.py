@@ -3,25 +3,25 @@
 He et al., 2016, "Deep Residual Learning for Image Recognition",
 arXiv:1512.03385; Huang et al., 2019 (GPipe), arXiv:1811.06965.
 
-The network is a sequence of *units*: the stem (layers/resnet.py
-ResNetStem), the residual blocks (stage s has stage_blocks[s] blocks of
-stage_dims[s] channels; the first block of every stage but the first has
-stride 2) and the head (global average pooling and a projection to the
-logits). The units are cut into `splits` cells of near-equal FLOPs
-(`BalancedPartition`); the cells run as the pipeline of `pipeline_tpl`
-(layers/gpipe.py) over micro-batches, or, with pipeline_tpl None, one
-after the other on the whole batch.
+The network is a sequence of *units* (layers/gpipe_units.py): the stem
+(layers/resnet.py ResNetStem), the residual blocks (stage s has
+stage_blocks[s] blocks of stage_dims[s] channels; the first block of every
+stage but the first has stride 2) and the head (global average pooling and
+a projection to the logits). `UnitsPipeline` cuts them into `splits`
+stages of near-equal FLOPs on one image and runs them as the pipeline of
+`pipeline_tpl` (layers/gpipe.py) over micro-batches, or, with pipeline_tpl
+None, one after the other on the whole batch; FPropMeta gives the plan
+(framework/pipeline/plan.py) the memory estimate, inspect and the planner
+read.
 
-Batch normalisation under micro-batches (layers/batch_norm.py): the state
-passed between cells is a NestedMap(x=activations, stats=...). Each cell
-adds the batch statistics of its units' BatchNormLayers to `stats`, keyed
-by unit ('stem', 'block3', ...) and BN child, each [1, 2, dim] (a batch
-dim of 1), and passes the earlier cells' stats on. The pipeline
-concatenates the last cell's outputs over micro-batches, so every stats
-leaf comes out [M, 2, dim] in micro-batch order: `FPropStats` returns it,
-and `UpdateMovingStats` applies the M updates in order after the
-pipeline. Every micro-batch is normalised with its own statistics. In
-inference there are no stats: BN reads its moving statistics from theta.
+Batch normalisation under micro-batches (layers/batch_norm.py): the stem
+and the blocks are BatchStatsLayers; the statistics of every micro-batch
+ride in the pipeline's state, keyed by unit ('stem', 'block3', ...), leave
+it as [M, 2, dim] in micro-batch order (through the per-micro-batch loss
+too, with a schedule that runs it inside the pipeline), and
+`UpdateMovingStats` applies the M updates in order after the pipeline.
+Every micro-batch is normalised with its own statistics. In inference
+there are no stats: BN reads its moving statistics from theta.
 
 Weight layout: the units are children `stem`, `blocks[i]` and `logits` of
 this layer whatever the partition (variable paths do not depend on
@@ -38,18 +38,14 @@ Example:
   logits, stats = net.FPropStats(net.theta, images)   # [b, 10]
   net.UpdateMovingStats(stats)                        # once per step
 """
-import functools
-
-import tensorflow as tf
-
 from cadence.framework import base_layer
 from cadence.framework import hyperparams
-from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import batch_norm
 from cadence.layers import conv
 from cadence.layers import gpipe
+from cadence.layers import gpipe_units
 from cadence.layers import linear
 from cadence.layers import resnet
 
@@ -57,22 +53,12 @@ NestedMap = base_layer.NestedMap
 Shape = shapes.Shape
 
 
-def _StatsShapes(unit_p):
-  """NestedMap of the [1, 2, dim] stats shapes of one unit (None: none)."""
-  if issubclass(unit_p.cls, resnet.ResNetStem):
-    return NestedMap(bn=Shape([1, 2, unit_p.dim]))
-  if issubclass(unit_p.cls, resnet.ResidualBlock):
-    names = ['bn1', 'bn2'] + (
-        ['proj_bn'] if unit_p.cls.HasProjection(unit_p) else [])
-    return NestedMap({n: Shape([1, 2, unit_p.output_dim]) for n in names})
-  return None
-
-
-class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
+class ResNet(gpipe_units.UnitsPipeline, batch_norm.BatchStatsLayer):
   """Pipelined ResNet classifier; see the module docstring.
 
   FPropStats(theta, images [b, h, w, input_dim]) -> (logits [b,
-  num_classes], stats); FProp returns the logits alone.
+  num_classes], stats); FProp returns the logits alone; FPropLossStats runs
+  a per-micro-batch loss as the schedule needs (UnitsPipeline).
   """
 
   @classmethod
@@ -97,34 +83,45 @@ class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
              'the cells run one after another on the whole batch.')
     return p
 
-  # --- structure from params ---------------------------------------------------
+  # --- the units ---------------------------------------------------------------
 
   @classmethod
-  def UnitParams(cls, p):
-    """[(name, params)] of the units: stem, block0.., head (params None)."""
-    units = [('stem', p.stem_tpl.Copy().Set(
-        name='stem', input_dim=p.input_dim, bn_tpl=p.bn_tpl.Copy()))]
+  def Units(cls, p):
+    """The stem, block0.., and the head (pooling, then the logits)."""
+    units = [gpipe_units.Unit('stem', [gpipe_units.Layer(
+        'stem', p.stem_tpl.Copy().Set(input_dim=p.input_dim,
+                                      bn_tpl=p.bn_tpl.Copy()))])]
     dim_in = p.stem_tpl.dim
     for s, (dim, n) in enumerate(zip(p.stage_dims, p.stage_blocks)):
       for b in range(n):
-        units.append((f'block{len(units) - 1}',
-                      resnet.ResidualBlock.Params().Set(
-                          name='blocks', input_dim=dim_in, output_dim=dim,
-                          stride=2 if s and not b else 1,
-                          bn_tpl=p.bn_tpl.Copy())))
+        i = len(units) - 1
+        units.append(gpipe_units.Unit(f'block{i}', [gpipe_units.Layer(
+            f'blocks[{i}]', resnet.ResidualBlock.Params().Set(
+                input_dim=dim_in, output_dim=dim, stride=2 if s and not b
+                else 1, bn_tpl=p.bn_tpl.Copy()))]))
         dim_in = dim
-    units.append(('head', None))
+    units.append(gpipe_units.Unit('head', [
+        gpipe_units.Layer('pool', conv.GlobalPoolingLayer.Params()),
+        gpipe_units.Layer('logits', linear.ProjectionLayer.Params().Set(
+            input_dim=dim_in, output_dim=p.num_classes))]))
     return units
 
   @classmethod
-  def _HeadParams(cls, p):
-    last = p.stage_dims[-1] if p.stage_dims else p.stem_tpl.dim
-    return (conv.GlobalPoolingLayer.Params().Set(name='pool'),
-            linear.ProjectionLayer.Params().Set(
-                name='logits', input_dim=last, output_dim=p.num_classes))
+  def ExampleShapes(cls, p):
+    return (Shape([1] + list(p.image_size) + [p.input_dim]),)
+
+  @classmethod
+  def SplitsRule(cls, p, num_units):
+    return f'must be in [1, {num_units}] (the stem, the blocks and the head).'
 
   @classmethod
   def CheckParams(cls, p, owner):
+    # The ResNet's own and bn_tpl's first: the units inherit them (and the
+    # stem's bn_tpl is replaced by bn_tpl), so a bad value is named where
+    # it was set.
+    super().CheckParams(p, owner)
+    if isinstance(p.bn_tpl, hyperparams.Params):
+      base_layer.CheckBaseParams(validation.Owner(p.bn_tpl), p.bn_tpl)
     validation.CheckInt(owner, 'input_dim', p.input_dim)
     validation.CheckIntList(owner, 'image_size', p.image_size, 2)
     validation.CheckInt(owner, 'num_classes', p.num_classes)
@@ -147,215 +144,26 @@ class ResNet(gpipe.SplitCells, batch_norm.BatchStatsLayer):
         raise validation.Error(owner, 'pipeline_tpl.batch_dim',
                                pipe.batch_dim, 'must be 0: images are NHWC.')
       gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
-      if schedules.LossInside(pipe.schedule):
-        raise validation.Error(
-            owner, 'pipeline_tpl.schedule', pipe.schedule,
-            f'must be {schedules.DEFAULT!r} (or another schedule that runs '
-            'every forward first): the ResNet does not run its loss inside '
-            'the pipeline (FPropLoss), which this schedule needs.')
-    cls.Boundaries(p)
-
-  @classmethod
-  def UnitMetas(cls, p, images):
-    """Per unit NestedMap(flops, out_shapes, act_bytes) on `images`."""
-    shape, out = shapes.AsShape(images), []
-    for _, unit_p in cls.UnitParams(p):
-      if unit_p is None:
-        pool_p, logits_p = [base_layer.InheritParams(p, s)
-                            for s in cls._HeadParams(p)]
-        pool = pool_p.cls.FPropMeta(pool_p, shape)
-        logits = logits_p.cls.FPropMeta(logits_p, pool.out_shapes[0])
-        meta = NestedMap(
-            flops=shapes.Add(pool.flops, logits.flops),
-            out_shapes=logits.out_shapes,
-            act_bytes=shapes.Mul(4, shapes.Add(
-                shape.num_elements(), pool.out_shapes[0].num_elements())))
-      else:
-        unit_p = base_layer.InheritParams(p, unit_p)
-        meta = unit_p.cls.FPropMeta(unit_p, shape)
-      out.append(meta)
-      shape = meta.out_shapes[0]
-    return out
-
-  @classmethod
-  def Boundaries(cls, p):
-    """The K + 1 unit boundaries [0, b_1, ..., U] that `splits` defines
-    (an int K: K cells of near-equal FLOPs on one image)."""
-    n = len(cls.UnitParams(p))
-    splits = gpipe.StageSplits(p.splits, p.pipeline_tpl)
-    costs = [1] * n
-    if validation.IsInt(splits) and 1 <= splits <= n:
-      one = Shape([1] + list(p.image_size) + [p.input_dim])
-      costs = [m.flops for m in cls.UnitMetas(p, one)]
-    return gpipe.SplitBoundaries(
-        validation.Owner(p), splits, costs, 'unit',
-        f'must be in [1, {n}] (the stem, the blocks and the head).')
+      cls.Bounds(p)
 
   # --- construction ------------------------------------------------------------
 
   def __init__(self, params):
     super().__init__(params)
-    p = self.params
-    self.CheckParams(p, validation.Owner(self))
-    self._bounds = self.Boundaries(p)
-    k = len(self._bounds) - 1
-    if p.pipeline_tpl is not None:
-      pipe = self.CreateChild('pipeline', p.pipeline_tpl.Copy().Set(
-          nested_map_fprop=True))
-      pipe.CheckNumCells(k)
-      cell_devices = pipe.StageDevices(k)
-    else:
-      cell_devices = [None] * k
-    units = self.UnitParams(p)
-    device = [cell_devices[c] for c in range(k)
-              for _ in range(self._bounds[c], self._bounds[c + 1])]
-    self.CreateChild('stem', units[0][1], device=device[0])
-    self.CreateChildren('blocks', [u for _, u in units[1:-1]],
-                        devices=device[1:-1])
-    pool_p, logits_p = self._HeadParams(p)
-    self.CreateChild('pool', pool_p)
-    self.CreateChild('logits', logits_p, device=device[-1])
-    self._unit_names = [name for name, _ in units]
-
-  # --- computation -------------------------------------------------------------
-
-  def _UnitTheta(self, theta, u):
-    if u == 0:
-      return theta.stem
-    if u == len(self._unit_names) - 1:
-      return theta.logits
-    return theta.blocks[u - 1]
-
-  def _RunUnit(self, u, theta, x):
-    """(x, stats or None) of unit u on x."""
-    if u == 0:
-      return self.stem.FPropStats(theta, x)
-    if u == len(self._unit_names) - 1:
-      x = self.pool.FProp(NestedMap(), x)
-      return self.logits.FProp(theta, x), None
-    return self.blocks[u - 1].FPropStats(theta, x)
-
-  def _CellFProp(self, c, theta, state):
-    """Cell c on NestedMap(x[, stats]): its units, their stats added."""
-    x = state.x
-    stats = NestedMap(state.get('stats') or {})
-    for u in range(self._bounds[c], self._bounds[c + 1]):
-      x, unit_stats = self._RunUnit(u, theta[f'u{u}'], x)
-      if unit_stats is not None:   # [2, dim] -> [1, 2, dim], no gradient.
-        stats[self._unit_names[u]] = unit_stats.Transform(
-            lambda s: tf.stop_gradient(s)[tf.newaxis])
-    out = NestedMap(x=x)
-    if stats:
-      out.stats = stats
-    return out
-
-  def _CellMeta(self, c, state):
-    """FPropMeta of cell c on NestedMap(x[, stats]) shapes."""
-    p = self.params
-    metas = self.UnitMetas(p, Shape([state.x[0]] + list(p.image_size) +
-                                    [p.input_dim]))
-    stats = NestedMap(state.get('stats') or {})
-    flops = 0
-    units = self.UnitParams(p)
-    for u in range(self._bounds[c], self._bounds[c + 1]):
-      flops = shapes.Add(flops, metas[u].flops)
-      unit_stats = _StatsShapes(units[u][1]) if units[u][1] else None
-      if unit_stats is not None and not p.is_inference:
-        stats[units[u][0]] = unit_stats
-    out = NestedMap(x=metas[self._bounds[c + 1] - 1].out_shapes[0])
-    if stats:
-      out.stats = stats
-    return NestedMap(flops=flops, out_shapes=(out,))
-
-  def _Cells(self, theta):
-    cells = []
-    for c in range(self.num_cells):
-      th = NestedMap({f'u{u}': self._UnitTheta(theta, u)
-                      for u in range(self._bounds[c], self._bounds[c + 1])})
-      cells.append(gpipe.PipelineCell(
-          fprop=functools.partial(self._CellFProp, c), theta=th,
-          meta=functools.partial(self._CellMeta, c)))
-    return cells
-
-  @tf.autograph.experimental.do_not_convert
-  def FPropStats(self, theta, images):
-    """The logits and the micro-batches' BN statistics.
-
-    Args:
-      theta: this layer's theta (its step seed, if any, seeds the
-        micro-batches).
-      images: [batch, height, width, input_dim], float.
-
-    Returns:
-      (logits [batch, num_classes], stats: NestedMap unit -> BN child ->
-      [M, 2, dim] per micro-batch (mean, variance) in order (M = 1
-      unpipelined); None with is_inference). Pass stats to
-      UpdateMovingStats.
-    """
-    cells = self._Cells(theta)
-    state = NestedMap(x=self.CastToFPropDtype(images))
-    if self.params.pipeline_tpl is None:
-      for cell in cells:
-        state = cell.fprop(cell.theta, state)
-    else:
-      state = self.pipeline.FPropCells(
-          cells, state, step_seed=theta.get(base_layer.STEP_SEED_KEY))
-    return state.x, state.get('stats')
-
-  def UpdateMovingStats(self, stats):
-    """Applies FPropStats' stats: each BN's moving averages, one update per
-    micro-batch in order, on its own device. Once per training step."""
-    for u, name in enumerate(self._unit_names):
-      if stats and name in stats:
-        layer = self.stem if u == 0 else self.blocks[u - 1]
-        layer.UpdateMovingStats(stats[name])
-
-  # --- static costs ------------------------------------------------------------
-
-  @classmethod
-  def CellFlops(cls, p, images):
-    """Forward FLOPs of each cell on `images`, a list."""
-    bounds = cls.Boundaries(p)
-    metas = cls.UnitMetas(p, images)
-    return [sum(m.flops for m in metas[a:b]) if all(
-        m.flops is not None for m in metas[a:b]) else None
-            for a, b in zip(bounds, bounds[1:])]
-
-  @classmethod
-  def CellMemory(cls, p, images):
-    """Per cell NestedMap(act, act_weights, residuals, out, transient,
-    outside=0) in bytes on `images` (one micro-batch): the units' act_bytes
-    (estimates, see resnet.py; also taken for what remat 'selective' keeps
-    and for what W reads after a split B: a convolution's W reads its input
-    and its output's gradient, about what its backward reads), its output,
-    and its largest unit's act_bytes."""
-    bounds = cls.Boundaries(p)
-    metas = cls.UnitMetas(p, images)
-    out = []
-    for a, b in zip(bounds, bounds[1:]):
-      act = sum(m.act_bytes for m in metas[a:b])
-      out.append(NestedMap(
-          act=act, act_weights=act, residuals=act,
-          out=4 * metas[b - 1].out_shapes[0].num_elements(),
-          transient=max(m.act_bytes for m in metas[a:b]), outside=0))
-    return out
+    self.CheckParams(self.params, validation.Owner(self))
+    self.BuildUnits()
+    self.CreateUnitChildren()
 
   @classmethod
   def FPropMeta(cls, p, images):
-    """Shapes and FLOPs: the units' (layers/resnet.py, the head's pool and
-    projection); checks the micro-batching of the batch."""
+    """The units' cost and plan (UnitsPipeline); checks the images'
+    shape first."""
     shape = shapes.AsShape(images)
     owner = validation.Owner(p)
+    cls.CheckParams(p, owner)   # Before the units and the pipeline read them.
     want = [None] + list(p.image_size) + [p.input_dim]
     if shape.rank != 4 or any(d is not None and w is not None and d != w
                               for d, w in zip(shape, want)):
       raise ValueError(f'{owner}: images shape {list(shape)} must be '
                        f'{want} (None: any batch).')
-    if p.pipeline_tpl is not None:
-      gpipe.PipeliningLayer.CheckBatch(
-          p.pipeline_tpl, (shape,), owner=validation.Owner(p.pipeline_tpl))
-    metas = cls.UnitMetas(p, shape)
-    flops = 0
-    for m in metas:
-      flops = shapes.Add(flops, m.flops)
-    return NestedMap(flops=flops, out_shapes=metas[-1].out_shapes)
+    return super().FPropMeta(p, shape)

@@ -5,10 +5,13 @@ LayerNorm) is cut into `splits` cells of consecutive layers; the cells run
 as a GPipe pipeline (layers/gpipe.py) over micro-batches of the batch.
 
 It is a `transformer.TransformerStack` (same params, children, weights and
-function) that owns a `PipeliningLayer` child, `pipeline`, built from
-`pipeline_tpl`: the pipeline's settings (micro-batches, remat, backward
-window, ...) are declared there once, and the pipeline gives each cell its
-device and runs the cells (`PipeliningLayer.FPropCells`).
+function) whose units (layers/gpipe_units.py) are its layers, the final
+norm with the last: `UnitsPipeline` cuts them by `splits`, owns the
+`PipeliningLayer` child `pipeline` built from `pipeline_tpl` (the
+pipeline's settings, declared there once), places each layer on its
+stage's device and runs the stages. FPropMeta gives the stack's plan
+(framework/pipeline/plan.py), which the memory estimate, inspect and the
+planner read.
 
 Weight layout: the layers are children `x_layers[0..L-1]` and `final_ln` of
 the stack itself, whatever the partition, so variable paths are
@@ -27,28 +30,28 @@ Example:
     stack = p.Instantiate()
   out = stack.FProp(theta, inputs, paddings)     # [b, t, 256]
 """
-import functools
-
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import gpipe
+from cadence.layers import gpipe_units
 from cadence.layers import transformer
 
 NestedMap = gpipe.NestedMap
 
 
-class GPipeTransformerStack(gpipe.SplitCells,
+class GPipeTransformerStack(gpipe_units.UnitsPipeline,
                             transformer.TransformerStack):
   """Pipelined pre-LN Transformer stack; see the module docstring.
 
   FProp(theta, inputs [batch, time, dim], paddings [batch, time]) returns
-  outputs [batch, time, dim], as TransformerStack. Cell c holds layers
-  [b_c, b_{c+1}) and runs on the pipeline's device for cell c; the last
-  cell also applies `final_ln`.
+  outputs [batch, time, dim], as TransformerStack. Stage c holds layers
+  [b_c, b_{c+1}) on the pipeline's device for stage c; the last one also
+  applies `final_ln`.
   """
+
+  ITEM = 'layer'
 
   @classmethod
   def Params(cls):
@@ -65,25 +68,39 @@ class GPipeTransformerStack(gpipe.SplitCells,
     return p
 
   @classmethod
-  def Boundaries(cls, p):
-    """The K + 1 layer boundaries [0, b_1, ..., L] that `splits` defines."""
-    n = p.num_layers
-    v = p.pipeline_tpl.stages_per_device
-    return gpipe.SplitBoundaries(
-        validation.Owner(p), gpipe.StageSplits(p.splits, p.pipeline_tpl),
-        [1] * n, 'layer', f'must be in [1, num_layers={n}]'
-        + (f' / stages_per_device={v}' if v > 1 else '')
-        + '; each cell needs a layer.')
+  def Units(cls, p):
+    """Layer i of the stack; the final norm runs with the last. (Stack
+    params without a pipeline have them too: the LM's unpipelined plan.)"""
+    units = [gpipe_units.Unit(f'layer{i}', [gpipe_units.Layer(
+        f'x_layers[{i}]', p.transformer_tpl)]) for i in range(p.num_layers)]
+    if p.final_layer_norm:
+      units[-1].layers.append(gpipe_units.Layer(
+          'final_ln', cls.FinalLnParams(p), carried=False))
+    return units
+
+  @classmethod
+  def NumCarried(cls, p):
+    """The paddings go to every layer, unchanged."""
+    del p
+    return 1
+
+  @classmethod
+  def SplitsRule(cls, p, num_units):
+    return f'must be in [1, num_layers={num_units}]; each cell needs a layer.'
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    cls.CheckStackParams(p, owner)
 
   @classmethod
   def CheckStackParams(cls, p, owner):
     super().CheckStackParams(p, owner)
-    cls.Boundaries(p)
     pipe = p.pipeline_tpl
     if not (isinstance(pipe, base_layer.hyperparams.InstantiableParams) and
             issubclass(pipe.cls, gpipe.PipeliningLayer)):
       raise validation.Error(owner, 'pipeline_tpl', getattr(pipe, 'cls', pipe),
                              'must be a PipeliningLayer.Params().')
+    cls.Bounds(p)
     for field in ('cell_tpl', 'before_tpl'):
       if pipe.Get(field):
         raise validation.Error(
@@ -98,61 +115,9 @@ class GPipeTransformerStack(gpipe.SplitCells,
     gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
 
   def _CreateLayers(self):
-    p = self.params
-    self._bounds = self.Boundaries(p)
-    pipe = self.CreateChild('pipeline', p.pipeline_tpl)
-    pipe.CheckNumCells(self.num_cells)
-    cell_devices = pipe.StageDevices(self.num_cells)
-    devices = [cell_devices[c] for c in range(self.num_cells)
-               for _ in range(self._bounds[c], self._bounds[c + 1])]
-    super()._CreateLayers(layer_devices=devices,
-                          final_ln_device=cell_devices[-1])
-
-  @property
-  def input_device(self):
-    """The first cell's device (where a task puts what feeds the stack)."""
-    return self.pipeline.CellDevice(0, self.num_cells)
-
-  @property
-  def output_device(self):
-    """The last cell's device (where a task puts what reads the stack)."""
-    return self.pipeline.CellDevice(self.num_cells - 1, self.num_cells)
-
-  def _HasFinalLn(self, c):
-    return c == self.num_cells - 1 and self.params.final_layer_norm
-
-  def _CellFProp(self, c, theta, inputs, paddings):
-    start, stop = self._bounds[c], self._bounds[c + 1]
-    x = self.RunLayers(start, stop, theta.x_layers, inputs, paddings,
-                       theta.get('final_ln'))
-    return x, paddings
-
-  def _CellMeta(self, c, inputs, paddings):
-    p = self.params
-    n = self._bounds[c + 1] - self._bounds[c]
-    return NestedMap(
-        flops=self.LayersFlops(p, inputs, n, self._HasFinalLn(c)),
-        out_shapes=(shapes.AsShape(inputs), shapes.AsShape(paddings)))
-
-  def _Cells(self, theta):
-    cells = []
-    for c in range(self.num_cells):
-      th = NestedMap(
-          x_layers=theta.x_layers[self._bounds[c]:self._bounds[c + 1]])
-      if self._HasFinalLn(c):
-        th.final_ln = theta.final_ln
-      cells.append(gpipe.PipelineCell(
-          fprop=functools.partial(self._CellFProp, c), theta=th,
-          meta=functools.partial(self._CellMeta, c)))
-    return cells
-
-  @tf.autograph.experimental.do_not_convert
-  def FProp(self, theta, inputs, paddings):
-    """outputs [batch, time, dim] of inputs [b, t, dim], paddings [b, t]."""
-    out, _ = self.pipeline.FPropCells(
-        self._Cells(theta), inputs, paddings,
-        step_seed=theta.get(base_layer.STEP_SEED_KEY))
-    return out
+    self.BuildUnits()
+    devices = [self.UnitDevice(u) for u in range(self.params.num_layers)]
+    super()._CreateLayers(layer_devices=devices, final_ln_device=devices[-1])
 
   @tf.autograph.experimental.do_not_convert
   def FPropLoss(self, theta, inputs, paddings, loss, side_inputs):
@@ -160,8 +125,8 @@ class GPipeTransformerStack(gpipe.SplitCells,
 
     How a task trains the stack with any schedule
     (`PipeliningLayer.FPropLoss`): the loss of micro-batch j runs on the
-    last cell's device right after the stack, inside the pipeline when the
-    schedule needs it (1F1B), after it otherwise (GPipe).
+    last stage's device right after the stack, inside the pipeline when
+    the schedule needs it (1F1B), after it otherwise (GPipe).
 
     Args:
       theta: the stack's theta (its step seed seeds the micro-batches).
@@ -176,56 +141,5 @@ class GPipeTransformerStack(gpipe.SplitCells,
       The loss's NestedMap: scalars summed over micro-batches, tensors
       concatenated; only `loss` has a gradient.
     """
-    on_outputs = gpipe.PipelineCell(
-        fprop=lambda th, outs, side: loss.fprop(th, outs[0], side),
-        theta=loss.theta, meta=loss.meta)
-    return self.pipeline.FPropLoss(
-        self._Cells(theta), on_outputs, inputs, paddings,
-        side_inputs=side_inputs,
-        step_seed=theta.get(base_layer.STEP_SEED_KEY))
-
-  @classmethod
-  def CellFlops(cls, p, inputs):
-    """Forward FLOPs of each cell on inputs [batch, time, dim], a list."""
-    bounds = cls.Boundaries(p)
-    last = len(bounds) - 2
-    return [cls.LayersFlops(p, inputs, bounds[c + 1] - bounds[c],
-                            c == last and p.final_layer_norm)
-            for c in range(last + 1)]
-
-  @classmethod
-  def CellMemory(cls, p, inputs):
-    """Per cell, NestedMap(act, act_weights, residuals, out, transient) in
-    bytes on one micro-batch of inputs [micro_batch, time, dim]: what its
-    backward reads (act_bytes), what it keeps with remat 'selective', what
-    its W reads after a split B (residual_bytes), its outputs (the
-    activations and the paddings passed on, in the pipeline's
-    `StateDtype`) and half of one layer's act_bytes (the gradients in
-    flight through a layer: its backward frees what it kept as the
-    gradient passes; a device's peak measured about 0.55 of a layer's act
-    above what it keeps, bench/planner_bench.py's memory table); see
-    framework/pipeline/memory_estimate.py."""
-    bounds = cls.Boundaries(p)
-    last = len(bounds) - 2
-    b, t, d = shapes.AsShape(inputs)
-    pipe = base_layer.InheritParams(p, p.pipeline_tpl)
-    size = pipe.cls.StateDtype(pipe, base_layer.FPropDtype(p)).size
-    layer = base_layer.InheritParams(p, p.transformer_tpl)
-
-    def _Bytes(c, policy):
-      return cls.LayersActBytes(p, inputs, bounds[c + 1] - bounds[c],
-                                c == last and p.final_layer_norm, policy)
-
-    return [NestedMap(
-        act=_Bytes(c, 'all'), act_weights=_Bytes(c, 'weights'),
-        residuals=_Bytes(c, 'residuals'), out=b * t * (d + 1) * size,
-        transient=layer.cls.ActBytes(layer, inputs) // 2)
-            for c in range(last + 1)]
-
-  @classmethod
-  def FPropMeta(cls, p, inputs, paddings):
-    """TransformerStack's; also checks the micro-batching of the batch."""
-    gpipe.PipeliningLayer.CheckBatch(
-        p.pipeline_tpl, (inputs, paddings),
-        owner=validation.Owner(p.pipeline_tpl))
-    return super().FPropMeta(p, inputs, paddings)
+    return self.FPropLossStats(theta, inputs, paddings, loss=loss,
+                               side_inputs=side_inputs)[0]

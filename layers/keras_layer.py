@@ -47,6 +47,7 @@ from keras.src.backend.common import variables as keras_variables  # pylint: dis
 from keras.src.initializers import random_initializers  # pylint: disable=g-direct-tensorflow-import
 
 from cadence.framework import base_layer
+from cadence.framework import cost
 from cadence.framework import graph_flops
 from cadence.framework import shapes
 from cadence.framework import step_seed as step_seed_lib
@@ -264,8 +265,8 @@ class KerasLayer(base_layer.BaseLayer):
       *input_shapes: one Shape per input, with the batch dim.
 
     Returns:
-      NestedMap(flops, out_shapes); flops is None if a dim a product needs
-      is unknown.
+      cost.Cost(flops, out_shapes); flops is None if a dim a product needs
+      is unknown; the bytes are cost.Complete's defaults.
     """
     owner = validation.Owner(params)
     in_shapes = [shapes.AsShape(s) for s in input_shapes]
@@ -290,5 +291,5 @@ class KerasLayer(base_layer.BaseLayer):
       out_shapes = (shapes.Shape(out),)
     else:
       out_shapes = tuple(shapes.Shape(s) for s in out)
-    return NestedMap(flops=flops, out_shapes=out_shapes)
+    return cost.Cost(flops=flops, out_shapes=out_shapes)
 

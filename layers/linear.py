@@ -6,7 +6,7 @@ the product of the leading dims (e.g. batch * time).
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework.nested_map import NestedMap
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import activations
@@ -125,7 +125,7 @@ class ProjectionLayer(base_layer.BaseLayer):
     per_row = (2 * p.input_dim * p.output_dim +
                (p.output_dim if p.has_bias else 0) +
                p.output_dim * activations.FlopsPerElement(p.activation))
-    return NestedMap(flops=shapes.Mul(n, per_row),
+    return cost.Cost(flops=shapes.Mul(n, per_row),
                      out_shapes=(shape[:-1] + (p.output_dim,),))
 
 
@@ -230,7 +230,8 @@ class FeedForwardNet(base_layer.BaseLayer):
   def FPropMeta(cls, p, inputs):
     """Shapes and FLOPs: the sum of the ProjectionLayers' and DropoutLayers'.
 
-    out_shapes: ([..., hidden_layer_dims[-1]],).
+    out_shapes: ([..., hidden_layer_dims[-1]],). The other fields: the
+    cost.Chain of their complete records (FPropCost).
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
@@ -238,17 +239,15 @@ class FeedForwardNet(base_layer.BaseLayer):
     dims = list(p.hidden_layer_dims)
     acts = _PerLayer(p.activation, len(dims))
     in_dims = [p.input_dim] + dims[:-1]
-    drop_p = dropout.DropoutLayer.Params().Set(
-        keep_prob=1.0 - p.dropout_prob, is_inference=p.is_inference)
-    flops = 0
+    drop_p = base_layer.InheritParams(p, dropout.DropoutLayer.Params().Set(
+        keep_prob=1.0 - p.dropout_prob, is_inference=p.is_inference))
+    records = []
     for i, (d_in, d_out, act) in enumerate(zip(in_dims, dims, acts)):
-      fc_p = ProjectionLayer.Params().Set(
+      fc_p = base_layer.InheritParams(p, ProjectionLayer.Params().Set(
           name=f'fc{i}', input_dim=d_in, output_dim=d_out,
-          has_bias=p.has_bias, activation=act)
-      meta = ProjectionLayer.FPropMeta(fc_p, shape)
-      shape = meta.out_shapes[0]
-      flops = shapes.Add(flops, meta.flops)
+          has_bias=p.has_bias, activation=act))
+      records.append(base_layer.FPropCost(fc_p, shape))
+      shape = records[-1].out_shapes[0]
       if i < len(dims) - 1:
-        flops = shapes.Add(
-            flops, dropout.DropoutLayer.FPropMeta(drop_p, shape).flops)
-    return NestedMap(flops=flops, out_shapes=(shape,))
+        records.append(base_layer.FPropCost(drop_p, shape))
+    return cost.Chain(records)

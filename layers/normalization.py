@@ -8,7 +8,7 @@ cast back to fprop_dtype. N below is the product of the leading dims.
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework.nested_map import NestedMap
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -22,13 +22,13 @@ def _CheckParams(p, owner):
 
 
 def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
-  """FLOPs, out_shapes and act_bytes: the normalised input, in the compute
-  dtype (float32, or float64; float32 for bfloat16 too), that the backward
-  reads (beside [..., 1] inverse deviations, left out); act_bytes_weights:
-  the input alone, in fprop_dtype (remat_policy 'weights' recomputes the
-  norm from it); residual_bytes (what W reads after a split B): the
-  normalised input and the output gradient, both in the compute dtype, for
-  the scale's gradient."""
+  """The cost.Cost: FLOPs, out_shapes and act: the normalised input, in the
+  compute dtype (float32, or float64; float32 for bfloat16 too), that the
+  backward reads (beside [..., 1] inverse deviations, left out);
+  act_weights: the input alone, in fprop_dtype (remat_policy 'weights'
+  recomputes the norm from it); residuals (what W reads after a split B):
+  the normalised input and the output gradient, both in the compute dtype,
+  for the scale's gradient."""
   cls.CheckParams(p, validation.Owner(p))
   shape = shapes.AsShape(inputs)
   if shape.rank == 0 or (shape[-1] is not None and shape[-1] != p.input_dim):
@@ -40,12 +40,10 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
       n, flops_per_element * p.input_dim + flops_per_row)
   dtype = base_layer.FPropDtype(p)
   size = base_layer.AccumulationDtype(dtype).size
-  return NestedMap(flops=flops, out_shapes=(shape,),
-                   act_bytes=shapes.Mul(size, shape.num_elements()),
-                   act_bytes_weights=shapes.Mul(dtype.size,
-                                                shape.num_elements()),
-                   residual_bytes=shapes.Mul(2 * size,
-                                             shape.num_elements()))
+  return cost.Cost(flops=flops, out_shapes=(shape,),
+                   act=shapes.Mul(size, shape.num_elements()),
+                   act_weights=shapes.Mul(dtype.size, shape.num_elements()),
+                   residuals=shapes.Mul(2 * size, shape.num_elements()))
 
 
 def _ComputeDtype(layer):
@@ -176,7 +174,7 @@ class LayerNorm(base_layer.BaseLayer):
     FLOPs = N * (7 * input_dim + 3): per element the mean's sum, centring,
     square, the variance's sum, normalising multiply, scale and bias; per
     row the two divisions by input_dim and rsqrt(var + eps) (counted 1).
-    None if N is unknown. out_shapes: (inputs shape,). act_bytes: the
+    None if N is unknown. out_shapes: (inputs shape,). act: the
     normalised inputs (float32) the backward reads.
     """
     return _Meta(cls, p, inputs, 7, 3)

@@ -13,6 +13,7 @@ leaf [micro_batches, 2, dim]. `FProp` returns y alone.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cost
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -33,12 +34,12 @@ def _Bn(p, name, dim):
 
 def _ChainMeta(steps, shape):
   """Chains the FPropMeta of layer params `steps`; returns (flops,
-  act_bytes (a layer without them: its float32 input), out shape)."""
+  act (a layer that leaves it None: its float32 input), out shape)."""
   flops, act = 0, 0
   for sub in steps:
     meta = sub.cls.FPropMeta(sub, shape)
     flops = shapes.Add(flops, meta.flops)
-    act = shapes.Add(act, meta.get('act_bytes') if 'act_bytes' in meta else
+    act = shapes.Add(act, meta.act if meta.act is not None else
                      shapes.Mul(4, shapes.AsShape(shape).num_elements()))
     shape = meta.out_shapes[0]
   return flops, act, shape
@@ -95,6 +96,10 @@ class ResNetStem(batch_norm.BatchStatsLayer):
         name='pool', window_shape=[3, 3], window_stride=[2, 2],
         pooling_type='MAX', padding='SAME')
 
+  @classmethod
+  def StatsShapes(cls, p):
+    return NestedMap(bn=shapes.Shape([2, p.dim]))
+
   def FPropStats(self, theta, inputs):
     """inputs [b, h, w, input_dim] -> (outputs [b, h', w', dim], stats)."""
     x = self.conv.FProp(theta.conv, inputs)
@@ -106,8 +111,9 @@ class ResNetStem(batch_norm.BatchStatsLayer):
 
   @classmethod
   def FPropMeta(cls, p, inputs):
-    """The conv's, BN's, relu's (1 a element) and pool's FLOPs; act_bytes:
-    each part's inputs (or act_bytes), float32."""
+    """The conv's, BN's, relu's (1 a element) and pool's FLOPs; act:
+    each part's inputs (or its own act), float32 (act_weights and residuals
+    left to cost.Complete: = act)."""
     cls.CheckParams(p, validation.Owner(p))
     steps = [base_layer.InheritParams(p, s) for s in (
         _Conv('conv', p.kernel, p.input_dim, p.dim, p.stride),
@@ -118,7 +124,9 @@ class ResNetStem(batch_norm.BatchStatsLayer):
     if p.max_pool:
       meta = conv.PoolingLayer.FPropMeta(cls._PoolParams(), out)
       flops, out = shapes.Add(flops, meta.flops), meta.out_shapes[0]
-    return NestedMap(flops=flops, out_shapes=(out,), act_bytes=act)
+    # Its backward's temporaries: about what it keeps (the gradients of its
+    # conv's and BN's outputs, one at a time).
+    return cost.Cost(flops=flops, out_shapes=(out,), act=act, transient=act)
 
 
 class ResidualBlock(batch_norm.BatchStatsLayer):
@@ -150,6 +158,11 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
   @classmethod
   def HasProjection(cls, p):
     return p.stride != 1 or p.input_dim != p.output_dim
+
+  @classmethod
+  def StatsShapes(cls, p):
+    names = ['bn1', 'bn2'] + (['proj_bn'] if cls.HasProjection(p) else [])
+    return NestedMap({n: shapes.Shape([2, p.output_dim]) for n in names})
 
   @classmethod
   def _SubParams(cls, p):
@@ -206,9 +219,10 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
   @classmethod
   def FPropMeta(cls, p, inputs):
     """Shapes and FLOPs: the children's, one relu after bn1, the add and
-    the final relu (1 FLOP an element each). act_bytes: what each conv and
+    the final relu (1 FLOP an element each). act: what each conv and
     BN keep (their inputs; BN also its normalised input) plus the relus'
-    outputs, float32."""
+    outputs, float32 (act_weights and residuals left to cost.Complete:
+    = act)."""
     owner = validation.Owner(p)
     cls.CheckParams(p, owner)
     shape = shapes.AsShape(inputs)
@@ -224,4 +238,6 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
     if 'proj' in subs:
       f, a, _ = _ChainMeta([subs['proj'], subs['proj_bn']], shape)
       flops, act = shapes.Add(flops, f), shapes.Add(act, a)
-    return NestedMap(flops=flops, out_shapes=(out,), act_bytes=act)
+    # Its backward's temporaries: about what it keeps (the gradients of its
+    # convs' and BNs' outputs).
+    return cost.Cost(flops=flops, out_shapes=(out,), act=act, transient=act)

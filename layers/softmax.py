@@ -18,6 +18,7 @@ when fprop_dtype is float64).
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cost
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -238,15 +239,16 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     the leading dims; None if N is unknown. The chunked backward's
     recomputation is not counted (FPropMeta is the forward).
     out_shapes: ([..., num_classes] logits, [...] per_example_xent).
-    act_bytes: what the backward reads: the inputs, and unless chunked
+    act: what the backward reads: the inputs, and unless chunked
     (softmax_max_alloc) two [N, num_classes] float32 tensors (the logits'
     log-softmax and the targets); with fprop_dtype other than dtype, the
     copy of `w` cast to it that the product's gradient reads;
-    act_bytes_weights: the inputs and the logits (remat_policy 'weights'
+    act_weights: the inputs and the logits (remat_policy 'weights'
     recomputes the rest, the cast copy of `w` too, from them).
-    residual_bytes (what W reads after a split B): the inputs and the
+    residuals (what W reads after a split B): the inputs and the
     logits' gradient in fprop_dtype; chunked, the weights' gradients
     (the chunked gradient computes them with the inputs' in one loop, B).
+    transient: the logits' gradient, [N, num_classes] float32.
     """
     del class_ids, class_weights  # Shapes follow from inputs.
     cls.CheckParams(p, validation.Owner(p))
@@ -272,6 +274,10 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
       weights = residuals = shapes.Add(weights, shapes.Mul(rows, c * size))
     if dtype != tf.as_dtype(p.dtype):
       act = shapes.Add(act, p.input_dim * c * size)
-    return NestedMap(flops=shapes.Mul(rows, per_row),
-                     out_shapes=(lead + (c,), lead), act_bytes=act,
-                     act_bytes_weights=weights, residual_bytes=residuals)
+    # The backward's largest temporary: the logits' gradient [N, classes]
+    # (float32, the cross-entropy's).
+    transient = shapes.Mul(rows, c, base_layer.AccumulationDtype(dtype).size)
+    return cost.Cost(flops=shapes.Mul(rows, per_row),
+                     out_shapes=(lead + (c,), lead), act=act,
+                     act_weights=weights, residuals=residuals,
+                     transient=transient)

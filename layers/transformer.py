@@ -11,6 +11,7 @@ caller masks); they are never attended to.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cost
 from cadence.framework import device_call
 from cadence.framework import hyperparams
 from cadence.framework import shapes
@@ -22,6 +23,10 @@ from cadence.layers import linear
 from cadence.layers import normalization
 
 NestedMap = base_layer.NestedMap
+# The cost.Cost field of each remat policy's bytes (ActBytes' `policy`;
+# 'residuals', what W reads after a split B, is not a remat policy).
+_POLICY_FIELDS = {'all': 'act', 'weights': 'act_weights',
+                  'residuals': 'residuals'}
 
 
 class TransformerLayer(base_layer.BaseLayer):
@@ -129,6 +134,8 @@ class TransformerLayer(base_layer.BaseLayer):
     flops = sum of the children's FPropMeta flops (two norms, attention, the
     feed-forward net, two residual dropouts) + 2 * b*t*d for the two
     residual additions. None if b or t is unknown. out_shapes: (inputs,).
+    act, act_weights, residuals: ActBytes by policy 'all', 'weights',
+    'residuals'.
     """
     del paddings
     cls.CheckParams(p, validation.Owner(p))
@@ -141,10 +148,15 @@ class TransformerLayer(base_layer.BaseLayer):
     for sub in cls._SubParams(p).values():
       sub = base_layer.InheritParams(p, sub)
       flops = shapes.Add(flops, sub.cls.FPropMeta(sub, shape).flops)
-    return NestedMap(flops=flops, out_shapes=(shape,),
-                     act_bytes=cls.ActBytes(p, shape),
-                     act_bytes_weights=cls.ActBytes(p, shape, 'weights'),
-                     residual_bytes=cls.ActBytes(p, shape, 'residuals'))
+    act = cls.ActBytes(p, shape)
+    # The gradients in flight through the layer: its backward frees what
+    # it kept as the gradient passes; a device's peak measured about 0.55
+    # of a layer's act above what it keeps (bench/planner_bench.py's
+    # memory table), so half of it.
+    return cost.Cost(flops=flops, out_shapes=(shape,), act=act,
+                     act_weights=cls.ActBytes(p, shape, 'weights'),
+                     residuals=cls.ActBytes(p, shape, 'residuals'),
+                     transient=None if act is None else act // 2)
 
   @classmethod
   def ActBytes(cls, p, inputs, policy='all'):
@@ -209,11 +221,10 @@ class GPipeTransformerLayer(TransformerLayer):
 
   @classmethod
   def FPropMeta(cls, p, inputs, paddings):
-    """TransformerLayer's flops; out_shapes (inputs, paddings)."""
+    """TransformerLayer's record; out_shapes (inputs, paddings)."""
     meta = super().FPropMeta(p, inputs)
-    return NestedMap(flops=meta.flops,
-                     out_shapes=(shapes.AsShape(inputs),
-                                 shapes.AsShape(paddings)))
+    return meta.Replace(out_shapes=(shapes.AsShape(inputs),
+                                    shapes.AsShape(paddings)))
 
 
 class TransformerStack(base_layer.BaseLayer):
@@ -252,6 +263,8 @@ class TransformerStack(base_layer.BaseLayer):
   @classmethod
   def CheckStackParams(cls, p, owner):
     """Raises ValueError for bad stack params (used by FPropMeta too)."""
+    # The stack's own first: its layers inherit them (InheritParams).
+    base_layer.CheckBaseParams(owner, p)
     validation.CheckInt(owner, 'num_layers', p.num_layers)
     tpl = p.transformer_tpl
     if not (isinstance(tpl, hyperparams.InstantiableParams) and
@@ -362,27 +375,31 @@ class TransformerStack(base_layer.BaseLayer):
     """Bytes the backward of `num_layers` layers (+ the final norm if
     `final_ln`) of stack params `p` needs kept on inputs [batch, time, dim],
     by remat_policy `policy` ('all' or 'weights'), or what their W reads
-    after a split B ('residuals')."""
+    after a split B ('residuals'): the cost.Cost fields act, act_weights,
+    residuals."""
     shape = shapes.AsShape(inputs)
     tpl = base_layer.InheritParams(p, p.transformer_tpl)
     act = shapes.Mul(num_layers, tpl.cls.ActBytes(tpl, shape, policy))
     if final_ln:
       ln = base_layer.InheritParams(p, cls.FinalLnParams(p))
-      meta = ln.cls.FPropMeta(ln, shape)
-      act = shapes.Add(act, {'all': meta.act_bytes,
-                             'weights': meta.act_bytes_weights,
-                             'residuals': meta.residual_bytes}[policy])
+      meta = base_layer.FPropCost(ln, shape)
+      act = shapes.Add(act, meta[_POLICY_FIELDS[policy]])
     return act
 
   @classmethod
   def FPropMeta(cls, p, inputs, paddings=None):
     """num_layers * TransformerLayer flops + the final norm's; out (inputs,);
-    act_bytes likewise."""
+    act, act_weights and residuals likewise (LayersActBytes)."""
     del paddings
     cls.CheckStackParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
-    return NestedMap(flops=cls.LayersFlops(p, shape, p.num_layers,
+
+    def _Bytes(policy):
+      return cls.LayersActBytes(p, shape, p.num_layers, p.final_layer_norm,
+                                policy)
+
+    return cost.Cost(flops=cls.LayersFlops(p, shape, p.num_layers,
                                            p.final_layer_norm),
-                     out_shapes=(shape,),
-                     act_bytes=cls.LayersActBytes(p, shape, p.num_layers,
-                                                  p.final_layer_norm))
+                     out_shapes=(shape,), act=_Bytes('all'),
+                     act_weights=_Bytes('weights'),
+                     residuals=_Bytes('residuals'))

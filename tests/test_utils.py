@@ -33,6 +33,7 @@ import glob
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -311,9 +312,9 @@ for argv, env in json.loads(sys.argv[1]):
   flags.FLAGS.unparse_flags()
   before = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
-  err = io.StringIO()
+  err, out = io.StringIO(), io.StringIO()
   logging.get_absl_handler().python_handler.stream = err   # The log too.
-  with contextlib.redirect_stderr(err):
+  with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
     try:   # The trainer's own flag parsing, then its main.
       code = trainer.main(trainer.ParseFlags(['trainer.py'] + argv))
     except SystemExit as e:   # A flag error.
@@ -323,7 +324,8 @@ for argv, env in json.loads(sys.argv[1]):
       os.environ.pop(k)
     else:
       os.environ[k] = v
-  results.append([code, err.getvalue(), 'tensorflow' in sys.modules])
+  results.append([code, err.getvalue(), 'tensorflow' in sys.modules,
+                  out.getvalue()])
 print(json.dumps(results))
 """
 
@@ -342,15 +344,17 @@ def StartTrainerMains(argvs, env=None, case_envs=None):
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def FinishTrainerMains(proc, timeout=600, imports=False):
+def FinishTrainerMains(proc, timeout=600, imports=False, stdout=False):
   """[(exit code, stderr)] per argv of `StartTrainerMains`'s process; with
   `imports`, [(exit code, stderr, whether TensorFlow was imported after
-  that argv's run)]."""
+  that argv's run)]; with `stdout`, [(exit code, stderr, stdout)]."""
   out, err = proc.communicate(timeout=timeout)
   if proc.returncode:
     raise AssertionError(f'trainer driver failed: {err[-3000:]}')
   results = json.loads(out.strip().splitlines()[-1])
-  return results if imports else [r[:2] for r in results]
+  if stdout:
+    return [(r[0], r[1], r[3]) for r in results]
+  return [r[:3] for r in results] if imports else [r[:2] for r in results]
 
 
 def StartTrainer(argv, env=None):
@@ -359,6 +363,18 @@ def StartTrainer(argv, env=None):
                           cwd=ROOT, env=env or QUIET_ENV,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
+
+
+def StopOnceExists(proc, found, timeout=300, poll_secs=0.01):
+  """Sends SIGTERM to `proc` (a Popen) as soon as `found()` is truthy (e.g.
+  a folder it writes exists); returns its (exit code, stderr)."""
+  deadline = time.monotonic() + timeout
+  while not found() and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(poll_secs)
+  if proc.poll() is None:
+    proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=timeout)
+  return proc.returncode, stderr
 
 
 def AssertUserErrorLine(test, code, stderr, regex):
@@ -411,12 +427,12 @@ _STEP_LOG = re.compile(r'First step done|\] step \d+/\d+ ')
 
 def AssertStoppedBeforeTraining(test, stderr, logdir, before):
   """No train step was logged, and the logdir is as it was (`before`, its
-  _Snapshot), or, if it did not exist, holds no checkpoint."""
+  _Snapshot), or, if it did not exist, was not created."""
   test.assertNotRegex(stderr, _STEP_LOG)
   if before is None:
-    train = os.path.join(logdir, 'train')
-    test.assertEqual([], [n for n in (os.listdir(train) if os.path.isdir(
-        train) else []) if n == 'checkpoint' or n.startswith('ckpt-')])
+    test.assertFalse(os.path.exists(logdir),
+                     f'a refused run created {logdir}: '
+                     f'{sorted(_Snapshot(logdir)) if os.path.isdir(logdir) else ""}')
   else:
     test.assertEqual(before, _Snapshot(logdir))
 

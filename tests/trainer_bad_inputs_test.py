@@ -25,6 +25,8 @@ real]); '{logdir}' in argv is the row's own logdir.
 """
 import json
 import os
+import subprocess
+import sys
 
 import tensorflow as tf
 
@@ -34,6 +36,7 @@ BadInput = test_utils.BadInput
 
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _REGRESSION = 'synthetic.linear_regression.RegressionTiny'
+_IMAGE = 'image.shapes_resnet.ShapesResNetTiny'
 _LOGDIR = '--logdir={logdir}'
 _STACK = 'task.stack_tpl'
 _PIPE = 'task.stack_tpl.pipeline_tpl'
@@ -64,6 +67,33 @@ def _BinaryFile(logdir):
   _PreviousRun(logdir)
   with open(os.path.join(logdir, 'override.bin'), 'wb') as f:
     f.write(bytes(range(256)))
+
+
+def _BlankFile(logdir):
+  """A text file of blank lines (blank.txt) and one of sentences
+  (text.txt) in the logdir, which must then stay as it is."""
+  with open(os.path.join(logdir, 'blank.txt'), 'w') as f:
+    f.write('\n\n   \n\n')
+  with open(os.path.join(logdir, 'text.txt'), 'w') as f:
+    f.write('\n'.join(f'the cat number {i} sees the dog' for i in range(50)))
+
+
+# Processes holding a row's logdir lock, stopped when the test ends.
+_HOLDERS = []
+
+
+def _HeldByAnotherTrainer(logdir):
+  """Another live process holds the logdir's writer lock (as a trainer
+  does while it runs), with the record a trainer writes."""
+  proc = subprocess.Popen(
+      [sys.executable, '-c', 'import sys, time\n'
+       'from cadence.framework.train import logdir_lock\n'
+       'lock = logdir_lock.WriterLock(sys.argv[1])\n'
+       'print("held", flush=True)\n'
+       'time.sleep(600)\n', logdir],
+      cwd=test_utils.ROOT, stdout=subprocess.PIPE, text=True)
+  _HOLDERS.append(proc)
+  assert proc.stdout.readline().strip() == 'held'
 
 
 def _FileAsLogdir(logdir):
@@ -187,6 +217,14 @@ _BEFORE_TF = [
              r"^Error: \$TF_CONFIG: address '127\.0\.0\.1:2222' is given "
              r'twice, for worker 0 and worker 1',
              env=_TfConfig(cluster={'worker': [_HOSTS[0]] * 2})),
+    # Two spellings of one IP and port (host names are resolved first).
+    BadInput('tf_config_same_address_two_spellings', _Lm(),
+             r"^Error: \$TF_CONFIG: address '127\.0\.0\.1:2222' is given "
+             r"twice, for worker 0 \(as 'localhost:2222', both "
+             r'127\.0\.0\.1:2222\) and worker 1; each task needs its own '
+             r'host:port\.$',
+             env=_TfConfig(cluster={'worker': ['localhost:2222',
+                                               _HOSTS[0]]}), real=True),
     BadInput('tf_config_bad_port', _Lm(),
              r"^Error: \$TF_CONFIG: worker 1 address '127\.0\.0\.1:99999' "
              r"must be 'host:port' with a port in \[1, 65535\]",
@@ -207,6 +245,26 @@ _BEFORE_TF = [
         f'--cluster_spec=worker={",".join(_HOSTS)}', '--task_type=chief'),
              r"^Error: --task_type='chief' is not a job of the cluster "
              r"\('worker'\)\.$"),
+    # absl keeps a repeated flag's last value and drops the others.
+    BadInput('override_given_twice', _Lm(
+        f'--model_params_override={_LAYER}.hidden_dim=256',
+        '--model_params_override=input.batch_size=16'),
+             r"^Error: --model_params_override is given 2 times \(--model_"
+             rf'params_override={_LAYER}\.hidden_dim=256, --model_params_'
+             r'override=input\.batch_size=16\); absl would keep only the '
+             r"last\. Give it once \(join its items with ';' into one "
+             r'value\)\.$', prepare=_PreviousRun, real=True),
+    BadInput('bool_flag_and_its_negation', _Lm('--xla', '--noxla'),
+             r'^Error: --xla is given 2 times \(--xla, --noxla\); absl would '
+             r'keep only the last\. Give it once\.$'),
+    BadInput('logdir_given_twice', _Lm('--logdir={logdir}/other'),
+             r'^Error: --logdir is given 2 times'),
+    # Another trainer holds the logdir: answered before TensorFlow loads.
+    BadInput('logdir_in_use', _Lm(),
+             r"^Error: --logdir .*/logdir_in_use is in use by another "
+             r'trainer \(host \S+, pid \d+, started [\d-]+ [\d:]+ UTC; lock '
+             r'file .*/\.writer\.lock\): one logdir has one writer\.',
+             prepare=_HeldByAnotherTrainer, real=True),
     # --mode=plan's cluster (framework/pipeline/hardware.py) and flags.
     BadInput('plan_cluster_misspelt_preset',
              _Lm('--mode=plan', '--plan_cluster=h100'),
@@ -325,10 +383,13 @@ _MODEL = [
              _Lm('--model_params_override=task.decoder.temperature=0'),
              r"\(params 'task'\): decoder\.temperature=0 must be a number > "
              r'0\.'),
+    # A learner's or an input's error on an existing logdir: its params.txt
+    # and the rest stay as they were (every check runs before any write).
     BadInput('learning_rate_negative', _Lm(
         '--model_params_override=task.train.learner.learning_rate=-1'),
              r"Learner 'learner' \(params 'task\.train\.learner'\): "
-             r'learning_rate=-1 must be a number >= 0\.'),
+             r'learning_rate=-1 must be a number >= 0\.',
+             prepare=_PreviousRun, real=True),
     # The input's params, named by the key to override.
     BadInput('max_seq_len_a_string',
              _Lm("--model_params_override=input.max_seq_len='64'"),
@@ -338,7 +399,8 @@ _MODEL = [
              _INPUT + r'batch_size=32\.5 must be an int >= 1\.$'),
     BadInput('batch_size_negative',
              _Lm('--model_params_override=input.batch_size=-1'),
-             _INPUT + r'batch_size=-1 must be an int >= 1\.$'),
+             _INPUT + r'batch_size=-1 must be an int >= 1\.$',
+             prepare=_PreviousRun),
     BadInput('corpus_typo', _Lm('--model_params_override=input.corpus=synth'),
              _INPUT + r"corpus='synth' must be one of '', 'synthetic', "
              r"'one_billion_words'\. Did you mean 'synthetic'\?$"),
@@ -358,6 +420,209 @@ _MODEL = [
               '--plan_cluster=h100x8'],
              r"^Error: --mode=plan: model 'regression' runs no pipeline "
              r'.*GPipeTransformerStack\.$'),
+    # Dtypes: a DType, one of those a layer computes in (base_layer.py).
+    BadInput('fprop_dtype_misspelt',
+             _Lm('--model_params_override=task.fprop_dtype=tf.bfloat17'),
+             r"^Error: Bad params: LanguageModel 'lm' \(params 'task'\): "
+             r"fprop_dtype='tf\.bfloat17' must be one of None, tf\.float32, "
+             r'tf\.bfloat16 \(tf\.float16 is not supported: .*\)\. Did you '
+             r'mean tf\.bfloat16\?$', prepare=_PreviousRun, real=True),
+    BadInput('fprop_dtype_a_string',
+             _Lm("--model_params_override=task.fprop_dtype='bfloat16'"),
+             r"\(params 'task'\): fprop_dtype='bfloat16' must be one of .* "
+             r'Did you mean tf\.bfloat16 \(a dtype, not a string\)\?$'),
+    BadInput('fprop_dtype_int32',
+             _Lm('--model_params_override=task.fprop_dtype=tf.int32'),
+             r"\(params 'task'\): fprop_dtype=tf\.int32 must be one of None, "
+             r'tf\.float32, tf\.bfloat16 '),
+    BadInput('fprop_dtype_float16_on_the_stack',
+             _Lm(f'--model_params_override={_STACK}.fprop_dtype=tf.float16'),
+             rf"GPipeTransformerStack 'stack' \(params '{_STACK}'\): "
+             r'fprop_dtype=tf\.float16 must be one of None, tf\.float32, '
+             r'tf\.bfloat16 \(tf\.float16 is not supported: its range '
+             r'underflows small gradients without loss scaling; use '
+             r'tf\.bfloat16\)\.$'),
+    BadInput('variables_dtype_bfloat16',
+             _Lm('--model_params_override=task.dtype=tf.bfloat16'),
+             r"\(params 'task'\): dtype=tf\.bfloat16 must be one of "
+             r'tf\.float32, tf\.float64\.$'),
+    # stages_per_device names the knob the user set and what to lower.
+    BadInput('stages_per_device_too_many', _Lm(
+        f'--model_params_override={_PIPE}.schedule=interleaved_1f1b;'
+        f'{_PIPE}.stages_per_device=3'),
+             rf"\(params '{_STACK}'\): splits=2 with stages_per_device=3 "
+             rf"\(params '{_PIPE}'\) makes 2 x 3 = 6 cells, more than the 4 "
+             r'layers \(each cell needs a layer\); lower stages_per_device '
+             r'to at most 2\.$'),
+    BadInput('stages_per_device_zero', _Lm(
+        f'--model_params_override={_PIPE}.stages_per_device=0'),
+             rf"PipeliningLayer \(params '{_PIPE}'\): stages_per_device=0 "
+             r'must be an int >= 1\.$'),
+    # Text files with blank lines only: the data's fault, by params path.
+    BadInput('blank_tokenizer_training_file', _Lm(
+        "--model_params_override=input.corpus='';"
+        'input.file_pattern={logdir}/blank.txt;'
+        'input.tokenizer.train_file_pattern={logdir}/blank.txt'),
+             r"^Error: Input: SentencePieceTokenizer 'tokenizer' \(params "
+             r"'input\.tokenizer'\): train_file_pattern='.*/blank\.txt' has "
+             r'no sentences to train on: its 1 file\(s\) hold 4 lines, all '
+             r'blank; point it at text with one sentence a line\.$',
+             prepare=_BlankFile),
+    BadInput('blank_training_file', _Lm(
+        "--model_params_override=input.corpus='';"
+        'input.file_pattern={logdir}/blank.txt;'
+        'input.tokenizer.train_file_pattern={logdir}/text.txt'),
+             r"^Error: Input: LmCorpusInput 'lm_(train|dev)' \(params "
+             r"'input'\): file_pattern='.*/blank\.txt' has no sentences: its "
+             r'1 file\(s\) hold 4 lines, all blank; point it at text with '
+             r'one sentence a line\.$', prepare=_BlankFile, real=True),
+    BadInput('tokenizer_without_training_text', _Lm(
+        "--model_params_override=input.corpus='';"
+        'input.file_pattern={logdir}/text.txt'),
+             r"^Error: Bad params: SentencePieceTokenizer 'tokenizer' "
+             r"\(params 'input\.tokenizer'\): set model_file or "
+             r'train_file_pattern', prepare=_BlankFile),
+    # Every mode runs the same params checks before it does anything.
+    BadInput('plan_unknown_schedule', _Lm(
+        '--mode=plan', f'--model_params_override={_PIPE}.schedule=zb_x'),
+             rf"\(params '{_PIPE}'\): schedule='zb_x' must be one of 'gpipe', "
+             r".*Did you mean 'zb_v'\?$", prepare=_PreviousRun),
+    BadInput('inspect_model_bad_params', _Lm(
+        '--mode=inspect_model',
+        f'--model_params_override={_PIPE}.num_micro_batches=3'),
+             rf"\(params '{_PIPE}'\): num_micro_batches=3 does not divide "
+             r'batch 32', prepare=_PreviousRun),
+    BadInput('inspect_params_bad_params', _Lm(
+        '--mode=inspect_params',
+        f'--model_params_override={_PIPE}.num_micro_batches=3'),
+             rf"\(params '{_PIPE}'\): num_micro_batches=3 does not divide "
+             r'batch 32', prepare=_PreviousRun),
+    BadInput('inspect_pipeline_bad_params', _Lm(
+        '--mode=inspect_pipeline',
+        f'--model_params_override={_PIPE}.remat=sometimes'),
+             rf"\(params '{_PIPE}'\): remat='sometimes' must be one of",
+             prepare=_PreviousRun),
+    BadInput('export_bad_params', _Lm(
+        '--mode=export', f'--model_params_override={_LAYER}.num_heads=3'),
+             rf"\(params '{_LAYER}'\): num_heads=3 must divide "
+             r'input_dim=128', prepare=_PreviousRun),
+    # No layout fits: exit 2, nothing written (no --plan_apply file, no
+    # chart), and the line says what the closest layout needs.
+    BadInput('plan_nothing_fits', _Lm(
+        '--mode=plan', '--plan_cluster=devices=2,tflops=10,memory_gib=0.001,memory_gbps=100',
+        '--plan_apply={logdir}/notes/plan.txt'),
+             r'^Error: --mode=plan: no layout of lm\.one_billion_wds\.'
+             r"OneBWdsGPipeTransformerTiny fits the cluster's memory \(1\.02 "
+             r'MiB a device\): the closest, R=\d K=\d v=\d M=\d+ \S+ \S+ '
+             r'cut=\S+, needs [\d.]+ MiB on a device\. Lower '
+             r'input\.batch_size .*; nothing was written\.$',
+             prepare=_PreviousRun),
+    # Closed sets, refused whatever the layout (one replica included).
+    BadInput('allreduce_typo',
+             _Lm('--model_params_override=task.train.allreduce=rign'),
+             r"^Error: Bad params: LanguageModel 'lm' \(params 'task'\): "
+             r"train\.allreduce='rign' must be one of 'auto', 'ring', 'nccl', "
+             r"'hierarchical_copy', 'one_device'\. Did you mean 'ring'\?$",
+             prepare=_PreviousRun),
+    BadInput('allreduce_bytes_per_pack_negative', _Lm(
+        '--model_params_override=task.train.allreduce_bytes_per_pack=-1'),
+             r"\(params 'task'\): train\.allreduce_bytes_per_pack=-1 must be "
+             r'an int >= 0\.$'),
+    BadInput('ps_placement_typo', _Lm(
+        '--model_params_override=task.train.ps_placement=round-robin'),
+             r"\(params 'task'\): train\.ps_placement='round-robin' must be "
+             r"one of 'least_loaded', 'round_robin'\. Did you mean "
+             r"'round_robin'\?$"),
+    BadInput('optimizer_cls_a_string', _Lm(
+        "--model_params_override=task.train.learner.optimizer.cls='adam'"),
+             r"^Error: Bad params: Learner 'learner' \(params "
+             r"'task\.train\.learner'\): optimizer\.cls='adam' must be one of "
+             r'SGD, Momentum, Adam, Adafactor \(cadence\.framework\.optimizer\)'
+             r"\. Did you mean type\('cadence\.framework\.optimizer\.Adam'\) "
+             r'\(a class, not a str\)\?$'),
+    BadInput('lr_schedule_cls_an_optimizer', _Lm(
+        '--model_params_override=task.train.learner.lr_schedule.cls='
+        "type('cadence.framework.optimizer.Adam')"),
+             r"\(params 'task\.train\.learner'\): lr_schedule\.cls=<class "
+             r"'cadence\.framework\.optimizer\.Adam'> must be one of "
+             r'ConstantSchedule, .*\(cadence\.framework\.lr_schedule\)\.$'),
+    BadInput('use_nesterov_a_string', [
+        f'--model={_IMAGE}', _LOGDIR, '--model_params_override=task.train.'
+        "learner.optimizer.use_nesterov='yes'"],
+             r"^Error: Bad params: Momentum 'momentum' \(params "
+             r"'task\.train\.learner\.optimizer'\): use_nesterov='yes' must be "
+             r'True or False\.$'),
+    BadInput('params_init_method_case',
+             _Lm('--model_params_override=task.params_init.method=Xavier'),
+             r"\(params 'task'\): params_init\.method='Xavier' must be one of "
+             r"'constant', .*\. Did you mean 'xavier'\?$"),
+    BadInput('ln_params_init_method_unknown', _Lm(
+        f'--model_params_override={_LAYER}.ln_tpl.params_init.method=ones'),
+             rf"^Error: Bad params: LayerNorm 'ln_atten' \(params "
+             rf"'{_LAYER}\.ln_tpl'\): params_init\.method='ones' must be one "
+             r"of 'constant', "),
+    BadInput('is_inference_a_string',
+             _Lm("--model_params_override=task.is_inference='False'"),
+             r"\(params 'task'\): is_inference='False' must be True or "
+             r'False\.$'),
+    BadInput('stack_random_seed_a_string',
+             _Lm(f"--model_params_override={_STACK}.random_seed='7'"),
+             rf"\(params '{_STACK}'\): random_seed='7' must be None or an int "
+             r'>= 0\.$'),
+    BadInput('stack_fprop_dtype_a_name',
+             _Lm(f'--model_params_override={_STACK}.fprop_dtype=bfloat16'),
+             rf"\(params '{_STACK}'\): fprop_dtype='bfloat16' must be one of "
+             r'.* Did you mean tf\.bfloat16 \(a dtype, not a string\)\?$'),
+    BadInput('state_dtype_float16',
+             _Lm(f'--model_params_override={_PIPE}.state_dtype=tf.float16'),
+             rf"\(params '{_PIPE}'\): state_dtype=tf\.float16 must be one of "
+             r'None, tf\.float32, tf\.bfloat16, tf\.float64 \(tf\.float16 is '
+             r'not supported: '),
+    BadInput('tokenizer_model_type_case',
+             _Lm('--model_params_override=input.tokenizer.model_type=BPE'),
+             r"^Error: Input: SentencePieceTokenizer 'tokenizer' \(params "
+             r"'input\.tokenizer'\): model_type='BPE' must be one of 'bpe', "
+             r"'unigram'\. Did you mean 'bpe'\?$", prepare=_PreviousRun),
+    BadInput('tokenizer_byte_fallback_a_string',
+             _Lm("--model_params_override=input.tokenizer.byte_fallback='no'"),
+             r"\(params 'input\.tokenizer'\): byte_fallback='no' must be "
+             r'True or False\.$'),
+    BadInput('tokenizer_model_file_a_folder',
+             _Lm('--model_params_override=input.tokenizer.model_file={logdir}'),
+             r"\(params 'input\.tokenizer'\): model_file='.*' does not exist "
+             r'or is not a file \(a trained SentencePiece model\)\.$',
+             prepare=_PreviousRun),
+    BadInput('tokenizer_cls_not_a_tokenizer', _Lm(
+        '--model_params_override=input.tokenizer.cls='
+        "type('cadence.framework.optimizer.Adam')"),
+             r"^Error: Input: LmCorpusInput 'lm_(train|dev)' \(params "
+             r"'input'\): tokenizer\.cls=<class 'cadence\.framework\.optimizer"
+             r"\.Adam'> must be a tokenizers\.BaseTokenizer"),
+    BadInput('resnet_schedule_case', [
+        f'--model={_IMAGE}', _LOGDIR,
+        '--model_params_override=task.resnet_tpl.pipeline_tpl.schedule=GPipe'],
+             r"^Error: Bad params: PipeliningLayer \(params "
+             r"'task\.resnet_tpl\.pipeline_tpl'\): schedule='GPipe' must be "
+             r"one of 'gpipe', .*\. Did you mean 'gpipe'\?$",
+             prepare=_PreviousRun, real=True),
+    BadInput('resnet_bn_dtype_a_name', [
+        f'--model={_IMAGE}', _LOGDIR,
+        "--model_params_override=task.resnet_tpl.bn_tpl.dtype='float32'"],
+             r"^Error: Bad params: BatchNormLayer \(params "
+             r"'task\.resnet_tpl\.bn_tpl'\): dtype='float32' must be one of "
+             r'tf\.float32, tf\.float64\. Did you mean tf\.float32 \(a dtype, '
+             r'not a string\)\?$'),
+    BadInput('regression_activation_typo', [
+        f'--model={_REGRESSION}', _LOGDIR,
+        '--model_params_override=task.activation=RELUU'],
+             r"^Error: Bad params: RegressionModel 'regression' \(params "
+             r"'task'\): activation='RELUU' is invalid: .*Did you mean "
+             r"'RELU'\?$"),
+    BadInput('regression_pipeline_tpl_a_string', [
+        f'--model={_REGRESSION}', _LOGDIR,
+        '--model_params_override=task.pipeline_tpl=gpipe'],
+             r"\(params 'task'\): pipeline_tpl='gpipe' must be None \(a "
+             r'FeedForwardNet\) or a gpipe\.PipeliningLayer\.Params\(\)\.$'),
     # Devices: --xla and the TPU.
     BadInput('xla_over_two_devices', _Lm('--xla', '--worker_split_size=2'),
              r"^Error: Bad params: lm's train: --xla compiles one replica's "
@@ -373,16 +638,21 @@ _MODEL = [
              r"^Error: --tpu='my-tpu' with --worker_replicas=2: on a TPU the "
              r'replicas are its cores / --worker_split_size; leave '
              r'--worker_replicas at 1\.$'),
-    # The README's TPU command, without a TPU: one line saying what a TPU
-    # name needs.
+    # The README's TPU command by name, without a TPU: one line saying what
+    # a TPU name needs (without the tpu extra), or that it could not be
+    # resolved (with it: no credentials here, nor a GCE metadata probe).
     BadInput('readme_tpu_command', _Lm(
         '--job=trainer', '--tpu=my-tpu', '--tpu_zone=us-central1-b',
         '--tpu_project=my-project', '--worker_split_size=2'),
              r"^Error: --tpu='my-tpu' --tpu_zone='us-central1-b' "
              r"--tpu_project='my-project': (a TPU name is looked up with the "
-             r'Cloud TPU API, which needs the Google API client: pip install '
-             r'-e "\.\[tpu\]" \(cloud-tpu-client\); or give the TPU\'s '
-             r'grpc://host:8470 address\.|cannot resolve the TPU)',
+             r'Cloud TPU API, whose client is not installed: pip install -e '
+             r'"\.\[tpu\]" \(in one command with your TensorFlow extra, '
+             r'e\.g\. "\.\[cpu,tpu\]"\); or give --tpu=local on a TPU VM, or '
+             r"a TPU Node's grpc://host:8470 address\.$|cannot resolve the "
+             r'TPU \(DefaultCredentialsError: )',
+             env={'NO_GCE_CHECK': 'True', 'GOOGLE_APPLICATION_CREDENTIALS': '',
+                  'CLOUDSDK_CONFIG': '/nonexistent/gcloud'},
              real=True),
 ]
 
@@ -390,6 +660,7 @@ _MODEL = [
 class BadInputsTest(tf.test.TestCase):
 
   def testEveryBadInputExitsTwoWithOneLineAndTouchesNothing(self):
+    self.addCleanup(lambda: [p.kill() for p in _HOLDERS])
     self.assertGreaterEqual(len(_BEFORE_TF) + len(_MODEL), 30)
     # An unreachable TPU address: it must fail at once (gRPC would retry
     # for minutes), and last (connecting changes the process).

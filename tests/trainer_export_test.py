@@ -129,7 +129,11 @@ class TrainerExportTest(tf.test.TestCase):
     with open(f'{tmp}/a_file', 'w') as f:
       f.write('not a folder')
     cls.image_export = f'{tmp}/image_export'
-    cls.exports = test_utils.FinishTrainerMains(test_utils.StartTrainerMains([
+    # A real export, stopped by SIGTERM while it writes its folder.
+    stopped = test_utils.StartTrainer(_Flags(
+        _LM, _LM_OVERRIDE, cls.lm_dir, '--mode=export',
+        f'--export_dir={tmp}/stopped'))
+    driver = test_utils.StartTrainerMains([
         _Flags(_LM, _LM_OVERRIDE, cls.lm_dir, '--mode=export'),
         _Flags(_IMAGE, _IMAGE_OVERRIDE, cls.image_dir, '--mode=export',
                '--export_batch_size=32', f'--export_dir={cls.image_export}'),
@@ -140,7 +144,15 @@ class TrainerExportTest(tf.test.TestCase):
                cls.image_dir, '--mode=export'),
         _Flags(_IMAGE, _IMAGE_OVERRIDE, cls.image_dir, '--mode=export',
                '--export_max_len=16', f'--export_dir={tmp}/image_16'),
-    ]))
+        # Weights of another shape than the overrides build.
+        _Flags(_LM, f'{_LM_OVERRIDE};task.stack_tpl.transformer_tpl.'
+               'hidden_dim=64', cls.lm_dir, '--mode=export',
+               f'--export_dir={tmp}/other_shape'),
+    ])
+    cls.stopped = test_utils.StopOnceExists(
+        stopped, lambda: [n for n in os.listdir(tmp)
+                          if n.startswith('.stopped.tmp-')])
+    cls.exports = test_utils.FinishTrainerMains(driver)
     cls.lm_export = os.path.join(cls.lm_dir, 'export', str(_STEPS))
     if cls.exports[0][0] == 0 and cls.exports[1][0] == 0:
       out = test_utils.RunPython(_LOADER, json.dumps(dict(
@@ -252,10 +264,28 @@ class TrainerExportTest(tf.test.TestCase):
         r"Error: --mode=export: ImageClassifier 'image' \(params 'task'\) "
         r'Inference: max_len=16 has no meaning for this task: it has no '
         r'sequence length\.$',
+        # As the sync mode says it: the checkpoint, the variable, its
+        # shapes, and the params path whose value differs.
+        rf'Error: --logdir {tmp}/lm holds checkpoints of another model: '
+        rf'{tmp}/lm/train/ckpt-{_STEPS} does not fit --model={_LM}: variable '
+        r"'lm\.stack\.x_layers\[0\]\.ffn\.fc\[0\]\.b' is float32\[512\] in "
+        r'the checkpoint but float32\[64\] in this model \(and \d+ more '
+        r"variables differ\)\. Its params\.txt differs from this run's in "
+        r'task\.stack_tpl\.transformer_tpl\.hidden_dim \(512 there, 64 '
+        r'here\)\. Export with the model and overrides that trained it; '
+        r'nothing was written\.$',
     ]
     for regex, (code, stderr) in zip(cases, self.exports[2:]):
       with self.subTest(regex=regex):
         test_utils.AssertUserErrorLine(self, code, stderr, regex)
+    # SIGTERM while an export is written: exit 4, one line, and its
+    # partial folder removed.
+    code, stderr = self.stopped
+    self.assertEqual(4, code, stderr[-3000:])
+    self.assertNotIn('Traceback', stderr)
+    self.assertRegex(stderr.strip().splitlines()[-1], r'^Error: --mode=export '
+                     'stopped by SIGTERM: the partial export was removed and '
+                     'nothing was written; rerun the command to export\.$')
     # Nothing half-written beside the targets.
     self.assertEqual(sorted(os.listdir(tmp)), sorted([
         'a_file', 'image', 'image_export', 'inputs.npz', 'lm',

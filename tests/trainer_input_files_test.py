@@ -58,17 +58,20 @@ class InputFilesTest(tf.test.TestCase):
          r'\.$'),
         (lm + [f'--model_params_override={spm};input.file_pattern={text};'
                f'input.tokenizer.train_file_pattern={noise}'],
-         rf"^Error: Input: SentencePieceTokenizer 'tokenizer': '{noise}' "
-         rf"\(of train_file_pattern '{noise}'\) {not_text}"),
+         rf"^Error: Input: SentencePieceTokenizer 'tokenizer' \(params "
+         rf"'input\.tokenizer'\): '{noise}' \(of train_file_pattern "
+         rf"'{noise}'\) {not_text}"),
         (lm + [f'--model_params_override={spm};input.file_pattern={blank};'
                f'input.tokenizer.train_file_pattern={blank}'],
-         rf"^Error: Input: SentencePieceTokenizer 'tokenizer': "
-         rf"train_file_pattern '{blank}' has no sentences to train on: its "
-         r'1 file\(s\) hold 3 lines, all blank\.$'),
+         rf"^Error: Input: SentencePieceTokenizer 'tokenizer' \(params "
+         rf"'input\.tokenizer'\): train_file_pattern='{blank}' has no "
+         r'sentences to train on: its 1 file\(s\) hold 3 lines, all blank; '
+         r'point it at text with one sentence a line\.$'),
         (lm + [f'--model_params_override={spm};input.file_pattern={blank};'
                f'input.tokenizer.train_file_pattern={text}'],
-         rf"^Error: Input: LmCorpusInput 'lm_train': file_pattern '{blank}' "
-         r'has no sentences: its 1 file\(s\) hold 3 lines, all blank\.$'),
+         rf"^Error: Input: LmCorpusInput 'lm_train' \(params 'input'\): "
+         rf"file_pattern='{blank}' has no sentences: its 1 file\(s\) hold 3 "
+         r'lines, all blank; point it at text with one sentence a line\.$'),
     ]
     # One process, one device set-up: the LM's 2 stages' for every case.
     argvs = [flags + [f'--logdir={tmp}/run{i}', '--worker_split_size=2',

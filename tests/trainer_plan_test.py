@@ -57,7 +57,14 @@ class TrainerPlanTest(tf.test.TestCase):
     with open(os.path.join(logdir, 'plan', 'plan_timeline.svg')) as f:
       svg = f.read()
     self.assertTrue(svg.startswith('<svg'))
-    self.assertIn('Simulated pipeline step (planner)', svg)
+    # Its title (its lines, wrapped) gives plan 2's step time of the table;
+    # its time axis ends there.
+    title = ' '.join(re.findall(r'<text x="4" y="\d+">([^<]*)</text>', svg))
+    self.assertIn(f'(planner): {rows[1].split()[8]} ms (the step time of '
+                  'the plan\'s table)', title)
+    self.assertIn(f'>{rows[1].split()[8]} ms</text>', svg)
+    self.assertTrue(os.path.exists(os.path.join(logdir, 'plan',
+                                                'plan_timeline.txt')))
 
 
 if __name__ == '__main__':

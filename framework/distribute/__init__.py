@@ -14,6 +14,8 @@ train loop needs to know which option runs it.
   multi_worker    several hosts, MultiWorkerMirroredStrategy.
   tf_config       $TF_CONFIG / --cluster_spec parsed and checked (no
                   TensorFlow: the trainer checks them before loading it).
+  peer_wait       before a strategy starts, wait in Python (lines,
+                  signals, --peer_timeout_s) for the peers it needs.
   tpu, tpu_programs
                   a Cloud TPU: connect, cut its cores into replicas (the
                   `tpu` option), and the replicated train program.

@@ -25,10 +25,11 @@ server accepts a connection any more, within `leave_timeout_s`.
 Example (every host, after its job returned):
   coordinated_exit.FinishTogether(setup)   # Then end the process.
 """
-import socket
 import time
 
 from tensorflow.python.eager import context  # The barrier: no public API.
+
+from cadence.framework.distribute import peer_wait
 
 BARRIER = 'cadence_job_finished'
 # The chief may evaluate and decode for a long time; a host that dies fails
@@ -36,16 +37,6 @@ BARRIER = 'cadence_job_finished'
 BARRIER_TIMEOUT_S = 24 * 3600
 LEAVE_TIMEOUT_S = 5.0  # Below the service's 10 s heartbeat timeout.
 _POLL_S = 0.02
-
-
-def _Serving(address, timeout_s=0.5):
-  """Whether a server accepts TCP connections at `address` ('host:port')."""
-  host, port = address.rsplit(':', 1)
-  try:
-    with socket.create_connection((host.strip('[]'), int(port)), timeout_s):
-      return True
-  except OSError:
-    return False
 
 
 def PeerAddresses(strategy):
@@ -64,7 +55,7 @@ def AwaitGone(addresses, timeout_s=LEAVE_TIMEOUT_S):
   deadline = time.monotonic() + timeout_s
   serving = list(addresses)
   while True:
-    serving = [a for a in serving if _Serving(a)]
+    serving = [a for a in serving if peer_wait.Accepts(a, 0.5)]
     if not serving or time.monotonic() >= deadline:
       return serving
     time.sleep(_POLL_S)

@@ -9,6 +9,8 @@ Lingvo's flags say how a job spreads over devices:
   TF_CONFIG             several hosts (or --cluster_spec, --task_type and
                         --task_index, which say the same; checked by
                         framework/distribute/tf_config.py);
+  --peer_timeout_s      with TF_CONFIG, the longest wait for the peer
+                        tasks before the strategy starts (peer_wait.py);
   --tpu                 a Cloud TPU (with --tpu_zone, --tpu_project).
 
 A *distribution option* turns them into devices, a cluster and a
@@ -70,6 +72,7 @@ from cadence.framework.distribute import local
 from cadence.framework.distribute import multi_worker
 from cadence.framework.distribute import option
 from cadence.framework.distribute import parameter_server
+from cadence.framework.distribute import peer_wait
 from cadence.framework.distribute import tf_config
 from cadence.framework.distribute import tpu
 
@@ -77,6 +80,9 @@ TF_CONFIG = tf_config.TF_CONFIG
 Flags = option.Flags
 Setup = option.Setup
 SetupError = option.SetupError
+# SIGTERM/SIGINT while a host waited for its peers; nothing was built.
+Stopped = peer_wait.Stopped
+PEER_TIMEOUT_S = peer_wait.DEFAULT_TIMEOUT_S
 
 
 def ParseClusterSpec(spec, task_type, task_index):
@@ -164,7 +170,8 @@ Register(local.LocalSetup)
 
 
 def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
-           worker_gpus=0, tf_config=None, tpu='', tpu_zone='', tpu_project=''):
+           worker_gpus=0, tf_config=None, tpu='', tpu_zone='', tpu_project='',
+           peer_timeout_s=peer_wait.DEFAULT_TIMEOUT_S):
   """Configures devices and creates the strategy; call before any TF op.
 
   Args:
@@ -175,12 +182,16 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     tf_config: the multi-host configuration (`ReadTfConfig`), or None.
     tpu: a TPU's name or grpc address ('': no TPU); with tpu_zone and
       tpu_project (framework/distribute/tpu.py).
+    peer_timeout_s: with tf_config, the longest wait for the peers the
+      strategy needs before it starts (peer_wait.py); 0: no limit.
 
   Returns:
     The Setup of the option that applies (`Choose`).
 
   Raises:
-    SetupError: a flag value this machine or cluster cannot run.
+    SetupError: a flag value this machine or cluster cannot run, or a peer
+      that never accepted a connection within peer_timeout_s.
+    Stopped: SIGTERM or SIGINT while waiting for the peers.
   """
   for flag, value in (('worker_replicas', worker_replicas),
                       ('worker_split_size', worker_split_size)):
@@ -189,5 +200,5 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
   flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
                 worker_split_size=worker_split_size, worker_gpus=worker_gpus,
                 tf_config=tf_config, tpu=tpu, tpu_zone=tpu_zone,
-                tpu_project=tpu_project)
+                tpu_project=tpu_project, peer_timeout_s=peer_timeout_s)
   return Choose(flags).Create(flags)

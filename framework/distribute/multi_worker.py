@@ -5,7 +5,11 @@ same command on every host, each its role and index from TF_CONFIG. Each
 host's replicas are made as in the `local` option (local.py); the
 'chief' and 'worker' tasks all-reduce across hosts with
 MultiWorkerMirroredStrategy, which starts this host's server and so must
-exist before any other TF op. The 'chief', or worker 0 without one, is host
+exist before any other TF op. Before it starts, each of them waits until
+every other 'chief' and 'worker' task accepts a TCP connection, listening
+on its own port meanwhile (peer_wait.py: a line every 10 s names the
+peers not seen yet; --peer_timeout_s ends the wait with exit 2, a signal
+with exit 0). The 'chief', or worker 0 without one, is host
 0 and writes the checkpoints and summaries; a signal stops every host at
 the same step (the base Setup's agreement), and a failed peer stops the
 others with one line (exit 4).
@@ -24,6 +28,7 @@ import tensorflow as tf
 from cadence.framework.distribute import coordinated_exit
 from cadence.framework.distribute import local
 from cadence.framework.distribute import option
+from cadence.framework.distribute import peer_wait
 
 
 class MultiWorkerSetup(option.Setup):
@@ -54,6 +59,13 @@ class MultiWorkerSetup(option.Setup):
         flags.worker_gpus)
     strategy = None   # An 'evaluator' task: this host's replicas only.
     if task_type in ('worker', 'chief'):
+      # In Python first, where signals and lines work: the strategy's start
+      # blocks in C++ until every peer answers (peer_wait.py).
+      try:
+        peer_wait.WaitForTasks(flags.tf_config, ('chief', 'worker'),
+                               flags.peer_timeout_s, listen=True)
+      except peer_wait.WaitError as e:
+        raise option.SetupError(str(e)) from None
       # Before any other op: the strategy starts this host's server.
       resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
           tf.train.ClusterSpec(jobs), task_type=task_type,

@@ -38,6 +38,7 @@ Example (an option's instance, as the registry creates it):
 import dataclasses
 
 from cadence.framework import cluster as cluster_lib
+from cadence.framework.distribute import peer_wait
 from cadence.framework.train import preemption
 from cadence.framework.train import programs
 from cadence.framework.train import replicas
@@ -60,6 +61,9 @@ class Flags:
       checked TF_CONFIG dict), or None.
     tpu: a TPU's name or grpc address ('': no TPU); with tpu_zone and
       tpu_project (framework/distribute/tpu.py).
+    peer_timeout_s: with tf_config, the longest wait in seconds for the
+      peers this task's strategy needs to accept a connection before it
+      starts (framework/distribute/peer_wait.py); 0: no limit.
   """
   run_locally: str = 'cpu'
   worker_replicas: int = 1
@@ -69,6 +73,7 @@ class Flags:
   tpu: str = ''
   tpu_zone: str = ''
   tpu_project: str = ''
+  peer_timeout_s: float = peer_wait.DEFAULT_TIMEOUT_S
 
 
 @dataclasses.dataclass

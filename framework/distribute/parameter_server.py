@@ -4,7 +4,11 @@ The cluster has one 'chief', the coordinator, which runs
 ParameterServerStrategy and its train program (ps_programs.PsTrainProgram:
 asynchronous steps scheduled on the workers, variables on the servers);
 'worker' and 'ps' tasks start a tf.distribute.Server and only serve
-(`Serve`) until the run is finished and the chief has exited. One device
+(`Serve`) until the run is finished and the chief has exited. Before its
+strategy connects to them, the chief waits until every 'ps' and 'worker'
+task accepts a TCP connection (peer_wait.py: a line every 10 s names
+those not seen yet; --peer_timeout_s ends the wait with exit 2, a signal
+with exit 0). One device
 per worker: no pipeline, one replica. The cluster runs trainer jobs only,
 without --xla; a signal stops the chief at its next boundary (the workers
 do not stop by themselves), and a failed task stops the chief with one
@@ -21,6 +25,7 @@ import tensorflow as tf
 
 from cadence.framework.distribute import local
 from cadence.framework.distribute import option
+from cadence.framework.distribute import peer_wait
 from cadence.framework.distribute import ps_programs
 
 
@@ -72,6 +77,14 @@ class ParameterServerSetup(option.Setup):
     spec = tf.train.ClusterSpec(jobs)
     server = strategy = None
     if task_type == 'chief':
+      # The strategy connects to every server and blocks in C++ until all
+      # answer: wait for them in Python first (peer_wait.py). The servers
+      # start at once and wait for nobody, so the chief need not listen.
+      try:
+        peer_wait.WaitForTasks(flags.tf_config, ('ps', 'worker'),
+                               flags.peer_timeout_s, listen=False)
+      except peer_wait.WaitError as e:
+        raise option.SetupError(str(e)) from None
       strategy = tf.distribute.experimental.ParameterServerStrategy(
           tf.distribute.cluster_resolver.SimpleClusterResolver(
               spec, task_type='chief', task_id=0, rpc_layer='grpc'))

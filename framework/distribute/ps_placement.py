@@ -35,7 +35,10 @@ Example:
 """
 import tensorflow as tf
 
-POLICIES = ('least_loaded', 'round_robin')
+from cadence.framework import base_model
+
+# Declared beside the knob `train.ps_placement`, which every task checks.
+POLICIES = base_model.PS_PLACEMENTS
 
 
 def PsIndex(var):

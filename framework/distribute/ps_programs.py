@@ -55,12 +55,12 @@ Example (on the chief; setup from distribution.Create under TF_CONFIG):
   program.Run()
 """
 import math
-import socket
 import time
 
 from absl import logging
 import tensorflow as tf
 
+from cadence.framework.distribute import peer_wait
 from cadence.framework.distribute import ps_placement
 from cadence.framework.train import preemption
 from cadence.framework.train import programs
@@ -179,16 +179,6 @@ class PsTrainProgram(programs.TrainProgram):
     return out
 
 
-def _Listening(address, timeout=2.0):
-  """True if something accepts TCP connections at 'host:port'."""
-  host, _, port = address.rpartition(':')
-  try:
-    with socket.create_connection((host, int(port)), timeout=timeout):
-      return True
-  except OSError:
-    return False
-
-
 def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None):
   """Serves as a 'worker' or 'ps' task until the run is over.
 
@@ -213,7 +203,7 @@ def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None):
                    setup.task_type)
       return
     message = finished()
-    if message and not _Listening(chief):
+    if message and not peer_wait.Accepts(chief, 2.0):
       logging.info('%s; the chief has exited: this %s task stops.',
                    message.split(';')[0], setup.task_type)
       return

@@ -9,22 +9,31 @@ A job on several hosts says who is who in one of two forms:
 (the second is Lingvo's; jobs are separated by '@'). `Read` turns either
 into the TF_CONFIG dict and checks it before TensorFlow sees it: malformed
 JSON, a missing "cluster" or "task", a job Cadence does not run, an address
-that is not host:port, one address given twice, a task type that is not a
-job of the cluster, an index out of range. Each is a `ConfigError` whose
+that is not host:port, one address given twice (also under two spellings
+that resolve to the same IP and port, as 'localhost:2222' and
+'127.0.0.1:2222'), a task type that is not a job of the cluster, an index
+out of range. Each is a `ConfigError` whose
 message names the source ($TF_CONFIG or the flag), the value and the rule;
 the trainer prints it as its one `Error:` line and exits 2.
 
 This module imports no TensorFlow, so the trainer checks the configuration
-before loading it.
+before loading it. Host names are resolved with a bound (`ResolveHosts`:
+0.5 s for all of them together; a few ms for local names): a name that does
+not resolve yet (on Kubernetes a peer's DNS name may appear only once the
+peer starts) is not an error, and is compared by its text.
 
 Example:
   config = tf_config.Read('worker=h0:2222,h1:2222', 'worker', 1)
   config['task']   # {'type': 'worker', 'index': 1}
 """
 import difflib
+import ipaddress
 import json
 import os
 import re
+import socket
+import threading
+import time
 
 TF_CONFIG = 'TF_CONFIG'
 # The jobs Cadence runs (framework/distribute/distribution.py); an
@@ -33,6 +42,7 @@ JOBS = ('chief', 'worker', 'ps', 'evaluator')
 _EXAMPLE = ('{"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": '
             '{"type": "worker", "index": 0}}')
 _HOST_PORT = re.compile(r'^(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@,]+):(\d+)$')
+RESOLVE_WITHIN_S = 0.5   # For all of a cluster's host names together.
 
 
 class ConfigError(ValueError):
@@ -55,13 +65,75 @@ def _CheckAddress(source, job, index, address):
         "'[::1]:2222').")
 
 
+def _IpOf(text):
+  """The IP address `text` spells ('127.0.0.1', '::1'; IPv4-mapped IPv6 as
+  IPv4), or None for a name."""
+  try:
+    ip = ipaddress.ip_address(text)
+  except ValueError:
+    return None
+  return str(getattr(ip, 'ipv4_mapped', None) or ip)
+
+
+def ResolveHosts(hosts, within_s=RESOLVE_WITHIN_S,
+                 lookup=socket.getaddrinfo):
+  """The IP addresses of each of `hosts`, resolved together within a bound.
+
+  IP literals need no lookup; names are looked up at once, one daemon
+  thread each (a lookup cannot be interrupted), and those not answered
+  within `within_s` seconds are left to their text.
+
+  Args:
+    hosts: host names or IP literals (without brackets).
+    within_s: the longest wait for all the lookups together.
+    lookup: socket.getaddrinfo, or a stand-in with its signature.
+
+  Returns:
+    {host: frozenset of IP strings, or None when it did not resolve (an
+    unknown name, or no answer within `within_s`)}.
+  """
+  found = {}
+  names = []
+  for host in dict.fromkeys(hosts):
+    ip = _IpOf(host)
+    if ip is None:
+      names.append(host)
+    else:
+      found[host] = frozenset([ip])
+
+  def _Lookup(name):
+    try:
+      infos = lookup(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+      return
+    ips = frozenset(_IpOf(info[4][0]) or info[4][0] for info in infos)
+    found[name] = ips or None
+
+  threads = [threading.Thread(target=_Lookup, args=(name,), daemon=True,
+                              name='resolve_host') for name in names]
+  for thread in threads:
+    thread.start()
+  deadline = time.monotonic() + within_s
+  for thread in threads:
+    thread.join(max(0.0, deadline - time.monotonic()))
+  found = dict(found)   # A late lookup writes to the old dict only.
+  return {host: found.get(host) for host in dict.fromkeys(hosts)}
+
+
+def _Endpoints(address, resolved):
+  """The set of (IP or lowercase name, port) `address` reaches."""
+  m = _HOST_PORT.match(address)
+  host, port = m.group(1).strip('[]'), int(m.group(2))
+  ips = resolved.get(host)
+  return {(ip, port) for ip in ips} if ips else {(host.lower(), port)}
+
+
 def _CheckCluster(cluster, source):
   """Checks the jobs and addresses of a cluster dict."""
   if not isinstance(cluster, dict) or not cluster:
     raise ConfigError(f'{source}: "cluster" must map job names to lists of '
                       f'host:port addresses; got {cluster!r}. E.g. '
                       f'{_EXAMPLE}.')
-  seen = {}
   for job, addresses in cluster.items():
     if job not in JOBS:
       raise ConfigError(f'{source}: job {job!r} is not one of '
@@ -71,15 +143,34 @@ def _CheckCluster(cluster, source):
                         f'host:port address; got {addresses!r}.')
     for index, address in enumerate(addresses):
       _CheckAddress(source, job, index, address)
-      if address in seen:
-        raise ConfigError(f'{source}: address {address!r} is given twice, '
-                          f'for {seen[address]} and {job} {index}; each '
-                          'task needs its own host:port.')
-      seen[address] = f'{job} {index}'
+  _CheckDistinct(cluster, source)
   if len(cluster.get('chief', [])) > 1:
     raise ConfigError(f'{source}: job \'chief\' has '
                       f'{len(cluster["chief"])} tasks; a cluster has at most '
                       'one chief.')
+
+
+def _CheckDistinct(cluster, source):
+  """Raises unless every task has its own IP and port (names resolved by
+  `ResolveHosts`; one that does not resolve is compared by its text)."""
+  tasks = [(f'{job} {i}', a) for job, addresses in cluster.items()
+           for i, a in enumerate(addresses)]
+  resolved = ResolveHosts(
+      [_HOST_PORT.match(a).group(1).strip('[]') for _, a in tasks])
+  seen = {}   # (IP or name, port) -> (task, address)
+  for task, address in tasks:
+    endpoints = _Endpoints(address, resolved)
+    for endpoint in sorted(endpoints):
+      if endpoint in seen:
+        first, spelt = seen[endpoint]
+        host = f'[{endpoint[0]}]' if ':' in endpoint[0] else endpoint[0]
+        alias = ('' if spelt == address else f' (as {spelt!r}, both '
+                 f'{host}:{endpoint[1]})')
+        raise ConfigError(f'{source}: address {address!r} is given twice, '
+                          f'for {first}{alias} and {task}; each task needs '
+                          'its own host:port.')
+    for endpoint in endpoints:
+      seen[endpoint] = (task, address)
 
 
 def _CheckTask(cluster, task_type, index, type_name, index_name):

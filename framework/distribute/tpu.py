@@ -1,10 +1,13 @@
 """TPU set-up: resolve and connect to a Cloud TPU, and its TPUStrategy.
 
-`--tpu=<name or grpc://host:port>` (with `--tpu_zone`, `--tpu_project` for a
-name, as Lingvo has them) makes the trainer run on a TPU:
+`--tpu=<local, name or grpc://host:port>` (with `--tpu_zone`,
+`--tpu_project` for a name, as Lingvo has them) makes the trainer run on a
+TPU:
 
-  1. `TPUClusterResolver` finds the TPU's workers (a name is looked up with
-     the Cloud TPU API, a grpc address is taken as is);
+  1. `TPUClusterResolver` finds the TPU's workers: 'local' is the TPU of
+     this TPU VM (Google's current architecture: nothing to look up), a
+     grpc address (a TPU Node's) is taken as is, and a name is looked up
+     with the Cloud TPU API;
   2. `tf.config.experimental_connect_to_cluster` connects this process
      (the host) to them, and `initialize_tpu_system` starts the TPU;
   3. a `DeviceAssignment` groups the cores into replicas of
@@ -24,8 +27,14 @@ This module is also the `tpu` distribution option (`TpuSetup`): it
 applies whenever --tpu is given, and trains with
 tpu_programs.TpuTrainProgram. A failure to resolve, connect or initialise
 is a `TpuError` (the trainer exits 2 with its one line). A TPU name needs
-the Google API client (`pip install -e ".[tpu]"`, cloud-tpu-client);
-without it the trainer says so before trying. gRPC retries an unreachable
+the Cloud TPU API's client (setup.py's `tpu` extra: google-api-python-client
+>= 2); without it the trainer says so before trying. Left to itself,
+TensorFlow's resolver builds the API object with oauth2client (deprecated)
+and recommends cloud-tpu-client, which pins google-api-python-client 1.8,
+whose google-api-core 1.x pins protobuf < 4 and so breaks TensorFlow
+2.16+. `_TpuApi` builds the object instead, with google-auth's Application
+Default Credentials, and hands it to the resolver (its `service`
+argument), which then needs neither. gRPC retries an unreachable
 address for a long time by default; the connection is made with
 GRPC_FAIL_FAST=true so a wrong address fails in well under a second.
 
@@ -131,18 +140,33 @@ def IsName(tpu):
   return bool(tpu) and not tpu.startswith('grpc://') and tpu != 'local'
 
 
-def HasCloudTpuClient():
-  """True if the Google API client that looks TPU names up is installed
-  (the 'tpu' extra of setup.py: cloud-tpu-client)."""
+def HasTpuApiClient():
+  """True if the client of the Cloud TPU API that looks TPU names up is
+  installed (setup.py's 'tpu' extra: google-api-python-client, which
+  brings google-auth)."""
   return all(importlib.util.find_spec(m) is not None
-             for m in ('googleapiclient', 'oauth2client'))
+             for m in ('googleapiclient', 'google.auth'))
+
+
+def _TpuApi():
+  """The Cloud TPU API object TensorFlow's resolver reads a name with (v1,
+  its version), authorised by google-auth's Application Default
+  Credentials: on a GCE or TPU VM its service account, elsewhere
+  `gcloud auth application-default login`. Raises google-auth's error
+  when there are none."""
+  import google.auth  # pylint: disable=g-import-not-at-top
+  from googleapiclient import discovery  # pylint: disable=g-import-not-at-top
+  credentials, _ = google.auth.default(
+      scopes=['https://www.googleapis.com/auth/cloud-platform'])
+  return discovery.build('tpu', 'v1', credentials=credentials,
+                         cache_discovery=False)
 
 
 def _Address(resolver):
   """The resolver's grpc address, or a word saying it has none: asking
   may itself fail (a name it could not look up)."""
   try:
-    return resolver.master() or '(no address)'
+    return resolver.master() or 'this VM (--tpu=local)'
   except Exception:  # pylint: disable=broad-except
     return '(address unknown)'
 
@@ -153,7 +177,8 @@ def Connect(tpu, zone=None, project=None, worker_split_size=1):
   Call before any other TF op (the connection changes the eager context).
 
   Args:
-    tpu: the TPU's name (Cloud TPU API) or 'grpc://host:port'.
+    tpu: 'local' (this TPU VM's TPU), the TPU's name (Cloud TPU API) or
+      'grpc://host:port'.
     zone: the TPU's zone, for a name (None: this VM's zone).
     project: the TPU's GCP project, for a name (None: this VM's project).
     worker_split_size: cores per replica, an int >= 1: stage s of a
@@ -169,18 +194,21 @@ def Connect(tpu, zone=None, project=None, worker_split_size=1):
   """
   where = f'--tpu={tpu!r}' + (f' --tpu_zone={zone!r}' if zone else '') + (
       f' --tpu_project={project!r}' if project else '')
-  if IsName(tpu) and not HasCloudTpuClient():
+  if IsName(tpu) and not HasTpuApiClient():
     raise TpuError(f'{where}: a TPU name is looked up with the Cloud TPU '
-                   'API, which needs the Google API client: pip install -e '
-                   '".[tpu]" (cloud-tpu-client); or give the TPU\'s '
-                   'grpc://host:8470 address.')
+                   'API, whose client is not installed: pip install -e '
+                   '".[tpu]" (in one command with your TensorFlow extra, '
+                   'e.g. ".[cpu,tpu]"); or give --tpu=local on a TPU VM, or '
+                   'a TPU Node\'s grpc://host:8470 address.')
   try:
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-        tpu=tpu, zone=zone or None, project=project or None)
+        tpu=tpu, zone=zone or None, project=project or None,
+        service=_TpuApi() if IsName(tpu) else None)
   except Exception as e:  # pylint: disable=broad-except
     raise TpuError(f'{where}: cannot resolve the TPU ({_FirstLine(e)}). '
                    'Give the TPU\'s name (with --tpu_zone and --tpu_project '
-                   'off its VM) or its grpc://host:8470 address.') from None
+                   'off its VM), --tpu=local on a TPU VM, or a TPU Node\'s '
+                   'grpc://host:8470 address.') from None
   try:
     with _FailFast():
       tf.config.experimental_connect_to_cluster(resolver)

@@ -34,6 +34,7 @@ import re
 from cadence.framework import model_registry
 from cadence.framework.distribute import tf_config
 from cadence.framework.pipeline import hardware
+from cadence.framework.train import logdir_lock
 
 EXIT_USER_ERROR = 2
 MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline',
@@ -59,6 +60,8 @@ _NUMBER_FLAGS = (
     ('eval_timeout_s', 'seconds without a new checkpoint; 0: no timeout'),
     ('peak_tflops', 'TFLOP/s of one device; 0: measure it'),
     ('device_memory_gib', 'GiB of memory per device; 0: no check'),
+    ('peer_timeout_s', 'seconds to wait for the peer hosts of a TF_CONFIG '
+     'job; 0: no limit'),
 )
 
 
@@ -276,10 +279,71 @@ def Check(options):
   if options.model_params_override:
     ParseOverride(options.model_params_override)
   try:
-    tf_config.Read(options.cluster_spec, options.task_type,
-                   options.task_index)
+    config = tf_config.Read(options.cluster_spec, options.task_type,
+                            options.task_index)
   except tf_config.ConfigError as e:
     raise UserError(str(e)) from None
+  _CheckLogdirFree(options, config)
+
+
+def _IsChief(config):
+  """Whether this host writes the logdir: the only host, the 'chief', or
+  worker 0 of a cluster without one."""
+  if config is None:
+    return True
+  task = config['task']
+  return task['type'] == 'chief' or (
+      task['type'] == 'worker' and task.get('index', 0) == 0 and
+      'chief' not in config['cluster'])
+
+
+def _CheckLogdirFree(options, config):
+  """A trainer job's logdir held by another live trainer (its writer lock,
+  framework/train/logdir_lock.py), answered before TensorFlow loads; the
+  lock itself is taken later, before the first write."""
+  if (options.mode != 'sync' or not options.logdir or
+      not _IsLocal(options.logdir) or not _IsChief(config) or
+      ParseJob(options.job)[0] not in ('trainer', 'trainer_and_evaler')):
+    return
+  try:
+    logdir_lock.CheckFree(options.logdir)
+  except logdir_lock.HeldError as e:
+    raise UserError(str(e)) from None
+
+
+def RepeatedFlagLine(argv, flag_values):
+  """One line naming a flag that `argv` gives more than once, or None.
+
+  absl keeps the last value of a repeated flag and drops the others without
+  a word (`--model_params_override` given twice trained the first one's
+  values away), so the trainer refuses a repeat, before parsing. A bool
+  flag and its `--no` form count as one flag; arguments after `--` are not
+  flags.
+
+  Args:
+    argv: the command line, argv[0] the program.
+    flag_values: the `FlagValues` to parse it with (absl's FLAGS).
+  """
+  given = {}
+  for arg in argv[1:]:
+    if arg == '--':
+      break
+    if not arg.startswith('-') or arg == '-':
+      continue
+    name = arg.lstrip('-').split('=', 1)[0]
+    if name not in flag_values and name.startswith('no') and (
+        name[2:] in flag_values and
+        flag_values[name[2:]].parser.flag_type() == 'bool'):
+      name = name[2:]
+    if name in flag_values and len(name) > 1:
+      given.setdefault(name, []).append(arg)
+  for name, args in given.items():
+    if len(args) > 1:
+      join = (" (join its items with ';' into one value)"
+              if name == 'model_params_override' else '')
+      return (f'--{name} is given {len(args)} times ({", ".join(args)}); '
+              f'absl would keep only the last. Give it once{join}.')
+  return None
 
 
 _ILLEGAL_VALUE = re.compile(r'^flag --([\w.-]+)=(.*?): (.*)$', re.S)

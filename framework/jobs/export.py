@@ -38,11 +38,17 @@ export whole in `.<name>.old-*` and the new one whole in `.<name>.tmp-*`.
 Export reads the logdir like an evaler: it takes no lock and moves no
 damaged checkpoint aside. Its errors (no checkpoint, an unreadable one, an
 unwritable or occupied target, a task without `Inference`, bad shapes) are
-`ExportError`s, which the trainer prints as one line and exits 2.
+`ExportError`s, which the trainer prints as one line and exits 2. A
+SIGTERM or SIGINT while it works removes the partial folder (the target
+stays as it was) and raises `Interrupted`: the trainer prints one line and
+exits 4 (nothing written; rerun the command); a second signal ends the
+process at once.
 """
 import contextlib
 import inspect
 import os
+import signal
+import threading
 import time
 import uuid
 
@@ -52,6 +58,7 @@ import tensorflow as tf
 from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import validation
+from cadence.framework.jobs import checkpoint_fit
 from cadence.framework.train import checkpoint_files
 from cadence.framework.train import checkpointer
 from cadence.framework.train import eval_programs
@@ -61,6 +68,35 @@ _DOC_FILE = os.path.join('assets.extra', 'signatures.txt')
 
 class ExportError(Exception):
   """A user error of an export: the trainer's exit 2, one line."""
+
+
+class Interrupted(Exception):
+  """SIGTERM or SIGINT stopped the export; nothing was written."""
+
+
+@contextlib.contextmanager
+def _StopOnSignal():
+  """SIGTERM/SIGINT while an export is written raise `Interrupted` where
+  the main thread is, so `_WholeOrNothing` removes the partial folder; the
+  first signal also restores the default actions, so a second one ends the
+  process at once. Only in the main thread (where Python runs handlers)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {}
+
+  def _Raise(signum, unused_frame):
+    for s in previous:
+      signal.signal(s, signal.SIG_DFL)
+    raise Interrupted(signal.Signals(signum).name)
+
+  for s in (signal.SIGTERM, signal.SIGINT):
+    previous[s] = signal.signal(s, _Raise)
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
 
 
 def _Unplaced():
@@ -203,7 +239,7 @@ def _Write(graph, theta, path, doc):
 
 
 def Export(params, logdir, export_dir=None, checkpoint=None, batch_size=None,
-           max_len=None):
+           max_len=None, key=None):
   """Writes the task's inference graph with a checkpoint's weights.
 
   Args:
@@ -234,14 +270,19 @@ def Export(params, logdir, export_dir=None, checkpoint=None, batch_size=None,
   path = _CheckpointPath(train_dir, checkpoint)
   target = export_dir or os.path.join(logdir, 'export',
                                       str(checkpointer.StepOf(path)))
+  key = key or params.name
   params = params.Copy()
   params.task.is_inference = True
   logging.info('Exporting %s of %s: building %s with is_inference on one '
                'unnamed device (the loading process places the graph).',
                os.path.basename(path), logdir, task_cls.__name__)
-  with _WholeOrNothing(target) as tmp, _Unplaced():
+  with _StopOnSignal(), _WholeOrNothing(target) as tmp, _Unplaced():
     try:
       task = params.Instantiate().task
+      mismatch = checkpoint_fit.Mismatch(logdir, key, params, task, [path])
+      if mismatch:
+        raise ExportError(f'{mismatch} Export with the model and overrides '
+                          'that trained it; nothing was written.')
       state = eval_programs.CheckpointState(task, train_dir)
       step = state.Restore(path)
       # The weights the evaler uses (EMA ones, if any) into the task's own

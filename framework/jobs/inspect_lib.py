@@ -12,11 +12,11 @@ is opened and no tokenizer is trained.
 The report lists every variable (path, shape, dtype, device), the parameter
 count, the forward FLOPs of one batch with the task's `breakdown`, per
 device the variables' parameters and bytes, and per pipeline stage its
-parameters, forward FLOPs and their share of the step (`partitions`), and
-the memory it needs at the step's peak (framework/pipeline/memory_estimate.py:
+its units, parameters, forward FLOPs and their share of the step, and the
+memory it needs at the step's peak (framework/pipeline/memory_estimate.py:
 weights, gradients, optimizer slots, activations for the schedule and
-remat; from the task's FPropMeta `memory`), with whether it fits a given
-device memory.
+remat), all from the task's FPropMeta `plan` (framework/pipeline/plan.py),
+with whether it fits a given device memory.
 
 Example:
   print(ModelReport(model_registry.GetParams('lm.one_billion_wds.'
@@ -25,9 +25,11 @@ Example:
 """
 import tensorflow as tf
 
+from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.pipeline import memory_estimate
-from cadence.framework.pipeline import schedules
+from cadence.framework import validation
+from cadence.layers import gpipe_units
 
 
 def _Count(shape):
@@ -62,18 +64,19 @@ def FormatBytes(n):
 
 
 def _VarRows(task):
-  """(path, shape list, dtype, device) of each variable of `task`."""
-  return [(f'{task.path}.{k}', v.shape.as_list(), v.dtype, v.device)
-          for k, v in task.vars.FlattenItems()]
+  """(path, shape list, dtype, device, trainable) of each variable of
+  `task`."""
+  return [(f'{task.path}.{k}', v.shape.as_list(), v.dtype, v.device,
+           v.trainable) for k, v in task.vars.FlattenItems()]
 
 
 def VariableReport(rows):
   """One line per variable: path, shape, dtype, device; then the totals."""
   table = [('variable', 'shape', 'dtype', 'device')]
   table += [(path, str(shape), dtype.name, device or '(default)')
-            for path, shape, dtype, device in rows]
-  total = sum(_Count(shape) for _, shape, _, _ in rows)
-  nbytes = sum(_Count(shape) * dtype.size for _, shape, dtype, _ in rows)
+            for path, shape, dtype, device, _ in rows]
+  total = sum(_Count(shape) for _, shape, _, _, _ in rows)
+  nbytes = sum(_Count(shape) * dtype.size for _, shape, dtype, _, _ in rows)
   return _Table(table) + (f'{len(rows)} variables, {total:,} parameters '
                           f'({FormatBytes(nbytes)})\n')
 
@@ -81,7 +84,7 @@ def VariableReport(rows):
 def DeviceReport(rows):
   """Per device: variables, parameters and their bytes."""
   by_device = {}
-  for _, shape, dtype, device in rows:
+  for _, shape, dtype, device, _ in rows:
     entry = by_device.setdefault(device or '(default)', [0, 0, 0])
     entry[0] += 1
     entry[1] += _Count(shape)
@@ -114,99 +117,155 @@ def _Short(device):
   return f'{spec.device_type}:{spec.device_index}' if spec.device_type else ''
 
 
-def StageDevices(memory, devices):
-  """The device of each stage of a task's FPropMeta `memory`, as its
-  schedule places them on the model split's `devices` (an unpipelined
-  model: the first)."""
-  if memory.schedule is None:
-    return [devices[0]] * len(memory.cells)
-  return [devices[d] for d in schedules.StageDevices(
-      memory.schedule, len(memory.cells), len(devices),
-      memory.get('schedule_table') or None)]
+def TaskPlan(meta, devices):
+  """The plan.PipelinePlan of a task's FPropMeta `meta` on the model
+  split's `devices` (its params say the stages, the cluster the devices:
+  stages share devices when there are more), or None."""
+  plan = meta.get('plan') if meta is not None else None
+  return None if plan is None else plan.OnDevices(len(devices))
 
 
-def OnDevices(memory, devices):
-  """A copy of a task's FPropMeta `memory` whose stages run on the model
-  split's `devices` (a task's FPropMeta knows its stages, not the cluster:
-  K > D stages share devices)."""
-  memory = memory.copy()
-  if memory.schedule is not None:
-    memory.num_devices = len(devices)
-  return memory
+def StageDevices(plan, devices):
+  """The device of each stage of `plan` among the model split's `devices`
+  (an unpipelined model: the first)."""
+  return [devices[d] for d in plan.stage_devices]
 
 
-def _CellWeights(rows, stage_devices, optimizer):
-  """Per stage [parameters, their bytes, gradient bytes, slot bytes] of its
-  device's variables (a device's variables count in its first stage;
-  unplaced ones, or all of an unpipelined model's, in stage 0)."""
-  num_cells = len(stage_devices)
-  cell_of = {}
+def StageWeights(rows, plan, stage_devices, optimizer, unit_of=None):
+  """Per stage [parameters, their bytes, gradient bytes, slot bytes]: a
+  unit's variables in its stage (`unit_of`: {variable path: unit index},
+  gpipe_units.UnitOfVariables), any other variable (an embedding before
+  the pipeline, a softmax after it) in the first stage on its device, and
+  an unplaced one, or all of an unpipelined model's, in stage 0."""
+  unit_of = unit_of or {}
+  stage_of_unit = {u: s for s in range(plan.num_stages)
+                   for u in range(plan.bounds[s], plan.bounds[s + 1])}
+  first_on = {}
   for i, device in enumerate(stage_devices):
-    cell_of.setdefault(_Short(device), i)
-  out = [[0, 0, 0, 0] for _ in range(num_cells)]
-  for _, shape, dtype, device in rows:
-    cell = out[cell_of.get(_Short(device), 0) if num_cells > 1 else 0]
+    first_on.setdefault(_Short(device), i)
+  out = [[0, 0, 0, 0] for _ in range(plan.num_stages)]
+  for path, shape, dtype, device, trainable in rows:
+    if path in unit_of:
+      stage = stage_of_unit[unit_of[path]]
+    else:
+      stage = first_on.get(_Short(device), 0) if plan.num_stages > 1 else 0
     n = _Count(shape)
-    cell[0] += n
-    cell[1] += n * dtype.size
-    if dtype.is_floating:
-      cell[2] += n * dtype.size
-      cell[3] += sum(_Count(s) for s in optimizer.SlotShapes(shape).values()
-                     ) * dtype.size
+    out[stage][0] += n
+    out[stage][1] += n * dtype.size
+    if trainable and dtype.is_floating:
+      out[stage][2] += n * dtype.size
+      out[stage][3] += sum(
+          _Count(s) for s in optimizer.SlotShapes(shape).values()
+      ) * dtype.size
   return out
 
 
-def _Stages(memory, weights, estimate=memory_estimate.StageMemory):
-  return estimate(memory, [w[1] for w in weights], [w[3] for w in weights],
+def TaskWeights(plan, rows, stage_devices, optimizer, unit_of=None):
+  """Per stage [parameters, bytes, gradient bytes, slot bytes]: the plan's
+  own count (PlanStageWeights: exact per stage, several stages of one
+  device apart), what the model holds beyond its units in stage 0; else
+  by the model's variables (StageWeights). Also the parameters beyond
+  the units (0 when counted by variables)."""
+  weights = StageWeights(rows, plan, stage_devices, optimizer, unit_of)
+  planned = PlanStageWeights(plan, optimizer)
+  if planned is None:
+    return weights, 0
+  rest = [sum(w[i] for w in weights) - sum(w[i] for w in planned)
+          for i in range(4)]
+  planned[0] = [a + max(b, 0) for a, b in zip(planned[0], rest)]
+  return planned, max(rest[0], 0)
+
+
+def PlanStageWeights(plan, optimizer):
+  """Per stage [parameters, their bytes, gradient bytes, slot bytes] from
+  the plan alone: each unit's variables (plan.Unit.Variables, built
+  without weights) in its stage, what runs before the pipeline in the
+  first, the loss's in the last; None when a unit does not say them."""
+  out = [[0, 0, 0, 0] for _ in range(plan.num_stages)]
+  parts = [(u, s) for s in range(plan.num_stages) for u in plan.StageUnits(s)]
+  parts += [(u, 0) for u in plan.before]
+  if plan.loss is not None:
+    parts.append((plan.loss, plan.num_stages - 1))
+  for unit, stage in parts:
+    variables = unit.Variables()
+    if variables is None:
+      return None
+    for shape, dtype, trainable in variables:
+      n = _Count(shape)
+      out[stage][0] += n
+      out[stage][1] += n * dtype.size
+      if trainable and dtype.is_floating:
+        out[stage][2] += n * dtype.size
+        out[stage][3] += sum(
+            _Count(s) for s in optimizer.SlotShapes(shape).values()
+        ) * dtype.size
+  return out
+
+
+def PlanStages(plan, weights, estimate=memory_estimate.StageMemory):
+  """memory_estimate's `estimate` of `plan` with per-stage `weights`
+  ([parameters, bytes, gradient bytes, slot bytes], StageWeights)."""
+  return estimate(plan, [w[1] for w in weights], [w[3] for w in weights],
                   grads=[w[2] for w in weights])
 
 
-def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
+_Stages = PlanStages
+
+
+def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
+                unit_of=None):
   """Per pipeline stage: parameters, forward FLOPs and their share of the
-  step, and the memory estimate at the step's peak (memory_estimate).
+  step, and the memory estimate at the step's peak (memory_estimate), all
+  from the task's plan (framework/pipeline/plan.py).
 
   Args:
-    meta: the task's FPropMeta (with `memory`, and `partitions` when
-      pipelined), or None.
+    meta: the task's FPropMeta (with its `plan`), or None.
     rows: the variables, as _VarRows gives them.
     optimizer: the learner's optimizer (its slot shapes).
     devices: the model split's devices (the schedule places the stages).
     device_memory_gib: if set, each stage says whether it fits.
+    unit_of: {variable path: unit index} (gpipe_units.UnitOfVariables).
   """
-  memory = meta.get('memory') if meta is not None else None
-  if memory is None:
-    return ('Memory per stage: not available (the task has no FPropMeta '
-            '`memory`, or the batch size is unknown).\n')
-  memory = OnDevices(memory, devices)
-  k = len(memory.cells)
-  stage_devices = StageDevices(memory, devices)
-  weights = _CellWeights(rows, stage_devices, optimizer)
-  stages = _Stages(memory, weights)
-  flops = meta.get('partitions') or [meta.flops]
+  plan = TaskPlan(meta, devices)
+  if plan is None:
+    return ('Memory per stage: not available (the task\'s FPropMeta has no '
+            '`plan`, or the batch size is unknown).\n')
+  k = plan.num_stages
+  stage_devices = StageDevices(plan, devices)
+  weights, rest = TaskWeights(plan, rows, stage_devices, optimizer,
+                              unit_of)
+  outside = (f'; {rest:,} parameters outside the pipeline\'s units, in '
+             'stage 0' if rest else '')
+  stages = _Stages(plan, weights)
+  flops = plan.StageFlops()
   known = [f for f in flops if f is not None]
   total_flops = sum(known) if len(known) == len(flops) else None
-  what = ('unpipelined' if memory.schedule is None else
-          f'schedule {memory.schedule}, remat {memory.remat}, '
-          f'{memory.num_micro_batches} micro-batches, backward_window '
-          f'{memory.backward_window}')
+  what = ('unpipelined' if plan.schedule is None else
+          f'schedule {plan.schedule.name}, remat {plan.remat}, '
+          f'{plan.num_micro_batches} micro-batches, backward_window '
+          f'{plan.backward_window}')
   table = [('stage', 'device', 'parameters', 'forward FLOPs', 'share',
             'weights+grads+slots', 'activations', 'peak')]
   if device_memory_gib:
     table[0] += (f'fits {device_memory_gib:g} GiB',)
+  table[0] += ('units',)
   limit = (device_memory_gib or 0) * 2**30
   for i, (stage, w) in enumerate(zip(stages, weights)):
+    units = plan.StageUnits(i)
+    names = (units[0].name if len(units) == 1 else
+             f'{units[0].name}..{units[-1].name}')
     row = (f'cell {i}', stage_devices[i], f'{w[0]:,}',
            _Flops(flops[i]), _Share(flops[i], total_flops),
            FormatBytes(stage.params + stage.grads + stage.slots),
-           FormatBytes(stage.activations + stage.transient), FormatBytes(stage.total))
+           FormatBytes(stage.activations + stage.transient),
+           FormatBytes(stage.total))
     if device_memory_gib:
       row += ('yes' if stage.total <= limit else 'NO',)
-    table.append(row)
+    table.append(row + (names,))
   peak = max(s.total for s in stages)
   per_device = ''
   if len(set(stage_devices)) < k:   # Stages share devices.
-    per_device_stages = _Stages(memory, weights,
-                                memory_estimate.DeviceMemory)
+    per_device_stages = _Stages(plan, weights, memory_estimate.DeviceMemory)
     peak = max(s.total for s in per_device_stages)
     per_device = ('per device, its stages together at its worst moment: ' +
                   ', '.join(f'{d} {FormatBytes(s.total)}'
@@ -218,14 +277,20 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None):
                f'{device_memory_gib:g} GiB per device')
   shared = ''
   if k > 1:
-    together = _Stages(memory, weights, memory_estimate.SharedMemory).total
+    together = _Stages(plan, weights, memory_estimate.SharedMemory).total
     shared = (f'; all stages together at the step\'s worst moment '
               f'{FormatBytes(together)} (stages sharing one memory: logical '
               f'devices of one host, a split onto one accelerator)')
+  defaulted = sorted({f for u in plan.units for f in u.cost.defaulted
+                      if f in ('act', 'act_weights', 'residuals',
+                               'transient')})
+  estimated = (f'; {", ".join(defaulted)} of some units by the default '
+               'rule (framework/cost.py)' if defaulted else '')
   return (f'Memory per stage at the step\'s peak (estimate, {what}; '
-          f'framework/pipeline/memory_estimate.py):\n' + _Table(table) +
-          per_device + f'largest {"device" if per_device else "stage"} '
-          f'{FormatBytes(peak)}{verdict}{shared}\n')
+          f'framework/pipeline/memory_estimate.py{estimated}{outside}):\n' +
+          _Table(table) + per_device + f'largest '
+          f'{"device" if per_device else "stage"} {FormatBytes(peak)}'
+          f'{verdict}{shared}\n')
 
 
 def _Meta(task_cls, params, batch_size):
@@ -270,51 +335,115 @@ def BuildSymbolically(params):
   return model, graph
 
 
-def _TaskArgs(task):
-  """(meta, rows, optimizer, devices) of a built task for StageReport."""
+def ParamsMeta(params):
+  """The task FPropMeta of model `params` on its input's batch shapes
+  (None: it or its input cannot say); nothing built."""
+  p = params.task.Copy()
+  p.input = params.input
+  batch = getattr(p.input, 'batch_size', None) if p.input else None
+  return _Meta(p.cls, p, batch)
+
+
+def TaskMeta(task):
+  """A built task's FPropMeta on its input's batch shapes (None: it or its
+  input cannot say)."""
   p = task.params
   batch = getattr(p.input, 'batch_size', None) if p.input else None
-  return (_Meta(type(task), p, batch), _VarRows(task),
+  return _Meta(type(task), p, batch)
+
+
+def _TaskArgs(task):
+  """(meta, rows, optimizer, devices, unit_of) of a built task for
+  StageReport."""
+  p = task.params
+  return (TaskMeta(task), _VarRows(task),
           p.train.learner.optimizer.Instantiate(),
-          cluster_lib.Cluster.Current().DevicesInModelSplit(0))
+          cluster_lib.Cluster.Current().DevicesInModelSplit(0),
+          gpipe_units.UnitOfVariables(task))
 
 
 def TaskStageReport(task, device_memory_gib=None):
   """StageReport of a built task (its variables, FPropMeta on its input's
   batch shapes and optimizer) on the current cluster's devices."""
-  return StageReport(*_TaskArgs(task), device_memory_gib)
+  meta, rows, optimizer, devices, unit_of = _TaskArgs(task)
+  return StageReport(meta, rows, optimizer, devices, device_memory_gib,
+                     unit_of)
 
 
 def TaskStages(task, estimate=memory_estimate.StageMemory):
   """The memory estimate of a built task (as TaskStageReport): `estimate`
   (memory_estimate.StageMemory: a Stage per stage, or SharedMemory: one
-  Stage for all together) of its FPropMeta `memory`, None without one."""
-  meta, rows, optimizer, devices = _TaskArgs(task)
-  memory = meta.get('memory') if meta is not None else None
-  if memory is None:
+  Stage for all together) of its plan, None without one."""
+  meta, rows, optimizer, devices, unit_of = _TaskArgs(task)
+  plan = TaskPlan(meta, devices)
+  if plan is None:
     return None
-  memory = OnDevices(memory, devices)
-  return _Stages(memory, _CellWeights(rows, StageDevices(memory, devices),
-                                      optimizer), estimate)
+  weights, _ = TaskWeights(plan, rows, StageDevices(plan, devices),
+                           optimizer, unit_of)
+  return PlanStages(plan, weights, estimate)
 
 
 def TaskStageDevices(task):
-  """The device of each stage of a built task's memory estimate (as
-  TaskStages), None without one."""
-  meta, _, _, devices = _TaskArgs(task)
-  memory = meta.get('memory') if meta is not None else None
-  return None if memory is None else StageDevices(
-      OnDevices(memory, devices), devices)
+  """The device of each stage of a built task's plan (as TaskStages),
+  None without one."""
+  meta, _, _, devices, _ = _TaskArgs(task)
+  plan = TaskPlan(meta, devices)
+  return None if plan is None else StageDevices(plan, devices)
 
 
-def ModelReport(params, device_memory_gib=None):
-  """The variable, device, FLOP and stage report of the model of `params`.
+def CheckParamsAlone(params):
+  """The params checks of a build, in its order, building nothing: the
+  input's params, the task's own (base_layer.CheckBaseParams) and train
+  params, then its FPropMeta on the input's batch shapes (each layer
+  checks its params there; a pipeline, its micro-batching and schedule).
+  What the trainer runs before its memory estimate, and --mode=plan (which
+  lays the model out on devices of its own).
 
-  Built without weights or data (see the module docstring); the current
-  `cluster.Cluster` decides the devices, as in training. With
-  `device_memory_gib`, each stage says whether it fits.
+  Returns:
+    The task's FPropMeta (None: it or its input cannot say).
+
+  Raises:
+    ValueError: a bad param, naming its params path.
+  """
+  if params.input is not None:
+    check = getattr(params.input.cls, 'CheckParams', None)
+    if check is not None:
+      check(params.input)
+  task = params.task.Copy()
+  task.input = params.input
+  base_layer.CheckBaseParams(validation.Owner(task), task)
+  task.cls.CheckTrainParams(task)
+  return task.cls.CheckStaticShapes(task)
+
+
+def CheckModel(params):
+  """The params checks every trainer mode runs before it does anything:
+  the model of `params` built without weights (each layer checks its
+  params) and its task's FPropMeta on the input's batch shapes (the
+  micro-batching; a schedule at its stages, devices and micro-batches).
+
+  Returns:
+    The symbolic model (BuildSymbolically).
+
+  Raises:
+    ValueError: a bad param, naming its params path.
   """
   model, _ = BuildSymbolically(params)
+  task = model.task
+  batch = getattr(params.input, 'batch_size', None) if params.input else None
+  _Meta(type(task), task.params, batch)
+  return model
+
+
+def ModelReport(params, device_memory_gib=None, model=None):
+  """The variable, device, FLOP and stage report of the model of `params`.
+
+  Built without weights or data (see the module docstring), unless given
+  as `model` (CheckModel's); the current `cluster.Cluster` decides the
+  devices, as in training. With `device_memory_gib`, each stage says
+  whether it fits.
+  """
+  model = model or BuildSymbolically(params)[0]
   task = model.task
   rows = _VarRows(task)
   batch = getattr(params.input, 'batch_size', None) if params.input else None

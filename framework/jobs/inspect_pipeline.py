@@ -21,6 +21,7 @@ Example:
 """
 import os
 
+from absl import logging
 import tensorflow as tf
 
 from cadence.framework import base_layer
@@ -126,6 +127,8 @@ def InspectPipeline(params, logdir=None):
   batch = next(iter(task.params.input.Instantiate().Dataset()))
   batch = NestedMap(batch)
   step, variables = TrainStep(task)
+  logging.info('Compiling the train step and running it once (it traces '
+               'and warms up), then profiling one more...')
   # Trace and warm up, recording where TF places every op.
   placement = memory_profile.Placement(
       lambda: step(batch, tf.constant(0, tf.int64)).numpy())
@@ -133,10 +136,11 @@ def InspectPipeline(params, logdir=None):
   space = timeline_lib.ProfileSpace(
       lambda: step(batch, tf.constant(1, tf.int64)).numpy(), out)
   devices = cluster_lib.Cluster.Current().DevicesInModelSplit(0)
-  pipelines = inspect_lib.PipelineKeys(params)
+  # The schedule that ran: the task's plan's, on these devices.
+  plan = inspect_lib.TaskPlan(inspect_lib.TaskMeta(task), devices)
   timeline = timeline_lib.Timeline(
       timeline_lib.OpEvents(space), devices,
-      schedule=params.Get(f'{pipelines[0]}.schedule') if pipelines else None)
+      schedule=plan.schedule if plan is not None else None)
   events = memory_profile.AllocatorEvents(space)
   memory = MemoryReport(
       task, devices,

@@ -2,12 +2,14 @@
 
 `input.batch_size=1048576` used to build for minutes and then die in the
 allocator. The trainer now estimates the memory of one training step from
-the params alone: the model built without weights (inspect_lib's
-BuildSymbolically: its variables' shapes and devices) and the task's
-FPropMeta `memory` on the input's batch shapes, through
-framework/pipeline/memory_estimate.py (weights, gradients, optimizer
-slots, the activations the schedule and remat keep). A step that needs
-more than the limit stops the trainer with one line giving both.
+the params alone, before it builds anything (`CheckParams`): the task's
+FPropMeta `plan` on the input's batch shapes (framework/pipeline/plan.py:
+its stages, schedule and activation bytes, and each unit's variables,
+built without weights), through framework/pipeline/memory_estimate.py
+(weights, gradients, optimizer slots, the activations the schedule and
+remat keep). A step that needs more than the limit stops the trainer with
+one line giving both. `Check` gives the same verdict of a task built
+(symbolically).
 
 The limit:
   * --device_memory_gib, when given: each device's own memory. Every
@@ -27,7 +29,7 @@ The limit:
     hosts): the memory is not known before TensorFlow sets the devices up,
     so there is no check (a debug line says so); give --device_memory_gib.
 
-Experiments whose task has no FPropMeta `memory` (the regression and Keras
+Experiments whose task has no FPropMeta `plan` (the regression and Keras
 examples; LM and image tasks have one) are not checked: a debug line says
 so.
 
@@ -62,7 +64,8 @@ def _Parts(stage):
 
 def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
           host_memory=None):
-  """Whether a training step of `task` fits; see the module docstring.
+  """Whether a training step of built `task` fits; see the module
+  docstring.
 
   Args:
     task: the task, built (symbolically) under the run's cluster, which
@@ -77,15 +80,49 @@ def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
     A Verdict (fits, text: the estimate and the limit, in words), or None
     when there is no check (no estimate for the task, or no known limit).
   """
-  fmt = inspect_lib.FormatBytes
   stages = inspect_lib.TaskStages(task)
   if stages is None:
-    logging.debug('No memory check: %s has no FPropMeta memory estimate.',
+    logging.debug('No memory check: %s has no FPropMeta memory estimate. '
+                  '(Its FPropMeta has no pipeline `plan`.)',
                   type(task).__name__)
     return None
+  return _Verdict(
+      lambda estimate: inspect_lib.TaskStages(task, estimate), device_type,
+      num_local_replicas, device_memory_gib, host_memory)
+
+
+def CheckParams(params, devices, device_type, num_local_replicas,
+                device_memory_gib=0.0, host_memory=None):
+  """Check's verdict from model `params` alone, nothing built: the task's
+  plan (framework/pipeline/plan.py) on the model split's `devices`, its
+  units' weights (plan.Unit.Variables). None when the task has no plan,
+  or a unit does not say its variables (Check on the built task then)."""
+  task = params.task
+  meta = inspect_lib.CheckParamsAlone(params)   # As a build checks them.
+  plan = inspect_lib.TaskPlan(meta, devices)
+  if plan is None:
+    logging.debug('No memory check: %s has no FPropMeta memory estimate. '
+                  '(Its FPropMeta has no pipeline `plan`.)',
+                  task.cls.__name__)
+    return None
+  weights = inspect_lib.PlanStageWeights(
+      plan, task.train.learner.optimizer.Instantiate())
+  if weights is None:
+    return None
+  return _Verdict(lambda estimate: inspect_lib.PlanStages(
+      plan, weights, estimate), device_type, num_local_replicas,
+                  device_memory_gib, host_memory)
+
+
+def _Verdict(stages_of, device_type, num_local_replicas, device_memory_gib,
+             host_memory):
+  """The Verdict of a step whose `stages_of(estimate)` gives its
+  memory_estimate `estimate` (StageMemory, DeviceMemory, SharedMemory)."""
+  fmt = inspect_lib.FormatBytes
+  stages = stages_of(memory_estimate.StageMemory)
   if device_memory_gib:
     limit = device_memory_gib * 2**30
-    devices = inspect_lib.TaskStages(task, memory_estimate.DeviceMemory)
+    devices = stages_of(memory_estimate.DeviceMemory)
     i = max(range(len(devices)), key=lambda d: devices[d].total)
     what = 'stage' if len(devices) == len(stages) else 'device'
     where = (f'{what} {i} of {len(devices)}' if len(stages) > 1 else
@@ -100,7 +137,7 @@ def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
                   device_type)
     return None
   limit = HostMemoryBytes() if host_memory is None else host_memory
-  shared = inspect_lib.TaskStages(task, memory_estimate.SharedMemory)
+  shared = stages_of(memory_estimate.SharedMemory)
   total = shared.total * num_local_replicas
   text = (f"estimate {fmt(total)} for this host's {num_local_replicas} "
           f'replica(s) x {len(stages)} stage(s) at the step\'s worst moment '

@@ -55,7 +55,7 @@ def Read(path):
   try:
     with tf.io.gfile.GFile(path, 'rb') as f:
       return f.read().decode('utf-8')
-  except (tf.errors.NotFoundError, UnicodeDecodeError):
+  except (tf.errors.OpError, UnicodeDecodeError):   # Missing, a folder, ...
     return None
 
 

@@ -15,7 +15,10 @@ framework/pipeline/hardware.py):
                     t(1): this is what a pipeline's stages lose by running
                     on one host.
 
-Layer costs (`MeasureParts`, --plan_measure): what a part's forward, and
+Unit costs (`MeasureParts` of `UnitPart`s, --plan_measure): each unit of
+the model's pipeline plan (framework/pipeline/plan.py) built from its
+params, what runs before the pipeline and the loss likewise. What a part's
+forward, and
 its forward and backward (the gradients of its weights and of its float
 inputs), add to a compiled step, on a device, on random inputs of its
 micro-batch shapes (int inputs, e.g. token ids, uniform below their
@@ -63,6 +66,7 @@ import math
 import statistics
 import time
 
+from absl import logging
 import tensorflow as tf
 
 from cadence.framework import base_layer
@@ -186,11 +190,14 @@ def MeasureParts(parts, device, runs=5, warmup=2, copies=4):
   return out
 
 
-def MeasureUpdate(learner_params, layer, device, runs=5, warmup=2):
-  """(seconds, bytes) of the optimizer update of `layer`'s trained weights
-  by a learner of `learner_params` (its clipping, skip test and rule)."""
+def MeasureUpdate(learner_params, layers, device, runs=5, warmup=2):
+  """(seconds, bytes) of the optimizer update of the trained weights of
+  `layers` (a list) by a learner of `learner_params` (its clipping, skip
+  test and rule)."""
   with tf.device(device):
-    learner = learner_params.Copy().Instantiate(var_map=layer.vars)
+    var_map = base_layer.NestedMap(
+        {f'l{i}': layer.vars for i, layer in enumerate(layers)})
+    learner = learner_params.Copy().Instantiate(var_map=var_map)
     learner.Build()
     grads = learner.trainable_vars.Transform(
         lambda v: tf.random.stateless_normal(v.shape, [1, 2], dtype=v.dtype)
@@ -203,18 +210,24 @@ def MeasureUpdate(learner_params, layer, device, runs=5, warmup=2):
   return seconds, size
 
 
-def LmBatch(vocab_size, batch_size, seq_len, seed=0):
-  """A random batch of the LM input (tasks/lm/input_generator.py): ids and
-  labels uniform below `vocab_size`, no padding, every weight 1."""
-  shape = [batch_size, seq_len]
-  ids = tf.random.stateless_uniform(shape, [seed, 0], maxval=vocab_size,
-                                    dtype=tf.int32)
-  labels = tf.random.stateless_uniform(shape, [seed, 1], maxval=vocab_size,
-                                       dtype=tf.int32)
-  ones = tf.ones(shape)
-  return base_layer.NestedMap(ids=ids, labels=labels,
-                              paddings=tf.zeros(shape), weights=ones,
-                              sentence_weights=ones)
+def UnitPart(unit):
+  """The Part of a plan.Unit (framework/pipeline/plan.py): its layers built
+  for real from their params (on the device in scope), its forward on
+  random inputs of its shapes (ints below its maxval)."""
+  if unit.build is None:
+    raise ValueError(f'--plan_measure: unit {unit.name!r} cannot be built '
+                     'to time it (its plan.Unit has no build).')
+  layers, fn, specs, maxval = unit.build()
+  return Part(layers, fn, specs, maxval)
+
+
+def _FirstBatch(params):
+  """One batch of the Train input of model `params` (numpy): what a
+  calibration step runs on, over and over."""
+  options = tf.data.Options()
+  options.autotune.enabled = False   # Freeing its iterator waits for it.
+  dataset = params.input.Instantiate().Dataset().with_options(options)
+  return tf.nest.map_structure(lambda x: x.numpy(), next(iter(dataset)))
 
 
 def SteadySeconds(run, steps, min_seconds=0.0):
@@ -236,14 +249,22 @@ def BuildStep(params, devices, logdir, num_replicas=1):
   (programs.TrainProgram: forward, gradients, update, the step's metrics
   and counters) for model `params` as `num_replicas` replicas (a
   MirroredStrategy, as the trainer's local setup makes) of len(devices) /
-  num_replicas devices each, warmed up, on one random batch of its
-  input's shape (an LM input: LmBatch) per replica over and over. The
-  program's files (none are written) would go under `logdir`.
+  num_replicas devices each, warmed up, on the first batch of its Train
+  input per replica over and over (any model: the input generator's own
+  batch). The program's files (none are written) would go under
+  `logdir`.
 
   The loop on an iterator's batches, not a bare forward, gradients and
   update on constants: that is what the trainer runs (and once, before
   device_call.OnDevice took fresh identities for its sources, a batch
-  from an iterator made the Tiny LM's step 1.35x a constant batch's)."""
+  from an iterator made the Tiny LM's step 1.35x a constant batch's).
+
+  The repeated batch has nothing for tf.data's autotuning to tune, and
+  with it on, freeing the iterators of the planner's 6 calibration steps
+  waited for its threads: 30 s in a script on this 2-core host at load 3,
+  up to 90 s loaded (0.0 s with it off, the steps as fast; in the trainer
+  the 2-replica step's iterator still took 15 s, see
+  planner.MeasuredCosts.MeasureSteps)."""
   cluster = cluster_lib.Cluster.Params().Set(
       devices=list(devices),
       worker_split_size=len(devices) // num_replicas).Instantiate()
@@ -252,64 +273,14 @@ def BuildStep(params, devices, logdir, num_replicas=1):
     tasks = replicas.BuildReplicas(params, cluster)
     program = programs.TrainProgram(tasks, logdir, strategy,
                                     cluster=cluster)
-    shape = params.input.cls.BatchShapes(params.input).ids
     with tf.device(devices[0]):
-      batch = LmBatch(tasks[0].children.emb.params.vocab_size,
-                      params.input.batch_size, shape[1])
-  run = program.StepRunner(tf.data.Dataset.from_tensors(batch).repeat())
+      batch = tf.nest.map_structure(tf.constant, _FirstBatch(params))
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  run = program.StepRunner(
+      tf.data.Dataset.from_tensors(batch).repeat().with_options(options))
   run(2)
   return run
-
-
-def LmParts(task, micro_batch, seq_len):
-  """The parts of the LM task (tasks/lm/model.py) on a micro-batch, built
-  for real from the params of `task` (e.g. a symbolic build):
-
-    first: the embedding and positions, ids -> [mb, t, d];
-    layer: one layer of the stack, ([mb, t, d], paddings) -> [mb, t, d];
-    final: the stack's final norm;
-    loss:  the softmax and cross-entropy against labels.
-
-  Returns:
-    NestedMap of Parts.
-
-  Raises:
-    ValueError: the task has not these children.
-  """
-  c = task.children
-  if not all(n in c for n in ('emb', 'pos_emb', 'softmax', 'stack')) or (
-      'x_layers' not in c.stack.children):
-    raise ValueError(
-        f'--plan_measure times the LM task\'s parts (emb, pos_emb, '
-        f'stack.x_layers, softmax); {type(task).__name__} has '
-        f'{sorted(c)}. Plan without --plan_measure (costs from FLOPs).')
-  build = lambda layer: layer.params.Copy().Instantiate()  # pylint: disable=unnecessary-lambda-assignment
-  emb, pos, layer, softmax = (build(c.emb), build(c.pos_emb),
-                              build(c.stack.x_layers[0]), build(c.softmax))
-  dim = c.emb.params.embedding_dim
-  vocab = c.emb.params.vocab_size
-  x = tf.TensorSpec([micro_batch, seq_len, dim], tf.float32)
-  ids = tf.TensorSpec([micro_batch, seq_len], tf.int32)
-
-  def _First(th, ids):
-    return emb.FProp(th[0], ids) + pos.FProp(th[1], seq_length=seq_len)[None]
-
-  def _Layer(th, x, paddings):
-    return tf.nest.flatten(layer.FProp(th[0], x, paddings))[0]
-
-  def _Loss(th, x, labels):
-    return softmax.FProp(th[0], x, labels).total_xent
-
-  parts = base_layer.NestedMap(
-      first=Part([emb, pos], _First, [ids], vocab),
-      layer=Part([layer], _Layer,
-                 [x, tf.TensorSpec([micro_batch, seq_len], tf.float32)]),
-      loss=Part([softmax], _Loss, [x, ids], c.softmax.params.num_classes))
-  if 'final_ln' in c.stack.children:
-    final = build(c.stack.final_ln)
-    parts.final = Part([final], lambda th, x: final.FProp(th[0], x), [x])
-  parts.layer_object = layer
-  return parts
 
 
 def MemoryBandwidth(device, megabytes=32, runs=5):
@@ -382,16 +353,23 @@ def Calibrate(hw, devices, probe=None):
   """`hw` with its 'measure' values measured on this host's `devices`
   (logical devices; see the module docstring) and, where it has none, the
   host's memory (shared) as its memory."""
-  flops = bandwidth = concurrency = None
-  if hw.flops == 'measure':
-    flops = train_report.MeasurePeakFlops(devices[0])
-  if hw.memory_bandwidth == 'measure':
-    bandwidth = MemoryBandwidth(devices[0])
-  if hw.concurrency == 'measure':
-    concurrency = Concurrency(probe or MatmulProbe(), devices,
-                              hw.devices_per_host)
+  measures = [(field, what, fn) for field, what, fn in (
+      ('flops', 'a device\'s matmul FLOP/s',
+       lambda: train_report.MeasurePeakFlops(devices[0])),
+      ('memory_bandwidth', 'a device\'s memory bandwidth',
+       lambda: MemoryBandwidth(devices[0])),
+      ('concurrency', 'what devices running at once gain',
+       lambda: Concurrency(probe or MatmulProbe(), devices,
+                           hw.devices_per_host)))
+              if getattr(hw, field) == 'measure']
+  measured = {}
+  for i, (field, what, fn) in enumerate(measures):
+    logging.info('Measuring this host (%d of %d): %s...', i + 1,
+                 len(measures), what)
+    measured[field] = fn()
   memory = None
   if hw.memory is None and hw.shared:
     memory = memory_check.HostMemoryBytes()
-  return hw.Calibrated(flops=flops, memory_bandwidth=bandwidth,
-                       concurrency=concurrency, memory=memory)
+  return hw.Calibrated(flops=measured.get('flops'),
+                       memory_bandwidth=measured.get('memory_bandwidth'),
+                       concurrency=measured.get('concurrency'), memory=memory)

@@ -1,23 +1,26 @@
-"""What the layout planner knows of a model, from its params alone.
+"""What the layout planner knows of a model: its pipeline plan.
 
-A model the planner can lay out has one pipeline: a stack of `num_layers`
-layers cut into cells by its `splits` param (an int K, or the layer
-indices where cells 1.. start), whose `pipeline_tpl` holds the pipeline's
-settings (num_micro_batches, schedule, remat), as
-`gpipe_transformer.GPipeTransformerStack` does for the LM. What runs
-before the stack (an embedding) goes with the first cell, what runs after
-it (a softmax and the loss) with the last, as the LM task places them.
+A model the planner can lay out is one whose task's FPropMeta gives a
+pipeline `plan` (framework/pipeline/plan.py): a layer made of units
+(layers/gpipe_units.py: the LM's GPipeTransformerStack, the ResNet, a
+GPipeStack of one's own layers) cut into stages by its `splits` param,
+whose `pipeline_tpl` holds the pipeline's settings. The plan says where
+those params are (`path`, `splits_path`), what runs before the pipeline
+(the LM's embedding, counted with the first unit) and the per-micro-batch
+loss (counted with the last).
 
 From params alone, without weights or data:
-  * the forward FLOPs of each layer, with the first cell's and the last
-    cell's extras folded into the first and the last layer: the task's
-    FPropMeta `partitions` with every layer a cell of its own;
-  * the bytes of each layer's weights, gradients and optimizer slots
-    (extras folded likewise): the model built symbolically
-    (`symbolic_task`, whose layers' params --plan_measure builds for real)
-    (inspect_lib.BuildSymbolically) with every layer a cell on a device of
-    its own (devices of a placeholder job: nothing is placed);
-  * a layout's activation memory: the task's FPropMeta `memory`, which
+  * each unit's forward and backward FLOPs on the batch (its layers'
+    FPropMeta), with what runs before in the first and the loss in the
+    last (`item_flops`, `item_bwd_flops`);
+  * each unit's bytes of weights, gradients and optimizer slots (extras
+    folded likewise): the model built symbolically
+    (inspect_lib.BuildSymbolically) with every unit a stage on a device of
+    its own (devices of a placeholder job: nothing is placed), its
+    variables counted by unit (gpipe_units.UnitOfVariables) and the
+    others by device;
+  * a layout's activation memory: the plan re-planned under it
+    (`LayoutPlan`: its cut, schedule, micro-batch size and remat), which
     memory_estimate turns into bytes per device at each moment.
 
 A `Layout` is written back as params overrides (`Overrides`) and trainer
@@ -25,7 +28,7 @@ flags (`Flags`).
 
 Example:
   model = PlanModel(model_registry.GetParams(key, 'Train'))
-  model.num_layers, model.batch_size, model.item_flops[:2]
+  model.num_units, model.batch_size, model.item_flops[:2]
   model.Overrides(layout)   # [('task.stack_tpl.splits', 2), ...]
 """
 import collections
@@ -36,6 +39,7 @@ from cadence.framework import cluster as cluster_lib
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
+from cadence.layers import gpipe_units
 
 
 class Layout(collections.namedtuple('Layout', [
@@ -75,8 +79,12 @@ def _Bytes(shape, dtype):
   return shape.num_elements() * dtype.size
 
 
+def _Sum(values):
+  return None if any(v is None for v in values) else sum(values)
+
+
 class PlanModel:
-  """A model's costs by layer, and its layouts' params; see the module
+  """A model's costs by unit, and its layouts' params; see the module
   docstring.
 
   Args:
@@ -84,27 +92,12 @@ class PlanModel:
       overrides applied).
 
   Raises:
-    NotPlannable: no pipeline with `splits` and `num_layers` beside it, or
-      no static batch shapes.
+    NotPlannable: no pipeline plan in the task's FPropMeta, or no static
+      batch shapes.
   """
 
   def __init__(self, params):
     self.params = params
-    pipelines = inspect_lib.PipelineKeys(params)
-    if not pipelines:
-      raise NotPlannable(
-          f'model {params.name!r} runs no pipeline (no params with '
-          'pipeline_tpl.trace_actions); --mode=plan lays out a pipelined '
-          'stack such as the LM\'s GPipeTransformerStack.')
-    self.pipeline_key = pipelines[0]
-    self.stack_key = self.pipeline_key.rsplit('.', 1)[0]
-    stack = params.Get(self.stack_key)
-    if 'splits' not in stack or 'num_layers' not in stack:
-      raise NotPlannable(
-          f'{self.stack_key} has no splits and num_layers beside its '
-          f'pipeline {self.pipeline_key}; --mode=plan cuts a stack of '
-          'layers (GPipeTransformerStack).')
-    self.num_layers = stack.num_layers
     self.task_cls = params.task.cls
     if params.input is None or 'batch_size' not in params.input:
       raise NotPlannable(f'model {params.name!r} has no input batch_size.')
@@ -114,15 +107,44 @@ class PlanModel:
     except NotImplementedError as e:
       raise NotPlannable(f'--mode=plan needs static batch shapes: {e}'
                          ) from None
-    pipe = params.Get(self.pipeline_key)
-    self.current = Layout(1, None, None, pipe.num_micro_batches,
-                          pipe.schedule, pipe.remat, None)
-    every = self.LayoutParams(Layout(1, self.num_layers, self.num_layers, 1,
-                                     schedules.DEFAULT, 'never', None))
-    meta = self.Meta(every, self.batch_size)
-    self.item_flops = list(meta.partitions)
+    try:
+      plan = self.Meta(params, self.batch_size).get('plan')
+    except NotImplementedError:
+      plan = None
+    if plan is None or plan.schedule is None:
+      raise NotPlannable(
+          f'model {params.name!r} runs no pipeline (its task\'s FPropMeta '
+          'has no pipeline plan); --mode=plan lays out a layer made of '
+          'units with a pipeline_tpl (layers/gpipe_units.py), e.g. a '
+          'GPipeStack of your own layers, the ResNet or the LM\'s '
+          'GPipeTransformerStack.')
+    self.plan = plan
+    self.pipeline_key = plan.path
+    self.splits_key = plan.splits_path
+    self.stack_key = plan.splits_path.rsplit('.', 1)[0]
+    self.num_units = len(plan.units)
+    self.current = Layout(1, None, None, plan.num_micro_batches,
+                          plan.schedule.name, plan.remat, None)
+    batch = self.batch_size
+    units = plan.UnitsAt(batch)
+    before = plan.BeforeAt(batch)
+    loss = plan.LossAt(batch)
+    self.unit_names = [u.name for u in units]
+    # Forward and backward FLOPs of each unit on the whole batch, what runs
+    # before the pipeline in the first, the loss in the last.
+    extras = [(before, 0), ([loss] if loss else [], -1)]
+    self.item_flops = [u.cost.flops for u in units]
+    self.item_bwd_flops = [u.cost.bwd_flops for u in units]
+    self.before_flops = _Sum([u.cost.flops for u in before])
+    self.loss_flops = loss.cost.flops if loss else 0
+    for parts, i in extras:
+      for u in parts:
+        self.item_flops[i] += u.cost.flops
+        self.item_bwd_flops[i] += u.cost.bwd_flops
     self.flops = sum(self.item_flops)
-    self.item_weights = self._ItemWeights(every)
+    every = Layout(1, self.num_units, self.num_units, 1, schedules.DEFAULT,
+                   'never', None)
+    self.item_weights = self._ItemWeights(self.LayoutParams(every))
 
   def BatchShapes(self, batch):
     """The input's batch shapes with `batch` examples."""
@@ -134,20 +156,27 @@ class PlanModel:
     return self.task_cls.FPropMeta(params.task, self.BatchShapes(batch))
 
   def _ItemWeights(self, params):
-    """Per layer (extras folded): [weight bytes, gradient bytes, slot
-    bytes], from the model built with every layer on a device of its own."""
-    n = self.num_layers
+    """Per unit (extras folded): [weight bytes, gradient bytes, slot
+    bytes], from the model built with every unit a stage on a device of
+    its own: a unit's variables by unit, the others (an embedding, a
+    softmax) by device."""
+    n = self.num_units
     cluster = cluster_lib.Cluster.Params().Set(
         job='plan', num_devices=n, worker_split_size=n).Instantiate()
     with cluster:
       model, _ = inspect_lib.BuildSymbolically(params)
-    task = self.symbolic_task = model.task
+    task = model.task
+    unit_of = gpipe_units.UnitOfVariables(task)
     optimizer = task.params.train.learner.optimizer.Instantiate()
     index = {d: i for i, d in enumerate(cluster.devices)}
     out = [[0, 0, 0] for _ in range(n)]
-    for _, v in task.vars.FlattenItems():
-      spec = tf.DeviceSpec.from_string(v.device or cluster.devices[0])
-      item = out[index.get(spec.to_string(), 0)]
+    for key, v in task.vars.FlattenItems():
+      path = f'{task.path}.{key}'
+      if path in unit_of:
+        item = out[unit_of[path]]
+      else:
+        spec = tf.DeviceSpec.from_string(v.device or cluster.devices[0])
+        item = out[index.get(spec.to_string(), 0)]
       item[0] += _Bytes(v.shape, v.dtype)
       if v.trainable and v.dtype.is_floating:
         item[1] += _Bytes(v.shape, v.dtype)
@@ -158,9 +187,13 @@ class PlanModel:
   # --- layouts ---------------------------------------------------------------
 
   def EvenBounds(self, num_stages):
-    """The stack's own cut of splits=S: layers as even as can be."""
-    return self.params.Get(self.stack_key).cls.Boundaries(
-        self.params.Get(self.stack_key).Copy().Set(splits=num_stages))
+    """The layer's own cut of splits=S (one stage per device): units as
+    even as its `splits` makes them."""
+    stack = self.params.Get(self.stack_key).Copy()
+    stack.splits = num_stages
+    if stack.pipeline_tpl is not None:
+      stack.pipeline_tpl.stages_per_device = 1
+    return gpipe_units.Bounds(stack.cls, stack)
 
   def Bounds(self, layout):
     return list(layout.bounds or self.EvenBounds(layout.stages))
@@ -177,11 +210,13 @@ class PlanModel:
     per_device = layout.stages // layout.devices
     splits = layout.devices if layout.bounds is None else list(
         layout.bounds[1:-1])
-    out = [(f'{self.stack_key}.splits', splits),
+    out = [(self.splits_key, splits),
            (f'{self.pipeline_key}.num_micro_batches', layout.micro_batches),
            (f'{self.pipeline_key}.schedule', layout.schedule),
            (f'{self.pipeline_key}.remat', layout.remat)]
-    if per_device > 1:
+    # v, when it is not what the params say already (an int splits means
+    # K x v stages).
+    if per_device != self.params.Get(self.pipeline_key).stages_per_device:
       out.insert(3, (f'{self.pipeline_key}.stages_per_device', per_device))
     if layout.replicas > 1:
       out.append(('input.batch_size', self.PerReplicaBatch(layout)))
@@ -217,10 +252,15 @@ class PlanModel:
     return [[sum(w[i] for w in self.item_weights[a:b]) for i in range(3)]
             for a, b in zip(bounds, bounds[1:])]
 
-  def ActivationMeta(self, layout):
-    """The task's FPropMeta `memory` of `layout` (one replica's batch)."""
-    meta = self.Meta(self.LayoutParams(layout), self.PerReplicaBatch(layout))
-    return meta.memory
+  def LayoutPlan(self, layout, schedule=None):
+    """The plan re-planned under `layout` (one replica's batch): its cut,
+    its schedule (`schedule`, or built by name), micro-batch size and
+    remat."""
+    size = self.PerReplicaBatch(layout) // layout.micro_batches
+    schedule = schedule or schedules.Build(
+        layout.schedule, layout.stages, layout.devices, layout.micro_batches)
+    return self.plan.Replan(bounds=self.Bounds(layout), schedule=schedule,
+                            micro_batch_size=size, remat=layout.remat)
 
   def DeviceMemory(self, layout, memory=None):
     """(per device of a replica its bytes at its worst moment, one
@@ -229,7 +269,7 @@ class PlanModel:
     A device holding several stages holds their sum at each moment
     (memory_estimate.DeviceMemory, over the schedule's ticks).
     """
-    memory = memory or self.ActivationMeta(layout)
+    memory = memory or self.LayoutPlan(layout)
     weights = self.StageWeights(self.Bounds(layout))
     args = (memory, [w[0] for w in weights], [w[2] for w in weights],
             [w[1] for w in weights])

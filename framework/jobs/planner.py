@@ -34,6 +34,11 @@ replicas take batch_size / R each). How:
            remat keep (framework/pipeline/memory_estimate.py), per device;
            on a host whose devices share memory, all of them together.
 
+While it works the planner logs what it is doing: each calibration
+layout built and each round of their steps, the host's measurements,
+each micro-batch size its layers are timed at (n of N), and every 8 s
+of a long search how far it got.
+
 A layout whose remat is slower than another fitting remat of the same
 layout (never < selective < except_last < always: each re-runs more) is
 dominated and left out; one that does not fit is ranked after those that
@@ -45,7 +50,10 @@ flags and params overrides that run it; --plan_apply=FILE writes the
 overrides as a params file (--model_params_file_override=FILE), and with
 --logdir the best plan's simulated timeline is drawn as the timeline
 tool's chart (<logdir>/plan/plan_timeline.svg,
-framework/pipeline/timeline.py) beside the report (plan.txt).
+framework/pipeline/timeline_chart.py; its actions' times in
+plan_timeline.txt) beside the report (plan.txt): the pipeline's actions,
+then bands for the all-reduce, update and fixed cost after them, so its
+title and time axis end at the table's step time.
 
 Example:
   python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \\
@@ -61,6 +69,7 @@ import sys
 import tempfile
 import time
 
+from absl import logging
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
@@ -72,6 +81,7 @@ from cadence.framework.pipeline import hardware as hardware_lib
 from cadence.framework.pipeline import schedules
 from cadence.framework.pipeline import step_model
 from cadence.framework.pipeline import timeline as timeline_lib
+from cadence.framework.pipeline import timeline_chart
 from cadence.layers import gpipe_partition
 
 Layout = plan_model.Layout
@@ -105,22 +115,21 @@ Attributes:
 
 ItemCost = collections.namedtuple('ItemCost', ['rerun', 'once', 'loss',
                                                'backward'])
-ItemCost.__doc__ = """One layer's seconds on one micro-batch: `rerun`, the
-forward a remat re-runs; `once`, the forward it does not (the embedding);
-`loss`, the forward of the loss (re-run only inside the pipeline);
-`backward`, input and weight gradients without re-run."""
+ItemCost.__doc__ = """One unit's seconds on one micro-batch: `rerun`, the
+forward a remat re-runs; `once`, the forward it does not (what runs before
+the pipeline, in the first unit: the embedding); `loss`, the forward of
+the loss (in the last unit; re-run only inside the pipeline); `backward`,
+input and weight gradients without re-run."""
 
 
 class FlopsCosts:
-  """Layer costs from FPropMeta FLOPs on a device of `hw` (calibrated): a
-  forward takes flops / (peak x efficiency), a backward twice that."""
+  """Unit costs from the plan's FLOPs (each unit's FPropMeta, what runs
+  before the pipeline and the loss apart) on a device of `hw`
+  (calibrated): a forward takes flops / (peak x efficiency), a backward
+  its bwd_flops likewise."""
 
   def __init__(self, model, hw):
     self._model, self._rate = model, hw.flops * hw.efficiency
-    flops = model.item_flops
-    self._layer = statistics.median(flops)
-    self._first = max(flops[0] - self._layer, 0) if len(flops) > 1 else 0
-    self._last = max(flops[-1] - self._layer, 0) if len(flops) > 1 else 0
     self.source = (f'FLOPs at {hw.flops / 1e12:.3g} TFLOP/s x efficiency '
                    f'{hw.efficiency:g} per device')
     self.seconds = 0.0
@@ -128,14 +137,16 @@ class FlopsCosts:
     self.steps = {}           # Measured steps to fit: none, or set by hand.
 
   def Items(self, micro_batch):
-    scale = micro_batch / self._model.batch_size / self._rate
+    model = self._model
+    scale = micro_batch / model.batch_size / self._rate
+    n = model.num_units
     out = []
-    for i, f in enumerate(self._model.item_flops):
-      once = self._first if i == 0 else 0
-      loss = self._last if i == len(self._model.item_flops) - 1 else 0
+    for i, (f, b) in enumerate(zip(model.item_flops, model.item_bwd_flops)):
+      once = model.before_flops if i == 0 else 0
+      loss = model.loss_flops if i == n - 1 else 0
       rerun = f - once - loss
       out.append(ItemCost(rerun * scale, once * scale, loss * scale,
-                          2 * f * scale))
+                          b * scale))
     return out
 
 
@@ -169,7 +180,7 @@ def CalibrationLayouts(model, num_devices=1):
   m = [n for n in MicroBatchCounts(model.batch_size) if n <= 8][-1]
   out = [Layout(1, 1, 1, n, 'gpipe', 'never', None) for n in sorted({1, m})]
   out.append(Layout(1, 1, 1, m, SPLIT_CALIBRATION, 'never', None))
-  if num_devices >= 2 and model.num_layers >= 2:
+  if num_devices >= 2 and model.num_units >= 2:
     out += [Layout(1, 2, 2, n, '1f1b', 'never', None)
             for n in sorted({m, max(m // 2, 2)}, reverse=True)]
   if num_devices >= 2 and model.batch_size % 2 == 0:
@@ -207,7 +218,7 @@ def FitOverheads(planner, steps):
     p = planner.Predict(layout, overheads=Overheads())
     actions = sum(len(a) for a in schedules.Build(
         layout.schedule, layout.stages, 1, layout.micro_batches).actions)
-    rows.append((actions * planner.model.num_layers / layout.stages,
+    rows.append((actions * planner.model.num_units / layout.stages,
                  seconds - p.step.time))
   if not rows:
     return Overheads()
@@ -242,7 +253,7 @@ def FitSplitOverhead(planner, steps):
   return _MeanExcess(
       planner, _OneDevice(steps, split=True),
       planner.overheads._replace(split=0.0),
-      lambda l: l.micro_batches * planner.model.num_layers)
+      lambda l: l.micro_batches * planner.model.num_units)
 
 
 def FitReplicaOverhead(planner, steps):
@@ -312,11 +323,14 @@ def _FitConcurrency(planner, layout, seconds, highest):
 
 
 class MeasuredCosts:
-  """Layer costs timed on `device` (--plan_measure), per micro-batch size,
-  measured once each (plan_measure.LmParts); the optimizer update's
-  seconds per weight byte (plan_measure.MeasureUpdate on one layer); and
-  the real steps of the CalibrationLayouts (`MeasureSteps`), to which a
-  Planner fits its Overheads and the host's concurrency.
+  """Unit costs timed on `device` (--plan_measure), per micro-batch size,
+  measured once each: every distinct unit of the plan, what runs before
+  the pipeline and the loss, each built from its params and timed forward
+  and backward (plan_measure.MeasureParts of plan_measure.UnitPart); the
+  optimizer update's seconds per weight byte (plan_measure.MeasureUpdate
+  on the largest unit); and the real steps of the CalibrationLayouts
+  (`MeasureSteps`), to which a Planner fits its Overheads and the host's
+  concurrency.
 
   `MedianOf` merges several measurements (a benchmark's rounds) into one
   of their medians.
@@ -326,17 +340,18 @@ class MeasuredCosts:
                update_rate=None, steps=None, devices=None):
     self._model, self._device = model, device
     self._devices = list(devices or [device])
-    self._seq = model.BatchShapes(1).ids[1]
     self.parts = dict(parts or {})   # {micro-batch: {name: (F, F + B)}}
     self.steps = dict(steps or {})   # {Layout: seconds}
     self.seconds = 0.0
     self.update_rate = update_rate
     if update_rate is None:
       start = time.perf_counter()
-      layer = plan_measure.LmParts(model.symbolic_task, 1,
-                                   self._seq).layer_object
-      secs, size = plan_measure.MeasureUpdate(learner_params, layer, device)
-      self.update_rate = secs / size
+      largest = max(model.plan.UnitsAt(1),
+                    key=lambda u: u.cost.weight_bytes or u.cost.flops or 0)
+      with tf.device(device):
+        layers = plan_measure.UnitPart(largest).layers
+      secs, size = plan_measure.MeasureUpdate(learner_params, layers, device)
+      self.update_rate = secs / max(size, 1)
       self.seconds += time.perf_counter() - start
     self.source = f'measured on {device} (--plan_measure)'
 
@@ -359,18 +374,44 @@ class MeasuredCosts:
     out.source += f', medians of {len(runs)} measurements'
     return out
 
+  def _UnitsAt(self, micro_batch):
+    """{key: Unit} of what is timed at `micro_batch`: the units (one of
+    each kind: equal costs are equal units), 'before:<name>' and 'loss'."""
+    plan = self._model.plan
+    units = plan.UnitsAt(micro_batch)
+    out = {}
+    for u in units:
+      out.setdefault(_UnitKind(u), u)
+    for u in plan.BeforeAt(micro_batch):
+      out[f'before:{u.name}'] = u
+    loss = plan.LossAt(micro_batch)
+    if loss is not None:
+      out['loss'] = loss
+    return units, out
+
   def Parts(self, micro_batch):
-    """{part name: (forward s, forward + backward s)} at `micro_batch`."""
+    """{part key: (forward s, forward + backward s)} at `micro_batch`."""
     if micro_batch not in self.parts:
       start = time.perf_counter()
-      parts = plan_measure.LmParts(self._model.symbolic_task, micro_batch,
-                                   self._seq)
-      names = [n for n in ('first', 'layer', 'final', 'loss') if n in parts]
-      times = plan_measure.MeasureParts([parts[n] for n in names],
-                                        self._device)
-      self.parts[micro_batch] = dict(zip(names, times))
+      _, todo = self._UnitsAt(micro_batch)
+      with tf.device(self._device):
+        parts = [plan_measure.UnitPart(u) for u in todo.values()]
+      times = plan_measure.MeasureParts(parts, self._device)
+      self.parts[micro_batch] = dict(zip(todo, times))
       self.seconds += time.perf_counter() - start
     return self.parts[micro_batch]
+
+  def MeasureParts(self, sizes):
+    """Times the parts (`Parts`) at each micro-batch size of `sizes` not
+    timed yet, with a progress line for each."""
+    todo = [mb for mb in sizes if mb not in self.parts]
+    for i, mb in enumerate(todo):
+      _, parts = self._UnitsAt(mb)
+      logging.info('Timing the model\'s units, forward and backward, on '
+                   'micro-batches of %d examples (%d of %d sizes): %s...',
+                   mb, i + 1, len(todo),
+                   ', '.join(u.name for u in parts.values()))
+      self.Parts(mb)
 
   def MeasureSteps(self, layouts, runs=5, steps=3, min_seconds=0.5):
     """Times real steps of `layouts` (R x K <= the devices given) on the
@@ -380,34 +421,58 @@ class MeasuredCosts:
     start = time.perf_counter()
     times = {l: [] for l in layouts}
     with tempfile.TemporaryDirectory() as logdir:
-      built = {l: plan_measure.BuildStep(
-          self._model.LayoutParams(l),
-          self._devices[:l.devices * l.replicas], logdir, l.replicas)
-               for l in layouts}
-      for _ in range(runs):
+      built = {}
+      for i, l in enumerate(layouts):
+        logging.info('Timing real steps: building the train step of layout '
+                     '%d of %d (%s) and running 2 steps...', i + 1,
+                     len(layouts), l.Name())
+        built[l] = plan_measure.BuildStep(
+            self._model.LayoutParams(l),
+            self._devices[:l.devices * l.replicas], logdir, l.replicas)
+      for r in range(runs):
+        logging.info('Timing real steps: round %d of %d (steps of each of '
+                     'the %d layouts, interleaved)...', r + 1, runs,
+                     len(layouts))
         for layout, run in built.items():
           times[layout].append(
               plan_measure.SteadySeconds(run, steps, min_seconds))
+      # Freed here, said first: deleting a 2-replica program's distributed
+      # input iterator took 15 s in `trainer.py --mode=plan` on this 2-core
+      # host (load 2-4), the other programs 0.0 s.
+      logging.info('Timing real steps: done; freeing the %d programs built '
+                   'for them...', len(built))
+      run = None   # The loop's reference to the last one.
+      built.clear()
     self.steps.update({l: statistics.median(t) for l, t in times.items()})
     self.seconds += time.perf_counter() - start
     return self.steps
 
   def Items(self, micro_batch):
     t = self.Parts(micro_batch)
-    back = lambda name: max(t[name][1] - t[name][0], 0.0)  # pylint: disable=unnecessary-lambda-assignment
-    n = self._model.num_layers
+    back = lambda key: max(t[key][1] - t[key][0], 0.0)  # pylint: disable=unnecessary-lambda-assignment
+    units, _ = self._UnitsAt(micro_batch)
+    n = len(units)
+    before = [k for k in t if k.startswith('before:')]
     out = []
-    for i in range(n):
-      rerun, backward = t['layer'][0], back('layer')
+    for i, u in enumerate(units):
+      kind = _UnitKind(u)
+      rerun, backward = t[kind][0], back(kind)
       once = loss = 0.0
       if i == 0:
-        once, backward = t['first'][0], backward + back('first')
-      if i == n - 1:
-        if 'final' in t:
-          rerun, backward = rerun + t['final'][0], backward + back('final')
+        once = sum(t[k][0] for k in before)
+        backward += sum(back(k) for k in before)
+      if i == n - 1 and 'loss' in t:
         loss, backward = t['loss'][0], backward + back('loss')
       out.append(ItemCost(rerun, once, loss, backward))
     return out
+
+
+def _UnitKind(unit):
+  """A unit's key among the timed parts: units of the same cost (FLOPs,
+  bytes and output shapes) are one kind, timed once (the LM's layers)."""
+  c = unit.cost
+  return (f'unit:{c.flops}|{c.bwd_flops}|{c.act}|{c.act_weights}|'
+          f'{c.out_shapes}').replace(' ', '')
 
 
 def StageCosts(model, layout, items, memory, hw, update_rate=None,
@@ -454,6 +519,18 @@ def MicroBatchCounts(batch, current=None):
          if batch % m == 0}
   if current and batch % current == 0:
     out.add(current)
+  return sorted(out)
+
+
+def MicroBatchSizes(model, num_devices):
+  """The examples a micro-batch of the layouts on at most `num_devices`
+  devices holds (Search's), sorted."""
+  out = set()
+  for r in {r for r, _, _ in Shapes(num_devices, model.num_units,
+                                    model.batch_size)}:
+    per_replica = model.batch_size // r
+    out.update(per_replica // m for m in MicroBatchCounts(
+        per_replica, model.current.micro_batches))
   return sorted(out)
 
 
@@ -532,7 +609,7 @@ class Planner:
   def Memory(self, layout):
     """The layout's FPropMeta `memory` (cached)."""
     if layout not in self._memory:
-      self._memory[layout] = self.model.ActivationMeta(layout)
+      self._memory[layout] = self.model.LayoutPlan(layout)
     return self._memory[layout]
 
   def Predict(self, layout, schedule=None, overheads=None, hw=None):
@@ -567,31 +644,39 @@ class Planner:
                       model.batch_size / step.time,
                       3 * model.flops / step.time / peak)
 
-  def Search(self):
+  def Search(self, progress_secs=8.0):
     """Every layout's Prediction, best first (see the module docstring);
-    returns (predictions, counts: NestedMap of what was skipped)."""
+    returns (predictions, counts: NestedMap of what was skipped). Logs a
+    progress line as it starts and every `progress_secs` seconds."""
     model, hw = self.model, self.hw
     out, dominated, refused = [], 0, 0
-    for r, k, s in Shapes(hw.num_devices, model.num_layers,
-                          model.batch_size):
-      per_replica = model.batch_size // r
-      for m in MicroBatchCounts(per_replica, model.current.micro_batches):
-        for name in Schedules():
-          try:
-            schedule = schedules.Build(name, s, k, m)
-          except ValueError:
-            refused += 1
+    shapes = [(r, k, s, m, name)
+              for r, k, s in Shapes(hw.num_devices, model.num_units,
+                                    model.batch_size)
+              for m in MicroBatchCounts(model.batch_size // r,
+                                        model.current.micro_batches)
+              for name in Schedules()]
+    start = last = time.perf_counter()
+    for i, (r, k, s, m, name) in enumerate(shapes):
+      if i == 0 or time.perf_counter() - last >= progress_secs:
+        last = time.perf_counter()
+        logging.info('Planning: %d of %d shapes (R, K, S, M, schedule) '
+                     'simulated in %.0f s, %d layouts so far...', i,
+                     len(shapes), last - start, len(out))
+      try:
+        schedule = schedules.Build(name, s, k, m)
+      except ValueError:
+        refused += 1
+        continue
+      for bounds in self._Cuts(Layout(r, k, s, m, name, 'never', None)):
+        found = False
+        for remat in REMATS:
+          if found:
+            dominated += 1
             continue
-          for bounds in self._Cuts(Layout(r, k, s, m, name, 'never', None)):
-            found = False
-            for remat in REMATS:
-              if found:
-                dominated += 1
-                continue
-              p = self.Predict(Layout(r, k, s, m, name, remat, bounds),
-                               schedule)
-              out.append(p)
-              found = p.fits is not False
+          p = self.Predict(Layout(r, k, s, m, name, remat, bounds), schedule)
+          out.append(p)
+          found = p.fits is not False
     return Rank(out), dict(dominated=dominated, refused=refused)
 
   def _Cuts(self, layout):
@@ -628,11 +713,7 @@ def Rank(predictions):
 # --- the report ---------------------------------------------------------------
 
 
-def _Ms(seconds):
-  """Milliseconds with 4 significant digits (a tiny model on an H100
-  takes microseconds), whole ones from 1000 ms."""
-  ms = 1000 * seconds
-  return f'{ms:.0f}' if ms >= 1000 else f'{ms:.4g}'
+_Ms = timeline_chart.FormatMs   # The table's and the chart's ms alike.
 
 
 def ConcurrencyText(concurrency):
@@ -651,8 +732,8 @@ def _OverheadsText(costs, o, concurrency):
   fitted = (f', and the throughput of 2 actions at once on a host '
             f'{ConcurrencyText(concurrency)} (the cluster line gives the '
             'probe\'s)') if concurrency else ''
-  return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a layer '
-          f'of an action, {_Ms(o.split)} ms a layer of a micro-batch\'s '
+  return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a unit '
+          f'of an action, {_Ms(o.split)} ms a unit of a micro-batch\'s '
           f'split backward, {_Ms(o.step)} ms a step, {_Ms(o.replica)} ms a '
           f'replica beyond the first{fitted}')
 
@@ -676,6 +757,12 @@ _HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
            f'{"fits":>5}')
 
 
+def _UnitNames(model):
+  """'layer0..layer3' (the plan's unit names, first and last)."""
+  names = model.unit_names
+  return names[0] if len(names) == 1 else f'{names[0]}..{names[-1]}'
+
+
 def Report(key, model, hw, costs, predictions, counts, top, seconds,
            overheads=None, concurrency=None):
   """The ranked table and the best plan's flags, as text."""
@@ -683,7 +770,8 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
   lines = [
       f'Layout plan of {key}: global batch {model.batch_size} '
       f'(input.batch_size; R replicas take batch_size / R each), '
-      f'{model.num_layers} layers, {model.flops * 3 / 1e9:.4g} GFLOP a '
+      f'{model.num_units} units ({_UnitNames(model)}), '
+      f'{model.flops * 3 / 1e9:.4g} GFLOP a '
       'training step.',
       f'Cluster {hw.Describe()}.',
       f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
@@ -694,7 +782,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
       f'{counts["refused"]} sizes refused by their schedule); '
       f'{len(predictions) - len(fits)} do not fit.',
       'R replicas x K devices x v cells per device (S = K v stages), M '
-      'micro-batches; cut: layers per stage; memory/dev: the largest '
+      'micro-batches; cut: units per stage; memory/dev: the largest '
       'device\'s peak' + (' (the host\'s devices share its memory: fits '
                           'counts them all)' if hw.shared else '') + '.',
       _HEADER]
@@ -724,12 +812,58 @@ def SimulatedTimeline(prediction, device_names=None):
   return timeline_lib.Timeline(events, devices, schedule=lay.schedule)
 
 
+def _After(step):
+  """The chart's bands for what a simulated step pays after its last
+  action, as the plan's table counts it: [(name, seconds, what)]."""
+  rest = max(0.0, step.time - step.fixed - step.pipeline)
+  parts = [(n, what, t) for n, what, t in (
+      ('all-reduce', 'gradient all-reduce', step.allreduce),
+      ('update', 'optimizer update', step.update)) if t > 0]
+  out = []
+  if parts and rest > 0:
+    out.append((' and '.join(n for n, _, _ in parts), rest,
+                'from the last action\'s end to the end of the last '
+                'device\'s ' + ' and '.join(
+                    f'{what} (up to {_Ms(t)} ms a device)'
+                    for _, what, t in parts) +
+                '; each device\'s starts after its own last action'))
+  if step.fixed > 0:
+    out.append(('fixed', step.fixed, 'what a step pays once beyond its '
+                'actions, all-reduce and update (the loop, the gradients\' '
+                'norm and clipping, each replica beyond the first), fitted '
+                'to the real steps --plan_measure timed'))
+  return out
+
+
+def SimulatedChart(prediction):
+  """The chart of a prediction's simulated step (SVG text): its pipeline's
+  actions, then bands for what the step pays after them, so that the time
+  axis ends, and the title adds up, at the step time of the plan's
+  table."""
+  step, lay = prediction.step, prediction.layout
+  timeline = SimulatedTimeline(prediction)
+  after = _After(step)
+  title = (f'Simulated step of {lay.Name()} (planner): {_Ms(step.time)} '
+           'ms (the step time of the plan\'s table) = '
+           f'{_Ms(step.pipeline)} ms of pipeline actions ({lay.stages} '
+           f'stages x {lay.micro_batches} micro-batches; bubble '
+           f'{step.bubble:.2f}, ideal {timeline.ideal_bubble:.2f})' +
+           ''.join(f' + {_Ms(seconds)} ms {name}'
+                   for name, seconds, _ in after))
+  return timeline_chart.Svg(
+      timeline, title=title, after=after,
+      idle='the device waits for an action it needs (and its transfer '
+      'from another device)')
+
+
 def WriteTimeline(prediction, folder):
-  """Writes plan_timeline.svg (the simulated chart) to `folder`."""
-  chart = SimulatedTimeline(prediction).Svg().replace(
-      'Pipeline step:', 'Simulated pipeline step (planner):', 1)
+  """Writes plan_timeline.svg (SimulatedChart) and plan_timeline.txt (its
+  actions' times, Timeline.SpanTable) to `folder`; returns the chart's
+  path."""
   path = os.path.join(folder, 'plan_timeline.svg')
-  _WriteText(path, chart)
+  _WriteText(path, SimulatedChart(prediction))
+  _WriteText(os.path.join(folder, 'plan_timeline.txt'),
+             SimulatedTimeline(prediction).SpanTable())
   return path
 
 
@@ -766,6 +900,10 @@ def Plan(key, params, plan, logdir=''):
       'CPU'):
     raise ValueError(f'--plan_measure times layers on this host\'s CPU; '
                      f'this run\'s first device is {devices[0]}.')
+  logging.info('Planning %s on %s: %s...', key, plan.cluster,
+               'timing its layers and real steps on this host, then '
+               'simulating every layout' if plan.measure else
+               'simulating every layout')
   costs = None
   if plan.measure:
     costs = MeasuredCosts(model, devices[0], params.task.train.learner,
@@ -775,10 +913,15 @@ def Plan(key, params, plan, logdir=''):
     probe = None
     if plan.measure:
       mb = max(1, model.batch_size // 4)
-      probe = plan_measure.LmParts(model.symbolic_task, mb,
-                                   model.BatchShapes(1).ids[1]).layer
+      probe = plan_measure.UnitPart(max(
+          model.plan.UnitsAt(mb), key=lambda u: u.cost.flops or 0))
     hw = plan_measure.Calibrate(hw, devices, probe)
+  if plan.measure:
+    costs.MeasureParts(MicroBatchSizes(model, hw.num_devices))
   costs = costs or FlopsCosts(model, hw)
+  if costs.steps:
+    logging.info('Fitting what the layers\' costs leave out (overheads, the '
+                 'host\'s concurrency) to the real steps...')
   planner = Planner(model, hw, costs)
   predictions, counts = planner.Search()
   text = Report(key, model, planner.hw, costs, predictions, counts, plan.top,
@@ -789,6 +932,8 @@ def Plan(key, params, plan, logdir=''):
         f'--plan_explain={plan.explain} is beyond the {len(predictions)} '
         'layouts planned.')
   best = predictions[0]
+  if best.fits is False:   # Sorted: the fitting ones first.
+    raise NothingFits(_NothingFitsLine(key, planner.hw, predictions), text)
   if plan.apply:
     _WriteText(plan.apply, model.OverridesText(best.layout))
     text += f'Wrote the best plan\'s overrides to {plan.apply}.\n'
@@ -803,12 +948,44 @@ def Plan(key, params, plan, logdir=''):
   return text
 
 
+class NothingFits(ValueError):
+  """No layout fits the cluster's memory: its line, and the plan's table
+  (`report`), which is printed but nothing is written."""
+
+  def __init__(self, line, report):
+    super().__init__(line)
+    self.report = report
+
+
+def _NothingFitsLine(key, hw, predictions):
+  """What the closest layout needs, when no layout of `key` fits."""
+  def _Need(p):
+    if not hw.shared:
+      return max(p.memory)
+    return p.together * min(p.layout.replicas,
+                            max(1, hw.devices_per_host // p.layout.devices))
+  closest = min(predictions, key=_Need)
+  fmt = inspect_lib.FormatBytes
+  where = 'the host\'s devices together' if hw.shared else 'a device'
+  return (f'no layout of {key} fits the cluster\'s memory ({fmt(hw.memory)} '
+          f'{"a host" if hw.shared else "a device"}): the closest, '
+          f'{closest.layout.Name()}, needs {fmt(_Need(closest))} on '
+          f'{where}. Lower input.batch_size or the model\'s size, or plan '
+          'a cluster with more memory (--plan_cluster=...,memory_gib=N); '
+          'nothing was written.')
+
+
 def Run(options, params):
   """--mode=plan for the trainer (trainer_lib): prints the plan of
-  `params` (options.model's, Train); a user error is a UserError."""
+  `params` (options.model's, Train); a user error is a UserError (with
+  no layout that fits, the table is printed first)."""
   try:
     text = Plan(options.model, params, command_line.PlanOptions.Of(options),
                 options.logdir)
+  except NothingFits as e:
+    sys.stdout.write(e.report)
+    sys.stdout.flush()
+    raise command_line.UserError(f'--mode=plan: {e}') from None
   except (hardware_lib.SpecError, plan_model.NotPlannable) as e:
     raise command_line.UserError(f'--mode=plan: {e}') from None
   sys.stdout.write(text)

@@ -5,15 +5,19 @@ returns the process exit code:
 
   0  done; also a trainer stopped by SIGTERM or SIGINT after checkpointing
      the step it was in (one log line says so; framework/train/preemption.py),
-     and an evaler or decoder stopped by one;
+     an evaler or decoder stopped by one, and a task of a TF_CONFIG job
+     stopped by one while it waited for its peers, before building
+     anything (one log line; framework/distribute/peer_wait.py);
   2  a user error: unknown --model, a bad override key or value, bad params,
      missing or empty input files, an unknown --job, a logdir that cannot
      be written, checkpoints none of which can be read, a logdir another
      trainer is writing (framework/train/logdir_lock.py), a logdir whose
      checkpoints hold another model (framework/train/checkpoint_match.py),
      a training step whose memory estimate exceeds the device's or host's
-     memory (framework/jobs/memory_check.py). One readable message on
-     stderr, no traceback; the last three leave the logdir as it was;
+     memory (framework/jobs/memory_check.py), a peer host of a TF_CONFIG
+     job that never accepted a connection within --peer_timeout_s
+     (framework/distribute/peer_wait.py). One readable message on
+     stderr, no traceback; the last four leave the logdir as it was;
   3  training stopped: too many consecutive skipped steps or non-finite
      weights (the message names the last good checkpoint);
   4  the run cannot go on, and nothing is lost: a checkpoint could not be
@@ -21,20 +25,26 @@ returns the process exit code:
      the OS error, and the previous checkpoint stays the latest), or a
      peer host of a multi-host job failed; rerun the same command (on
      every host) to resume from the latest checkpoint; with parameter
-     servers, a task the chief needs failed: restart it, then the chief.
+     servers, a task the chief needs failed: restart it, then the chief;
+     also --mode=export stopped by SIGTERM or SIGINT (its partial folder
+     removed, nothing written: rerun it).
 A second SIGTERM/SIGINT ends the process at once, killed by that signal
 (143 or 130 in a shell).
 
 The set-up runs in a fixed order: devices, the cluster and the strategy
 first (framework/distribute/distribution.py; TensorFlow allows logical devices
 and MultiWorkerMirroredStrategy only before any op runs), then the params
-(registry, file override, text override, --max_steps), the logdir's writer
-lock (trainer jobs on the chief: one writer per logdir), the checks that
-read only (the memory estimate, the logdir's checkpoints against the
-model, both from the model built without weights), then `params.txt` (a
-different one already there is kept as params.txt.<UTC time>:
-framework/jobs/params_file.py), one copy of the task per local replica and
-the job's programs; any user error up to there exits with 2. Then the
+(registry, file override, text override, --max_steps), the memory estimate
+of a training step from the params alone (the task's pipeline plan:
+nothing built, so a step too big is refused before it allocates), whether
+the logdir can be written, one copy of the task per local replica and the
+job's programs (the learner, the input: built, they write nothing), the
+logdir's checkpoints against the model built; any user error up to there
+exits with 2 and leaves the logdir as it was (a fresh one is not created).
+Only then the logdir's writer lock (trainer jobs on the chief: one writer
+per logdir; framework/train/logdir_lock.py) and `params.txt` (a different
+one already there is kept as params.txt.<UTC time>:
+framework/jobs/params_file.py). Then the
 job runs: `trainer`, `trainer_and_evaler` (eval on Dev after each
 checkpoint, in process, and a decode of Dev with the final weights),
 `evaler_<dataset>` or `decoder_<dataset>` (each new checkpoint of
@@ -61,6 +71,7 @@ import tensorflow as tf
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
 from cadence.framework.distribute import distribution
+from cadence.framework.jobs import checkpoint_fit
 from cadence.framework.jobs import command_line
 from cadence.framework.jobs import export
 from cadence.framework.jobs import graph_optimizer
@@ -71,7 +82,6 @@ from cadence.framework.jobs import params_file
 from cadence.framework.jobs import planner
 from cadence.framework import model_registry
 from cadence.framework.train import checkpoint_files
-from cadence.framework.train import checkpoint_match
 from cadence.framework.train import checkpointer
 from cadence.framework.train import eval_programs
 from cadence.framework.train import logdir_lock
@@ -85,6 +95,7 @@ EXIT_TRAINING_STOPPED = 3
 # Exit code 4: a failed save or a failed peer host (see the docstring).
 EXIT_SAVE_FAILED = 4
 EXIT_PEER_FAILED = 4
+EXIT_STOPPED = 4   # A mode other than sync stopped by a signal, nothing written.
 
 # What a multi-host step raises when a peer host dies or drops off.
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -93,6 +104,11 @@ _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
 MODES = command_line.MODES
 # A mistake in the command line or the params; exits with code 2.
 UserError = command_line.UserError
+
+
+class _Stopped(Exception):
+  """A mode other than sync stopped by a signal before it wrote anything:
+  exit code 4, one line (rerun the command)."""
 
 
 @dataclasses.dataclass
@@ -113,6 +129,7 @@ class TrainerOptions:
   cluster_spec: str = ''
   task_type: str = ''
   task_index: int = 0
+  peer_timeout_s: float = distribution.PEER_TIMEOUT_S
   peak_tflops: float = 0.0
   device_memory_gib: float = 0.0
   eval_timeout_s: float = 0.0
@@ -203,13 +220,7 @@ def LoadParams(options, dataset):
   return params
 
 
-def ParamsText(params):
-  """`params.ToText()`, or the lenient `str(params)` when a value has no
-  text form (e.g. a lambda)."""
-  try:
-    return params.ToText()
-  except ValueError:
-    return str(params)
+ParamsText = checkpoint_fit.ParamsText
 
 
 def WriteParams(params, path):
@@ -234,6 +245,9 @@ def InferenceParams(params):
 
 
 _TF_DIR = os.path.dirname(os.path.abspath(tf.__file__)) + os.sep
+# Functions whose tf.function retracing warnings TensorFlowInfoFilter drops
+# (names as the warning gives them): each is traced once per object.
+_BY_DESIGN_RETRACES = ('.tf_function_save ', 'TrainProgram._TrainLoop ')
 
 
 class TensorFlowInfoFilter(py_logging.Filter):
@@ -244,10 +258,14 @@ class TensorFlowInfoFilter(py_logging.Filter):
   checkpoint saver's 'Sharding callback duration: 117 microseconds' at
   every save. A record is TensorFlow's when its logger is 'tensorflow' or
   its source file lies in the tensorflow package. With absl's
-  --verbosity=1 (debug) every record passes. One warning goes too: that
-  the checkpoint saver's function retraces, which TensorFlow does on
-  purpose at every save of variables spread over several tasks (parameter
-  servers; tensorflow/python/checkpoint/functional_saver.py).
+  --verbosity=1 (debug) every record passes. Two warnings go too, that a
+  function retraces where it does so by design (`_BY_DESIGN_RETRACES`):
+  the checkpoint saver's, which TensorFlow retraces on purpose at every
+  save of variables spread over several tasks (parameter servers;
+  tensorflow/python/checkpoint/functional_saver.py), and the train loop's
+  (`TrainProgram._TrainLoop`), traced once by each program: `--mode=plan
+  --plan_measure` builds one program per calibration layout, and TF's
+  detector counts the traces of every function of the same code.
 
   Example:
     logging.get_absl_logger().addFilter(TensorFlowInfoFilter())
@@ -258,7 +276,8 @@ class TensorFlowInfoFilter(py_logging.Filter):
       return True
     if record.levelno >= py_logging.WARNING:
       message = record.getMessage()
-      return not ('tf_function_save' in message and 'retracing' in message)
+      return not ('triggered tf.function retracing' in message and
+                  any(f in message for f in _BY_DESIGN_RETRACES))
     return not (record.name.split('.')[0] == 'tensorflow' or
                 record.pathname.startswith(_TF_DIR))
 
@@ -309,7 +328,8 @@ def ConfigureDevices(options):
         worker_split_size=WorkerSplitSize(options),
         worker_gpus=options.worker_gpus, tf_config=tf_config,
         tpu=options.tpu, tpu_zone=options.tpu_zone,
-        tpu_project=options.tpu_project)
+        tpu_project=options.tpu_project,
+        peer_timeout_s=options.peer_timeout_s)
   except distribution.SetupError as e:
     raise UserError(str(e)) from None
 
@@ -334,8 +354,8 @@ class _TrainerJob:
   0's (EMA) weights.
   """
 
-  def __init__(self, options, params, setup, with_eval, watcher, lock=None):
-    self._lock = lock   # The logdir's writer lock, released by Run.
+  def __init__(self, options, params, setup, with_eval, watcher):
+    self.lock = None   # The logdir's writer lock (_BuildJob), released by Run.
     on_checkpoint = []
     self._decode = None
     with_eval = with_eval and setup.is_chief
@@ -361,7 +381,16 @@ class _TrainerJob:
         params, options.logdir, xla=options.xla, peak_flops=peak,
         on_checkpoint=on_checkpoint, start_time=options.start_time,
         steps_per_loop=options.steps_per_loop, watcher=watcher)
+    try:   # Before anything is written.
+      self._program.CheckShapes()
+    except xla_step.StaticShapeError as e:
+      raise UserError(str(e)) from None
     _LogBuilt(self._program.tasks, start)
+
+  @property
+  def task(self):
+    """The task trained (replica 0's copy)."""
+    return self._program.tasks[0]
 
   def Run(self):
     try:
@@ -371,8 +400,8 @@ class _TrainerJob:
                      step)
         self._decode.Run(step, self._program.EmaTheta())
     finally:
-      if self._lock is not None:
-        self._lock.Release()
+      if self.lock is not None:
+        self.lock.Release()
 
 
 def _LogBuilt(tasks, start):
@@ -437,19 +466,18 @@ def _Finished(options, params, kind, sub):
             f'{step} (max_steps {max_steps}); nothing to do. Raise '
             '--max_steps to train on, or use a new --logdir to start over.')
   state = os.path.join(options.logdir, sub, 'last_step.txt')
-  if not tf.io.gfile.exists(state):
+  last = eval_programs.ReadLastStep(state)
+  if last < 0:
     return None
-  with tf.io.gfile.GFile(state) as f:
-    text = f.read().strip()
   mark = checkpoint_files.ReadFinalMark(os.path.join(options.logdir, 'train'))
   final = max_steps if mark is None or mark['step'] is None else min(
       max_steps, mark['step'])
-  if not text or int(text) < final:
+  if last < final:
     return None
   why = (f'max_steps {max_steps}' if final == max_steps else
          f"the trainer's final checkpoint, {mark['reason']}")
   return (f'The {options.job} job is finished: it handled every checkpoint '
-          f'up to step {text} ({why}, {state}); nothing to do.')
+          f'up to step {last} ({why}, {state}); nothing to do.')
 
 
 class _CheckpointJob:
@@ -467,6 +495,7 @@ class _CheckpointJob:
     self._program = program_cls(task, dataset, options.logdir)
     self._train_dir = os.path.join(options.logdir, 'train')
     self._max_steps = params.task.train.max_steps
+    self.task = task
 
   def _Handle(self, path):
     step = self._state.Restore(path)
@@ -483,16 +512,27 @@ class _CheckpointJob:
 
 
 def _CheckWritable(logdir, sub):
-  """Raises UserError unless the job can write its folders: `logdir/sub`
-  (created: params.txt goes there next) and an existing `logdir/train`."""
+  """Raises UserError unless the job can write its folders, `logdir/sub`
+  and an existing `logdir/train`, creating nothing: a probe file is
+  written (and removed) in each folder or, where it does not exist yet, in
+  its nearest existing parent (a remote folder is made, as its store has
+  no folders to make)."""
   folders = [os.path.join(logdir, sub) if sub else logdir]
   train_dir = os.path.join(logdir, 'train')
   if not sub and tf.io.gfile.exists(train_dir):
     folders.append(train_dir)
   for folder in folders:
-    probe = os.path.join(folder, f'.write_test.{os.getpid()}')
-    try:
+    where = folder
+    if '://' in folder:
       tf.io.gfile.makedirs(folder)
+    elif os.path.exists(folder) and not os.path.isdir(folder):
+      raise UserError(f'--logdir: cannot write in {folder}: {folder} is not '
+                      'a directory.')
+    else:
+      while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    probe = os.path.join(where, f'.write_test.{os.getpid()}')
+    try:
       with tf.io.gfile.GFile(probe, 'w') as f:
         f.write('ok')
       tf.io.gfile.remove(probe)
@@ -501,10 +541,11 @@ def _CheckWritable(logdir, sub):
                       f'{checkpoint_files.ErrorLine(e)}.') from None
 
 
-def _WriterLock(options, params, setup, kind):
+def _WriterLock(options, setup, kind):
   """The logdir's writer lock (logdir_lock) of a trainer job on the chief,
-  the one host that writes; None for readers (evaler, decoder), the other
-  hosts, and a finished run in a logdir it cannot write."""
+  the one host that writes; None for readers (evaler, decoder) and the
+  other hosts. Taken once every check passed, right before the first
+  write (it creates a fresh logdir)."""
   if kind not in ('trainer', 'trainer_and_evaler') or not setup.is_chief:
     return None
   if '://' in options.logdir:   # gs://...: no OS lock there.
@@ -516,85 +557,39 @@ def _WriterLock(options, params, setup, kind):
   except logdir_lock.HeldError as e:
     raise UserError(str(e)) from None
   except OSError as e:
-    if _Finished(options, params, kind, ''):
-      return None   # Nothing to write; _BuildJob says it is finished.
-    _CheckWritable(options.logdir, '')   # Says why, as for other jobs.
     raise UserError(f'--logdir: cannot write the lock file in '
                     f'{options.logdir}: {e}.') from None
 
 
-def _OtherModel(options, params):
-  """How the logdir's params.txt (the params its checkpoints were trained
-  with) differs from this run's: the experiment, else the task's first
-  differing keys; '' when it cannot say."""
-  text = params_file.Read(os.path.join(options.logdir, 'params.txt'))
-  if text is None:
-    return ''
-  ours = ParamsText(params)
-  diffs = params_file.Differences(text, ours)
-  if any(d[0] in ('name', 'task.cls') for d in diffs):
-    def _Model(pairs):   # "'lm' (LanguageModel)"
-      cls = pairs.get('task.cls', '').rpartition('.')[2].rstrip("')")
-      return f"{pairs.get('name', '?')} ({cls or '?'})"
-    return (f' Its params.txt is of the model '
-            f'{_Model(params_file.Pairs(text))}, this run\'s is '
-            f'{_Model(params_file.Pairs(ours))}.')
-  model = [d for d in diffs if d[0].startswith('task.') and
-           not d[0].startswith(('task.train.', 'task.eval.',
-                                'task.is_inference'))]
-  if model:
-    return (" Its params.txt differs from this run's in " +
-            params_file.DescribeDifferences(model) + '.')
-  return ''
-
-
 def _CheckCheckpointFits(options, params, task, paths):
-  """Raises UserError unless the newest readable of `paths` (checkpoints of
-  logdir/train) holds the model variables of `task` (same paths, shapes
-  and dtypes). A damaged checkpoint is left to the restore, which says
-  so."""
-  for path in reversed(paths):
-    try:
-      saved = checkpoint_match.SavedVariables(path)
-      break
-    except checkpoint_files.READ_ERRORS:
-      continue
-  else:
-    return
-  mismatch = checkpoint_match.Mismatch(saved, checkpoint_match.ModelVariables(
-      checkpointer.TaskVariables(task)))
-  if mismatch:
-    raise UserError(
-        f'--logdir {options.logdir} holds checkpoints of another model: '
-        f'{path} does not fit --model={options.model}: {mismatch}.'
-        f'{_OtherModel(options, params)} Use a new --logdir, or the model '
-        'and overrides that wrote it; nothing was changed.')
+  """Raises UserError unless the newest readable of `paths` (checkpoints
+  of logdir/train) holds the model variables of `task`
+  (checkpoint_fit.Mismatch)."""
+  line = checkpoint_fit.Mismatch(options.logdir, options.model, params, task,
+                                 paths)
+  if line:
+    raise UserError(f'{line} Use a new --logdir, or the model and overrides '
+                    'that wrote it; nothing was changed.')
 
 
-def _CheckBeforeWriting(options, params, setup, kind):
-  """The checks that read only, before the job writes anything: the memory
-  estimate of a training step (trainer jobs; memory_check) and the
-  logdir's checkpoints against the model. Both need the model's
-  variables: it is built without weights (inspect_lib.BuildSymbolically).
+def _CheckMemory(options, params, setup):
+  """The memory estimate of a training step (memory_check.CheckParams),
+  from the params alone: before anything is built, so that a step too big
+  for the memory is refused without allocating it.
+
+  Returns:
+    The Verdict, or None (no estimate or no limit).
 
   Raises:
-    UserError: the step does not fit, or the checkpoints hold another
-      model.
+    UserError: the step does not fit.
   """
-  start = time.perf_counter()
-  trainer = kind in ('trainer', 'trainer_and_evaler')
-  paths = checkpointer.ListCheckpoints(
-      os.path.join(options.logdir, 'train'), when_missing=True)
-  if not trainer and not paths:
-    return
-  model, _ = inspect_lib.BuildSymbolically(
-      params if trainer else InferenceParams(params))
-  verdict = None
-  if trainer and (options.device_memory_gib or setup.runs_steps):
-    device = tf.DeviceSpec.from_string(setup.cluster.devices[0])
-    verdict = memory_check.Check(
-        model.task, device.device_type or 'CPU', setup.num_local_replicas,
-        options.device_memory_gib)
+  if not (options.device_memory_gib or setup.runs_steps):
+    return None
+  device = tf.DeviceSpec.from_string(setup.cluster.devices[0])
+  verdict = memory_check.CheckParams(
+      params, setup.cluster.DevicesInModelSplit(0),
+      device.device_type or 'CPU', setup.num_local_replicas,
+      options.device_memory_gib)
   if verdict is not None and not verdict.fits:
     batch = getattr(params.input, 'batch_size', None)
     batch = f'input.batch_size ({batch}), ' if batch else ''
@@ -603,16 +598,18 @@ def _CheckBeforeWriting(options, params, setup, kind):
         f'{verdict.text}. Lower {batch}the model size or the micro-batch '
         'size (more micro-batches, remat); --mode=inspect_model prints the '
         'estimate per stage.')
-  _CheckCheckpointFits(options, params, model.task, paths)
-  checked = ([f'memory {verdict.text}'] if verdict else []) + (
-      [f'{os.path.basename(paths[-1])} holds this model'] if paths else [])
-  if checked:
-    logging.info('Checked before writing (%.1f s): %s.',
-                 time.perf_counter() - start, '; '.join(checked))
+  return verdict
 
 
 def _BuildJob(options, setup, watcher):
-  """The job of `options`, or a message (str) when it already finished."""
+  """The job of `options`, or a message (str) when it already finished.
+
+  Every check runs before anything is written: the params, the model built
+  without weights (memory, the logdir's checkpoints), whether the logdir
+  can be written, then the job's programs (the learner, the input), which
+  write nothing when built. Only then the writer lock (which makes a fresh
+  logdir) and params.txt.
+  """
   kind, dataset = _ParseJob(options.job)
   params = LoadParams(options, dataset or 'Train')
   if not options.logdir:
@@ -623,48 +620,56 @@ def _BuildJob(options, setup, watcher):
   if setup.serves:
     logging.info('%s', setup)
     return _ServerJob(options, params, setup, kind, watcher)
-  lock = _WriterLock(options, params, setup, kind)
-  try:
-    job = _BuildLocalJob(options, params, setup, kind, dataset, sub,
-                         watcher, lock)
-  except BaseException:
-    if lock is not None:
-      lock.Release()
-    raise
-  if isinstance(job, str) and lock is not None:
-    lock.Release()
-  return job
-
-
-def _BuildLocalJob(options, params, setup, kind, dataset, sub, watcher,
-                   lock):
-  """_BuildJob's job past the writer lock (`lock`, or None), which the
-  trainer job releases when it ends."""
   finished = _Finished(options, params, kind, sub)
   if finished:
     return finished
   logging.info('%s', setup)
-  _CheckBeforeWriting(options, params, setup, kind)
+  start = time.perf_counter()
+  trains = kind in ('trainer', 'trainer_and_evaler')
+  verdict = _CheckMemory(options, params, setup) if trains else None
   _CheckWritable(options.logdir, sub)
+  if trains:
+    job = _TrainerJob(options, params, setup,
+                      with_eval=kind == 'trainer_and_evaler', watcher=watcher)
+  else:
+    job = _CheckpointJob(options, params, setup, kind, dataset, watcher)
+  # The model is built once: its checkpoints are checked against it.
+  paths = checkpointer.ListCheckpoints(
+      os.path.join(options.logdir, 'train'), when_missing=True)
+  _CheckCheckpointFits(options, params, job.task, paths)
+  checked = ([f'memory {verdict.text}'] if verdict else []) + (
+      [f'{os.path.basename(paths[-1])} holds this model'] if paths else [])
+  if checked:
+    logging.info('Checked before writing (%.1f s with the build): %s.',
+                 time.perf_counter() - start, '; '.join(checked))
+  lock = _WriterLock(options, setup, kind)
+  try:
+    _WriteRunParams(options, params, setup, sub)
+  except BaseException:
+    if lock is not None:
+      lock.Release()
+    raise
+  if lock is not None:
+    job.lock = lock
+  return job
+
+
+def _WriteRunParams(options, params, setup, sub):
+  """params.txt of the job (the chief writes it), in logdir/sub."""
   path = os.path.join(options.logdir, sub, 'params.txt')
-  if setup.is_chief:
-    try:
-      WriteParams(params, path)
-    except (tf.errors.OpError, OSError) as e:
-      raise UserError(f'--logdir: cannot write {path}: '
-                      f'{checkpoint_files.ErrorLine(e)}.') from None
-    logging.info('Model %s, job %s; params written to %s.', options.model,
-                 options.job, path)
-  if kind in ('trainer', 'trainer_and_evaler'):
-    return _TrainerJob(options, params, setup,
-                       with_eval=kind == 'trainer_and_evaler', watcher=watcher,
-                       lock=lock)
-  return _CheckpointJob(options, params, setup, kind, dataset, watcher)
+  if not setup.is_chief:
+    return
+  try:
+    WriteParams(params, path)
+  except (tf.errors.OpError, OSError) as e:
+    raise UserError(f'--logdir: cannot write {path}: '
+                    f'{checkpoint_files.ErrorLine(e)}.') from None
+  logging.info('Model %s, job %s; params written to %s.', options.model,
+               options.job, path)
 
 
-def _InspectPipeline(options):
+def _InspectPipeline(options, params):
   """Profiles one training step and prints (and writes) its timeline."""
-  params = LoadParams(options, 'Train')
   try:
     timeline, memory = inspect_pipeline.InspectPipeline(
         params, options.logdir or None)
@@ -686,28 +691,37 @@ def _Export(options):
   try:
     path, step = export.Export(
         params, options.logdir, options.export_dir, options.checkpoint,
-        options.export_batch_size, options.export_max_len)
+        options.export_batch_size, options.export_max_len, options.model)
   except export.ExportError as e:
     raise UserError(str(e)) from None
+  except export.Interrupted as e:
+    raise _Stopped(f'--mode=export stopped by {e}: the partial export was '
+                   'removed and nothing was written; rerun the command to '
+                   'export.') from None
   sys.stdout.write(f'Exported step {step} to {path}\n')
 
 
 def _Inspect(options, setup):
+  """The modes other than sync. Each first runs the checks the trainer
+  runs on the params (inspect_lib.CheckModel), then writes only once it
+  has what it writes."""
   logging.info('%s', setup)
+  params = LoadParams(options, 'Train')
+  if options.mode == 'plan':   # Laid out on devices of its own.
+    inspect_lib.CheckParamsAlone(params)
+    return planner.Run(options, params)
+  model = inspect_lib.CheckModel(params)
   if options.mode == 'export':
     return _Export(options)
   if options.mode == 'inspect_pipeline':
-    return _InspectPipeline(options)
-  if options.mode == 'plan':   # framework/jobs/planner.py
-    return planner.Run(options, LoadParams(options, 'Train'))
-  params = LoadParams(options, 'Train')
-  text = ParamsText(params) if not options.logdir else WriteParams(
-      params, os.path.join(options.logdir, 'params.txt'))
+    return _InspectPipeline(options, params)
   if options.mode == 'inspect_params':
-    sys.stdout.write(text)
+    text = ParamsText(params)
   else:
-    sys.stdout.write(inspect_lib.ModelReport(params,
-                                             options.device_memory_gib))
+    text = inspect_lib.ModelReport(params, options.device_memory_gib, model)
+  if options.logdir:
+    WriteParams(params, os.path.join(options.logdir, 'params.txt'))
+  sys.stdout.write(text)
   sys.stdout.flush()
 
 
@@ -762,6 +776,11 @@ def Main(options):
       return EXIT_OK
   except (UserError, ValueError) as e:
     return _SetupError(e)
+  except _Stopped as e:
+    return _Fail(EXIT_STOPPED, str(e))
+  except distribution.Stopped as e:   # A signal while waiting for peers.
+    logging.warning('%s', e)
+    return EXIT_OK
   # From here on SIGTERM/SIGINT stop the job cleanly (handlers restored on
   # return); the hosts of a multi-host job agree on the step to stop at
   # (the distribution option's agreement).

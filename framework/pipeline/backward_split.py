@@ -30,6 +30,9 @@ Example:
 """
 import tensorflow as tf
 
+# Ops W recomputes rather than reads from B (see Split).
+_SHAPE_OPS = frozenset(['Shape', 'ShapeN', 'Size', 'Rank'])
+
 
 def _Ancestors(tensors, stop):
   """The ops `tensors` depend on, not walking past tensors in `stop`."""
@@ -87,11 +90,24 @@ def Split(traced, feeds, weight_grads, input_grads):
   stop = set(feed_index)
   b_ops = _Ancestors(input_grads, stop)
   w_ops = _Ancestors(weight_grads, stop) - b_ops
+  # A shape W reads (a convolution's filter gradient takes its input's
+  # shape) W computes itself from what it reads anyway: a multi-output
+  # ShapeN cannot be cut at one of its outputs, and the op is cheap.
+  grown = True
+  while grown:
+    grown = False
+    for op in list(w_ops):
+      for t in op.inputs:
+        if (t.op in b_ops and t.op.type in _SHAPE_OPS and
+            t.op not in w_ops and t.ref() not in stop):
+          w_ops.add(t.op)
+          grown = True
   order = {op: n for n, op in enumerate(traced.graph.get_operations())}
   residuals, seen = [], set()
 
   def _Take(t):
-    if t.ref() not in seen and (t.ref() in stop or t.op in b_ops):
+    if t.ref() not in seen and (t.ref() in stop or t.op in b_ops) and (
+        t.op not in w_ops):
       seen.add(t.ref())
       residuals.append(t)
 

@@ -53,25 +53,59 @@ STATEFUL_RANDOM_OPS = frozenset([
 _NOINLINE = {'_noinline': True}
 
 
+def _NeededNodes(graph_def, fetches, fed):
+  """The NodeDefs of `graph_def` that `fetches` (tensor names) need, in
+  graph order: walking back through data and control inputs, but not past
+  a tensor in `fed` (tensor names) nor a control input on a fed op."""
+  nodes = {n.name: n for n in graph_def.node}
+  seen, todo = set(), [_OpName(t) for t in fetches if t not in fed]
+  while todo:
+    name = todo.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    todo += [_OpName(i) for i in nodes[name].input
+             if _FeedKey(i) not in fed]
+  return [n for n in graph_def.node if n.name in seen]
+
+
+def _OpName(name):
+  """'op:1', 'op' and '^op' -> 'op'."""
+  return name.lstrip('^').split(':')[0]
+
+
+def _FeedKey(name):
+  """A NodeDef input's key into `_NeededNodes`'s `fed`: 'op' -> 'op:0'
+  (its first output), 'op:1' as it is, a control input '^op' -> 'op:0'
+  (the op of a fed placeholder)."""
+  return f'{_OpName(name)}:0' if ':' not in name else name
+
+
 def _BuildInCallerGraph(fn, args):
   """Builds the ops of traced function `fn` into the caller's graph (in its
   name scope) on `args`; returns its outputs.
 
   What calling `fn` computes, but as ops a profile names by the caller's
   scope (a called function's ops keep the names they were traced with).
+  Only the ops the outputs need from the inputs are built: a pruned
+  function's graph still holds what its inputs were computed from (the
+  other half of a cut backward). An input's uses become uses of its arg,
+  its control uses control dependencies on the arg's op.
   """
   feeds = {t.name: a for t, a in zip(fn.inputs, args)}
   fetches = [t.name for t in fn.outputs]
-  # Only what the outputs need: a pruned trace keeps dead ops (a cut
-  # backward's other half), which a called function drops and an import
-  # would run.
-  needed = tf.compat.v1.graph_util.extract_sub_graph(
-      fn.graph.as_graph_def(),
-      sorted({n.split(':')[0] for n in fetches} |
-             {t.name.split(':')[0] for t in fn.inputs}))
+  graph_def = fn.graph.as_graph_def()
+  needed = tf.compat.v1.GraphDef()
+  needed.node.extend(_NeededNodes(graph_def, fetches, feeds))
+  needed.library.CopyFrom(graph_def.library)
+  input_map = {}
+  for node in needed.node:
+    for name in node.input:
+      if _FeedKey(name) in feeds:
+        input_map[name if name.startswith('^') else _FeedKey(name)] = (
+            feeds[_FeedKey(name)])
   built = iter(tf.graph_util.import_graph_def(
-      needed, input_map={n: a for n, a in feeds.items()
-                         if n.split(':')[0] in {x.name for x in needed.node}},
+      needed, input_map=input_map,
       return_elements=[n for n in fetches if n not in feeds], name='cell'))
   return [feeds[n] if n in feeds else next(built) for n in fetches]
 

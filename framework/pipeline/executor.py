@@ -136,11 +136,31 @@ def CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
 
 def BuildSchedule(owner, name, stage_devices, num_micro_batches,
                   recurrent=False, table=None):
-  """The checked schedule `name` (`table`: its text, for schedules.TABLE)
-  for stages on device strings `stage_devices` (one per stage; repeats
-  share a device): (schedule, the distinct device strings in index
-  order)."""
+  """The checked schedule for stages on device strings `stage_devices` (one
+  per stage; repeats share a device): (schedule, the distinct device
+  strings in index order).
+
+  Args:
+    owner: names the pipeline in errors.
+    name: a registered schedule name (`table`: its text, for
+      schedules.TABLE), or a `schedules.Schedule` already built (a
+      PipelinePlan's), which must place its stages as `stage_devices` do
+      and run `num_micro_batches`.
+    stage_devices, num_micro_batches, recurrent, table: see above.
+  """
   unique = list(dict.fromkeys(stage_devices))
+  if isinstance(name, schedules.Schedule):
+    placed = [unique.index(d) for d in stage_devices]
+    if (list(name.stage_devices) != placed or
+        name.num_micro_batches != num_micro_batches):
+      raise ValueError(
+          f'{owner}: the plan\'s schedule {name.name!r} places its '
+          f'{name.num_stages} stages on devices {list(name.stage_devices)} '
+          f'for {name.num_micro_batches} micro-batches; this call has '
+          f'{placed} and {num_micro_batches}.')
+    if recurrent:
+      schedules.Check(name, recurrent=True)
+    return name, unique
   try:
     schedule = schedules.Build(
         name, len(stage_devices), len(unique), num_micro_batches,

@@ -10,12 +10,12 @@ schedule):
                as they do: measured, bench/gpipe_memory.py --per_device);
   slots:       the optimizer's slot variables (Adam: 2 per parameter);
   activations: what the backward of its cell keeps: `act` bytes per
-               micro-batch (a layer's FPropMeta `act_bytes`: the tensors
+               micro-batch (a layer's cost record's `act`: the tensors
                TF's gradient reads, not every forward tensor), for as many
                micro-batches as the schedule and `remat` keep at once, plus
                the cell's outputs (`out` bytes a micro-batch) that wait for
                the backward; with the backward split (zero-bubble
-               schedules), `residuals` bytes (FPropMeta `residual_bytes`:
+               schedules), `residuals` bytes (the cost record's `residuals`:
                what W reads) per micro-batch between its B and its W;
   transient:   the temporaries of one micro-batch's backward (the gradients
                flowing through a layer), from the cells: the largest
@@ -48,9 +48,9 @@ min(K-i, M) for 1F1B; KeptMicroBatches, and per tick `Moments`):
 
 Outputs: every micro-batch in flight keeps cell i's output (GPipe: all M).
 
-`SavedBytes` measures what an `act_bytes` formula estimates: the bytes of
-the forward tensors a function's gradient graph reads (buffers shared by
-reshapes counted once); the tests hold the formulas to it.
+`SavedBytes` measures what an `act` formula (framework/cost.py) estimates:
+the bytes of the forward tensors a function's gradient graph reads (buffers
+shared by reshapes counted once); the tests hold the formulas to it.
 
 Example:
   memory = NestedMap(schedule='1f1b', remat='never', num_micro_batches=8,
@@ -117,13 +117,18 @@ class _Count(collections.namedtuple('_Count', [
 
 
 def _Table(memory):
-  """The schedule of a task's memory NestedMap: its stages on
-  `num_devices` devices (default: one each), and a table's text."""
+  """The schedule of a memory record: a PipelinePlan's Schedule, or one
+  built from a name for its stages on `num_devices` devices (default: one
+  each) and a table's text."""
+  if isinstance(memory.schedule, schedules.Schedule):
+    return memory.schedule
   num_cells = len(memory.cells)
   try:
     return schedules.Build(
-        memory.schedule, num_cells, memory.get('num_devices') or num_cells,
-        memory.num_micro_batches, table=memory.get('schedule_table') or None)
+        memory.schedule, num_cells,
+        getattr(memory, 'num_devices', None) or num_cells,
+        memory.num_micro_batches,
+        table=getattr(memory, 'schedule_table', None) or None)
   except KeyError as e:
     raise ValueError(f'memory_estimate: {e.args[0]}') from None
 
@@ -235,7 +240,7 @@ def Moments(memory, params, slots, grads=None):
     return [[Stage(params[i], slots[i], 0, c.act, c.transient)
              for i, c in enumerate(cells)]]
   selective = memory.remat == 'selective'
-  m, micro_input = memory.num_micro_batches, memory.get('input', 0)
+  m, micro_input = memory.num_micro_batches, getattr(memory, 'input', 0)
   moments = []
   for counts, outside in _Counts(memory):
     moment = []
@@ -337,7 +342,7 @@ def ResidualBytes(fn, input_specs, theta_specs=()):
   zero-bubble schedules run it): the inputs of the weight products and the
   gradients of their outputs that B computed, the forward tensors and the
   output gradients W needs; theta not. What a stage holds per micro-batch
-  between its B and its W, which the `residual_bytes` formulas of the
+  between its B and its W, which the `residuals` formulas of the
   layers estimate.
 
   Traces `fn` and its gradient (nothing runs), the output gradients fed,

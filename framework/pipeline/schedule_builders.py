@@ -13,9 +13,11 @@ The registry (schedules.py) names them and checks what they return.
   Interleaved1F1B  Megatron's virtual stages (Narayanan et al., 2021,
                    arXiv:2104.04473): v = S / D stages per device, stage s on
                    device s % D; micro-batches go round the devices in
-                   groups of D, each device alternating its stages; bubble
-                   (D-1)/(vM) of a step where each stage takes 1/v of the
-                   time.
+                   rounds (of D when D divides M, Megatron's groups; for any
+                   M >= 1 see `InterleavedRounds`), each device alternating
+                   its stages; bubble (D-1)/(vM+D-1) of a step where each
+                   stage takes 1/v of the time, for M >= D (M < D: see
+                   `InterleavedBubble`).
   ZeroBubbleH1     ZB-H1 (Qi et al., 2024, "Zero Bubble Pipeline
                    Parallelism", arXiv:2401.10241): the backward split into
                    B (input gradient) and W (weight gradient); 1F1B's order
@@ -147,38 +149,93 @@ def OneFOneB(stage_devices, num_devices, num_micro_batches):
                     num_micro_batches)
 
 
-def Interleaved1F1B(stage_devices, num_devices, num_micro_batches):
-  """Megatron's interleaved 1F1B; see the module docstring.
+def InterleavedRounds(num_devices, num_micro_batches):
+  """The sizes of the rounds in which interleaved 1F1B sends consecutive
+  micro-batches round the D devices: R = max(1, M // D) rounds, their sizes
+  differing by at most one, the larger first.
 
-  Device d's k-th forward is of its chunk (k // D) % v (stage chunk * D + d)
-  on micro-batch (k // (D v)) D + k % D; its k-th backward walks the chunks
-  in reverse. It runs (D - d - 1) 2 + (v - 1) D forwards to warm up, then
-  alternates a forward and a backward.
+  So D each when D divides M (Megatron's groups), one round of M when
+  M < 2D, else sizes between D and 2D - 1; PyTorch's
+  `ScheduleInterleaved1F1B` has the same R rounds of M / R
+  (`microbatches_per_round`) and refuses an M that R does not divide. A
+  round of at least D keeps device 0 busy until the round's first
+  micro-batch comes back for its next stage, D stage-times later (M < D:
+  one round of M, device 0 waits D - M of them between stages). The larger
+  first: the last device warms up until the first round reaches its last
+  stage, so a later, larger round would need a backward before its
+  forward.
+
+  Example: InterleavedRounds(2, 7) == [3, 2, 2]; InterleavedRounds(4, 2)
+  == [2].
+  """
+  rounds = max(1, num_micro_batches // num_devices)
+  size, extra = divmod(num_micro_batches, rounds)
+  return [size + (r < extra) for r in range(rounds)]
+
+
+def InterleavedWarmUp(device, num_devices, stages_per_device,
+                      num_micro_batches):
+  """The forwards device `device` runs before its first backward under
+  interleaved 1F1B: (v - 1) P + 2 (D - d - 1), P the first round's size
+  (`InterleavedRounds`), at most v M. It holds at most one more
+  stage-micro-batch (the forward before each backward)."""
+  first = InterleavedRounds(num_devices, num_micro_batches)[0]
+  return min((stages_per_device - 1) * first +
+             2 * (num_devices - device - 1),
+             stages_per_device * num_micro_batches)
+
+
+def InterleavedBubble(num_stages, num_devices, num_micro_batches):
+  """The bubble (idle share of the devices' time) of interleaved 1F1B when
+  each stage's F and B take 1/v of a step's: 1 - vM / (v max(M, D) +
+  min(M, D) - 1), i.e. Megatron's (D-1)/(vM+D-1) for M >= D; for M < D,
+  (v(D-M)+M-1)/(vD+M-1): each device waits D - M stage-times between its
+  stages for the micro-batches to come round."""
+  v, d, m = num_stages // num_devices, num_devices, num_micro_batches
+  return 1.0 - v * m / (v * max(m, d) + min(m, d) - 1)
+
+
+def Interleaved1F1B(stage_devices, num_devices, num_micro_batches):
+  """Megatron's interleaved 1F1B for any M; see the module docstring.
+
+  The micro-batches go in rounds (`InterleavedRounds`): device d's forwards
+  run a round on its chunk 0 (stage d), the same round on chunk 1 (stage
+  D + d), ..., chunk v - 1, then the next round; its backwards the same
+  rounds, chunks in reverse. It runs `InterleavedWarmUp` forwards, then
+  alternates a forward and a backward. With rounds of D (D divides M) these
+  are Megatron's lists.
+
+  Example (D=2, v=2, M=3: one round of 3):
+    device 0: F0:0 F0:1 F0:2 F2:0 F2:1 F2:2 B2:0 B2:1 B2:2 B0:0 B0:1 B0:2
+    device 1: F1:0 F1:1 F1:2 F3:0 B3:0 F3:1 B3:1 F3:2 B3:2 B1:0 ...
   """
   num_stages, d_count, m = len(stage_devices), num_devices, num_micro_batches
   if num_stages % d_count or list(stage_devices) != Looped(num_stages,
                                                            d_count):
     raise ValueError(f'interleaved stages: stage s on device s % D, '
                      f'num_stages={num_stages} a multiple of num_devices='
-                     f'{d_count}.')
+                     f'{d_count} (stages_per_device = num_stages / '
+                     'num_devices on each device).')
   v = num_stages // d_count
   if v == 1:
     return OneFOneB(stage_devices, num_devices, num_micro_batches)
-  if m % d_count:
-    raise ValueError(f'interleaved stages send micro-batches round the '
-                     f'devices in groups of D: num_micro_batches={m} must be '
-                     f'a multiple of num_devices={d_count}.')
+  # Every device's k-th forward: (chunk, micro-batch); its k-th backward is
+  # of the same micro-batch, the chunks of its round in reverse.
+  slots, start = [], 0
+  for size in InterleavedRounds(d_count, m):
+    slots += [(chunk, start + j) for chunk in range(v) for j in range(size)]
+    start += size
 
   def _Order(kind, d, k):
-    group, chunk = divmod(k // d_count, v)
+    chunk, micro_batch = slots[k]
     if kind == B:
       chunk = v - 1 - chunk
-    return Action(kind, chunk * d_count + d, group * d_count + k % d_count)
+    return Action(kind, chunk * d_count + d, micro_batch)
 
   lists = []
   total = m * v
   for d in range(d_count):
-    warm = min((d_count - d - 1) * 2 + (v - 1) * d_count, total)
+    warm = InterleavedWarmUp(d, d_count, v, m)
     order = [_Order(F, d, k) for k in range(warm)]
     for k in range(total - warm):
       order += [_Order(F, d, warm + k), _Order(B, d, k)]

@@ -467,7 +467,7 @@ Register('1f1b', loss_inside=True,
          bubble=_OnePerDevice(lambda d, m: (d - 1) / (m + d - 1)))(
              schedule_builders.OneFOneB)
 Register('interleaved_1f1b', loss_inside=True,
-         bubble=lambda s, d, m: (d - 1) / (s // d * m + d - 1))(
+         bubble=schedule_builders.InterleavedBubble)(
              schedule_builders.Interleaved1F1B)
 Register('zb_h1', loss_inside=True,
          bubble=_OnePerDevice(lambda d, m: (d - 1) / (3 * m + d - 1)))(

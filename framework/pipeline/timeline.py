@@ -136,9 +136,9 @@ class Timeline:
   Args:
     op_events: OpEvents (ProfileOps) of one step.
     devices: the model split's devices.
-    schedule: the registered name of the schedule that ran: where each
-      stage ran and the ideal bubble come from its action lists
-      (`schedules.Build`); None: stage s ran on devices[s % D], ideal
+    schedule: the `schedules.Schedule` that ran, or its registered name
+      (built for the profile's stages, devices and micro-batches): where
+      each stage ran and the ideal bubble come from its action lists; None: stage s ran on devices[s % D], ideal
       (K-1)/(M+K-1).
     join: seconds; an action's ops closer than this form one block (default:
       a 250th of the pipeline's span: 4 pixels of a 1000-pixel chart).
@@ -171,8 +171,10 @@ class Timeline:
     self.devices = list(devices)
     self.num_cells = 1 + max(a.stage for a in ops)
     self.num_steps = 1 + max(a.micro_batch for a in ops)
-    self.schedule = None if schedule is None else schedules.Build(
-        schedule, self.num_cells, len(self.devices), self.num_steps)
+    self.schedule = schedule
+    if isinstance(schedule, str):
+      self.schedule = schedules.Build(schedule, self.num_cells,
+                                      len(self.devices), self.num_steps)
     self.start = min(a for ivs in ops.values() for a, _ in ivs)
     self.end = max(b for ivs in ops.values() for _, b in ivs)
     self.join = self.span / 250 if join is None else join

@@ -280,13 +280,19 @@ def WriteFinalMark(directory, step, reason):
 
 
 def ReadFinalMark(directory):
-  """{'step': int or None, 'reason': str} if the run ended, else None."""
+  """{'step': int or None, 'reason': str} if the run ended, else None (also
+  for a file that holds anything else: any bytes can be there)."""
   path = os.path.join(directory, FINAL_MARK)
   try:
-    with tf.io.gfile.GFile(path) as f:
-      return json.loads(f.read())
-  except (tf.errors.NotFoundError, ValueError):  # None, or not JSON.
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      mark = json.loads(f.read().decode('utf-8'))
+  except (tf.errors.OpError, ValueError):  # None, or not JSON text.
     return None
+  if not (isinstance(mark, dict) and isinstance(mark.get('reason'), str) and
+          (mark.get('step') is None or (isinstance(mark['step'], int) and
+                                        not isinstance(mark['step'], bool)))):
+    return None
+  return mark
 
 
 def RemoveFinalMark(directory):

@@ -128,34 +128,48 @@ class Checkpointer:
   """Saves and restores a set of trackables in `directory`.
 
   Args:
-    directory: the folder of the checkpoints (created if missing).
+    directory: the folder of the checkpoints (created, if missing, at the
+      first restore or save: constructing touches nothing).
     objects: dict name -> trackable (tf.Module, tf.Variable, ...).
     max_to_keep: checkpoints kept; older ones are deleted.
     writer: this process writes the directory (the trainer; the chief of
-      several hosts). Only the writer deletes `*_temp*` leftovers (now),
-      rewrites an unreadable state file (now) and moves unreadable
+      several hosts). Only the writer deletes `*_temp*` leftovers and
+      rewrites an unreadable state file (both at the first restore or
+      save), and moves unreadable
       checkpoints aside: for a reader (an evaler) a leftover can be a save
       in progress. A reader saves nothing.
   """
 
   def __init__(self, directory, objects, max_to_keep=5, writer=True):
-    tf.io.gfile.makedirs(directory)
-    if writer:
-      for path in RemoveTempFiles(directory):
-        logging.warning('Removed %s, left by an interrupted checkpoint '
-                        'save.', path)
-      repaired = checkpoint_files.RepairState(directory)
-      if repaired:
-        logging.warning('%s', repaired)
     self._directory = directory
     self._writer = writer
     self._max_to_keep = max_to_keep
     self._checkpoint = tf.train.Checkpoint(**objects)
-    # The writer's manager saves; a reader lists the directory afresh.
-    self._manager = self._NewManager() if writer else None
+    # The writer's manager saves; a reader lists the directory afresh. Made
+    # (with the folder and its repairs) at the first use, not here: a run
+    # refused after its programs are built leaves the logdir as it was.
+    self._manager = None
+    self._ready = False
     self._float_vars = [
         v for v in self._checkpoint_variables(objects)
         if v.dtype.is_floating]
+
+  def _Ready(self):
+    """Creates the folder and, for the writer, cleans what an interrupted
+    save left (`*_temp*`, an unreadable state file) and makes its manager;
+    once, before the first restore or save."""
+    if self._ready:
+      return
+    tf.io.gfile.makedirs(self._directory)
+    if self._writer:
+      for path in RemoveTempFiles(self._directory):
+        logging.warning('Removed %s, left by an interrupted checkpoint '
+                        'save.', path)
+      repaired = checkpoint_files.RepairState(self._directory)
+      if repaired:
+        logging.warning('%s', repaired)
+      self._manager = self._NewManager()
+    self._ready = True
 
   def _NewManager(self):
     """A CheckpointManager reading the state file as it is on disk now."""
@@ -181,6 +195,7 @@ class Checkpointer:
 
   @property
   def latest_checkpoint(self):
+    self._Ready()
     if self._manager is not None:
       return self._manager.latest_checkpoint
     paths = ListCheckpoints(self._directory, when_missing=True)
@@ -203,6 +218,7 @@ class Checkpointer:
       UnreadableError: `checkpoint_path` cannot be read, or none of the
         directory's checkpoints can.
     """
+    self._Ready()
     if checkpoint_path:
       problem = self._TryRestore(checkpoint_path, expect_partial)
       if problem:
@@ -255,6 +271,7 @@ class Checkpointer:
     """Marks the run ended for good (the writer only): its final checkpoint
     is the latest one. `reason`: one phrase, e.g. 'max_steps 200 reached'."""
     if self._writer:
+      self._Ready()
       latest = self._manager.latest_checkpoint
       checkpoint_files.WriteFinalMark(
           self._directory, StepOf(latest) if latest else None, reason)
@@ -280,6 +297,7 @@ class Checkpointer:
       SaveError: the files could not be written; the previous checkpoint
         stays the latest (the state file on disk is the judge).
     """
+    self._Ready()
     if not self.AllFinite():
       logging.error('Not saving a checkpoint at step %d: some variables are '
                     'NaN or Inf. The latest good checkpoint stays %s.', step,

@@ -223,6 +223,7 @@ class DecodeProgram(_InferenceProgram):
         left -= len(next(x for x in tf.nest.flatten(out) if x.ndim))
       lines.extend(self._task.PostProcessDecodeOut(out, metrics))
     path = os.path.join(self._dir, f'decoder_out-{int(step):08d}.txt')
+    tf.io.gfile.makedirs(self._dir)
     with tf.io.gfile.GFile(path, 'w') as f:
       f.write(''.join(f'{line}\n' for line in lines))
     results = {k: m.value for k, m in metrics.items()}
@@ -293,9 +294,29 @@ def _Done(train_dir, last, max_steps):
   return None
 
 
+def ReadLastStep(state_path):
+  """The last step an evaler or decoder handled, from its `state_path`
+  (last_step.txt), or -1: none yet, or a file that holds no step (any
+  bytes can be there; one warning, and the checkpoints are handled
+  again)."""
+  if not tf.io.gfile.exists(state_path):
+    return -1
+  try:
+    with tf.io.gfile.GFile(state_path, 'rb') as f:
+      return int(f.read().decode('ascii').strip() or -1)
+  except (ValueError, UnicodeDecodeError, tf.errors.OpError, OSError) as e:
+    logging.warning('%s holds no step (%s); handling every checkpoint from '
+                    'the first.', state_path, type(e).__name__)
+    return -1
+
+
+# While no new checkpoint comes, a line at least this often.
+WAIT_LOG_SECS = 30.0
+
+
 def RunOnCheckpoints(train_dir, fn, max_steps, state_path,
                      poll_interval_secs=2.0, timeout_secs=None,
-                     should_stop=None):
+                     should_stop=None, clock=time.monotonic):
   """Calls `fn(path)` for each new checkpoint in `train_dir`, in order.
 
   Checkpoints are handled once each across restarts: the last handled step
@@ -305,21 +326,20 @@ def RunOnCheckpoints(train_dir, fn, max_steps, state_path,
   checkpoint of a run the trainer marked ended, after `timeout_secs`
   without a new checkpoint, or when `should_stop()` (e.g. a signal) says so.
 
+  While it waits, a line every WAIT_LOG_SECS says since when and for what.
+
   Returns:
     The list of steps handled in this call.
   """
-  last = -1
-  if tf.io.gfile.exists(state_path):
-    with tf.io.gfile.GFile(state_path) as f:
-      last = int(f.read().strip() or -1)
+  last = ReadLastStep(state_path)
   handled = []
-  waited_since = time.monotonic()
+  waited_since = logged = clock()
   while True:
     done = _Done(train_dir, last, max_steps)
     if done is None and should_stop and should_stop():
       done = f'stopped by {should_stop()}; the last handled is step {last}'
     if done is None and timeout_secs is not None and (
-        time.monotonic() - waited_since > timeout_secs):
+        clock() - waited_since > timeout_secs):
       done = (f'no new checkpoint for {timeout_secs:g} s (the timeout); the '
               f'last handled is step {last}')
     if done:
@@ -336,8 +356,16 @@ def RunOnCheckpoints(train_dir, fn, max_steps, state_path,
         logging.warning('Skipping %s, deleted or unreadable: %s', path, e)
       last = checkpointer_lib.StepOf(path)
       handled.append(last)
+      tf.io.gfile.makedirs(os.path.dirname(state_path))
       with tf.io.gfile.GFile(state_path, 'w') as f:
         f.write(str(last))
-      waited_since = time.monotonic()
+      waited_since = logged = clock()
     if not new:
+      if clock() - logged >= WAIT_LOG_SECS:
+        logged = clock()
+        logging.info(
+            'Waiting for a checkpoint after step %d in %s (%.0f s so far; '
+            'until step %d%s).', last, train_dir, logged - waited_since,
+            max_steps, '' if timeout_secs is None else
+            f' or {timeout_secs:g} s without one, --eval_timeout_s')
       time.sleep(poll_interval_secs)

@@ -70,6 +70,37 @@ def Describe(holder):
           f"{holder.get('start')}")
 
 
+def _Held(logdir, path, holder):
+  return HeldError(
+      f'--logdir {logdir} is in use by another trainer ({Describe(holder)}; '
+      f'lock file {path}): one logdir has one writer. Wait for it to end (or '
+      'stop it), or use another --logdir.')
+
+
+def CheckFree(logdir):
+  """Raises HeldError if a live process holds the writer lock of `logdir`.
+
+  Reads only: no file or folder is created (the trainer asks before
+  TensorFlow loads, so a busy logdir is refused in well under a second;
+  `WriterLock` takes the lock later, before the first write).
+  """
+  path = os.path.join(logdir, LOCK_FILE)
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:   # No lock file (or none readable): nobody holds it.
+    return
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES):
+        raise
+      raise _Held(logdir, path, _ReadHolder(fd)) from None
+    fcntl.flock(fd, fcntl.LOCK_UN)
+  finally:
+    os.close(fd)
+
+
 class WriterLock:
   """The writer lock of `logdir`, held from construction until `Release`.
 
@@ -96,11 +127,7 @@ class WriterLock:
           raise
         holder = _ReadHolder(fd)
         os.close(fd)
-        raise HeldError(
-            f'--logdir {logdir} is in use by another trainer ('
-            f'{Describe(holder)}; lock file {self.path}): one logdir has one '
-            'writer. Wait for it to end (or stop it), or use another '
-            '--logdir.') from None
+        raise _Held(logdir, self.path, holder) from None
       # A holder releasing deletes the file: if it did so between our open
       # and our lock, we hold a deleted file; open the new one instead.
       try:

@@ -35,7 +35,10 @@ writes checkpoints and summaries; every host reads the same checkpoints.
 The Python loop (`Run`) restores the latest readable checkpoint, runs the
 compiled loop from boundary to boundary, and at each boundary writes the
 train summaries, logs a progress line and saves a checkpoint (then calls
-the `on_checkpoint` callbacks, e.g. the in-process eval). When the run ends
+the `on_checkpoint` callbacks, e.g. the in-process eval). Slow steps also
+get a progress line every `train.log_interval_secs` seconds: a chunk of
+steps is cut short to end in time for it, at the last chunk's rate
+(framework/train/progress_timer.py); fast ones are not cut. When the run ends
 for good (max_steps reached or already passed, or `TrainingStopped`) it
 marks the train folder final, so evalers and decoders know the last
 checkpoint (framework/train/checkpoint_files.py). What those summaries
@@ -55,6 +58,7 @@ from cadence.framework.nested_map import NestedMap
 from cadence.framework import step_seed
 from cadence.framework.train import checkpointer as checkpointer_lib
 from cadence.framework.train import preemption
+from cadence.framework.train import progress_timer
 from cadence.framework.train import replicas
 from cadence.framework.train import summary_utils
 from cadence.framework.train import train_report
@@ -114,6 +118,8 @@ class TrainProgram:
     xla: compile each replica's forward and backward pass with XLA
       (`tf.function(jit_compile=True)`); one replica's devices must then be
       one device (or one TPU replica's logical cores).
+    clock: () -> seconds, the loop's clock for its rates and the progress
+      lines by time (default `time.perf_counter`; tests pass a fake one).
 
   Example:
     tasks = replicas.BuildReplicas(model_params, cluster)
@@ -122,8 +128,10 @@ class TrainProgram:
 
   def __init__(self, tasks, logdir, strategy=None, peak_flops=None,
                on_checkpoint=(), start_time=None, cluster=None, num_workers=1,
-               worker_index=0, steps_per_loop=0, watcher=None, xla=False):
+               worker_index=0, steps_per_loop=0, watcher=None, xla=False,
+               clock=None):
     self._watcher = watcher or preemption.Watcher(signals=())
+    self._clock = clock or time.perf_counter
     self._tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks]
     task = self._task = self._tasks[0]
     self._p = task.params.train
@@ -132,6 +140,11 @@ class TrainProgram:
     self._num_workers = num_workers
     self._is_chief = worker_index == 0
     self._steps_per_loop = steps_per_loop
+    # Several hosts call the loop with the same step counts (its
+    # collectives, the agreed stop flag read at each call): their own
+    # clocks would cut it differently, so they log by steps only.
+    self._timer = progress_timer.ProgressTimer(
+        self._p.log_interval_secs if num_workers == 1 else 0)
     local = self._TaskCopies(num_workers)
     if len(self._tasks) != local:
       raise ValueError(
@@ -213,7 +226,8 @@ class TrainProgram:
                                               trainable=False))
     self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
     self._train_loop = tf.function(self._TrainLoop, autograph=False)
-    self._static_shapes = xla  # Checked before the first step.
+    self._static_shapes = xla  # CheckShapes, before the first step.
+    self._shapes_checked = False
     if xla:
       xla_step.CheckOneDevice(self._cluster, f"{task.path}'s train")
     # Per task copy: its forward and backward, compiled as one XLA program.
@@ -224,6 +238,20 @@ class TrainProgram:
         for local in range(len(self._tasks))]
     self._stat_keys = []  # Names of the loop's stats, set when it traces.
     self._iterator = None  # Run's input iterator, kept (see Run).
+
+  def CheckShapes(self):
+    """With --xla or on a TPU (a compiled step), checks once that the
+    input's batches and every tensor of the forward pass have static
+    shapes; the trainer asks before it writes anything, Run before the
+    first step.
+
+    Raises:
+      xla_step.StaticShapeError: naming the first tensor that has none.
+    """
+    if self._static_shapes and not self._shapes_checked:
+      xla_step.CheckStepShapes(self._task,
+                               self._ReplicaBatches(0).element_spec)
+      self._shapes_checked = True
 
   def _TaskCopies(self, num_workers):
     """The task copies this host needs: one per local replica."""
@@ -600,14 +628,14 @@ class TrainProgram:
     """Runs the first loop call (one step, compiling the loop); logs it."""
     logging.info('Compiling the train step (tracing the model, then '
                  'optimising its graph); the first step runs with it...')
-    start = time.perf_counter()
+    start = self._clock()
     out = self._RunLoop(iterator, 1)
     since = (None if self._start_time is None else
              time.time() - self._start_time)
     if out.get('steps'):  # None ran if a stop came first.
       logging.info('%s', train_report.FirstStepLine(
           self.global_step, train_report.LoopLoss(out),
-          time.perf_counter() - start, since))
+          self._clock() - start, since))
     return out
 
   def _Preempted(self, step):
@@ -657,8 +685,7 @@ class TrainProgram:
     self._checkpointer.ClearFinal()
     start = int(self._input_position.numpy())
     dataset = self._ReplicaBatches(start)
-    if self._static_shapes:
-      xla_step.CheckStepShapes(self._task, dataset.element_spec)
+    self.CheckShapes()
     flops = train_report.TrainFlopsPerExample(
         self._task, dataset, self._input.GlobalBatchSize())
     # The program owns its input iterator: freeing it stops tf.data's
@@ -668,22 +695,26 @@ class TrainProgram:
     summary_window, log_window = train_report.Window(), train_report.Window()
     first = True
     while step < p.max_steps:
+      begin = self._clock()
       if first:
         out = self._FirstStep(iterator)
-      else:
-        out = self._RunLoop(iterator, self._NextBoundary(step) - step)
+      else:  # To the next boundary, or fewer to log in time.
+        out = self._RunLoop(iterator, self._timer.Steps(
+            begin, self._NextBoundary(step) - step))
+      now = self._clock()
+      self._timer.Ran(int(out.get('steps', 0)), now - begin)
       step = self.global_step
       stopping = out['stop'] and step < p.max_steps
       if stopping and not out.get('steps'):  # Stopped before its first step.
         raise self._Preempted(step)
-      now = time.perf_counter()
       if first:
         if (flops and self._peak_flops is None and step < p.max_steps and
             not stopping):
           self._MeasurePeakFlops()  # Once, outside the timed windows.
-        now = time.perf_counter()
+        now = self._clock()
         summary_window.Reset(now)
         log_window.Reset(now)
+        self._timer.Logged(now)   # The first step's line.
         first = False
       else:
         summary_window.Add(out)
@@ -698,17 +729,18 @@ class TrainProgram:
         if summary_window.steps:
           self._writer.WriteScalars(step, self._Summaries(
               summary_window, now, flops, out['learning_rate']))
-        summary_window.Reset(time.perf_counter())
+        summary_window.Reset(self._clock())
       if (step % p.log_interval_steps == 0 or step >= p.max_steps or
-          stopping) and log_window.steps:
+          stopping or self._timer.Due(now)) and log_window.steps:
         logging.info('%s', train_report.ProgressLine(step, p.max_steps,
                                                      log_window, now))
-        log_window.Reset(time.perf_counter())
+        log_window.Reset(self._clock())
+        self._timer.Logged(now)
       if step % p.save_interval_steps == 0 or step >= p.max_steps:
         self._writer.Flush()
         self._Save(step)
-        summary_window.start += time.perf_counter() - now
-        log_window.start += time.perf_counter() - now
+        summary_window.start += self._clock() - now
+        log_window.start += self._clock() - now
       if stopping:
         self._writer.Flush()
         raise self._Preempted(step)

@@ -52,9 +52,11 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
 
+from cadence.framework import base_model
 from cadence.framework import validation
 
-ALLREDUCE_MODES = ('auto', 'ring', 'nccl', 'hierarchical_copy', 'one_device')
+# Declared beside the knob `train.allreduce`, which every task checks.
+ALLREDUCE_MODES = base_model.ALLREDUCE_MODES
 # Group keys of a reducer without a strategy's allocator start here.
 _STAGE_GROUP_KEY_START = 10000
 

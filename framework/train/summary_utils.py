@@ -33,13 +33,13 @@ class SummaryWriter:
   """Writes scalar and text summaries for one job into `logdir`.
 
   Args:
-    logdir: the folder the event files go to; created if missing.
+    logdir: the folder the event files go to; created if missing, with the
+      event file, at the first write (constructing touches nothing).
   """
 
   def __init__(self, logdir):
-    tf.io.gfile.makedirs(logdir)
     self._logdir = logdir
-    self._writer = tf.summary.create_file_writer(logdir)
+    self._file_writer = None
     self._scalar_metadata = _Metadata('scalars')
     self._text_metadata = _Metadata('text')
     self._image_metadata = _Metadata('images')
@@ -47,6 +47,14 @@ class SummaryWriter:
   @property
   def logdir(self):
     return self._logdir
+
+  @property
+  def _writer(self):
+    """The tf.summary writer, made at the first write."""
+    if self._file_writer is None:
+      tf.io.gfile.makedirs(self._logdir)
+      self._file_writer = tf.summary.create_file_writer(self._logdir)
+    return self._file_writer
 
   def WriteScalars(self, step, scalars):
     """Writes `{tag: number}` at `step`; None values are left out.
@@ -79,10 +87,12 @@ class SummaryWriter:
       tf.summary.write(tag, data, metadata=self._image_metadata)
 
   def Flush(self):
-    self._writer.flush()
+    if self._file_writer is not None:
+      self._file_writer.flush()
 
   def Close(self):
-    self._writer.close()
+    if self._file_writer is not None:
+      self._file_writer.close()
 
 
 class NullWriter:

@@ -1,18 +1,20 @@
 """GPipe Transformer language models on one-billion-words-style data.
 
-The main job (a few minutes on 2 CPU cores; 2 pipeline stages on 2 logical
-CPUs, 4 micro-batches):
+The main job (2 pipeline stages on 2 logical CPUs, 4 micro-batches; the
+experiment declares its devices, WORKER_SPLIT_SIZE = 2, so no device flag
+is needed):
 
   python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \
-      --logdir=/tmp/cadence_lm --worker_split_size=2
+      --logdir=/tmp/cadence_lm
 
-What to expect (~3 minutes of training): the embedded corpus (sentences of
-a stochastic grammar, tasks/lm/synthetic_corpus.py) is written to DATA_DIR
-and a 512-piece SentencePiece model is trained on it (~2 s, once, cached in
-~/.cache/cadence/spm). A progress line every 50 steps: the loss (nats per
-token) falls from 6.5 (about uniform over 512 pieces) to ~2.9 by step 500.
-A checkpoint every 100 steps is followed by an eval on the whole Dev set
-(2000 sentences, ~2.5 s): log_pplx per token, nats_per_sentence, and
+What to expect (the README gives the time measured on a 2-core machine):
+the embedded corpus (sentences of a stochastic grammar,
+tasks/lm/synthetic_corpus.py) is written to DATA_DIR and a 512-piece
+SentencePiece model is trained on it (once, cached in ~/.cache/cadence/spm).
+A progress line every 50 steps (and at least every 30 s): the loss (nats
+per token) falls from 6.5 (about uniform over 512 pieces) to ~2.9 by step
+500. A checkpoint every 100 steps is followed by an eval on the whole Dev
+set (2000 sentences): log_pplx per token, nats_per_sentence, and
 excess_nats_per_sentence, its distance to the grammar's exact entropy (31.6
 nats a sentence; 0 is the best possible model in expectation; this Dev
 set's own mean -log p is 31.9, so about 0.3 of the excess is its sampling
@@ -22,16 +24,13 @@ tasks/lm/input_generator.py), so it estimates the same quantity as Dev's,
 from ~8,000 sentences a 50-step window: about +-0.34 nats of noise even for
 the exact model (bench/lm_train_metric_noise.py), which is why the gap to
 the entropy is reported for Dev only. tokens_per_batch is the mean number
-of label tokens in a batch. Then
-
-  python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \
-      --logdir=/tmp/cadence_lm --worker_split_size=2 --job=decoder_dev
-
-logs and writes greedy and sampled continuations of Dev prompts (the first
-2 words of a sentence) for each checkpoint to
-/tmp/cadence_lm/decoder_dev/decoder_out-<step>.txt, with the share of
-sampled sentences the grammar can produce (~0.9 at step 500).
-TensorBoard: `tensorboard --logdir=/tmp/cadence_lm`.
+of label tokens in a batch. The run ends by decoding Dev with the final
+weights (the default job, trainer_and_evaler): greedy and sampled
+continuations of Dev prompts (the first 2 words of a sentence), logged and
+written to /tmp/cadence_lm/decoder_dev/decoder_out-<step>.txt, with the
+share of sampled sentences the grammar can produce (~0.9 at step 500).
+`--job=decoder_dev` runs the same decode on its own, for every checkpoint
+of a logdir. TensorBoard: `tensorboard --logdir=/tmp/cadence_lm`.
 
 `OneBWdsGPipeTransformer` is the published-scale configuration (d 2048, 32
 layers, 16 heads, feed-forward 8192, 32k SentencePiece vocabulary, sequences

@@ -15,9 +15,11 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import base_model
+from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import plan as plan_lib
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import gpipe_resnet
@@ -60,16 +62,45 @@ class ImageClassifier(base_model.BaseTask):
       self.net.UpdateMovingStats(stats)
     return NestedMap(logits=logits)
 
-  def ComputeLoss(self, theta, predictions, input_batch):
-    logits = tf.cast(predictions.logits, tf.float32)
-    labels = tf.cast(input_batch.label, tf.int32)
+  @staticmethod
+  def _LossSums(unused_theta, logits, side):
+    """The cross-entropy and accuracy sums of logits [b, classes] for
+    labels `side.label` [b] (a batch or a micro-batch): NestedMap(loss,
+    correct, examples) scalars and [b] xent, correct."""
+    logits = tf.cast(logits, tf.float32)
+    labels = tf.cast(side.label, tf.int32)
     xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                labels), tf.float32)
-    n = tf.cast(tf.size(labels), tf.float32)
-    metrics = NestedMap(loss=(tf.reduce_mean(xent), n),
-                        accuracy=(tf.reduce_mean(correct), n))
-    return metrics, NestedMap(xent=xent, correct=correct)
+    return NestedMap(loss=tf.reduce_sum(xent),
+                     correct_sum=tf.reduce_sum(correct),
+                     examples=tf.cast(tf.size(labels), tf.float32),
+                     xent=xent, correct=correct)
+
+  @staticmethod
+  def _Metrics(sums):
+    n = sums.examples
+    return (NestedMap(loss=(sums.loss / n, n),
+                      accuracy=(sums.correct_sum / n, n)),
+            NestedMap(xent=sums.xent, correct=sums.correct))
+
+  def ComputeLoss(self, theta, predictions, input_batch):
+    return self._Metrics(self._LossSums(theta, predictions.logits,
+                                        input_batch))
+
+  def FPropTower(self, theta, input_batch):
+    """BaseTask's; in training the loss runs per micro-batch where the
+    pipeline's schedule needs it (inside it for 1F1B and the zero-bubble
+    schedules: ResNet.FPropLossStats), then the BN moving stats update."""
+    if self.params.is_inference:
+      return super().FPropTower(theta, input_batch)
+    loss = gpipe_resnet.gpipe.PipelineCell(fprop=self._LossSums,
+                                           theta=NestedMap(), meta=None)
+    sums, stats = self.net.FPropLossStats(
+        theta.net, input_batch.image, loss=loss,
+        side_inputs=NestedMap(label=input_batch.label))
+    self.net.UpdateMovingStats(stats)
+    return self._Metrics(sums)
 
   def Decode(self, theta, input_batch):
     logits = self.ComputePredictions(theta, input_batch).logits
@@ -124,45 +155,45 @@ class ImageClassifier(base_model.BaseTask):
     """Forward FLOPs of FPropTower on `input_shapes.image` [b, h, w, c].
 
     Returns:
-      NestedMap(flops, out_shapes=(), breakdown=[(unit, flops)],
-      partitions=[flops per cell] (the loss counted in the last),
-      memory=the activations per cell for memory_estimate; None if the
-      batch is unknown).
+      A cost.Cost: flops, out_shapes=(), breakdown=[(unit, flops)] and the
+      network's `plan` (framework/pipeline/plan.py; None if the batch is
+      unknown) with the loss per micro-batch.
     """
     net = base_layer.InheritParams(params, params.resnet_tpl)
     image = shapes.AsShape(input_shapes.image)
     meta = net.cls.FPropMeta(net, image)
-    b = image[0]
-    loss = shapes.Mul(b, 5 * net.num_classes)   # softmax, xent, argmax
-    units = net.cls.UnitParams(net)
-    metas = net.cls.UnitMetas(net, image)
-    breakdown = [(name, m.flops) for (name, _), m in zip(units, metas)]
-    breakdown.append(('loss', loss))
-    out = NestedMap(flops=shapes.Add(meta.flops, loss), out_shapes=(),
-                    breakdown=breakdown)
-    parts = net.cls.CellFlops(net, image)
-    parts[-1] = shapes.Add(parts[-1], loss)
-    out.partitions = parts
-    out.memory = cls._MemoryMeta(net, image)
-    return out
+    loss = cls._LossCost(net, image[0])
+    units, _, _ = net.cls.UnitCosts(net, (image,))
+    breakdown = [(u.name, u.cost.flops) for u in units]
+    breakdown.append(('loss', loss.flops))
+    plan = meta.plan
+    if plan is not None:
+      plan = plan.With(loss_fn=lambda size: cls._LossUnit(net, size))
+    return cost.Cost(flops=shapes.Add(meta.flops, loss.flops), out_shapes=(),
+                     breakdown=breakdown, plan=plan)
 
   @classmethod
-  def _MemoryMeta(cls, net, image):
-    """memory_estimate's NestedMap: per cell its activation bytes for one
-    micro-batch (the whole batch unpipelined); None if the batch is
-    unknown."""
-    if image[0] is None:
-      return None
-    pipe = net.pipeline_tpl
-    if pipe is None:
-      return NestedMap(schedule=None, remat=None, num_micro_batches=1,
-                       backward_window=None,
-                       cells=net.cls.CellMemory(net, image))
-    m, size = pipe.cls.MicroBatching(pipe, image[0])
-    micro = image.WithDim(0, size)
-    return pipe.cls.MemoryMeta(
-        pipe, m, net.cls.CellMemory(net, micro),
-        input_bytes=micro.num_elements() * pipe.cls.StateDtype(pipe).size)
+  def _LossUnit(cls, net, batch):
+    """The loss on `batch` examples, a plan.Unit (no layer: the
+    cross-entropy of the logits)."""
+    def _Build():
+      def _FProp(unused_thetas, logits, labels):
+        return cls._LossSums(None, logits, NestedMap(label=labels)).loss
+      return ([], _FProp, [
+          tf.TensorSpec([batch, net.num_classes], tf.float32),
+          tf.TensorSpec([batch], tf.int32)], net.num_classes)
+    return plan_lib.Unit('loss', cls._LossCost(net, batch), _Build, list)
+
+  @staticmethod
+  def _LossCost(net, batch):
+    """The loss's cost on `batch` examples: the softmax cross-entropy and
+    the argmax, 5 FLOPs a logit; it keeps the logits and their gradient
+    (float32)."""
+    logits = shapes.Mul(batch, net.num_classes)
+    return cost.Complete(cost.Cost(
+        flops=shapes.Mul(5, logits), out_shapes=(),
+        act=shapes.Mul(4, logits), transient=shapes.Mul(4, logits)),
+                         (), tf.float32)
 
 
 _PREDICT_DOC = """predict(images) -> probabilities, classes

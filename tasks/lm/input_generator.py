@@ -69,6 +69,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.framework import hyperparams
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -188,6 +189,16 @@ class LmInput(base_input_generator.BaseInputGenerator):
                              'rows have max_seq_len tokens.')
     validation.CheckInt(owner, 'max_seq_len', p.max_seq_len)
     validation.CheckBool(owner, 'packed', p.packed)
+    tok = p.tokenizer
+    if not (isinstance(tok, hyperparams.InstantiableParams) and
+            isinstance(tok.cls, type) and
+            issubclass(tok.cls, tokenizers.BaseTokenizer)):
+      is_params = isinstance(tok, hyperparams.InstantiableParams)
+      raise validation.Error(owner, 'tokenizer.cls' if is_params else
+                             'tokenizer', tok.cls if is_params else tok,
+                             'must be a tokenizers.BaseTokenizer: '
+                             'SentencePieceTokenizer or ByteTokenizer.')
+    tok.cls.CheckParams(tok, validation.Owner(tok))
     if p.token_cache_dir is not None and not isinstance(p.token_cache_dir,
                                                         str):
       raise validation.Error(owner, 'token_cache_dir', p.token_cache_dir,
@@ -216,10 +227,10 @@ class LmInput(base_input_generator.BaseInputGenerator):
       len_arrays.append(lens)
     lengths = np.concatenate(len_arrays)
     if not lengths.size:
-      raise base_input_generator.InputError(
-          f'{type(self).__name__} {p.name!r}: file_pattern '
-          f'{p.file_pattern!r} has no sentences: its {len(self._files)} '
-          f'file(s) hold {empty} lines, all blank.')
+      raise self._Error(
+          'file_pattern', p.file_pattern,
+          f'has no sentences: its {len(self._files)} file(s) hold {empty} '
+          'lines, all blank; point it at text with one sentence a line.')
     # Only an input that loads writes its files' tokens to the cache.
     for path, tokens in to_cache:
       token_cache.Store(cache_dir, path, key, *tokens)

@@ -75,24 +75,27 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import base_layer
 from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import schedules
+from cadence.framework.pipeline import plan as plan_lib
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.framework import validation
 from cadence.layers import embedding
 from cadence.layers import gpipe_transformer
+from cadence.layers import gpipe_units
 from cadence.layers import softmax as softmax_lib
 from cadence.layers import transformer
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers
 
-WeightInit = base_model.base_layer.WeightInit
+WeightInit = base_layer.WeightInit
 
 
 def _DecoderParams():
@@ -496,7 +499,7 @@ class LanguageModel(base_model.BaseTask):
     b, t = tf.shape(ids)[0], tf.shape(ids)[1]
     prompt_len = self.PromptLengths(ids, input_batch.paddings)  # [b]
     if d.seed is not None:
-      theta = base_model.base_layer.WithStepSeed(theta,
+      theta = base_layer.WithStepSeed(theta,
                                                  self.SampleSeed(d.seed))
     temperature = tf.concat([tf.zeros([b]), tf.fill([b], float(
         d.temperature))], 0)
@@ -582,7 +585,7 @@ class LanguageModel(base_model.BaseTask):
       return dict(self.Score(theta, ids, paddings))
 
     def _Sample(theta, prompt_ids, prompt_lengths, temperature, seed):
-      theta = base_model.base_layer.WithStepSeed(theta,
+      theta = base_layer.WithStepSeed(theta,
                                                  self.SampleSeed(seed))
       return dict(self.Sample(theta, prompt_ids, prompt_lengths, temperature,
                               sample_len))
@@ -681,13 +684,15 @@ class LanguageModel(base_model.BaseTask):
 
   @classmethod
   def FPropMeta(cls, params, input_shapes):
-    """Forward FLOPs of FPropTower on a batch of `input_shapes.ids` [b, t].
+    """The cost of FPropTower on a batch of `input_shapes.ids` [b, t].
 
     Returns:
-      NestedMap(flops, out_shapes=(), breakdown=[(part, flops)],
-      partitions=[flops per pipeline cell, the embedding counted in the
-      first and the softmax in the last], memory=the activation memory per
-      cell, see `_MemoryMeta`); built from params alone.
+      A cost.Cost: flops, out_shapes=(), breakdown=[(part, flops)] and the
+      `plan` (framework/pipeline/plan.py): the stack's units (its layers),
+      cut and scheduled as its pipeline runs them (one stage on the whole
+      batch for an unpipelined stack), the embedding before it and the
+      softmax and cross-entropy as the per-micro-batch loss; None if the
+      batch is unknown. Built from params alone.
     """
     p = params
     cls.CheckParams(p, validation.Owner(p))
@@ -697,82 +702,71 @@ class LanguageModel(base_model.BaseTask):
                        'must be [batch, time].')
     c = cls._SubParams(p)
     for name in c:
-      c[name] = base_model.base_layer.InheritParams(p, c[name])
+      c[name] = base_layer.InheritParams(p, c[name])
     b, t = ids
     x = ids + (p.model_dim,)
-    emb = c.emb.cls.FPropMeta(c.emb, ids).flops
-    pos = shapes.Add(c.pos_emb.cls.FPropMeta(c.pos_emb, t).flops,
-                     x.num_elements())                    # + the add
+    emb = base_layer.FPropCost(c.emb, ids)
+    pos = base_layer.FPropCost(c.pos_emb, t)
+    pos = pos.Replace(flops=shapes.Add(pos.flops, x.num_elements()))  # + add
     stack = c.stack.cls.FPropMeta(c.stack, x, shapes.Shape([b, t])).flops
     sm = c.softmax.cls.FPropMeta(c.softmax, x).flops
-    breakdown = [('emb', emb), ('pos_emb', pos),
+    breakdown = [('emb', emb.flops), ('pos_emb', pos.flops),
                  (f'stack ({c.stack.num_layers} layers)', stack),
                  ('softmax', sm)]
     total = 0
     for _, f in breakdown:
       total = shapes.Add(total, f)
-    out = NestedMap(flops=total, out_shapes=(), breakdown=breakdown)
-    if issubclass(c.stack.cls, gpipe_transformer.GPipeTransformerStack):
-      parts = c.stack.cls.CellFlops(c.stack, x)
-      parts[0] = shapes.Add(parts[0], shapes.Add(emb, pos))
-      parts[-1] = shapes.Add(parts[-1], sm)
-      out.partitions = parts
-    out.memory = cls._MemoryMeta(c, x)
-    return out
+    plan = gpipe_units.Plan(gpipe_transformer.GPipeTransformerStack, c.stack,
+                            x, shapes.Shape([b, t]))
+    if plan is not None:
+      plan = plan.With(before_fn=lambda size: [cls._EmbeddingUnit(c, size, t)],
+                       loss_fn=lambda size: cls._LossUnit(c, size, t))
+    return cost.Cost(flops=total, out_shapes=(), breakdown=breakdown,
+                     plan=plan)
 
   @classmethod
-  def _MemoryMeta(cls, c, x):
-    """What `memory_estimate.StageMemory` needs of the activations.
+  def _EmbeddingUnit(cls, c, batch, t):
+    """The embedding and the positions (the pipeline's input) on `batch`
+    rows of `t` tokens, a plan.Unit (children params `c`, inherited)."""
+    ids = shapes.Shape([batch, t])
+    d = c.emb.embedding_dim
+    pos = base_layer.FPropCost(c.pos_emb, t)
+    record = cost.Chain([base_layer.FPropCost(c.emb, ids), pos.Replace(
+        flops=shapes.Add(pos.flops, shapes.Mul(batch, t, d)))])  # + the add
 
-    Args:
-      c: the children's params (inherited).
-      x: the stack's input shape [b, t, d].
+    def _Build():
+      emb = c.emb.Copy().Set(name='emb').Instantiate()
+      pos_emb = c.pos_emb.Copy().Set(name='pos_emb').Instantiate()
 
-    Returns:
-      NestedMap(schedule, remat, num_micro_batches, backward_window,
-      cells=[NestedMap(act, act_weights, residuals, out, transient,
-      outside)]) as `memory_estimate.StageMemory` takes it: per cell the
-      bytes its backward reads for one micro-batch (the softmax's in the
-      last cell with 1F1B, where it runs inside the pipeline), of them those
-      remat 'selective' keeps, what its W reads after a split B (zero-bubble
-      schedules), of its output for one micro-batch, of its largest
-      layer's, and of what runs outside the pipeline on the whole batch (the
-      softmax with GPipe); the unpipelined stack is one cell with the whole
-      batch. None if the batch is unknown.
-    """
-    if x[0] is None:
-      return None
-    stack = c.stack
-    softmax = c.softmax.cls.FPropMeta(c.softmax, x).act_bytes
-    if not issubclass(stack.cls, gpipe_transformer.GPipeTransformerStack):
-      layer = base_model.base_layer.InheritParams(stack, stack.transformer_tpl)
-      act = stack.cls.FPropMeta(stack, x).act_bytes + softmax
-      return NestedMap(
-          schedule=None, remat=None, num_micro_batches=1,
-          backward_window=None, cells=[NestedMap(
-              act=act, act_weights=act, residuals=act, out=0,
-              transient=max(layer.cls.ActBytes(layer, x), softmax),
-              outside=0)])
-    pipe = stack.pipeline_tpl
-    m, size = pipe.cls.MicroBatching(pipe, x[0])
-    mb = x.WithDim(0, size)
-    # The largest temporary of the loss's backward: the gradient of the
-    # logits [b, t, vocab] (float32, the cross-entropy's).
-    logits_grad = shapes.Mul(4, x[0], x[1], c.softmax.num_classes)
-    cells = stack.cls.CellMemory(stack, mb)
-    for cell in cells:
-      cell.outside = 0
-    if schedules.LossInside(pipe.schedule, pipe.schedule_table):
-      loss = c.softmax.cls.FPropMeta(c.softmax, mb)
-      cells[-1].act += loss.act_bytes
-      cells[-1].act_weights += loss.act_bytes_weights
-      cells[-1].residuals += loss.residual_bytes
-      cells[-1].transient = max(cells[-1].transient, logits_grad // m)
-    else:
-      cells[-1].outside = softmax
-      cells[-1].outside_transient = logits_grad
-    # The stack's input is what each cell passes on: [b, t, d] and paddings.
-    return pipe.cls.MemoryMeta(pipe, m, cells, input_bytes=cells[0].out)
+      def _FProp(thetas, ids):
+        return (emb.FProp(thetas[0], ids) +
+                pos_emb.FProp(thetas[1], seq_length=t)[None])
+      return ([emb, pos_emb], _FProp, [tf.TensorSpec([batch, t], tf.int32)],
+              c.emb.vocab_size)
+
+    return plan_lib.Unit('embedding', record, _Build, lambda: (
+        base_layer.VariableSpecs(c.emb.Copy().Set(name='emb')) +
+        base_layer.VariableSpecs(c.pos_emb.Copy().Set(name='pos_emb'))))
+
+  @classmethod
+  def _LossUnit(cls, c, batch, t):
+    """The softmax and cross-entropy on `batch` rows of `t` tokens, a
+    plan.Unit."""
+    x = shapes.Shape([batch, t, c.softmax.input_dim])
+
+    def _Build():
+      softmax = c.softmax.Copy().Set(name='softmax').Instantiate()
+
+      def _FProp(thetas, x, labels):
+        return softmax.FProp(thetas[0], x, labels).total_xent
+      dtype = base_layer.FPropDtype(c.softmax)
+      return ([softmax], _FProp, [tf.TensorSpec(list(x), dtype),
+                                  tf.TensorSpec([batch, t], tf.int32)],
+              c.softmax.num_classes)
+
+    return plan_lib.Unit('softmax', base_layer.FPropCost(c.softmax, x),
+                         _Build, lambda: base_layer.VariableSpecs(
+                             c.softmax.Copy().Set(name='softmax')))
 
 
 _SCORE_DOC = """score(ids, paddings) -> log_probs, sentence_log_prob, num_tokens

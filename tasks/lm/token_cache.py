@@ -69,12 +69,20 @@ def Load(cache_dir, path, tokenizer_key):
     return None
   try:
     with np.load(entry, allow_pickle=False) as data:
-      counts = data['counts']
-      return (data['ids'], data['lengths'], int(counts[0]), int(counts[1]))
-  except (OSError, KeyError, ValueError) as e:
-    logging.warning('token_cache: cannot read %s (%s); tokenising %s again',
-                    entry, e, path)
+      ids, lengths, counts = data['ids'], data['lengths'], data['counts']
+  except Exception as e:  # pylint: disable=broad-except
+    # Any bytes at all can sit in a cache file (a digest that matches only
+    # says nobody changed them since): a bad zip, a bad member, a bad array.
+    logging.warning('token_cache: cannot read %s (%s: %s); tokenising %s '
+                    'again', entry, type(e).__name__, e, path)
     return None
+  if not (ids.ndim == 1 and ids.dtype == np.int32 and lengths.ndim == 1 and
+          lengths.dtype == np.int64 and counts.shape == (2,) and
+          int(lengths.sum()) == ids.size and (lengths >= 0).all()):
+    logging.warning('token_cache: %s does not hold what an entry holds; '
+                    'tokenising %s again', entry, path)
+    return None
+  return ids, lengths, int(counts[0]), int(counts[1])
 
 
 def Store(cache_dir, path, tokenizer_key, ids, lengths, num_empty,

@@ -35,6 +35,7 @@ import sentencepiece as spm
 
 from cadence.framework import base_input_generator
 from cadence.framework import hyperparams
+from cadence.framework import validation
 from cadence.tasks.lm import cache_files
 
 PAD_ID = 0
@@ -42,6 +43,8 @@ BOS_ID = 1
 EOS_ID = 2
 UNK_ID = 3
 NUM_RESERVED_IDS = 4
+# SentencePieceTokenizer's `model_type` choices.
+MODEL_TYPES = ('bpe', 'unigram')
 
 
 class BaseTokenizer:
@@ -53,7 +56,15 @@ class BaseTokenizer:
     p.Define('name', 'tokenizer', 'Name used in messages and logs.')
     return p
 
+  @classmethod
+  def CheckParams(cls, p, owner):
+    """Raises ValueError for a bad value of params `p`, from params alone
+    (no file is read); `owner` names the params (validation.Owner). The
+    input that holds the tokenizer's params calls it in its own check."""
+    del p, owner
+
   def __init__(self, params):
+    type(self).CheckParams(params, validation.Owner(params))
     self._params = params.Copy().Freeze()
 
   @property
@@ -182,6 +193,16 @@ def _TrainingSentences(files, limit):
   return sentences, lines
 
 
+def _Loads(path):
+  """Whether SentencePiece loads the model file `path` (any bytes can sit
+  in a cache file; its digest only says nobody changed them since)."""
+  try:
+    spm.SentencePieceProcessor(model_file=path)
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
 def _TrainingError(owner, error, params):
   """The ValueError of a SentencePiece training failure (a RuntimeError
   whose message is SentencePiece's C++ check), in the house's words."""
@@ -259,17 +280,32 @@ class SentencePieceTokenizer(BaseTokenizer):
              'bound (tiny corpora have fewer pieces).')
     return p
 
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    validation.CheckOneOf(owner, 'model_type', p.model_type, MODEL_TYPES)
+    for field in ('byte_fallback', 'hard_vocab_limit'):
+      validation.CheckBool(owner, field, p.Get(field))
+
   def __init__(self, params):
     super().__init__(params)
     p = self._params
     if p.model_file is None:
       self._model_file = self._TrainedModelFile()
-    elif not os.path.exists(p.model_file):
-      raise ValueError(f'SentencePieceTokenizer {p.name!r}: model_file='
-                       f'{p.model_file!r} does not exist')
+    elif not os.path.isfile(p.model_file):
+      raise validation.Error(validation.Owner(p), 'model_file', p.model_file,
+                             'does not exist or is not a file (a trained '
+                             'SentencePiece model).',
+                             base_input_generator.InputError)
     else:
       self._model_file = p.model_file
-    self._sp = spm.SentencePieceProcessor(model_file=self._model_file)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_file=self._model_file)
+    except RuntimeError as e:   # SentencePiece's C++ check, e.g. not a model.
+      raise validation.Error(validation.Owner(p), 'model_file',
+                             self._model_file, f'is not a SentencePiece '
+                             f'model: {str(e).splitlines()[0]}',
+                             base_input_generator.InputError) from None
     self._cache_key = None
     special = {'bos_id': self._sp.bos_id(), 'eos_id': self._sp.eos_id()}
     missing = [k for k, v in special.items() if v < 0]
@@ -287,17 +323,15 @@ class SentencePieceTokenizer(BaseTokenizer):
 
   def _TrainedModelFile(self):
     p = self._params
-    owner = f'{type(self).__name__} {p.name!r}'
+    owner = validation.Owner(p)
     if p.vocab_size <= NUM_RESERVED_IDS:
       raise ValueError(f'SentencePieceTokenizer {p.name!r}: vocab_size='
                        f'{p.vocab_size} must be > {NUM_RESERVED_IDS}')
-    if p.model_type not in ('bpe', 'unigram'):
-      raise ValueError(f'SentencePieceTokenizer {p.name!r}: model_type='
-                       f"{p.model_type!r} must be 'bpe' or 'unigram'")
     if not p.train_file_pattern:
-      raise ValueError(f'SentencePieceTokenizer {p.name!r}: set model_file or '
-                       'train_file_pattern (the training text); both are '
-                       'None')
+      raise ValueError(f'{owner}: set model_file or train_file_pattern (the '
+                       'text to train it on, e.g. the training files); both '
+                       'are None. With corpus=\'\' the input names no '
+                       'training text of its own.')
     files = base_input_generator.CheckedFiles(
         p.train_file_pattern, owner, field='train_file_pattern')
     cache_dir = os.path.abspath(os.path.expanduser(
@@ -305,17 +339,22 @@ class SentencePieceTokenizer(BaseTokenizer):
     path = os.path.join(cache_dir, f'spm_{p.model_type}_{p.vocab_size}-'
                         f'{_DataDigest(files, p)}.model')
     if cache_files.Verified(path):
-      return path
-    if os.path.exists(path):
+      if _Loads(path):
+        return path
+      logging.warning('SentencePieceTokenizer %r: the cached %s matches its '
+                      'recorded digest but is not a SentencePiece model; '
+                      'training it again', p.name, path)
+    elif os.path.exists(path):
       logging.warning('SentencePieceTokenizer %r: the cached %s does not '
                       'match its recorded digest (damaged, or cached before '
                       'digests); training it again', p.name, path)
     sentences, lines = _TrainingSentences(files, p.max_train_sentences)
     if not sentences:
-      raise base_input_generator.InputError(
-          f'{owner}: train_file_pattern {p.train_file_pattern!r} has no '
-          f'sentences to train on: its {len(files)} file(s) hold {lines} '
-          'lines, all blank.')
+      raise validation.Error(
+          owner, 'train_file_pattern', p.train_file_pattern,
+          f'has no sentences to train on: its {len(files)} file(s) hold '
+          f'{lines} lines, all blank; point it at text with one sentence a '
+          'line.', base_input_generator.InputError)
     model = io.BytesIO()
     try:
       spm.SentencePieceTrainer.train(

@@ -11,8 +11,8 @@ endpoint, which TF Serving and `keras.layers.TFSMLayer` load.
 import keras
 import tensorflow as tf
 
+from cadence.framework import cost
 from cadence.framework import inference
-from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import keras_layer
@@ -78,5 +78,5 @@ class KerasRegressionModel(regression.RegressionModel):
     flops = net.cls.FPropMeta(net, x).flops
     # Loss: a subtract, square and sum per example, and |err| for mae.
     loss = shapes.Mul(x[0], 4)
-    return NestedMap(flops=shapes.Add(flops, loss), out_shapes=(),
+    return cost.Cost(flops=shapes.Add(flops, loss), out_shapes=(),
                      breakdown=[('net', flops), ('loss', loss)])

@@ -12,9 +12,12 @@ import tensorflow as tf
 
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
+from cadence.framework import cost
+from cadence.framework import hyperparams
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
+from cadence.layers import activations
 from cadence.layers import dropout
 from cadence.layers import gpipe
 from cadence.layers import linear
@@ -227,7 +230,26 @@ class RegressionModel(base_model.BaseTask):
                              'must be a list of ints >= 1 (may be empty).')
     for i, d in enumerate(p.hidden_dims):
       validation.CheckInt(owner, f'hidden_dims[{i}]', d)
+    if isinstance(p.activation, (list, tuple)):
+      if len(p.activation) != len(p.hidden_dims):
+        raise validation.Error(
+            owner, 'activation', p.activation,
+            f'has {len(p.activation)} entries but hidden_dims has '
+            f'{len(p.hidden_dims)}; give one per hidden layer or a single '
+            'string.')
+      for i, name in enumerate(p.activation):
+        activations.CheckName(owner, f'activation[{i}]', name)
+    else:
+      activations.CheckName(owner, 'activation', p.activation)
     validation.CheckProb(owner, 'dropout_prob', p.dropout_prob)
+    pipe = p.pipeline_tpl
+    if pipe is not None and not (
+        isinstance(pipe, hyperparams.InstantiableParams) and
+        isinstance(pipe.cls, type) and
+        issubclass(pipe.cls, gpipe.PipeliningLayer)):
+      raise validation.Error(owner, 'pipeline_tpl', getattr(pipe, 'cls', pipe),
+                             'must be None (a FeedForwardNet) or a '
+                             'gpipe.PipeliningLayer.Params().')
     validation.CheckInt(owner, 'pipeline_cells', p.pipeline_cells)
 
   def ComputePredictions(self, theta, input_batch):
@@ -279,4 +301,4 @@ class RegressionModel(base_model.BaseTask):
     flops = 0
     for _, f in breakdown:
       flops = shapes.Add(flops, f)
-    return NestedMap(flops=flops, out_shapes=(), breakdown=breakdown)
+    return cost.Cost(flops=flops, out_shapes=(), breakdown=breakdown)

@@ -3,7 +3,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework.nested_map import NestedMap
+from cadence.framework import cost
 from cadence.framework import shapes
 from cadence.framework import step_seed
 
@@ -37,7 +37,7 @@ class ScaleLayer(base_layer.BaseLayer):
   @classmethod
   def FPropMeta(cls, p, inputs):
     shape = shapes.AsShape(inputs)
-    return NestedMap(flops=shapes.Mul(2, shape.num_elements()),
+    return cost.Cost(flops=shapes.Mul(2, shape.num_elements()),
                      out_shapes=(shape,))
 
 
@@ -209,6 +209,25 @@ class BaseLayerTest(tf.test.TestCase):
     with self.assertRaisesRegex(AttributeError, "did you mean 'dim'"):
       ScaleLayer.Params().Set(dimm=1)
 
+  def testParamsEveryLayerHasAreChecked(self):
+    xavier = ("must be one of 'constant', 'gaussian', 'uniform', "
+              "'truncated_gaussian', 'xavier', 'gaussian_sqrt_dim', "
+              "'uniform_sqrt_dim', 'gaussian_sqrt_fanout'.")
+    for field, value, rule in (
+        ('is_inference', 'yes', 'must be True or False.'),
+        ('random_seed', '7', 'must be None or an int >= 0.'),
+        ('random_seed', -1, 'must be None or an int >= 0.'),
+        ('params_init.method', 'Xavier', f"{xavier} Did you mean 'xavier'?"),
+        ('params_init.method', 'he', xavier)):
+      with self.subTest(field=field, value=value):
+        want = f"TwoScales 'top': {field}={value!r} {rule}"
+        with self.assertRaisesWithLiteralMatch(ValueError, want):
+          _Build(**{field: value})
+        # Also from params alone (FPropMeta calls CheckParams first).
+        p = TwoScales.Params().Set(name='top', **{field: value})
+        with self.assertRaisesWithLiteralMatch(ValueError, want):
+          TwoScales.CheckParams(p, "TwoScales 'top'")
+
   def testFPropMeta(self):
     meta = ScaleLayer.FPropMeta(ScaleLayer.Params(), shapes.Shape([4, 3]))
     self.assertEqual(meta.flops, 24)
@@ -217,6 +236,20 @@ class BaseLayerTest(tf.test.TestCase):
     self.assertIsNone(meta.flops)
     with self.assertRaisesRegex(NotImplementedError, 'NoMeta does not implement FPropMeta'):
       NoMeta.FPropMeta(NoMeta.Params(), [1])
+
+  def testFPropCost(self):
+    # FPropMeta completed by cost.Complete, bytes in the activation dtype:
+    # input and output [4, 3], 12 elements each.
+    for fprop_dtype, size in ((None, 4), (tf.bfloat16, 2)):
+      p = ScaleLayer.Params().Set(fprop_dtype=fprop_dtype)
+      c = base_layer.FPropCost(p, shapes.Shape([4, 3]))
+      self.assertIsInstance(c, cost.Cost)
+      self.assertEqual((c.flops, c.bwd_flops), (24, 48))
+      self.assertEqual((c.act, c.act_weights, c.residuals, c.transient),
+                       (24 * size, 24 * size, 24 * size, 12 * size))
+      self.assertEqual(c.defaulted, ('bwd_flops', 'act', 'act_weights',
+                                     'residuals', 'transient'))
+    self.assertIsNone(base_layer.FPropCost(p, [None, 3]).act)
 
   def testStepSeedReplaysNoise(self):
     layer = ScaleLayer.Params().Set(name='n', dim=4, noise=1.0).Instantiate()
@@ -281,6 +314,29 @@ class BaseLayerTest(tf.test.TestCase):
     for child in [layer.first] + layer.rest:
       self.assertEqual(child.fprop_dtype, tf.bfloat16)
     self.assertEqual({v.dtype for v in layer.vars.Flatten()}, {tf.float32})
+
+  def testBadDtypesNameTheFieldTheValueAndTheChoices(self):
+    choices = (r'must be one of None, tf\.float32, tf\.bfloat16 \(tf\.float16 '
+               r'is not supported: .*loss scaling; use tf\.bfloat16\)\.')
+    owner = r"^TwoScales 'top': "
+    for value, want in (
+        ('bfloat16', rf"fprop_dtype='bfloat16' {choices} Did you mean "
+         r'tf\.bfloat16 \(a dtype, not a string\)\?$'),
+        ('tf.bfloat17', rf"fprop_dtype='tf\.bfloat17' {choices} Did you mean "
+         r'tf\.bfloat16\?$'),
+        (tf.int32, rf'fprop_dtype=tf\.int32 {choices}$'),
+        (tf.float16, rf'fprop_dtype=tf\.float16 {choices}$'),
+        (3, rf'fprop_dtype=3 {choices}$')):
+      with self.subTest(value=value):
+        with self.assertRaisesRegex(ValueError, owner + want):
+          _Build(fprop_dtype=value)
+    with self.assertRaisesRegex(ValueError, owner + r'dtype=tf\.int32 must be '
+                                r'one of tf\.float32, tf\.float64\.$'):
+      _Build(dtype=tf.int32)
+    # What is allowed builds, children included.
+    for fprop in base_layer.FPROP_DTYPES:
+      self.assertEqual(_Build(fprop_dtype=fprop).first.fprop_dtype,
+                       fprop or tf.float32)
 
 
 if __name__ == '__main__':

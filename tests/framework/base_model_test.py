@@ -91,6 +91,39 @@ class BaseTaskTest(tf.test.TestCase):
     with self.assertRaisesRegex(
         ValueError, r'train.ema_decay=1.0 must be a number in \[0, 1\)'):
       p.Instantiate()
+    p = _TaskParams()
+    p.train.log_interval_secs = -5
+    with self.assertRaisesRegex(
+        ValueError, r'train.log_interval_secs=-5 must be a number >= 0'):
+      p.Instantiate()
+
+  def testDistributionChoicesCheckedWithoutReplicas(self):
+    # Read only by several replicas or parameter servers, yet a typo fails
+    # when the task is built: on one replica too.
+    for field, value, rule in (
+        ('allreduce', 'rign', "must be one of 'auto', 'ring', 'nccl', "
+         "'hierarchical_copy', 'one_device'. Did you mean 'ring'?"),
+        ('allreduce_bytes_per_pack', -1, 'must be an int >= 0.'),
+        ('ps_placement', 'round-robin', "must be one of 'least_loaded', "
+         "'round_robin'. Did you mean 'round_robin'?")):
+      p = _TaskParams()
+      p.train.Set(**{field: value})
+      with self.assertRaisesWithLiteralMatch(
+          ValueError, f"RegressionModel 'reg': train.{field}={value!r} "
+          f'{rule}'):
+        p.Instantiate()
+
+  def testLearnerParamsCheckedWhenTheTaskIsBuilt(self):
+    # Before any learner is built: the memory estimate instantiates the
+    # optimizer from these params.
+    p = _TaskParams()
+    p.train.learner.optimizer.cls = 'adam'
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "Learner 'learner' (params 'train.learner'): "
+        "optimizer.cls='adam' must be one of SGD, Momentum, Adam, Adafactor "
+        "(cadence.framework.optimizer). Did you mean type('cadence.framework."
+        "optimizer.Adam') (a class, not a str)?"):
+      p.Instantiate()
 
   def testCheckMetrics(self):
     with self.assertRaisesRegex(ValueError,

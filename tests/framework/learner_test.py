@@ -219,6 +219,39 @@ class LearnerTest(tf.test.TestCase):
                                 r"'learning_rate'"):
       learner.Learner.Params().Set(learning_rat=0.1)
 
+  def testOptimizerAndScheduleMustBeOfTheirKind(self):
+    vm = _VarMap(self.rng)
+    p = _SGDParams()
+    p.optimizer.cls = lr_schedule.ConstantSchedule
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "Learner 'learner': optimizer.cls=<class 'cadence."
+        "framework.lr_schedule.ConstantSchedule'> must be one of SGD, "
+        'Momentum, Adam, Adafactor (cadence.framework.optimizer).'):
+      p.Instantiate(var_map=vm)
+    p = _SGDParams()
+    p.optimizer.cls = 'adam'   # A name where a class is expected.
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "Learner 'learner': optimizer.cls='adam' must be one of "
+        'SGD, Momentum, Adam, Adafactor (cadence.framework.optimizer). Did '
+        "you mean type('cadence.framework.optimizer.Adam') (a class, not a "
+        'str)?'):
+      p.Instantiate(var_map=vm)
+    p = _SGDParams()
+    p.lr_schedule.cls = optimizer.Adam
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "Learner 'learner': lr_schedule.cls=<class 'cadence."
+        "framework.optimizer.Adam'> must be one of ConstantSchedule, "
+        'PiecewiseConstantSchedule, LinearRampupSchedule, '
+        'TransformerSchedule, CosineSchedule (cadence.framework.'
+        'lr_schedule).'):
+      p.Instantiate(var_map=vm)
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "Learner 'learner': lr_schedule=None must be the Params() "
+        'of one of ConstantSchedule, PiecewiseConstantSchedule, '
+        'LinearRampupSchedule, TransformerSchedule, CosineSchedule '
+        '(cadence.framework.lr_schedule).'):
+      _SGDParams(lr_schedule=None).Instantiate(var_map=vm)
+
   def testMismatchedGradients(self):
     vm = _VarMap(self.rng)
     lrn = _SGDParams().Instantiate(var_map=vm)

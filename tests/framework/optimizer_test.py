@@ -310,6 +310,15 @@ class OptimizerTest(tf.test.TestCase):
         ValueError, r"Momentum 'momentum': alpha=-0.5 must be a number in "
         r'\[0, 1\)'):
       optimizer.Momentum.Params().Set(alpha=-0.5).Instantiate()
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "Momentum 'momentum': use_nesterov='yes' must be True or "
+        'False.'):
+      optimizer.Momentum.Params().Set(use_nesterov='yes').Instantiate()
+    for field in ('multiply_by_parameter_scale', 'factored'):
+      with self.assertRaisesWithLiteralMatch(
+          ValueError, f"Adafactor 'adafactor': {field}=1 must be True or "
+          'False.'):
+        optimizer.Adafactor.Params().Set(**{field: 1}).Instantiate()
     with self.assertRaisesRegex(AttributeError, r"did you mean 'beta1'"):
       optimizer.Adam.Params().Set(betta1=0.5)
 

@@ -62,6 +62,27 @@ class WeightInitTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "needs a floating dtype; got int32"):
       _Draw(WeightInit.Gaussian(1.0), [2], tf.int32)
 
+  def testCheckInit(self):
+    owner = "ProjectionLayer 'fc'"
+    init = WeightInit.Xavier(1.0)
+    self.assertIs(weight_init.CheckInit(owner, 'params_init', init), init)
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "ProjectionLayer 'fc': params_init.method='Xavier' must "
+        "be one of 'constant', 'gaussian', 'uniform', 'truncated_gaussian', "
+        "'xavier', 'gaussian_sqrt_dim', 'uniform_sqrt_dim', "
+        "'gaussian_sqrt_fanout'. Did you mean 'xavier'?"):
+      weight_init.CheckInit(owner, 'params_init', WeightInit.Xavier().Set(
+          method='Xavier'))
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "ProjectionLayer 'fc': params_init.scale='1' must be a "
+        'number.'):
+      weight_init.CheckInit(owner, 'params_init', WeightInit.Xavier().Set(
+          scale='1'))
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "ProjectionLayer 'fc': params_init='xavier' must be "
+        'WeightInit params (method and scale), e.g. WeightInit.Xavier(1.0).'):
+      weight_init.CheckInit(owner, 'params_init', 'xavier')
+
   def testParamsRoundTripAsText(self):
     wp = weight_init.WeightParams([4, 5], WeightInit.Xavier(2.0))
     again = weight_init.WeightParams([1], WeightInit.Constant()).FromText(

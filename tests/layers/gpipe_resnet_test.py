@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import hyperparams
 from cadence.framework import shapes
 from cadence.layers import gpipe
 from cadence.layers import gpipe_resnet
@@ -131,9 +132,10 @@ class PipelinedResNetTest(tf.test.TestCase):
     net = _Build(p, 2)
     meta = gpipe_resnet.ResNet.FPropMeta(p, [_BATCH, 6, 6, 2])
     self.assertEqual((shapes.Shape([_BATCH, 3]),), meta.out_shapes)
-    units = gpipe_resnet.ResNet.UnitMetas(p, shapes.Shape([_BATCH, 6, 6, 2]))
-    self.assertEqual(sum(u.flops for u in units), meta.flops)
-    cells = gpipe_resnet.ResNet.CellFlops(p, shapes.Shape([_BATCH, 6, 6, 2]))
+    units, _, _ = gpipe_resnet.ResNet.UnitCosts(
+        p, (shapes.Shape([_BATCH, 6, 6, 2]),))
+    self.assertEqual(sum(u.cost.flops for u in units), meta.flops)
+    cells = meta.plan.StageFlops()
     self.assertEqual(meta.flops, sum(cells))
     self.assertEqual([0, net.boundaries[1], 4], net.boundaries)
     self.assertEqual(net(self.x).shape.as_list(), [_BATCH, 3])
@@ -149,17 +151,40 @@ class PipelinedResNetTest(tf.test.TestCase):
       p.pipeline_tpl.cell_tpl = [gpipe.FeatureExtractionLayer.Params()]
       p.Instantiate()
     p = _Params()
-    p.pipeline_tpl.schedule = '1f1b'
-    with self.assertRaisesRegex(ValueError, r"pipeline_tpl.schedule='1f1b' "
-                                "must be 'gpipe'"):
-      p.Instantiate()
-    p = _Params()
     p.pipeline_tpl.num_micro_batches = 3
     with self.assertRaisesRegex(ValueError, 'num_micro_batches=3'):
       gpipe_resnet.ResNet.FPropMeta(p, [_BATCH, 6, 6, 2])
     with self.assertRaisesRegex(ValueError, r'images shape \[8, 5, 6, 2\] '
                                 r'must be \[None, 6, 6, 2\]'):
       gpipe_resnet.ResNet.FPropMeta(_Params(), [_BATCH, 5, 6, 2])
+
+  def testFPropMetaNamesABadValueWhereItWasSet(self):
+    # FPropMeta (what a task runs when built) checks the params first: the
+    # ResNet's, bn_tpl's (which replaces the stem's) and the pipeline's,
+    # each named by its params path, not by a unit that inherits it.
+    for field, value, want in (
+        ('fprop_dtype', 'bfloat16', "ResNet 'net' (params 'net'): "
+         "fprop_dtype='bfloat16' must be one of None, tf.float32, "
+         'tf.bfloat16 (tf.float16 is not supported: its range underflows '
+         'small gradients without loss scaling; use tf.bfloat16). Did you '
+         'mean tf.bfloat16 (a dtype, not a string)?'),
+        ('bn_tpl.dtype', 'float32', "BatchNormLayer (params 'net.bn_tpl'): "
+         "dtype='float32' must be one of tf.float32, tf.float64. Did you "
+         'mean tf.float32 (a dtype, not a string)?'),
+        ('pipeline_tpl.schedule', 'GPipe', "PipeliningLayer (params "
+         "'net.pipeline_tpl'): schedule='GPipe' must be one of 'gpipe', "
+         "'1f1b', 'interleaved_1f1b', 'zb_h1', 'zb_v', 'table'. Did you mean "
+         "'gpipe'?"),
+        ('pipeline_tpl.state_dtype', 'zz', "PipeliningLayer (params "
+         "'net.pipeline_tpl'): state_dtype='zz' must be one of None, "
+         'tf.float32, tf.bfloat16, tf.float64 (tf.float16 is not supported: '
+         'its range underflows small gradients without loss scaling; use '
+         'tf.bfloat16).')):
+      with self.subTest(field=field):
+        root = hyperparams.Params()
+        root.Define('net', _Params(splits=2).Set(**{field: value}), 'Net.')
+        with self.assertRaisesWithLiteralMatch(ValueError, want):
+          gpipe_resnet.ResNet.FPropMeta(root.net, [_BATCH, 6, 6, 2])
 
 
 if __name__ == '__main__':

@@ -193,7 +193,8 @@ class GPipeTransformerStackTest(tf.test.TestCase):
     b, t = _BATCH // 4, _TIME
     for want, state_dtype in ((2, tf.bfloat16), (4, None)):
       p.pipeline_tpl.state_dtype = state_dtype
-      cells = p.cls.CellMemory(p, shapes.Shape([b, t, _DIM]))
+      cells = p.cls.Plan(p, shapes.Shape([_BATCH, t, _DIM]),
+                         shapes.Shape([_BATCH, t])).cells   # 4 x b rows.
       self.assertEqual([c.out for c in cells], [want * b * t * (_DIM + 1)] * 2)
 
   def testInferenceOnOneDeviceRunsSequentially(self):
@@ -230,8 +231,7 @@ class GPipeTransformerStackTest(tf.test.TestCase):
         transformer.TransformerStack.FPropMeta(plain_p, x, pads).flops,
         meta.flops)
     self.assertEqual((x,), meta.out_shapes)
-    self.assertEqual(meta.flops, sum(
-        gpipe_transformer.GPipeTransformerStack.CellFlops(p, x)))
+    self.assertEqual(meta.flops, sum(meta.plan.StageFlops()))
     p.pipeline_tpl.num_micro_batches = 3
     with self.assertRaisesRegex(
         ValueError, r"PipeliningLayer \(params 'pipeline_tpl'\): "

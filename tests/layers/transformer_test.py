@@ -265,6 +265,20 @@ class TransformerStackTest(tf.test.TestCase):
         r'TransformerLayer.Params\(\)'):
       self._Params(transformer_tpl=base_layer.BaseLayer.Params()).Instantiate()
 
+  def testFPropMetaNamesTheStackForItsOwnSettings(self):
+    # The layers inherit the stack's dtype; a bad one is named at the stack
+    # (where it was set), not at transformer_tpl, which says tf.float32.
+    want = ("TransformerStack 'stack': dtype='float64' must be one of "
+            'tf.float32, tf.float64. Did you mean tf.float64 (a dtype, not a '
+            'string)?')
+    with self.assertRaisesWithLiteralMatch(ValueError, want):
+      transformer.TransformerStack.FPropMeta(
+          self._Params(dtype='float64'), [2, 3, 8])
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "TransformerStack 'stack': random_seed=-3 must be None or "
+        'an int >= 0.'):
+      self._Params(random_seed=-3).Instantiate()
+
 
 if __name__ == '__main__':
   tf.test.main()

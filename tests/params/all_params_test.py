@@ -4,12 +4,14 @@ For each key of `model_registry.GetAllRegisteredKeys()`: the params of each
 dataset method it defines (Train, and Dev/Test when present) come back from
 `GetParams`, survive a text round trip, and name a BaseTask. Experiments
 whose class name ends in 'Tiny' are small enough to build fully here: the
-model, its learner, and the Train input generator.
+model, its learner, and the Train input generator. Every task's FPropMeta
+returns its cost as a `cost.Cost` (framework/cost.py).
 """
 import numpy as np
 import pytest
 
 from cadence.framework import base_model
+from cadence.framework import cost
 from cadence.framework import model_registry
 
 _KEYS = model_registry.GetAllRegisteredKeys()
@@ -43,6 +45,21 @@ def testTinyModelsBuild(key):
   learner.Build()
   assert learner.trainable, f'{key}: nothing trains'
   params.input.Instantiate()
+
+
+@pytest.mark.parametrize('key', _KEYS)
+def testTaskFPropMetaReturnsACost(key):
+  params = model_registry.GetParams(key, 'Train')
+  task_p = params.task.Copy().Set(input=params.input.Copy())
+  # The input's batch shapes, a batch left to the data taken as 4 examples
+  # (as inspect_model takes the batch size).
+  batch = params.input.cls.BatchShapes(params.input).Transform(
+      lambda s: s.WithDim(0, 4) if s.rank and s[0] is None else s)
+  meta = task_p.cls.FPropMeta(task_p, batch)
+  assert isinstance(meta, cost.Cost), (key, type(meta))
+  for field in cost.FIELDS + ('defaulted',):
+    assert field in meta, (key, field)
+  assert isinstance(meta.flops, int) and meta.flops > 0, (key, meta.flops)
 
 
 def _SmallData(input_p, tmp):

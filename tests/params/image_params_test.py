@@ -31,9 +31,9 @@ class ShapesResNetTest(tf.test.TestCase):
     # 2 FLOPs a multiply-add; BN, relu and adds are the few % above.
     self.assertBetween(per_image, 2 * _RESNET34_MULT_ADDS,
                        1.05 * 2 * _RESNET34_MULT_ADDS)
-    self.assertLen(meta.partitions, 4)
-    self.assertEqual(meta.flops, sum(meta.partitions))
-    self.assertLess(max(meta.partitions), 0.3 * meta.flops)   # balanced
+    self.assertLen(meta.plan.StageFlops(), 4)
+    self.assertEqual(meta.flops, sum(meta.plan.StageFlops()))
+    self.assertLess(max(meta.plan.StageFlops()), 0.3 * meta.flops)   # balanced
 
 
 if __name__ == '__main__':

@@ -54,9 +54,9 @@ class OneBWdsTest(tf.test.TestCase):
     self.assertBetween(meta.flops, matmul + atten,
                        1.1 * (matmul + atten))
     # 4 cells of 8 layers; the last also has the norm and the softmax.
-    self.assertLen(meta.partitions, 4)
-    self.assertEqual(sum(meta.partitions), meta.flops)
-    self.assertEqual(meta.partitions[1], meta.partitions[2])
+    self.assertLen(meta.plan.StageFlops(), 4)
+    self.assertEqual(sum(meta.plan.StageFlops()), meta.flops)
+    self.assertEqual(meta.plan.StageFlops()[1], meta.plan.StageFlops()[2])
     self.assertIs(stack.cls, gpipe_transformer.GPipeTransformerStack)
 
   def testTinyEvaluatesTheWholeDevSetUncut(self):
@@ -96,7 +96,7 @@ class OneBWdsTest(tf.test.TestCase):
       self.assertFalse(corpus_input.ReadsTheGrammar(
           model_registry.GetParams(_BIG, dataset).input))
     meta = _Meta(model_registry.GetParams(_TINY, 'Train'))
-    self.assertLen(meta.partitions, 2)
+    self.assertLen(meta.plan.StageFlops(), 2)
     # The model is small: a train step is well under 100 GFLOPs.
     self.assertLess(3 * meta.flops, 1e11)
 

@@ -10,7 +10,10 @@ tests/trainer_ps_test.py.
 """
 import io
 import os
+import re
+import socket
 import sys
+import time
 from unittest import mock
 
 import tensorflow as tf
@@ -21,6 +24,7 @@ from cadence.framework.distribute import local
 from cadence.framework.distribute import option
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
+from cadence.tests import test_utils
 
 _PS_CLUSTER = {'chief': ['127.0.0.1:1'], 'ps': ['127.0.0.1:2'],
                'worker': ['127.0.0.1:3', '127.0.0.1:4']}
@@ -90,6 +94,31 @@ class OneDeviceSetup(option.Setup):
 
 
 _WORKERS = {'worker': ['127.0.0.1:1', '127.0.0.1:2']}
+
+
+class PeerWaitTest(tf.test.TestCase):
+  """A peer that never comes is a SetupError after --peer_timeout_s,
+  raised before the strategy exists (framework/distribute/peer_wait.py)."""
+
+  def testMultiWorkerAndPsChiefRefuseAfterTheTimeout(self):
+    workers = test_utils.LocalCluster(worker=2)
+    ps = test_utils.LocalCluster(chief=1, ps=1, worker=1)
+    for config, missing in (
+        (_PsConfig(workers, 'worker', 0),
+         f"worker 1 at {workers['worker'][1]}"),
+        (_PsConfig(ps),
+         f"ps 0 at {ps['ps'][0]}, worker 0 at {ps['worker'][0]}")):
+      with self.subTest(jobs=sorted(config['cluster'])):
+        start = time.monotonic()
+        with self.assertRaisesRegex(
+            distribution.SetupError,
+            rf'^\d of \d peer\(s\) never accepted a connection within '
+            rf'--peer_timeout_s=0\.5 s: {re.escape(missing)}\. '):
+          distribution.Create(tf_config=config, peer_timeout_s=0.5)
+        self.assertBetween(time.monotonic() - start, 0.5, 3)
+    # The multi-worker host listened on its port while it waited: free now.
+    socket.create_server(('', int(workers['worker'][0].split(':')[1]))
+                         ).close()
 
 
 class RegistryTest(tf.test.TestCase):

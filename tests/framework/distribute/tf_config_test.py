@@ -2,9 +2,13 @@
 
 Pure parsing (no TensorFlow in the module); every bad form is a
 ConfigError naming the source, the value and the rule. The trainer's
-real-process cases are rows of tests/trainer_bad_inputs_test.py.
+real-process cases are rows of tests/trainer_bad_inputs_test.py. Host
+names are resolved (within a bound) before addresses are compared.
 """
 import json
+import re
+import socket
+import time
 import unittest
 
 from cadence.framework.distribute import tf_config
@@ -92,6 +96,75 @@ class TfConfigTest(unittest.TestCase):
       with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
         with self.assertRaisesRegex(tf_config.ConfigError, regex):
           tf_config.Read(**kwargs)
+
+
+class ResolvedAddressesTest(unittest.TestCase):
+  """Two spellings of one IP and port are one address; a name that does
+  not resolve (yet) is compared by its text, within a bound."""
+
+  def testSpellingsOfOneAddressAreRefusedNamingBoth(self):
+    cases = [
+        (['localhost:2222', '127.0.0.1:2222'], 'worker 0', 'localhost:2222',
+         '127.0.0.1:2222', '127.0.0.1:2222'),
+        (['[::1]:7', '[0:0::1]:7'], 'worker 0', '[::1]:7', '[0:0::1]:7',
+         r'\[::1\]:7'),
+        (['[::ffff:127.0.0.1]:7', 'h1:7', '127.0.0.1:7'], 'worker 0',
+         '[::ffff:127.0.0.1]:7', '127.0.0.1:7', '127.0.0.1:7'),
+    ]
+    for addresses, first, spelt, again, endpoint in cases:
+      with self.subTest(addresses=addresses):
+        with self.assertRaisesRegex(
+            tf_config.ConfigError,
+            rf"^\$TF_CONFIG: address '{re.escape(again)}' is given twice, "
+            rf"for {first} \(as '{re.escape(spelt)}', both {endpoint}\) and "
+            r'worker \d; each task needs its own host:port\.$'):
+          tf_config.Read(environ=_Env(cluster={'worker': addresses}))
+
+  def testDifferentPortsOrUnresolvedNamesPass(self):
+    for addresses in (['localhost:2222', '127.0.0.1:2223'],
+                      ['h0:2222', 'h1:2222'],   # Not resolvable here.
+                      ['no-such-host.invalid:1', 'localhost:1']):
+      with self.subTest(addresses=addresses):
+        config = tf_config.Read(environ=_Env(cluster={'worker': addresses}))
+        self.assertEqual(addresses, config['cluster']['worker'])
+    # An unresolved name is compared by its text (host names ignore case).
+    with self.assertRaisesRegex(
+        tf_config.ConfigError, r"^\$TF_CONFIG: address 'H0:1' is given "
+        r"twice, for worker 0 \(as 'h0:1', both h0:1\) and worker 1;"):
+      tf_config.Read(environ=_Env(cluster={'worker': ['h0:1', 'H0:1']}))
+
+  def testResolutionIsBounded(self):
+    calls = []
+
+    def _Lookup(name, port, type):   # pylint: disable=redefined-builtin
+      calls.append((name, port, type))
+      if name == 'slow':
+        time.sleep(5)   # A DNS server that does not answer.
+      if name == 'gone':
+        raise socket.gaierror(-2, 'Name or service not known')
+      return [(socket.AF_INET, type, 6, '', ('10.0.0.7', 0)),
+              (socket.AF_INET6, type, 6, '', ('::ffff:10.0.0.8', 0, 0, 0))]
+
+    start = time.monotonic()
+    resolved = tf_config.ResolveHosts(
+        ['slow', 'gone', 'h0', '10.0.0.9', '::1', 'h0'], within_s=0.3,
+        lookup=_Lookup)
+    elapsed = time.monotonic() - start
+    self.assertEqual({'slow': None, 'gone': None,
+                      'h0': frozenset(['10.0.0.7', '10.0.0.8']),
+                      '10.0.0.9': frozenset(['10.0.0.9']),
+                      '::1': frozenset(['::1'])}, resolved)
+    self.assertGreaterEqual(elapsed, 0.3)
+    self.assertLess(elapsed, 2.0)
+    # IP literals are not looked up; each name once, the lookups at once.
+    self.assertCountEqual(['slow', 'gone', 'h0'], [c[0] for c in calls])
+
+  def testLocalNamesResolveFast(self):
+    start = time.monotonic()
+    resolved = tf_config.ResolveHosts(['localhost', '127.0.0.1'])
+    self.assertLess(time.monotonic() - start, 0.45)   # The bound is 0.5 s.
+    self.assertIn('127.0.0.1', resolved['localhost'])
+    self.assertEqual(frozenset(['127.0.0.1']), resolved['127.0.0.1'])
 
 
 if __name__ == '__main__':

@@ -8,6 +8,10 @@ be resolved or reached fails at once (the trainer's exit 2 is in
 tests/trainer_tpu_test.py).
 """
 import itertools
+import json
+import os
+import unittest
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -89,15 +93,45 @@ class LogicalCoreTest(tf.test.TestCase):
 class ConnectTest(tf.test.TestCase):
 
   def testUnknownNameFailsWithOneLine(self):
-    if tpu.HasCloudTpuClient():
-      regex = r"^--tpu='nonexistent': cannot resolve the TPU \("
-    else:   # Said before trying: the lookup needs the Google API client.
-      regex = (r"^--tpu='nonexistent' --tpu_zone='us-central2-b': a TPU name "
-               r'is looked up with the Cloud TPU API, which needs the Google '
-               r'API client: pip install -e "\.\[tpu\]" \(cloud-tpu-client\); '
-               r"or give the TPU's grpc://host:8470 address\.$")
-    with self.assertRaisesRegex(tpu.TpuError, regex):
-      tpu.Connect('nonexistent', zone='us-central2-b')
+    where = (r"^--tpu='nonexistent' --tpu_zone='us-central2-b' "
+             r"--tpu_project='my-project': ")
+    if tpu.HasTpuApiClient():   # Tried: this machine has no credentials.
+      regex = where + r'cannot resolve the TPU \(DefaultCredentialsError: '
+    else:   # Said before trying: the lookup needs the API's client.
+      regex = where + (
+          r'a TPU name is looked up with the Cloud TPU API, whose client is '
+          r'not installed: pip install -e "\.\[tpu\]" \(in one command with '
+          r'your TensorFlow extra, e\.g\. "\.\[cpu,tpu\]"\); or give '
+          r"--tpu=local on a TPU VM, or a TPU Node's grpc://host:8470 "
+          r'address\.$')
+    # No credentials, and no probe of the GCE metadata server for them.
+    no_credentials = {'NO_GCE_CHECK': 'True', 'GOOGLE_APPLICATION_CREDENTIALS':
+                      '', 'CLOUDSDK_CONFIG': self.get_temp_dir()}
+    with mock.patch.dict(os.environ, no_credentials):
+      with self.assertRaisesRegex(tpu.TpuError, regex):
+        tpu.Connect('nonexistent', zone='us-central2-b', project='my-project')
+
+  @unittest.skipUnless(tpu.HasTpuApiClient(), "needs setup.py's tpu extra")
+  def testNameResolvesThroughTheApiObjectWithoutOauth2client(self):
+    # What Connect hands TensorFlow's resolver for a name (_TpuApi), here
+    # answering the Cloud TPU API's nodes.get from memory.
+    from googleapiclient import discovery  # pylint: disable=g-import-not-at-top
+    from googleapiclient import http  # pylint: disable=g-import-not-at-top
+    from google.auth import credentials  # pylint: disable=g-import-not-at-top
+    node = {'state': 'READY', 'networkEndpoints': [
+        {'ipAddress': '10.0.0.2', 'port': 8470},
+        {'ipAddress': '10.0.0.3', 'port': 8470}]}
+    service = discovery.build(
+        'tpu', 'v1', credentials=credentials.AnonymousCredentials(),
+        cache_discovery=False, requestBuilder=http.RequestMockBuilder(
+            {'tpu.projects.locations.nodes.get': (None, json.dumps(node))},
+            check_unexpected=True))
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+        tpu='my-tpu', zone='us-central2-b', project='my-project',
+        service=service)
+    self.assertEqual(resolver.master(), 'grpc://10.0.0.2:8470')
+    self.assertEqual(resolver.cluster_spec().as_dict(),
+                     {'worker': ['10.0.0.2:8470', '10.0.0.3:8470']})
 
   def testNamesAndAddresses(self):
     self.assertTrue(tpu.IsName('my-tpu'))

@@ -23,7 +23,8 @@ _DEFAULTS = dict(
     worker_split_size=None, worker_gpus=0, steps_per_loop=0, cluster_spec='',
     task_type='worker', task_index=0, peak_tflops=0.0, device_memory_gib=0.0,
     eval_timeout_s=0.0, tpu='', tpu_zone='', tpu_project='', xla=False,
-    export_batch_size=None, export_max_len=None, graph_optimizer=True)
+    export_batch_size=None, export_max_len=None, graph_optimizer=True,
+    peer_timeout_s=600.0)
 
 
 def _Options(**kw):
@@ -70,6 +71,9 @@ class CheckTest(unittest.TestCase):
          r'number >= 0'),
         (dict(peak_tflops=float('inf')), r'^--peak_tflops=inf must be a '
          r'number >= 0'),
+        (dict(peer_timeout_s=-1.0), r'^--peer_timeout_s=-1\.0 must be a '
+         r'number >= 0 \(seconds to wait for the peer hosts of a TF_CONFIG '
+         r'job; 0: no limit\)\.$'),
         (dict(device_memory_gib='16'), r"^--device_memory_gib='16' must be "
          r'a number >= 0 \(GiB of memory per device; 0: no check\)\.$'),
         (dict(xla='yes'), r"^--xla='yes' must be True or False\.$"),

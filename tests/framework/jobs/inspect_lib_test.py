@@ -46,7 +46,7 @@ class ModelReportTest(tf.test.TestCase):
     meta = lm_model.LanguageModel.FPropMeta(
         params.task, params.input.cls.BatchShapes(params.input))
     self.assertIn(f'Forward FLOPs per batch of 32: {meta.flops:,}', report)
-    for i, flops in enumerate(meta.partitions):
+    for i, flops in enumerate(meta.plan.StageFlops()):
       self.assertRegex(report, rf'cell {i} +/device:CPU:{i} +[\d,]+ +'
                        rf'{flops:,} ')
     # Memory per stage: weights, the gradients' sum and Adam's two slots

@@ -69,6 +69,30 @@ class MemoryCheckTest(tf.test.TestCase):
     self.assertGreater(shared.activations, 10 * small.activations)
     self.assertEqual(shared.params, small.params)
 
+  def testFromParamsAloneEqualsTheBuiltTask(self):
+    # What the trainer checks before it builds anything: the plan's units'
+    # variables, not the model's: the same verdict, with and without stages
+    # sharing a device.
+    for key, overrides, splits in (
+        (_LM, {'input.batch_size': 64}, 2),
+        (_LM, {'task.stack_tpl.pipeline_tpl.schedule': 'interleaved_1f1b',
+               'task.stack_tpl.pipeline_tpl.stages_per_device': 2}, 2),
+        ('image.shapes_resnet.ShapesResNetTiny', None, 2)):
+      with self.subTest(key=key, overrides=overrides):
+        params = model_registry.GetParams(key, 'Train')
+        params.Set(**(overrides or {}))
+        task, cluster = _Built(key, overrides, splits)
+        with cluster:
+          devices = cluster.DevicesInModelSplit(0)
+          for limit in (1.0, 1e-3):
+            built = memory_check.Check(task, 'CPU', 1, limit)
+            alone = memory_check.CheckParams(params, devices, 'CPU', 1, limit)
+            self.assertEqual(built, alone)
+          self.assertEqual(
+              memory_check.Check(task, 'CPU', 2, host_memory=2**30),
+              memory_check.CheckParams(params, devices, 'CPU', 2,
+                                       host_memory=2**30))
+
   def testNoEstimateNoCheck(self):
     task, cluster = _Built('synthetic.linear_regression.RegressionTiny')
     with cluster, self.assertLogs(level='DEBUG') as logs:

@@ -1,6 +1,7 @@
 """Tests for the layout planner: plan_model, planner and plan_measure."""
 
 import collections
+import re
 from unittest import mock
 
 import numpy as np
@@ -17,6 +18,7 @@ from cadence.framework.pipeline import hardware
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
 from cadence.framework.pipeline import timeline_chart
+from cadence.framework.train import programs
 
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 Layout = plan_model.Layout
@@ -36,16 +38,16 @@ class PlanModelTest(tf.test.TestCase):
 
   def testLayersCostWhatTheModelCosts(self):
     model = self.model
-    self.assertEqual((4, 32), (model.num_layers, model.batch_size))
+    self.assertEqual((4, 32), (model.num_units, model.batch_size))
     meta = model.Meta(self.params, 32)      # The experiment's 2 cells.
     self.assertEqual(meta.flops, model.flops)
-    self.assertEqual(sum(meta.partitions), sum(model.item_flops))
+    self.assertEqual(sum(meta.plan.StageFlops()), sum(model.item_flops))
     # Middle layers alike; the embedding in the first, softmax in the last.
     self.assertEqual(model.item_flops[1], model.item_flops[2])
     self.assertGreater(model.item_flops[0], model.item_flops[1])
     self.assertGreater(model.item_flops[3], model.item_flops[0])
     # Every variable once: the weights' bytes are the model's.
-    task = model.symbolic_task
+    task = inspect_lib.BuildSymbolically(self.params)[0].task
     self.assertEqual(sum(_Bytes(v) for v in task.vars.Flatten()),
                      sum(w[0] for w in model.item_weights))
     # Adam: two slots of each trained weight.
@@ -154,7 +156,19 @@ class PlannerTest(tf.test.TestCase):
     self.assertLess(faster.step.time, self.planner.Predict(layout).step.time)
 
   def testSearch(self):
-    predictions, counts = self.planner.Search()
+    with self.assertLogs(level='INFO') as logs:
+      predictions, counts = self.planner.Search(progress_secs=0)
+    # A progress line before each shape (R, K, S, M, schedule) at 0 s.
+    shapes = len(logs.output)
+    self.assertRegex(logs.output[0], r'Planning: 0 of \d+ shapes ')
+    self.assertRegex(logs.output[-1], rf'Planning: {shapes - 1} of {shapes} '
+                     r'shapes \(R, K, S, M, schedule\) simulated in \d+ s, '
+                     r'\d+ layouts so far\.\.\.')
+    # --plan_measure times the parts at these sizes before the search.
+    self.assertEqual(
+        sorted({self.model.PerReplicaBatch(p.layout) //
+                p.layout.micro_batches for p in predictions}),
+        planner.MicroBatchSizes(self.model, 4))
     self.assertGreater(len(predictions), 50)
     self.assertEqual(planner.Rank(predictions), predictions)
     seen = set()
@@ -242,7 +256,7 @@ class PlannerTest(tf.test.TestCase):
     zb = Layout(1, 1, 1, 4, 'zb_h1', 'never', None)
     fused = Layout(1, 1, 1, 4, 'gpipe', 'never', None)
     self.assertAllClose(
-        none.Predict(zb).step.time + 4 * model.num_layers * 0.005,
+        none.Predict(zb).step.time + 4 * model.num_units * 0.005,
         split.Predict(zb).step.time, rtol=1e-9)
     self.assertAllClose(none.Predict(fused).step.time,
                         split.Predict(fused).step.time, rtol=1e-12)
@@ -265,9 +279,20 @@ class PlannerTest(tf.test.TestCase):
     layouts = planner.CalibrationLayouts(self.model)
     costs = planner.MeasuredCosts(self.model, 'CPU:0', None, parts={},
                                   update_rate=1e-9)
-    with mock.patch.object(plan_measure, 'BuildStep', _Build):
+    with mock.patch.object(plan_measure, 'BuildStep', _Build), \
+        self.assertLogs(level='INFO') as logs:
       got = costs.MeasureSteps(layouts, runs=3, steps=4)
     self.assertEqual({l: 1.0 for l in layouts}, got)
+    # A progress line for each layout built and for each round.
+    n = len(layouts)
+    self.assertEqual(
+        [f'INFO:absl:Timing real steps: building the train step of layout '
+         f'{i + 1} of {n} ({l.Name()}) and running 2 steps...'
+         for i, l in enumerate(layouts)] +
+        [f'INFO:absl:Timing real steps: round {r} of 3 (steps of each of the '
+         f'{n} layouts, interleaved)...' for r in (1, 2, 3)] +
+        [f'INFO:absl:Timing real steps: done; freeing the {n} programs built '
+         'for them...'], logs.output)
 
   def testShortStepsAreTimedOverAWindow(self):
     """Steps of 0.1 s: 3 of them, or as many as fill a window of 1 s (10),
@@ -332,8 +357,68 @@ class PlannerTest(tf.test.TestCase):
     self.assertLen(boxes, 2 * 2 * 4)
     self.assertIn('<svg', timeline.Svg())
 
+  def testSimulatedChartSaysTheTablesStepTime(self):
+    """The chart's title and time axis end at the table's step time: its
+    pipeline's actions, then the all-reduce and update, then the fixed
+    cost; a simulation has no ops outside the actions, so no grey row."""
+    layout = Layout(2, 2, 2, 4, '1f1b', 'never', None)
+    p = self.planner.Predict(layout, overheads=planner.Overheads(
+        step=0.003, replica=0.001))
+    step = p.step
+    self.assertGreater(step.allreduce, 0)
+    svg = planner.SimulatedChart(p)
+    table_ms = planner._Row(1, p).split()[8]  # pylint: disable=protected-access
+    self.assertEqual(planner._Ms(step.time), table_ms)  # pylint: disable=protected-access
+    # The title's lines: after the background, before the legend.
+    lines = svg.splitlines()[2:]
+    lines = lines[:[l.startswith('<rect') for l in lines].index(True)]
+    title = ' '.join(re.fullmatch(r'<text x="4" y="\d+">(.*)</text>',
+                                  line).group(1) for line in lines)
+    self.assertRegex(title, rf'^Simulated step of {layout.Name()} '
+                     rf'\(planner\): {table_ms} ms \(the step time of the '
+                     r'plan\'s table\) = ')
+    # Its terms add up to the step time: the actions, all-reduce and update
+    # after them, and the fixed cost (0.003 + 0.001 a replica beyond one).
+    terms = re.findall(r'[=+] ([\d.]+) ms (?:of )?([a-z -]+)', title)
+    self.assertEqual(['pipeline actions', 'all-reduce and update', 'fixed'],
+                     [name.strip() for _, name in terms])
+    self.assertAllClose([step.pipeline, step.time - step.pipeline - 0.004,
+                         0.004], [float(ms) / 1000 for ms, _ in terms],
+                        rtol=1e-3)
+    self.assertIn(f'>{table_ms} ms</text>', svg)     # The axis's end.
+    self.assertIn('>all-reduce and update</text>', svg)   # The legend.
+    self.assertNotIn('outside', svg)
+    self.assertNotIn(f'rgb{timeline_chart.OTHER_COLOUR}', svg)
+    self.assertNotIn('Marks under a row', svg)
+    self.assertIn('Idle (white): the device waits for an action', svg)
+    path = planner.WriteTimeline(p, self.get_temp_dir())
+    with open(path) as f:
+      self.assertEqual(svg, f.read())
+    with open(path.replace('.svg', '.txt')) as f:
+      self.assertEqual(planner.SimulatedTimeline(p).SpanTable(), f.read())
+
 
 class PlanMeasureTest(tf.test.TestCase):
+
+  def testCalibrationStepsReadTheirBatchWithoutAutotuning(self):
+    """BuildStep's steps read one random batch over and over from a
+    dataset without tf.data's autotuning: nothing to tune, and with it
+    freeing the planner's calibration steps waited for its threads."""
+    model = plan_model.PlanModel(model_registry.GetParams(_TINY, 'Train'))
+    layout = Layout(1, 1, 1, 1, 'gpipe', 'never', None)
+    datasets = []
+    runner = programs.TrainProgram.StepRunner
+
+    def _Runner(program, dataset=None):
+      datasets.append(dataset)
+      return runner(program, dataset)
+
+    with mock.patch.object(programs.TrainProgram, 'StepRunner', _Runner):
+      run = plan_measure.BuildStep(model.LayoutParams(layout),
+                                   ['/device:CPU:0'], self.get_temp_dir())
+    self.assertGreater(run(1), 0.0)
+    self.assertLen(datasets, 1)
+    self.assertFalse(datasets[0].options().autotune.enabled)
 
   def testPartsAreTimedForwardAndBackward(self):
     """The timed backward is the real one: its gradients equal numpy's."""
@@ -364,7 +449,10 @@ class PlanMeasureTest(tf.test.TestCase):
 
   def testCalibrateFillsOnlyWhatItMeasures(self):
     hw = hardware.Parse('cpu,devices=2,tflops=20,concurrency=1/1.3')
-    got = plan_measure.Calibrate(hw, ['/device:CPU:0'])
+    with self.assertLogs(level='INFO') as logs:
+      got = plan_measure.Calibrate(hw, ['/device:CPU:0'])
+    self.assertEqual(['INFO:absl:Measuring this host (1 of 1): a device\'s '
+                      'memory bandwidth...'], logs.output)
     self.assertEqual((20e12, (1.0, 1.3)), (got.flops, got.concurrency))
     self.assertGreater(got.memory_bandwidth, 0)
     self.assertGreater(got.memory, 0)            # The host's.

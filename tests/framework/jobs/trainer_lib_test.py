@@ -305,6 +305,17 @@ class LoggingTest(tf.test.TestCase):
         py_logging.WARNING, '5 out of the last 5 calls to <function '
         'MultiDeviceSaver.save.<locals>.tf_function_save at 0x7f> triggered '
         'tf.function retracing. Tracing is expensive')))
+    # The train loop, traced once per program (--plan_measure builds one
+    # per calibration layout); another function's retracing is kept.
+    self.assertFalse(keep(self._Record(
+        py_logging.WARNING, '5 out of the last 5 calls to <bound method '
+        'TrainProgram._TrainLoop of <cadence.framework.train.programs.'
+        'TrainProgram object at 0x7f>> triggered tf.function retracing. '
+        'Tracing is expensive', name='absl', path=__file__)))
+    self.assertTrue(keep(self._Record(
+        py_logging.WARNING, '5 out of the last 5 calls to <function '
+        '_Step at 0x7f> triggered tf.function retracing. Tracing is '
+        'expensive')))
     ours = self._Record(py_logging.INFO, 'Saved checkpoint', name='absl',
                         path=programs.__file__)
     self.assertTrue(keep(ours))

@@ -115,25 +115,33 @@ class PipelineLossTest(tf.test.TestCase):
 
   def testZeroBubbleAndInterleavedGrid(self):
     # K devices x M micro-batches x v stages per device: loss, metrics and
-    # every gradient equal the sequential model's. A size a schedule does
-    # not allow is one error naming the rule.
+    # every gradient equal the sequential model's (interleaved on more
+    # devices and micro-batches: testInterleavedAnyMicroBatchesGrid).
     for k, m in itertools.product((1, 2, 4), (1, 2, 4, 8)):
       for schedule, v, remat in (('zb_h1', 1, 'never'),
                                  ('zb_h1', 2, 'except_last'),
                                  ('zb_v', 2, 'always'),
                                  ('interleaved_1f1b', 2, 'never')):
+        if schedule == 'interleaved_1f1b' and k > 1:
+          continue
         with self.subTest(k=k, m=m, schedule=schedule, v=v):
           self._Setup(k * v, m)
-          if schedule == 'interleaved_1f1b' and m % k:
-            with self.assertRaisesRegex(
-                ValueError, f'num_micro_batches={m} must be a multiple of '
-                f'num_devices={k}'):
-              self._Run(self._OnStages(schedule, k * v, k, remat))
-            continue
           self.assertAllClose(self._Run(self._Sequential()),
                               self._Run(self._OnStages(schedule, k * v, k,
                                                        remat)),
                               atol=1e-5, rtol=1e-5)
+
+  def testInterleavedAnyMicroBatchesGrid(self):
+    # Interleaved 1F1B with M < K and M not a multiple of K too: K devices x
+    # M micro-batches x v stages per device, loss, metrics and gradients
+    # equal the sequential model's.
+    for k, m, v in itertools.product((2, 4), (1, 2, 3, 4, 6, 8), (2, 3)):
+      with self.subTest(k=k, m=m, v=v):
+        self._Setup(k * v, m)
+        self.assertAllClose(self._Run(self._Sequential()),
+                            self._Run(self._OnStages('interleaved_1f1b',
+                                                     k * v, k, 'never')),
+                            atol=1e-5, rtol=1e-5)
 
   def testZeroBubbleInFunction(self):
     # In a graph B and W run the two halves of the cut backward

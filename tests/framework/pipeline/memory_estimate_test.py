@@ -1,5 +1,5 @@
 """Tests for cadence.framework.pipeline.memory_estimate and the layers'
-act_bytes."""
+activation bytes (their cost records' act, act_weights, residuals)."""
 import tensorflow as tf
 
 from cadence.framework import base_layer
@@ -33,11 +33,11 @@ def _Saved(params, input_specs, policy='all'):
 
 
 def _Check(test, params, input_specs, meta, rtol=0.02):
-  """act_bytes and act_bytes_weights of `meta` against SavedBytes,
-  residual_bytes against ResidualBytes."""
-  for policy, got in (('all', meta.act_bytes),
-                      ('weights', meta.act_bytes_weights),
-                      ('residuals', meta.residual_bytes)):
+  """act and act_weights of the cost record `meta` against SavedBytes,
+  residuals against ResidualBytes."""
+  for policy, got in (('all', meta.act),
+                      ('weights', meta.act_weights),
+                      ('residuals', meta.residuals)):
     with test.subTest(policy=policy):
       test.assertAllClose(_Saved(params, input_specs, policy), got,
                           rtol=rtol)
@@ -54,7 +54,7 @@ def _TwoCells1F1B():
 
 
 class ActBytesTest(tf.test.TestCase):
-  """FPropMeta's act_bytes equal what TF's gradient really reads."""
+  """FPropMeta's act equals what TF's gradient really reads."""
 
   def testTransformerLayer(self):
     small, other = (4, 8, 16, 2, 32), (2, 12, 24, 4, 40)
@@ -72,7 +72,7 @@ class ActBytesTest(tf.test.TestCase):
                p.cls.FPropMeta(p, shapes.Shape([b, t, d])))
     p.is_inference = True
     self.assertEqual(4 * (8 * b * t * d + b * h * t * t + b * t * f),
-                     p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
+                     p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act)
 
   def testNormAndSoftmax(self):
     for norm in (normalization.LayerNorm, normalization.RMSNorm):
@@ -107,7 +107,7 @@ class ActBytesTest(tf.test.TestCase):
     self.assertEqual(
         2 * (6 * b * t * d + b * h * t * t + b * t * f + 4 * d * d +
              2 * d * f) + 2 * 4 * b * t * d,
-        p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act_bytes)
+        p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act)
     ln = normalization.LayerNorm.Params().Set(name='ln', input_dim=64, **bf16)
     _Check(self, ln, [tf.TensorSpec([4, 8, 64], tf.bfloat16)],
            ln.cls.FPropMeta(ln, shapes.Shape([4, 8, 64])))
@@ -123,7 +123,7 @@ class ActBytesTest(tf.test.TestCase):
   def testUnknownBatch(self):
     p = transformer.TransformerLayer.Params().Set(
         name='x', input_dim=8, hidden_dim=16, num_heads=2)
-    self.assertIsNone(p.cls.FPropMeta(p, shapes.Shape([None, 4, 8])).act_bytes)
+    self.assertIsNone(p.cls.FPropMeta(p, shapes.Shape([None, 4, 8])).act)
 
 
 class StageMemoryTest(tf.test.TestCase):

@@ -3,6 +3,7 @@ import itertools
 
 import tensorflow as tf
 
+from cadence.framework.pipeline import schedule_builders
 from cadence.framework.pipeline import schedules as ps
 
 F, B, W = ps.FORWARD, ps.BACKWARD, ps.WEIGHT
@@ -199,14 +200,106 @@ class InterleavedTest(tf.test.TestCase):
       self.assertEqual(ps.Build('1f1b', d, d, m).actions,
                        ps.Build('interleaved_1f1b', d, d, m).actions)
 
-  def testMicroBatchesInGroupsOfTheDevices(self):
+  def testMegatronListsWhenDevicesDivideMicroBatches(self):
+    # Megatron's rule, written out: device d's k-th forward is of chunk
+    # (k // D) % v on micro-batch (k // (D v)) D + k % D, its k-th backward
+    # the same with the chunks reversed; (D - d - 1) 2 + (v - 1) D forwards
+    # to warm up, then F and B in turn.
+    for d, v, groups in itertools.product((1, 2, 3, 4), (2, 3), (1, 2, 3)):
+      m = d * groups
+      want = []
+      for dev in range(d):
+        def _Nth(kind, k, dev=dev):
+          group, chunk = divmod(k // d, v)
+          chunk = v - 1 - chunk if kind == B else chunk
+          return a(kind, chunk * d + dev, group * d + k % d)
+        warm = min((d - dev - 1) * 2 + (v - 1) * d, v * m)
+        order = [_Nth(F, k) for k in range(warm)]
+        for k in range(v * m - warm):
+          order += [_Nth(F, warm + k), _Nth(B, k)]
+        want.append(tuple(order + [_Nth(B, k)
+                                   for k in range(v * m - warm, v * m)]))
+      with self.subTest(d=d, v=v, m=m):
+        self.assertEqual(tuple(want),
+                         ps.Build('interleaved_1f1b', d * v, d, m).actions)
+
+  def testRounds(self):
+    for d, m in itertools.product(range(1, 6), range(1, 21)):
+      with self.subTest(d=d, m=m):
+        rounds = schedule_builders.InterleavedRounds(d, m)
+        self.assertEqual(m, sum(rounds))
+        self.assertLen(rounds, max(1, m // d))
+        self.assertEqual(sorted(rounds, reverse=True), rounds)
+        self.assertLessEqual(rounds[0] - rounds[-1], 1)
+        if m >= d:   # At least D, so device 0 never waits between chunks.
+          self.assertTrue(all(d <= r < 2 * d for r in rounds))
+        if m % d == 0:
+          self.assertEqual([d] * (m // d), rounds)
+    self.assertEqual([3, 2, 2], schedule_builders.InterleavedRounds(2, 7))
+    self.assertEqual([2], schedule_builders.InterleavedRounds(4, 2))
+
+  def testAnyNumberOfMicroBatches(self):
+    # M < D and M not a multiple of D (PyTorch's ScheduleInterleaved1F1B
+    # takes some; here every M >= 1). Build checks each action once, on its
+    # stage's device, after what it needs, without deadlock.
+    for d, m, v in itertools.product((2, 4), range(1, 9), (2, 3)):
+      with self.subTest(d=d, m=m, v=v):
+        schedule = ps.Build('interleaved_1f1b', d * v, d, m)
+        self.assertEqual(tuple(s % d for s in range(d * v)),
+                         schedule.stage_devices)
+        for dev, device in enumerate(schedule.actions):
+          self.assertCountEqual(
+              [a(kind, s, j) for s in schedule.Stages(dev)
+               for j in range(m) for kind in (F, B)], device)
+          for t, x in enumerate(device):   # A device's F before its B.
+            if x.kind == B:
+              self.assertIn(a(F, x.stage, x.micro_batch), device[:t])
+        # Memory: the warm-up's stage-micro-batches and the one forward
+        # before each backward (at most v M); rounds under 2D, so at most
+        # v (2D - 1), i.e. 2D - 1 micro-batches of a stage v times as
+        # large; Megatron's (v - 1) D + 2 (D - d - 1) + 1 when D divides M.
+        warm = [schedule_builders.InterleavedWarmUp(dev, d, v, m)
+                for dev in range(d)]
+        self.assertEqual([min(w + 1, v * m) for w in warm],
+                         _PeakHeld(schedule))
+        self.assertLessEqual(max(_PeakHeld(schedule)), v * (2 * d - 1))
+        if m % d == 0:
+          self.assertEqual(
+              [min((v - 1) * d + 2 * (d - dev - 1) + 1, v * m)
+               for dev in range(d)], _PeakHeld(schedule))
+        # The bubble reported, each stage 1/v of a step: Megatron's for
+        # M >= D; for M < D each micro-batch waits D stage-times to come
+        # back to device 0 for its next stage.
+        bubble = schedule.Bubble(lambda x: 1.0 / v)
+        self.assertAllClose(
+            ps.FormulaBubble('interleaved_1f1b', d * v, d, m), bubble)
+        self.assertAllClose(
+            (d - 1) / (v * m + d - 1) if m >= d else
+            (v * (d - m) + m - 1) / (v * d + m - 1), bubble)
+
+  def testHandWrittenLists(self):
+    # D=4, v=2, M=2: one round of 2; device 3 goes from the first forward
+    # of its last stage to 1F1B, the others run all their forwards first.
+    self.assertEqual('F0:0 F0:1 F4:0 F4:1 B4:0 B4:1 B0:0 B0:1\n'
+                     'F1:0 F1:1 F5:0 F5:1 B5:0 B5:1 B1:0 B1:1\n'
+                     'F2:0 F2:1 F6:0 F6:1 B6:0 B6:1 B2:0 B2:1\n'
+                     'F3:0 F3:1 F7:0 B7:0 F7:1 B7:1 B3:0 B3:1',
+                     ps.Build('interleaved_1f1b', 8, 4, 2).Text())
+    # D=2, v=2, M=5: rounds of 3 and 2 micro-batches.
+    self.assertEqual(
+        'F0:0 F0:1 F0:2 F2:0 F2:1 F2:2 B2:0 F0:3 B2:1 F0:4 B2:2 F2:3 B0:0 '
+        'F2:4 B0:1 B0:2 B2:3 B2:4 B0:3 B0:4\n'
+        'F1:0 F1:1 F1:2 F3:0 B3:0 F3:1 B3:1 F3:2 B3:2 F1:3 B1:0 F1:4 B1:1 '
+        'F3:3 B1:2 F3:4 B3:3 B3:4 B1:3 B1:4',
+        ps.Build('interleaved_1f1b', 4, 2, 5).Text())
+
+  def testStagesAMultipleOfDevices(self):
+    # The only size refused: no looped placement of v stages on each
+    # device (every M >= 1 has a schedule).
     with self.assertRaisesRegex(
-        ValueError, r"Schedule 'interleaved_1f1b': interleaved stages send "
-        r'micro-batches round the devices in groups of D: '
-        r'num_micro_batches=3 must be a multiple of num_devices=2'):
-      ps.Build('interleaved_1f1b', 4, 2, 3)
-    with self.assertRaisesRegex(ValueError, 'num_stages=5 a multiple of '
-                                'num_devices=2'):
+        ValueError, "Schedule 'interleaved_1f1b': interleaved stages: stage "
+        r's on device s % D, num_stages=5 a multiple of num_devices=2 '
+        r'\(stages_per_device = num_stages / num_devices on each device\)'):
       ps.Build('interleaved_1f1b', 5, 2, 4)
 
 

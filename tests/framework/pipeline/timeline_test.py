@@ -129,15 +129,16 @@ class TimelineTest(tf.test.TestCase):
         _Boxes(chart, a[1]), key=lambda b: -b.w)
     self.assertEqual(b1, _SpanBox(chart, timeline, a[1]))
     self.assertNotEqual(b0.y, b1.y)            # Two lanes.
-    self.assertAllClose((150 + 800 * 0.2 / 4, 1.0),
-                        (mark.x, mark.w))       # 0.2 s of 4 s, 1 pixel.
+    # 0.2 s of 4 s on the axis's 760 pixels (950 - left 150 - right 40),
+    # 1 pixel wide.
+    self.assertAllClose((150 + 760 * 0.2 / 4, 1.0), (mark.x, mark.w))
     self.assertGreaterEqual(mark.y, max(b0.y + b0.h, b1.y + b1.h))
     self.assertEqual(2, chart.rows[0].lanes)
     for first in range(len(chart.boxes)):
       for second in chart.boxes[first + 1:]:
         self.assertFalse(_Overlap(chart.boxes[first], second),
                          (chart.boxes[first], second))
-    labels = {label.action: label for label in chart.labels}
+    labels = {label.action: label for label in chart.labels if label.main}
     self.assertTrue(labels[a[0]].inside)
     # A label in its box: inside the box of the action's span.
     for action in (a[0], a[1]):
@@ -145,12 +146,17 @@ class TimelineTest(tf.test.TestCase):
       self.assertBetween(label.x, box.x, box.x + box.w - label.w)
       self.assertBetween(label.y, box.y, box.y + box.h - label.h)
     # Too short: the label goes above the row; the next one, which would
-    # cover it, is left to the table.
+    # cover it there, on a tier above it; each with a leader to its box.
     self.assertFalse(labels[a[2]].inside)
     self.assertLessEqual(labels[a[2]].y + labels[a[2]].h,
                          min(b.y for b in chart.boxes if b.action in a))
-    self.assertNotIn(a[3], labels)
-    self.assertIn('F(0, 3)', timeline.SpanTable())
+    self.assertFalse(labels[a[3]].inside)
+    self.assertLessEqual(labels[a[3]].y + labels[a[3]].h, labels[a[2]].y)
+    for action in a[2:]:
+      label, box = labels[action], _SpanBox(chart, timeline, action)
+      self.assertAllClose((label.x + label.w / 2, label.y + label.h - 2,
+                           box.x + box.w / 2, box.y), label.leader)
+    self.assertLen(chart.labels, len(timeline.actions))
     placed = list(labels.values())
     for i, label in enumerate(placed):
       self.assertBetween(label.x, 0, 950 - label.w)
@@ -159,8 +165,11 @@ class TimelineTest(tf.test.TestCase):
     svg = timeline.Svg(width=950)
     for label in placed:
       self.assertIn(f'<text x="{label.x + label.w / 2:.1f}" '
-                    f'y="{label.y + label.h - 3:.1f}" text-anchor="middle">'
-                    f'{label.text}</text>', svg)
+                    f'y="{label.y + label.h - 3:.1f}" text-anchor="middle"',
+                    svg)
+      self.assertIn(f'>{label.text}</text>', svg)
+    self.assertIn('A label above a row names the box its line leads to',
+                  svg)
 
   def testPictures(self):
     timeline = timeline_lib.Timeline(_Events(), _DEVICES)
@@ -170,18 +179,30 @@ class TimelineTest(tf.test.TestCase):
     # ops outside the actions; a white background.
     self.assertEqual(1 + 13 + 4, svg.count('<rect '))
     self.assertLen(chart.boxes, 13)
+    # Each box in a lane has a label: B(0, 0)'s other block too.
+    b00 = [label for label in chart.labels if label.action == (B, 0, 0)]
+    self.assertEqual([(False, '0'), (True, '0')],
+                     [(label.main, label.text) for label in b00])
+    block, = [b for b in _Boxes(chart, ps.Action(B, 0, 0)) if b.start == 6]
+    self.assertBetween(b00[0].x, block.x, block.x + block.w - b00[0].w)
     box = _SpanBox(chart, timeline, ps.Action(B, 0, 0))
-    # B(0, 0)'s span, from 7 to 8 s: x = 150 + 7/8 * 800.
-    self.assertAllClose((850.0, 100.0), (box.x, box.w))
-    self.assertIn(f'<rect x="850.0" y="{box.y:.1f}" width="100.0" '
+    # B(0, 0)'s span, from 7 to 8 s: x = 150 + 7/8 * 760 (the axis runs
+    # from the names' 150 pixels to the right margin's 40).
+    self.assertAllClose((815.0, 95.0), (box.x, box.w))
+    self.assertIn(f'<rect x="815.0" y="{box.y:.1f}" width="95.0" '
                   'height="16" fill="rgb(234, 134, 0)"><title>B(0, 0) (busy '
                   '1500.00 ms in all): 7000.00-8000.00 ms</title>', svg)
     self.assertIn('ops outside the actions: 3000.00-3500.00 ms', svg)
+    # The grey row is in the legend and the notes; so are the marks.
+    self.assertIn('>ops outside the actions</text>', svg)
+    self.assertIn('(the grey row:', svg)
+    self.assertIn('Marks under a row', svg)
     for tick in ('0 ms', '2000 ms', '8000 ms'):
       self.assertIn(f'>{tick}</text>', svg)
     image = timeline.Image(width=80, lane_height=10)
     small = timeline_chart.Layout(timeline, 80, left=0, top=0,
-                                  lane_height=10, gap=2, labels=False)
+                                  lane_height=10, gap=2, labels=False,
+                                  right=0)
     self.assertEqual((int(small.height), 80, 3), image.shape)
     row1 = small.rows[1].y
     self.assertAllEqual([66, 133, 244], image[5, 5])         # F(0, 0)
@@ -203,6 +224,111 @@ class TimelineTest(tf.test.TestCase):
     self.assertAllEqual(image, images['timeline'][0][1])
     self.assertEqual({'note': [(3, 'hello')]},
                      summary_utils.ReadTexts(self.get_temp_dir()))
+
+  def testEveryActionOfANarrowInterleavedChartIsLabelled(self):
+    """2 stages a device, 4 micro-batches, actions of very different
+    lengths, one after the other on each device: every action's span has
+    its label, inside its box (at the chart's font or a smaller one) or
+    above its row with a leader to it, and every box its tooltip."""
+    table = ps.Build('interleaved_1f1b', 4, 2, 4)
+    # Seconds of F and B of micro-batch j: wide, narrow, middling, narrow.
+    seconds = {F: (1.0, 0.1, 0.3, 0.12), B: (2.0, 0.15, 0.5, 1.0)}
+    ev = []
+    for device in table.actions:
+      t = 0.0
+      for a in device:
+        ev.append(_Op(a.kind, a.stage, a.micro_batch, t,
+                      t + seconds[a.kind][a.micro_batch]))
+        t += seconds[a.kind][a.micro_batch]
+    timeline = timeline_lib.Timeline(ev, _DEVICES, schedule=table.name)
+    chart = timeline_chart.Layout(timeline)
+    labels = {label.action: label for label in chart.labels}
+    self.assertLen(chart.labels, 32)
+    self.assertCountEqual(timeline.actions, labels)
+    sizes = collections.Counter(label.size if label.inside else 'above'
+                                for label in chart.labels)
+    self.assertEqual({11, 9, 'above'}, set(sizes), sizes)
+    for action, label in labels.items():
+      box = _SpanBox(chart, timeline, action)
+      self.assertEqual(f'{action.stage}.{action.micro_batch}', label.text)
+      if label.inside:
+        self.assertLessEqual(timeline_chart.LabelWidth(label.text,
+                                                       label.size), box.w)
+        self.assertBetween(label.x, box.x, box.x + box.w - label.w)
+        self.assertBetween(label.y, box.y, box.y + box.h - label.h)
+        self.assertIsNone(label.leader)
+        continue
+      row = chart.rows[timeline.Row(action)]
+      self.assertBetween(label.y, row.y, box.y - label.h)
+      self.assertAllClose((label.x + label.w / 2, label.y + label.h - 2,
+                           box.x + box.w / 2, box.y), label.leader)
+      for other in chart.boxes:
+        self.assertFalse(_Overlap(label, other), (label, other))
+    for i, label in enumerate(chart.labels):
+      self.assertBetween(label.x, 0, chart.width - label.w)
+      for other in chart.labels[i + 1:]:
+        self.assertFalse(_Overlap(label, other), (label, other))
+    svg = timeline.Svg()
+    self.assertEqual(len(chart.boxes), svg.count('"><title>'))
+    for action in timeline.actions:
+      self.assertIn(f'<title>{action} (busy', svg)
+
+  def testLabelsStackOnAtMostMaxTiers(self):
+    """10 boxes of a pixel side by side: the first MAX_TIERS get labels on
+    tiers above the row, the rest only their tooltips, and the notes say
+    so."""
+    ev = [_Op(F, 0, j, 0.001 * j, 0.001 * (j + 1)) for j in range(10)]
+    timeline = timeline_lib.Timeline(ev + [_Op(F, 1, 0, 0.01, 1.0)],
+                                     _DEVICES)
+    chart = timeline_chart.Layout(timeline)
+    above = [label for label in chart.labels if label.action.stage == 0]
+    self.assertEqual([ps.Action(F, 0, j) for j in
+                      range(timeline_chart.MAX_TIERS)],
+                     [label.action for label in above])
+    self.assertEqual(timeline_chart.MAX_TIERS * 14,
+                     min(b.y for b in chart.boxes if b.action.stage == 0) -
+                     chart.rows[0].y)
+    svg = timeline.Svg()
+    self.assertIn('Boxes without a label: more narrow boxes side by side '
+                  'than 3 tiers', svg)
+    for action in timeline.actions:
+      self.assertIn(f'<title>{action} (busy', svg)
+
+  def testTheTimeAxisEndsWithTheEndTime(self):
+    """The axis labels its end (the span's, or the bands' after it) in the
+    chart's right margin, in place of a round tick it would overlap."""
+    ev = [_Op(F, 0, 0, 0, 4), _Op(F, 1, 0, 4, 8.37)]
+    timeline = timeline_lib.Timeline(ev, _DEVICES)
+    chart = timeline_chart.Layout(timeline, width=950)
+    self.assertAllClose(8.37, chart.end)
+    # The axis: 150 to 950 - 40 pixels.
+    self.assertAllClose(910.0, max(b.x + b.w for b in chart.boxes))
+    svg = timeline.Svg(width=950)
+    self.assertIn('<text x="910.0" y="', svg)
+    self.assertIn('text-anchor="middle">8370 ms</text>', svg)
+    self.assertLessEqual(910 + timeline_chart.LabelWidth('8370 ms') / 2, 950)
+    self.assertIn('<line x1="910.0"', svg)          # Its tick.
+    self.assertIn('>6000 ms</text>', svg)
+    self.assertNotIn('>8000 ms</text>', svg)        # 34 pixels from the end.
+    # Bands after the actions: the axis runs to their end.
+    after = [('update', 1.63, 'the optimizer update')]
+    chart = timeline_chart.Layout(timeline, width=950,
+                                  after=[('update', 1.63)])
+    self.assertAllClose(10.0, chart.end)
+    band, = chart.bands
+    self.assertAllClose((150 + 8.37 * 76, 1.63 * 76, 8.37, 10.0),
+                        (band.x, band.w, band.start, band.end))
+    self.assertEqual((chart.rows[0].y, chart.rows[-1].y + chart.rows[-1].h),
+                     (band.y, band.y + band.h))
+    svg = timeline_chart.Svg(timeline, 950, after=after)
+    self.assertIn('>10000 ms</text>', svg)
+    self.assertIn('<title>update: 8370.00-10000.00 ms: the optimizer update'
+                  '</title>', svg)
+    self.assertIn('Update (the band after the actions): the optimizer '
+                  'update.', svg)
+    # No ops outside the actions: no grey row, legend or note of them.
+    self.assertNotIn('outside', svg)
+    self.assertNotIn('Marks under a row', svg)
 
   def testNoPipelineInTheProfile(self):
     with self.assertRaisesRegex(ValueError, 'Timeline: no op of the profile '

@@ -74,9 +74,14 @@ class CheckpointerTest(tf.test.TestCase):
     os.makedirs(os.path.join(directory, 'ckpt-5_temp', 'part-0'))
     with open(os.path.join(directory, 'ckpt-6_temp.index'), 'w') as f:
       f.write('x')
-    checkpointer.Checkpointer(directory, _State()[2], writer=False)
+    reader = checkpointer.Checkpointer(directory, _State()[2], writer=False)
+    self.assertIsNone(reader.Restore())
     self.assertTrue(os.path.exists(os.path.join(directory, 'ckpt-5_temp')))
-    checkpointer.Checkpointer(directory, _State()[2])
+    writer = checkpointer.Checkpointer(directory, _State()[2])
+    # Built, it touches nothing (a refused run leaves the logdir as it
+    # was); its first restore or save cleans up.
+    self.assertLen(os.listdir(directory), 2)
+    self.assertIsNone(writer.Restore())
     self.assertEqual(sorted(os.listdir(directory)), [])
 
   def testSaveFailureKeepsThePreviousCheckpointLatest(self):
@@ -252,11 +257,11 @@ class StateFileTest(tf.test.TestCase):
         self.assertAllEqual(w, np.full([2, 3], 30.0))
         with open(state, 'rb') as f:
           self.assertEqual(f.read(), content)
-        # The writer rewrites it at once, saying so in one line.
+        # The writer rewrites it at its first use, saying so in one line.
         w, _, objects = _State(-1.0)
+        writer = checkpointer.Checkpointer(directory, objects, max_to_keep=3)
         with self.assertLogs(level='WARNING') as logs:
-          writer = checkpointer.Checkpointer(directory, objects,
-                                             max_to_keep=3)
+          self.assertEqual(writer.latest_checkpoint, paths[-1])
         self.assertLen(logs.output, 1)
         self.assertRegex(
             logs.output[0], rf'The checkpoint state file {state} {why}.*: '
@@ -288,11 +293,11 @@ class StateFileTest(tf.test.TestCase):
     directory = self.get_temp_dir()
     with open(os.path.join(directory, 'checkpoint'), 'wb') as f:
       f.write(b'\xff\xfe')
+    ckpt = checkpointer.Checkpointer(directory, _State()[2])
     with self.assertLogs(level='WARNING') as logs:
-      ckpt = checkpointer.Checkpointer(directory, _State()[2])
+      self.assertIsNone(ckpt.Restore())
     self.assertRegex(logs.output[0], rf'is not text; no checkpoint files '
                      rf'beside it: moved it into {directory}/bad\.$')
-    self.assertIsNone(ckpt.Restore())
     self.assertEqual(sorted(os.listdir(directory)), ['bad'])
     with open(os.path.join(directory, 'bad', 'checkpoint'), 'rb') as f:
       self.assertEqual(f.read(), b'\xff\xfe')
@@ -321,6 +326,16 @@ class FinalMarkTest(tf.test.TestCase):
                      dict(step=120, reason='max_steps 120 reached'))
     checkpoint_files.RemoveFinalMark(directory)
     self.assertIsNone(checkpoint_files.ReadFinalMark(directory))
+
+  def testAnyOtherBytesAreNoMark(self):
+    directory = self.get_temp_dir()
+    path = os.path.join(directory, checkpoint_files.FINAL_MARK)
+    for data in (b'\xff\xfe\x00', b'[1, 2]', b'{"step": "7", "reason": "x"}',
+                 b'{"step": true, "reason": "x"}', b'{"step": 7}', b''):
+      with self.subTest(data=data):
+        with open(path, 'wb') as f:
+          f.write(data)
+        self.assertIsNone(checkpoint_files.ReadFinalMark(directory))
 
   def testOnlyTheWriterMarks(self):
     directory = self.get_temp_dir()

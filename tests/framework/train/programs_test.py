@@ -1,6 +1,7 @@
 """Tests for cadence.framework.train.programs and eval_programs (in process)."""
 import gc
 import os
+import re
 from unittest import mock
 import weakref
 
@@ -90,6 +91,57 @@ class TrainProgramTest(tf.test.TestCase):
     self.assertEqual(51, program.global_step)
     self.assertLess(_Loss(), before / 2)
     self.assertEqual(made, files())
+
+  def _RunOnClock(self, seconds_a_step, **train):
+    """Runs 60 steps on a fake clock that says each step took
+    `seconds_a_step`; returns (the steps of the progress lines, the
+    lengths of the compiled loop's calls, the train summaries)."""
+    logdir = os.path.join(self.get_temp_dir(), f'clock_{seconds_a_step}_'
+                          f'{train.get("log_interval_secs")}')
+    programs_made = []
+
+    def _Clock():  # The time the steps so far took.
+      return seconds_a_step * programs_made[0].global_step
+
+    program = _Program(logdir, _Params(
+        max_steps=60, summary_interval_steps=20, log_interval_steps=50,
+        save_interval_steps=60, **train), clock=_Clock)
+    programs_made.append(program)
+    run_loop = program._RunLoop  # pylint: disable=protected-access
+    with mock.patch.object(program, '_RunLoop', wraps=run_loop) as run_loop, \
+        self.assertLogs(level='INFO') as logs:
+      self.assertEqual(program.Run(), 60)
+    lines = [int(m.group(1)) for m in
+             (re.match(r'INFO:absl:step (\d+)/60  loss ', l)
+              for l in logs.output) if m]
+    chunks = [call.args[1] for call in run_loop.call_args_list]
+    return lines, chunks, summary_utils.ReadScalars(
+        os.path.join(logdir, 'train'))
+
+  def testSlowStepsLogAtLeastEveryIntervalOfTraining(self):
+    # 10 s a step: the 50-step lines would be 500 s apart.
+    lines, chunks, scalars = self._RunOnClock(10.0, log_interval_secs=30.0)
+    gaps = [10.0 * (b - a) for a, b in zip([1] + lines, lines)]
+    self.assertLessEqual(max(gaps), 30.0)
+    # Chunks aim to end 24 s after the last line: 2 steps of 10 s each.
+    self.assertEqual(lines[:3], [3, 5, 7])
+    self.assertIn(50, lines)
+    self.assertEqual(lines[-1], 60)
+    self.assertEqual(sum(chunks), 60)
+    # The summaries come at their steps, their rates on the loop's clock.
+    self.assertEqual([s for s, _ in scalars['steps_per_sec']], [20, 40, 60])
+    self.assertAllClose([v for _, v in scalars['steps_per_sec']],
+                        [0.1] * 3)
+
+  def testFastStepsRunFromBoundaryToBoundary(self):
+    lines, chunks, _ = self._RunOnClock(0.01, log_interval_secs=30.0)
+    self.assertEqual(lines, [50, 60])
+    # The first step, then to each summary, line or checkpoint boundary.
+    self.assertEqual(chunks, [1, 19, 20, 10, 10])
+    # By steps only: the same, however slow the steps.
+    lines, chunks, _ = self._RunOnClock(10.0, log_interval_secs=0)
+    self.assertEqual(lines, [50, 60])
+    self.assertEqual(chunks, [1, 19, 20, 10, 10])
 
   def testTheProgramOwnsItsInputIterator(self):
     # Run leaves the iterator (and tf.data's threads) to the program, so a
@@ -342,6 +394,32 @@ class EvalProgramsTest(tf.test.TestCase):
         directory, lambda path: stop.append('SIGTERM'), 100,
         os.path.join(directory, 'other.txt'),
         should_stop=lambda: stop and stop[0]), [10])
+
+  def testRunOnCheckpointsSaysItWaitsAndSurvivesAnyStateFile(self):
+    directory = self.get_temp_dir()
+    ckpt = checkpointer.Checkpointer(directory, dict(v=tf.Variable(0.0)))
+    ckpt.Save(10)
+    state = os.path.join(directory, 'state.txt')
+    with open(state, 'wb') as f:   # Not a step: handled again, from 10.
+      f.write(b'\xff7\x00')
+    now = [0.0]
+
+    def _Clock():   # Each look at the clock: 4 s later.
+      now[0] += 4.0
+      return now[0]
+
+    with self.assertLogs(level='INFO') as logs:
+      self.assertEqual(eval_programs.RunOnCheckpoints(
+          directory, lambda path: None, 100, state, poll_interval_secs=0,
+          timeout_secs=100, clock=_Clock), [10])
+    self.assertRegex(logs.output[0], f'{state} holds no step')
+    waits = [l for l in logs.output if 'Waiting for a checkpoint' in l]
+    # 100 s without a checkpoint, a line every 30 s or a little more.
+    self.assertLen(waits, 3)
+    self.assertRegex(waits[0], rf'Waiting for a checkpoint after step 10 in '
+                     rf'{directory} \(3\d s so far; until step 100 or 100 s '
+                     r'without one, --eval_timeout_s\)\.')
+    self.assertIn('Stopping: no new checkpoint for 100 s', logs.output[-1])
 
   def testCheckpointStateSkipsAnUnreadableCheckpointAndMovesNothing(self):
     logdir = self.get_temp_dir()

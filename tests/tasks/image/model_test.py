@@ -78,14 +78,15 @@ class ImageClassifierTest(tf.test.TestCase):
     params = _TinyParams('Train')
     shapes = params.input.cls.BatchShapes(params.input)
     meta = model.ImageClassifier.FPropMeta(params.task, shapes)
-    self.assertLen(meta.partitions, 2)
-    self.assertEqual(meta.flops, sum(meta.partitions))
+    partitions = meta.plan.StageFlops()
+    self.assertLen(partitions, 2)
+    self.assertEqual(meta.flops, sum(partitions))
     self.assertEqual(meta.flops, sum(f for _, f in meta.breakdown))
     self.assertEqual([n for n, _ in meta.breakdown],
                      ['stem', 'block0', 'block1', 'block2', 'head', 'loss'])
-    self.assertEqual((4, 'gpipe'), (meta.memory.num_micro_batches,
-                                    meta.memory.schedule))
-    self.assertLen(meta.memory.cells, 2)
+    self.assertEqual((4, 'gpipe'), (meta.plan.num_micro_batches,
+                                    meta.plan.schedule.name))
+    self.assertLen(meta.plan.cells, 2)
 
   def testInferencePredictIsTheEvalersSoftmax(self):
     p = model.ImageClassifier.Params().Set(name='image', is_inference=True)

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.framework import hyperparams
 from cadence.tasks.lm import input_generator
 from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers
@@ -282,8 +283,9 @@ class LmInputTest(tf.test.TestCase):
     blank = os.path.join(data_dir, 'blank-*')
     _Write(os.path.join(data_dir, 'blank-0'), b'\n \n\n')
     with self.assertRaisesRegex(base_input_generator.InputError, re.escape(
-        f"LmInput 'lm_input': file_pattern '{blank}' has no sentences: its 1 "
-        'file(s) hold 3 lines, all blank.')):
+        f"LmInput 'lm_input': file_pattern='{blank}' has no sentences: its 1 "
+        'file(s) hold 3 lines, all blank; point it at text with one sentence '
+        'a line.')):
       self._Params(blank).Instantiate()
     zero = os.path.join(data_dir, 'zero-*')
     _Write(os.path.join(data_dir, 'zero-0'), b'')
@@ -310,6 +312,33 @@ class LmInputTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'random_seed=-1 must be an int '
                                 '>= 0'):
       self._Params(pattern, random_seed=-1).Instantiate()
+
+  def testTokenizerCheckedWithTheInputsParams(self):
+    # From params alone (no file read, the tokenizer not built), named by
+    # the key a user overrides: as the trainer's experiment tree has it.
+    root = hyperparams.Params()
+    root.Define('input', self._Params('/no/such/train-*'), 'The input.')
+    root.input.tokenizer = tokenizers.SentencePieceTokenizer.Params()
+    root.input.tokenizer.model_type = 'bpee'
+    with self.assertRaisesWithLiteralMatch(
+        base_input_generator.InputError, "SentencePieceTokenizer 'tokenizer' "
+        "(params 'input.tokenizer'): model_type='bpee' must be one of 'bpe', "
+        "'unigram'. Did you mean 'bpe'?"):
+      input_generator.LmInput.CheckParams(root.input)
+    root.input.tokenizer = None
+    with self.assertRaisesWithLiteralMatch(
+        base_input_generator.InputError, "LmInput 'lm_input' (params "
+        "'input'): tokenizer=None must be a tokenizers.BaseTokenizer: "
+        'SentencePieceTokenizer or ByteTokenizer.'):
+      input_generator.LmInput.CheckParams(root.input)
+    root.input.tokenizer = tokenizers.ByteTokenizer.Params().Set(
+        cls=input_generator.LmInput)
+    with self.assertRaisesWithLiteralMatch(
+        base_input_generator.InputError, "LmInput 'lm_input' (params "
+        "'input'): tokenizer.cls=<class 'cadence.tasks.lm.input_generator."
+        "LmInput'> must be a tokenizers.BaseTokenizer: "
+        'SentencePieceTokenizer or ByteTokenizer.'):
+      input_generator.LmInput.CheckParams(root.input)
 
   # --- with SentencePiece ------------------------------------------------
 

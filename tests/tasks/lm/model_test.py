@@ -272,10 +272,10 @@ class LanguageModelTest(tf.test.TestCase):
         self.assertAllClose(w, got[name], atol=2**-6 * scale, rtol=0,
                             msg=f'{splits} {m} {schedule} {name}')
     # The memory estimate: the pipeline's outputs (activations, paddings)
-    # in 2 bytes (the layers' act_bytes: memory_estimate_test).
+    # in 2 bytes (the layers' act: memory_estimate_test).
     shape = NestedMap(ids=shapes.Shape([B, T]), labels=shapes.Shape([B, T]))
     mem = {dtype: model.LanguageModel.FPropMeta(_Params(
-        splits=2, num_micro_batches=4, fprop_dtype=dtype), shape).memory
+        splits=2, num_micro_batches=4, fprop_dtype=dtype), shape).plan
            for dtype in (tf.float32, tf.bfloat16)}
     for c32, c16 in zip(mem[tf.float32].cells, mem[tf.bfloat16].cells):
       self.assertEqual(c16.out * 2, c32.out)
@@ -285,8 +285,9 @@ class LanguageModelTest(tf.test.TestCase):
     meta = model.LanguageModel.FPropMeta(
         p, NestedMap(ids=shapes.Shape([B, T]), labels=shapes.Shape([B, T])))
     self.assertEqual(meta.flops, sum(f for _, f in meta.breakdown))
-    self.assertEqual(sum(meta.partitions), meta.flops)
-    self.assertLen(meta.partitions, 2)
+    partitions = meta.plan.StageFlops()
+    self.assertEqual(sum(partitions), meta.flops)
+    self.assertLen(partitions, 2)
     parts = dict(meta.breakdown)
     layer_p = model.transformer.TransformerLayer.Params().Set(
         name='x', input_dim=DIM, hidden_dim=32, num_heads=2)
@@ -295,7 +296,7 @@ class LanguageModelTest(tf.test.TestCase):
     ln = ln_p.cls.FPropMeta(ln_p, shapes.Shape([B, T, DIM])).flops
     self.assertEqual(parts['stack (3 layers)'], 3 * layer + ln)
     # Cell 0 has layer 0 (+ embeddings), cell 1 layers 1-2 (+ norm, softmax).
-    self.assertEqual(meta.partitions[0],
+    self.assertEqual(partitions[0],
                      layer + parts['emb'] + parts['pos_emb'])
     self.assertEqual(parts['softmax'], B * T * (
         2 * DIM * VOCAB + VOCAB + 6 * VOCAB + 3))

@@ -1,4 +1,5 @@
 """Tests of tasks/lm/token_cache.py and LmInput's use of it."""
+import io
 import os
 import stat
 import tempfile
@@ -110,6 +111,33 @@ class TokenCacheTest(tf.test.TestCase):
     self.assertEqual(_CountingTokenizer.ENCODED[30:], self._sentences[:15])
     self.assertEqual(self._Batches(gen), want)
     self.assertTrue(cache_files.Verified(entry))
+
+  def testAnyBytesWithAMatchingDigestAreTokenisedAgain(self):
+    # A digest only says nobody changed the bytes since it was written: an
+    # entry written damaged (a zip header and noise, a zip of other arrays,
+    # arrays that do not agree) is treated as missing and rewritten.
+    want = self._Batches(self._Gen())
+    entry = token_cache.EntryPath(self._cache, self._files[0], 'bytes-test')
+    other = io.BytesIO()
+    np.savez(other, ids=np.zeros([3], np.int32))
+    mismatched = io.BytesIO()
+    np.savez(mismatched, ids=np.zeros([3], np.int32),
+             lengths=np.array([5], np.int64), counts=np.zeros([2], np.int64))
+    noise = b'PK' + np.random.RandomState(0).bytes(500)
+    for name, data in (('noise', noise), ('other arrays', other.getvalue()),
+                       ('lengths that do not sum', mismatched.getvalue()),
+                       ('empty', b'')):
+      with self.subTest(name):
+        cache_files.AtomicWrite(entry, data)
+        cache_files.WriteDigest(entry)
+        _CountingTokenizer.ENCODED.clear()
+        with self.assertLogs(level='WARNING') as logs:
+          gen = self._Gen()
+        self.assertRegex(logs.output[0], 'cannot read|does not hold')
+        self.assertEqual(_CountingTokenizer.ENCODED, self._sentences[:15])
+        self.assertEqual(self._Batches(gen), want)
+        got = token_cache.Load(self._cache, self._files[0], 'bytes-test')
+        self.assertEqual(int(got[1].sum()), got[0].size)
 
   def testUnwritableCacheWarnsAndTheInputWorks(self):
     os.makedirs(self._cache)

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.tasks.lm import cache_files
 from cadence.tasks.lm import synthetic_corpus
 from cadence.tasks.lm import tokenizers
 
@@ -117,6 +118,16 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
     with self.assertLogs(level='WARNING'):
       self._Params(cache_dir=cache).Instantiate()
     self.assertTrue(os.path.exists(tok.model_file + '.sha256'))
+    # Bytes that are no model, with a digest that matches them.
+    cache_files.AtomicWrite(tok.model_file, b'PK' + good[:100])
+    cache_files.WriteDigest(tok.model_file)
+    with self.assertLogs(level='WARNING') as logs:
+      again = self._Params(cache_dir=cache).Instantiate()
+    self.assertRegex(logs.output[0], 'matches its recorded digest but is not '
+                     'a SentencePiece model')
+    self.assertEqual(again.Encode(text), tok.Encode(text))
+    with open(tok.model_file, 'rb') as f:
+      self.assertEqual(f.read(), good)
 
   def testDefaultCacheIsUnderTheHomeCache(self):
     self.assertEqual(tokenizers.DefaultCacheDir(), os.path.join(
@@ -220,6 +231,40 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
       self._Params().Set(model_type='word').Instantiate()
     self.assertEmpty(glob.glob(os.path.join(self.get_temp_dir(), '*.tmp-*')))
 
+  def testSettingsCheckedBeforeAnyFileIsRead(self):
+    # The training text does not exist: each error comes before it is read.
+    p = tokenizers.SentencePieceTokenizer.Params().Set(
+        name='spm', train_file_pattern='/no/such/text-*')
+    for field, value, rule in (
+        ('model_type', 'BPE', "must be one of 'bpe', 'unigram'. Did you mean "
+         "'bpe'?"),
+        ('model_type', 'word', "must be one of 'bpe', 'unigram'."),
+        ('byte_fallback', 'yes', 'must be True or False.'),
+        ('hard_vocab_limit', 1, 'must be True or False.')):
+      with self.subTest(field=field, value=value):
+        want = f"SentencePieceTokenizer 'spm': {field}={value!r} {rule}"
+        with self.assertRaisesWithLiteralMatch(ValueError, want):
+          p.Copy().Set(**{field: value}).Instantiate()
+        with self.assertRaisesWithLiteralMatch(ValueError, want):
+          tokenizers.SentencePieceTokenizer.CheckParams(
+              p.Copy().Set(**{field: value}), "SentencePieceTokenizer 'spm'")
+    # A model_file that is a folder, or not a model: one line, no traceback
+    # of SentencePiece's.
+    folder = self.get_temp_dir()
+    with self.assertRaisesWithLiteralMatch(
+        base_input_generator.InputError,
+        f"SentencePieceTokenizer 'spm': model_file={folder!r} "
+        'does not exist or is not a file (a trained SentencePiece model).'):
+      p.Copy().Set(model_file=folder).Instantiate()
+    text = os.path.join(folder, 'not_a_model.txt')
+    with open(text, 'w') as f:
+      f.write('hello\n')
+    with self.assertRaisesRegex(
+        base_input_generator.InputError,
+        rf"^SentencePieceTokenizer 'spm': model_file="
+        rf"{re.escape(repr(text))} is not a SentencePiece model: .+"):
+      p.Copy().Set(model_file=text).Instantiate()
+
   def testTrainingFilesThatCannotTrainAModel(self):
     d = self.get_temp_dir()
     p = tokenizers.SentencePieceTokenizer.Params().Set(
@@ -229,8 +274,9 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
     with open(blank, 'w') as f:
       f.write('\n  \n\t\n')
     with self.assertRaisesRegex(base_input_generator.InputError, re.escape(
-        f'{owner}: train_file_pattern {blank!r} has no sentences to train '
-        'on: its 1 file(s) hold 3 lines, all blank.')):
+        f'{owner}: train_file_pattern={blank!r} has no sentences to train '
+        'on: its 1 file(s) hold 3 lines, all blank; point it at text with '
+        'one sentence a line.')):
       p.Copy().Set(train_file_pattern=blank).Instantiate()
     noise = os.path.join(d, 'noise.bin')
     with open(noise, 'wb') as f:

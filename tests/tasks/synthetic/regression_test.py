@@ -68,5 +68,28 @@ class RegressionInputTest(tf.test.TestCase):
     self.assertAllClose(batch.y[7], one.y, atol=0)
 
 
+class RegressionModelTest(tf.test.TestCase):
+
+  def testBadParamsNamedByTheTask(self):
+    names = 'GELU, NONE, RELU, SIGMOID, SILU, SWISH, TANH'
+    for kw, rule in (
+        (dict(activation='RELUU'), "activation='RELUU' is invalid: Unknown "
+         f"activation 'RELUU'; valid names (case-insensitive): {names}. Did "
+         "you mean 'RELU'?"),
+        (dict(activation=['RELU', 'TANH']), "activation=['RELU', 'TANH'] has "
+         '2 entries but hidden_dims has 1; give one per hidden layer or a '
+         'single string.'),
+        (dict(activation=['GELU', 'gelu'], hidden_dims=[4, 'x']),
+         "hidden_dims[1]='x' must be an int >= 1."),
+        (dict(pipeline_tpl='gpipe'), "pipeline_tpl='gpipe' must be None (a "
+         'FeedForwardNet) or a gpipe.PipeliningLayer.Params().')):
+      with self.subTest(kw=kw):
+        p = regression.RegressionModel.Params().Set(
+            name='reg', input_dim=3, hidden_dims=[4]).Set(**kw)
+        with self.assertRaisesWithLiteralMatch(
+            ValueError, f"RegressionModel 'reg': {rule}"):
+          p.Instantiate()
+
+
 if __name__ == '__main__':
   tf.test.main()

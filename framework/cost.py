@@ -1,0 +1,163 @@
+"""Cost: the one record every layer's FPropMeta returns.
+
+A layer's `FPropMeta(params, *input_shapes)` says, from params and static
+shapes alone (nothing built, no data), what one forward of it costs. Every
+consumer reads the same record: the pipeline's plan (framework/pipeline/
+plan.py) cuts units into stages by it, the memory estimate counts its bytes,
+inspect prints it, the planner simulates layouts with it.
+
+Fields (ints; None where a dim is unknown):
+
+  out_shapes   the outputs' shapes, a tuple of `shapes.Shape` (or NestedMaps
+               of them).
+  flops        forward FLOPs (a multiply-add is 2).
+  bwd_flops    backward FLOPs: the input gradient and the weight gradient.
+  act          bytes the backward reads when nothing is recomputed (remat
+               'never'; the 'all' policy of framework/pipeline/
+               remat_policy.py).
+  act_weights  of them, what remat 'selective' keeps: the outputs of the
+               products with a weight (the 'weights' policy); the rest is
+               recomputed in the backward.
+  residuals    bytes a split backward's W (zero-bubble schedules) reads
+               after B: the inputs of the weight products and their output
+               gradients (framework/pipeline/backward_split.py).
+  transient    bytes the backward allocates beyond what it keeps, at its
+               peak (the gradients in flight, temporaries).
+  weight_bytes bytes of the layer's variables.
+
+A layer sets what it knows. What it leaves None, `Complete` fills with a
+documented default, and names in `defaulted` (inspect says which figures
+are estimates); never a silent zero:
+
+  bwd_flops    2 x flops (a product's input and weight gradients each cost
+               one forward; exact for matmuls and convolutions);
+  act          the bytes of its inputs and outputs in the activation dtype
+               (what a chain of products and element-wise ops reads);
+  act_weights  = act (a layer that does not say keeps everything);
+  residuals    = act;
+  transient    the bytes of its outputs (their gradient in flight);
+  weight_bytes stays None: the plan sums the variables of each unit built
+               without weights (framework/pipeline/plan.py).
+
+A record may carry more keys (a task's `breakdown`, its `plan`); it is a
+NestedMap, so `meta.flops` reads as before.
+
+Example:
+  @classmethod
+  def FPropMeta(cls, p, inputs):
+    shape = shapes.AsShape(inputs)
+    return cost.Cost(flops=2 * shape.num_elements(), out_shapes=(shape,),
+                     act=4 * shape.num_elements())
+  c = cost.Complete(MyLayer.FPropMeta(p, [8, 16]), ([8, 16],), tf.float32)
+  c.bwd_flops, c.defaulted     # 2 x flops, ('bwd_flops', 'act_weights', ...)
+"""
+from cadence.framework import shapes
+from cadence.framework.nested_map import NestedMap
+
+# The fields, in the order above; the memory ones are bytes of one forward.
+FIELDS = ('out_shapes', 'flops', 'bwd_flops', 'act', 'act_weights',
+          'residuals', 'transient', 'weight_bytes')
+MEMORY_FIELDS = ('act', 'act_weights', 'residuals', 'transient')
+# Summed along a chain of layers (transient: the largest one's).
+_SUMMED = ('flops', 'bwd_flops', 'act', 'act_weights', 'residuals',
+           'weight_bytes')
+
+
+class Cost(NestedMap):
+  """The cost record; see the module docstring.
+
+  Args:
+    out_shapes: a tuple of output shapes.
+    flops ... weight_bytes: ints, or None where the layer does not say.
+    defaulted: the fields `Complete` filled (a tuple of names).
+    **extra: more keys (e.g. a task's `breakdown` or `plan`).
+  """
+
+  def __init__(self, out_shapes=(), flops=None, bwd_flops=None, act=None,
+               act_weights=None, residuals=None, transient=None,
+               weight_bytes=None, defaulted=(), **extra):
+    super().__init__(out_shapes=tuple(out_shapes), flops=flops,
+                     bwd_flops=bwd_flops, act=act, act_weights=act_weights,
+                     residuals=residuals, transient=transient,
+                     weight_bytes=weight_bytes, defaulted=tuple(defaulted),
+                     **extra)
+
+  def Replace(self, **changes):
+    """A copy with `changes` (fields or extra keys)."""
+    out = Cost(**{k: v for k, v in self.items()})
+    for key, value in changes.items():
+      out[key] = value
+    return out
+
+
+def _LeafShapes(structure):
+  """The Shape leaves of a tuple/NestedMap of shapes."""
+  if isinstance(structure, NestedMap):
+    return [s for v in structure.values() for s in _LeafShapes(v)]
+  if isinstance(structure, (list, tuple)) and not isinstance(
+      structure, shapes.Shape) and not (structure and all(
+          isinstance(d, int) or d is None for d in structure)):
+    return [s for v in structure for s in _LeafShapes(v)]
+  return [shapes.AsShape(structure)]
+
+
+def Bytes(structure, dtype):
+  """Bytes of the tensors of a (nest of) shape(s) in `dtype` (None if a dim
+  is unknown)."""
+  total = 0
+  for shape in _LeafShapes(structure):
+    total = shapes.Add(total, shapes.Mul(shape.num_elements(), dtype.size))
+  return total
+
+
+def Complete(record, input_shapes, dtype):
+  """The record with its unset fields filled by the documented defaults.
+
+  Args:
+    record: a Cost (or the NestedMap(flops, out_shapes) of a layer not yet
+      returning a Cost).
+    input_shapes: the shapes FPropMeta was given, a tuple.
+    dtype: the layer's activation dtype (base_layer.FPropDtype).
+
+  Returns:
+    A Cost with every field set (weight_bytes may stay None) and
+    `defaulted` naming the fields filled here.
+  """
+  if not isinstance(record, Cost):
+    record = Cost(**record)
+  values = {k: record[k] for k in FIELDS}
+  filled = list(record.defaulted)
+  io = shapes.Add(Bytes(tuple(input_shapes), dtype),
+                  Bytes(record.out_shapes, dtype))
+  defaults = (('bwd_flops', lambda: shapes.Mul(2, values['flops'])),
+              ('act', lambda: io),
+              ('act_weights', lambda: values['act']),
+              ('residuals', lambda: values['act']),
+              ('transient', lambda: Bytes(record.out_shapes, dtype)))
+  for field, default in defaults:
+    if values[field] is None:
+      values[field] = default()
+      filled.append(field)
+  extra = {k: v for k, v in record.items() if k not in FIELDS and
+           k != 'defaulted'}
+  return Cost(defaulted=tuple(dict.fromkeys(filled)), **values, **extra)
+
+
+def Chain(records):
+  """The cost of running complete records one after the other: the summed
+  fields add up, `transient` is the largest one's (one backward at a time),
+  `out_shapes` the last one's; None where any part is None."""
+  records = list(records)
+  if not records:
+    return Cost(flops=0, bwd_flops=0, act=0, act_weights=0, residuals=0,
+                transient=0, weight_bytes=0)
+  values = {}
+  for field in _SUMMED:
+    values[field] = shapes.Add(*[r[field] for r in records])
+  transients = [r.transient for r in records]
+  values['transient'] = (None if any(t is None for t in transients) else
+                         max(transients))
+  defaulted = tuple(dict.fromkeys(f for r in records for f in r.defaulted))
+  return Cost(out_shapes=records[-1].out_shapes, defaulted=defaulted,
+              **values)
+

@@ -1,0 +1,99 @@
+"""GPipeStack: a pipeline of a user's own layers, one unit each.
+
+The pipelined model for layers of one's own: `units` is a list of layer
+params (any layer with FProp and FPropMeta, e.g. a residual MLP block), run
+in order; `splits` cuts them into stages (of near-equal FLOPs on
+`example_shape`, else of equal counts) and `pipeline_tpl` runs the stages
+over micro-batches (layers/gpipe.py). It is the units contract
+(layers/gpipe_units.py) with nothing more to declare, so the memory
+estimate, `--mode=inspect_model`, `--mode=plan --plan_measure` and every
+schedule work for it as for the built-in LM and ResNet.
+
+Unit i is the child `units[i]` whatever the cut (its variables are
+'<name>.units[i]....' for every `splits` and layout); a layer that is a
+BatchStatsLayer (batch norm) runs under micro-batches as in the ResNet.
+
+Example:
+  block = MyBlock.Params().Set(dim=64)
+  p = GPipeStack.Params().Set(name='stack', splits=2, example_shape=[64],
+                              units=[block.Copy() for _ in range(8)])
+  p.pipeline_tpl.Set(num_micro_batches=4, schedule='1f1b')
+  with cluster:                       # 2 devices per split
+    stack = p.Instantiate()
+  y = stack.FProp(theta, x)           # x [batch, 64] -> [batch, 64]
+"""
+from cadence.framework import base_layer
+from cadence.framework import hyperparams
+from cadence.framework import shapes
+from cadence.framework import validation
+from cadence.layers import gpipe
+from cadence.layers import gpipe_units
+
+
+class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
+  """A pipeline of `units`; see the module docstring.
+
+  FProp(theta, *inputs) -> the last unit's outputs (each unit maps the
+  previous one's outputs to its own); FPropLoss(theta, *inputs, loss=,
+  side_inputs=) runs a per-micro-batch loss as the schedule needs.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('units', [], 'The layers, in order: a list of layer params '
+             '(each with FProp and FPropMeta); unit i is the child '
+             'units[i].')
+    p.Define('example_shape', None, 'One example\'s input shape without '
+             'the batch dim (e.g. [64]), to cut `splits` stages of near-'
+             'equal FLOPs; None: units of equal cost.')
+    p.Define('splits', 1, 'The cut into stages: an int K (K near-equal '
+             'stages), or a list of K-1 increasing unit indices where '
+             'stages 1.. start.')
+    p.Define('pipeline_tpl', gpipe.PipeliningLayer.Params(), 'The '
+             "pipeline's settings (num_micro_batches, schedule, remat, "
+             '...), or None: the units run one after the other on the '
+             'whole batch.')
+    return p
+
+  @classmethod
+  def Units(cls, p):
+    return [gpipe_units.Unit(f'unit{i}', [gpipe_units.Layer(
+        f'units[{i}]', unit)]) for i, unit in enumerate(p.units)]
+
+  @classmethod
+  def ExampleShapes(cls, p):
+    if p.example_shape is None:
+      return None
+    return (shapes.Shape([1] + list(p.example_shape)),)
+
+  @classmethod
+  def CheckParams(cls, p, owner):
+    super().CheckParams(p, owner)
+    if not (isinstance(p.units, (list, tuple)) and p.units and all(
+        isinstance(u, hyperparams.InstantiableParams) and
+        issubclass(u.cls, base_layer.BaseLayer) for u in p.units)):
+      raise validation.Error(owner, 'units', p.units, 'must be a non-empty '
+                             'list of layer params (Layer.Params()).')
+    if p.example_shape is not None:
+      validation.CheckIntList(owner, 'example_shape', p.example_shape)
+    pipe = p.pipeline_tpl
+    if pipe is not None:
+      if not (isinstance(pipe, hyperparams.InstantiableParams) and
+              issubclass(pipe.cls, gpipe.PipeliningLayer)):
+        raise validation.Error(owner, 'pipeline_tpl',
+                               getattr(pipe, 'cls', pipe),
+                               'must be a PipeliningLayer.Params() or None.')
+      for field in ('cell_tpl', 'before_tpl'):
+        if pipe.Get(field):
+          raise validation.Error(owner, f'pipeline_tpl.{field}',
+                                 pipe.Get(field), 'must stay empty: the '
+                                 'stack gives the pipeline its cells.')
+      gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
+      cls.Bounds(p)
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CheckParams(self.params, validation.Owner(self))
+    self.BuildUnits()
+    self.CreateUnitChildren()
