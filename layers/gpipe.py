@@ -398,6 +398,17 @@ class PipeliningLayer(SeqLayer):
                              f'device(s): {e}') from None
     return [self._devices[d] for d in placed]
 
+  def RunSchedule(self, num_cells, num_micro_batches, name=None):
+    """The Schedule the executor runs: this layer's plan's
+    (PipeliningLayer.BuildSchedule of its params; `name` another
+    registered one, e.g. the default in inference) for its cells on its
+    model split's devices."""
+    p = self.params
+    if name is not None and name != p.schedule:
+      p = p.Copy().Set(schedule=name)
+    return self.BuildSchedule(p, num_cells, num_micro_batches,
+                              len(set(self.StageDevices(num_cells))))
+
   def CheckNumCells(self, num_cells):
     """SeqLayer's check, then `stages_per_device`: v > 1 needs K = D * v
     cells (v per device), and the schedule's placement must fit."""
@@ -633,7 +644,7 @@ class PipeliningLayer(SeqLayer):
           "micro-batch's backward inside the pipeline, so it needs the "
           'loss: call FPropLoss(cells, loss, *inputs, side_inputs=...) '
           f'(or set schedule={schedules.DEFAULT!r}).')
-    _, specs, mb_inputs = self._MicroBatches(cells, inputs)
+    m, specs, mb_inputs = self._MicroBatches(cells, inputs)
     devices = self.StageDevices(len(cells))
     init_states = []
     for device, spec in zip(devices, specs):
@@ -647,8 +658,8 @@ class PipeliningLayer(SeqLayer):
         devices, cell_fns, [_StripSeed(c.theta) for c in cells], init_states,
         mb_inputs, step_seed=step_seed, remat=p.remat,
         backward_window=p.backward_window, name=self.path,
-        trace_actions=p.trace_actions, schedule=schedule,
-        schedule_table=p.schedule_table)
+        trace_actions=p.trace_actions,
+        schedule=self.RunSchedule(len(cells), m, schedule))
     with cluster_lib.DeviceScope(devices[-1]):
       out = microbatch.Concat(acc, p.batch_dim)
     return self._Outputs(out)
@@ -750,9 +761,9 @@ class PipeliningLayer(SeqLayer):
     total, per_step = executor.PipelineLoss(
         self.StageDevices(len(cells)), cell_fns, thetas,
         specs[:-1] + [template], mb_inputs, side_parts, step_seed=step_seed,
-        schedule=p.schedule, remat=p.remat, name=self.path,
-        trace_actions=p.trace_actions, backward_window=p.backward_window,
-        schedule_table=p.schedule_table)
+        schedule=self.RunSchedule(len(cells), m), remat=p.remat,
+        name=self.path, trace_actions=p.trace_actions,
+        backward_window=p.backward_window)
     with cluster_lib.DeviceScope(last_device):
       out = self._Combine([per_step.Transform(lambda x, j=j: x[j])
                            for j in range(m)])
