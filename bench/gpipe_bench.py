@@ -136,9 +136,10 @@ class _Model(tf.Module):
     self.Step = tf.function(self._Step, autograph=False)
 
   def Estimate(self):
-    """The memory estimate of a step (framework/memory_estimate.py): this
-    model is the LM task's without positions, so its FPropMeta `memory`
-    applies; SGD has no slots.
+    """The memory estimate of a step (framework/pipeline/memory_estimate.py)
+    of the pipeline plan (framework/pipeline/plan.py) of the LM task's
+    FPropMeta: this model is that task's without positions; SGD has no
+    slots.
 
     Returns:
       (per device its peak bytes (DeviceMemory: its stages together), all
@@ -147,21 +148,16 @@ class _Model(tf.Module):
     p = lm_model.LanguageModel.Params().Set(
         name='lm', vocab_size=VOCAB, model_dim=DIM,
         stack_tpl=self.stack.params.Copy())
-    memory = lm_model.LanguageModel.FPropMeta(p, nested_map.NestedMap(
-        ids=shapes.Shape([BATCH, SEQ]))).memory
-    k = len(memory.cells)
     devices = self.DeviceBytes()
-    stage_devices = [0] * k
-    if memory.schedule is not None:
-      memory.num_devices = len(devices)
-      stage_devices = schedules.StageDevices(
-          memory.schedule, k, len(devices), memory.schedule_table or None)
-    params = [0] * k   # A device's variables in its first stage.
+    plan = lm_model.LanguageModel.FPropMeta(p, nested_map.NestedMap(
+        ids=shapes.Shape([BATCH, SEQ]))).plan.OnDevices(len(devices))
+    params = [0] * plan.num_stages   # A device's variables: its first stage.
     for index, n in devices.items():
-      params[stage_devices.index(index)] += n
-    return ([s.total for s in memory_estimate.DeviceMemory(
-        memory, params, [0] * k)],
-            memory_estimate.SharedMemory(memory, params, [0] * k).total)
+      params[plan.stage_devices.index(index)] += n
+    zeros = [0] * plan.num_stages
+    return ([s.total for s in memory_estimate.DeviceMemory(plan, params,
+                                                            zeros)],
+            memory_estimate.SharedMemory(plan, params, zeros).total)
 
   def DeviceBytes(self):
     """{device index: bytes of the trained variables on it}."""

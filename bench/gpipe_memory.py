@@ -55,6 +55,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_log  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpipe_bench  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+_TINY_LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
+
 _CHILD = r"""
 import os, json, resource, sys
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
@@ -88,7 +90,7 @@ print(json.dumps(dict(
     rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
-_TINY_LM = r"""
+_EXPERIMENT = r"""
 import os, json, resource, sys
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 import tensorflow as tf
@@ -102,9 +104,10 @@ from cadence.framework import model_registry
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import memory_profile
-params = model_registry.GetParams(
-    'lm.one_billion_wds.OneBWdsGPipeTransformerTiny', 'Train')
-params.task.stack_tpl.pipeline_tpl.Set(**{overrides!r})
+params = model_registry.GetParams({key!r}, 'Train')
+# The pipeline's params, wherever the model keeps it: its plan says.
+params.Get(inspect_lib.CheckParamsAlone(params).plan.path).Set(
+    **{overrides!r})
 if {per_device}:
   params = inspect_pipeline.TraceActions(params)
 with cluster_lib.Cluster.Params().Set(num_devices=2,
@@ -177,9 +180,43 @@ def main():
                       'trace_actions, so that every op is named and placed).')
   parser.add_argument('--tiny_lm', action='store_true',
                       help='Also measure and estimate the Tiny LM.')
+  parser.add_argument('--experiments', default='',
+                      help='Comma-separated registered pipelined '
+                      'experiments to measure and estimate too, e.g. '
+                      'image.shapes_resnet.ShapesResNetTiny,'
+                      'examples.pipelined_mlp.PipelinedMlp.')
+  parser.add_argument('--only_experiments', action='store_true',
+                      help='Skip the depth sweep: only --tiny_lm and '
+                      '--experiments.')
   args = parser.parse_args()
   window = (None if args.backward_window == 'None' else
             int(args.backward_window))
+  if not args.only_experiments:
+    _Sweep(args, window)
+  for key in _Experiments(args):
+    print(f'\n{key} (its own batch, optimizer and K=2), MiB: measured tensor '
+          'peak, estimate')
+    for variant in args.variants.split(','):
+      overrides = gpipe_bench.Overrides(variant, window)
+      overrides.pop('trace_actions')
+      bench_log.Say(f'{key} {variant}: a fresh process builds it and runs '
+                    'its steps...')
+      r = _Run(_EXPERIMENT.format(key=key, overrides=overrides,
+                                  per_device=args.per_device))
+      per = ''
+      if args.per_device:
+        per = '  per device ' + '/'.join(
+            f'{e / r["devices_mib"][f"CPU:{i}"]:.2f}'
+            for i, e in enumerate(r['stage_estimates_mib'])) + (
+                f' [{r["devices_mib"].get("unattributed", 0):.0f} MiB '
+                'unattributed]')
+      print(f'{variant:>26}  {r["tensor_mib"]:7.1f}  {r["estimate_mib"]:7.1f}'
+            f'  ratio {r["estimate_mib"] / r["tensor_mib"]:.2f}{per}',
+            flush=True)
+
+
+def _Sweep(args, window):
+  """The depth sweep of the bench model: its tables and targets."""
   depths = [int(x) for x in args.layers.split(',')]
   m = args.micro_batches
   models = [('plain', None, 1, {})]
@@ -249,25 +286,13 @@ def main():
   for name, _, _, _ in models[1:]:
     a = slopes[(name, 'tensor_mib')] - 2 * w
     print(f'{name:>26}  {a:5.1f} {"ok" if a <= 1.5 * plain_a / m else "over"}')
-  if args.tiny_lm:
-    print('\nTiny LM (Adam, K=2, M=4), MiB: measured tensor peak, estimate')
-    for variant in args.variants.split(','):
-      overrides = gpipe_bench.Overrides(variant, window)
-      overrides.pop('trace_actions')
-      bench_log.Say(f'Tiny LM {variant}: a fresh process builds it and runs '
-                    'its steps...')
-      r = _Run(_TINY_LM.format(overrides=overrides,
-                               per_device=args.per_device))
-      per = ''
-      if args.per_device:
-        per = '  per device ' + '/'.join(
-            f'{e / r["devices_mib"][f"CPU:{i}"]:.2f}'
-            for i, e in enumerate(r['stage_estimates_mib'])) + (
-                f' [{r["devices_mib"].get("unattributed", 0):.0f} MiB '
-                'unattributed]')
-      print(f'{variant:>26}  {r["tensor_mib"]:7.1f}  {r["estimate_mib"]:7.1f}'
-            f'  ratio {r["estimate_mib"] / r["tensor_mib"]:.2f}{per}',
-            flush=True)
+
+
+def _Experiments(args):
+  keys = [k for k in args.experiments.split(',') if k]
+  if args.tiny_lm and _TINY_LM not in keys:
+    keys.insert(0, _TINY_LM)
+  return keys
 
 
 if __name__ == '__main__':

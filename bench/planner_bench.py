@@ -215,9 +215,8 @@ def _MeasureCosts(model, hw_text, devices, batches):
                                 devices=devices)
   costs.MeasureParts(batches)
   costs.MeasureSteps(planner.CalibrationLayouts(model, len(devices)))
-  probe = plan_measure.LmParts(model.symbolic_task, model.batch_size // 4,
-                               model.BatchShapes(1).ids[1]).layer
-  hw = plan_measure.Calibrate(hardware.Parse(hw_text), devices, probe)
+  hw = plan_measure.Calibrate(hardware.Parse(hw_text), devices,
+                              planner.ConcurrencyProbe(model))
   return costs, hw
 
 
@@ -403,7 +402,7 @@ def _ChildRun(args):
   return json.loads(stdout[0].strip().splitlines()[-1])
 
 
-def _Spearman(xs, ys):
+def Spearman(xs, ys):
   def _Ranks(v):
     order = sorted(range(len(v)), key=lambda i: v[i])
     ranks = [0.0] * len(v)
@@ -559,11 +558,11 @@ def _Print(results):
     totals[True] += errs
     totals[False] += raw_errs
     print(f'{name}: |error| median {100 * statistics.median(errs):.1f}%, '
-          f'worst {100 * max(errs):.1f}%; Spearman {_Spearman(pred, meas):.2f}'
+          f'worst {100 * max(errs):.1f}%; Spearman {Spearman(pred, meas):.2f}'
           f' over {len(errs)} layouts (raw: median '
           f'{100 * statistics.median(raw_errs):.1f}%, worst '
           f'{100 * max(raw_errs):.1f}%, Spearman '
-          f'{_Spearman([e["predicted_raw"] for e in entries], raw_meas):.2f})')
+          f'{Spearman([e["predicted_raw"] for e in entries], raw_meas):.2f})')
   print(f'\nall {len(totals[True])} layouts: step time |error| median '
         f'{100 * statistics.median(totals[True]):.1f}% (target <= 10%), worst '
         f'{100 * max(totals[True]):.1f}% (target <= 25%); raw median '

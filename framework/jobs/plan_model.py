@@ -229,15 +229,25 @@ class PlanModel:
       params.Set(**{key: value})
     return params
 
-  def Flags(self, layout, key, params_file=None):
-    """The trainer command line that runs `layout` of experiment `key`."""
+  def FlagList(self, layout, key, params_file=None):
+    """The trainer's flags that run `layout` of experiment `key`, one
+    argument each (unquoted: for a subprocess's argv)."""
     flags = [f'--model={key}', f'--worker_replicas={layout.replicas}',
              f'--worker_split_size={layout.devices}']
     if params_file:
       flags.append(f'--model_params_file_override={params_file}')
     else:
       items = ';'.join(f'{k}={_Text(v)}' for k, v in self.Overrides(layout))
-      flags.append(f'--model_params_override="{items}"')
+      flags.append(f'--model_params_override={items}')
+    return flags
+
+  def Flags(self, layout, key, params_file=None):
+    """The trainer command line that runs `layout` of experiment `key`
+    (for a shell: the overrides quoted)."""
+    flags = self.FlagList(layout, key, params_file)
+    if not params_file:
+      name, items = flags[-1].split('=', 1)
+      flags[-1] = f'{name}="{items}"'
     return ' '.join(flags)
 
   def OverridesText(self, layout):

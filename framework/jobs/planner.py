@@ -62,6 +62,7 @@ Example:
       --mode=plan --plan_cluster=h100x8
 """
 import collections
+import json
 import math
 import os
 import statistics
@@ -877,6 +878,15 @@ def _WriteText(path, text):
   tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
+def ConcurrencyProbe(model):
+  """The part plan_measure.Calibrate runs on several devices at once to
+  read the host's concurrency: the model's costliest unit (by FLOPs) at a
+  quarter of its batch, a size between the search's micro-batches."""
+  mb = max(1, model.batch_size // 4)
+  return plan_measure.UnitPart(max(model.plan.UnitsAt(mb),
+                                   key=lambda u: u.cost.flops or 0))
+
+
 def Plan(key, params, plan, logdir=''):
   """Runs --mode=plan; returns the report text (also written with
   --logdir).
@@ -910,12 +920,9 @@ def Plan(key, params, plan, logdir=''):
                           devices=devices)
     costs.MeasureSteps(CalibrationLayouts(model, len(devices)))
   if hw.needs_calibration:
-    probe = None
-    if plan.measure:
-      mb = max(1, model.batch_size // 4)
-      probe = plan_measure.UnitPart(max(
-          model.plan.UnitsAt(mb), key=lambda u: u.cost.flops or 0))
-    hw = plan_measure.Calibrate(hw, devices, probe)
+    hw = plan_measure.Calibrate(hw, devices,
+                                ConcurrencyProbe(model) if plan.measure
+                                else None)
   if plan.measure:
     costs.MeasureParts(MicroBatchSizes(model, hw.num_devices))
   costs = costs or FlopsCosts(model, hw)
@@ -945,7 +952,20 @@ def Plan(key, params, plan, logdir=''):
     text += (f'Simulated timeline of plan {plan.explain} '
              f'({explained.layout.Name()}): {path}\n')
     _WriteText(os.path.join(folder, 'plan.txt'), text)
+    _WriteText(os.path.join(folder, 'layouts.json'),
+               LayoutsJson(key, model, predictions[:plan.top]))
   return text
+
+
+def LayoutsJson(key, model, predictions):
+  """The ranked table for scripts (plan/layouts.json): per layout its
+  name, predicted step seconds, largest device's bytes, whether it fits
+  (null: unknown) and the trainer flags that run it."""
+  return json.dumps([
+      dict(rank=i + 1, name=p.layout.Name(), step_seconds=p.step.time,
+           memory_bytes=max(p.memory), fits=p.fits,
+           flags=model.FlagList(p.layout, key))
+      for i, p in enumerate(predictions)], indent=1) + '\n'
 
 
 class NothingFits(ValueError):

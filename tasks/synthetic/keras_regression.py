@@ -44,6 +44,7 @@ class KerasRegressionModel(regression.RegressionModel):
   @classmethod
   def Params(cls):
     p = super().Params()
+    p.Delete('net_tpl')   # RegressionModel's, of any layer: here Keras'.
     p.Define('net_tpl', keras_layer.KerasLayer.Params().Set(layer=Mlp),
              'The network: a KerasLayer whose Keras model maps '
              '[batch, input_dim] to [batch, 1].')

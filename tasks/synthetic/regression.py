@@ -11,15 +11,18 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_input_generator
+from cadence.framework import base_layer
 from cadence.framework import base_model
 from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import plan as plan_lib
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import activations
 from cadence.layers import dropout
 from cadence.layers import gpipe
+from cadence.layers import gpipe_units
 from cadence.layers import linear
 
 
@@ -169,6 +172,13 @@ class RegressionModel(base_model.BaseTask):
   the model split): the smallest model that exercises pipelining and data
   parallelism together.
 
+  With `net_tpl` the network is one's own: any layer mapping x [batch,
+  input_dim] to [batch, 1], e.g. a gpipe_stack.GPipeStack of one's own
+  layers (the README's "Pipeline your own model"). A network made of
+  units (layers/gpipe_units.py) runs the loss of each micro-batch where
+  its schedule needs it (FPropLoss), and its FPropMeta's pipeline plan is
+  the task's: the memory estimate, inspect and --mode=plan read it.
+
   Example:
     p = RegressionModel.Params().Set(name='reg', input_dim=4,
                                      hidden_dims=[8])
@@ -191,10 +201,16 @@ class RegressionModel(base_model.BaseTask):
              'into pipeline_cells cells.')
     p.Define('pipeline_cells', 1, 'Cells of the pipeline (with pipeline_tpl)'
              ', an int in [1, number of layers].')
+    p.Define('net_tpl', None, 'None (the network of hidden_dims above), or '
+             'the params of a network of one\'s own: a layer mapping x '
+             '[batch, input_dim] to [batch, 1], e.g. a GPipeStack '
+             '(layers/gpipe_stack.py).')
     return p
 
   @classmethod
   def _NetParams(cls, p):
+    if p.net_tpl is not None:
+      return p.net_tpl.Copy().Set(name='net')
     dims = list(p.hidden_dims) + [1]
     acts = (list(p.activation) if isinstance(p.activation, (list, tuple))
             else [p.activation] * len(p.hidden_dims)) + ['NONE']
@@ -251,10 +267,40 @@ class RegressionModel(base_model.BaseTask):
                              'must be None (a FeedForwardNet) or a '
                              'gpipe.PipeliningLayer.Params().')
     validation.CheckInt(owner, 'pipeline_cells', p.pipeline_cells)
+    net = p.net_tpl
+    if net is not None:
+      if not (isinstance(net, hyperparams.InstantiableParams) and
+              isinstance(net.cls, type) and
+              issubclass(net.cls, base_layer.BaseLayer)):
+        raise validation.Error(owner, 'net_tpl', getattr(net, 'cls', net),
+                               'must be None or a layer\'s Params() (e.g. '
+                               'gpipe_stack.GPipeStack.Params()).')
+      if pipe is not None:
+        raise validation.Error(owner, 'pipeline_tpl', pipe.cls.__name__,
+                               'must be None with net_tpl: the network of '
+                               'one\'s own holds its pipeline.')
 
   def ComputePredictions(self, theta, input_batch):
     out = self.children.net.FProp(theta.net, input_batch.x)  # [batch, 1]
     return NestedMap(y=tf.squeeze(out, -1))                   # [batch]
+
+  @staticmethod
+  def _LossSums(unused_theta, outputs, side):
+    """Sums of the squared and absolute errors of outputs [b, 1] against
+    `side.y` [b] (a batch or a micro-batch): NestedMap(loss, abs_error,
+    examples) scalars and [b] squared_error."""
+    err = tf.squeeze(tf.cast(outputs, tf.float32), -1) - tf.cast(side.y,
+                                                                 tf.float32)
+    return NestedMap(loss=tf.reduce_sum(tf.square(err)),
+                     abs_error=tf.reduce_sum(tf.abs(err)),
+                     examples=tf.cast(tf.size(err), tf.float32),
+                     squared_error=tf.square(err))
+
+  @staticmethod
+  def _Metrics(sums):
+    n = sums.examples
+    return (NestedMap(loss=(sums.loss / n, n), mae=(sums.abs_error / n, n)),
+            NestedMap(squared_error=sums.squared_error))
 
   def ComputeLoss(self, theta, predictions, input_batch):
     err = predictions.y - tf.cast(input_batch.y, predictions.y.dtype)
@@ -262,6 +308,21 @@ class RegressionModel(base_model.BaseTask):
     metrics = NestedMap(loss=(tf.reduce_mean(tf.square(err)), n),
                         mae=(tf.reduce_mean(tf.abs(err)), n))
     return metrics, NestedMap(squared_error=tf.square(err))
+
+  def FPropTower(self, theta, input_batch):
+    """BaseTask's; a network made of units (net_tpl) runs the loss of each
+    micro-batch where its schedule needs it, and updates its batch norms'
+    moving statistics after it."""
+    net = self.children.net
+    if self.params.is_inference or not isinstance(
+        net, gpipe_units.UnitsPipeline):
+      return super().FPropTower(theta, input_batch)
+    loss = gpipe.PipelineCell(fprop=self._LossSums, theta=NestedMap(),
+                              meta=None)
+    sums, stats = net.FPropLossStats(theta.net, input_batch.x, loss=loss,
+                                     side_inputs=NestedMap(y=input_batch.y))
+    net.UpdateMovingStats(stats)
+    return self._Metrics(sums)
 
   def Decode(self, theta, input_batch):
     pred = self.ComputePredictions(theta, input_batch)
@@ -279,10 +340,38 @@ class RegressionModel(base_model.BaseTask):
             zip(decode_out.target, decode_out.prediction)]
 
   @classmethod
+  def _LossUnit(cls, batch):
+    """The loss on `batch` examples, a plan.Unit: a subtract, square and
+    sum per example, and |err| for mae (no layer)."""
+    def _Build():
+      def _FProp(unused_thetas, outputs, y):
+        return cls._LossSums(None, outputs, NestedMap(y=y)).loss
+      return ([], _FProp, [tf.TensorSpec([batch, 1], tf.float32),
+                           tf.TensorSpec([batch], tf.float32)], None)
+    return plan_lib.Unit('loss', cost.Complete(cost.Cost(
+        flops=shapes.Mul(batch, 4), out_shapes=()), (), tf.float32),
+                         _Build, list)
+
+  @classmethod
   def FPropMeta(cls, params, input_shapes):
     cls.CheckParams(params, validation.Owner(params))
     x = shapes.AsShape(input_shapes.x)
     net_p = cls._NetParams(params)
+    if params.net_tpl is not None:   # One's own network; its plan, if any.
+      net_p = base_layer.InheritParams(params, net_p)
+      meta = net_p.cls.FPropMeta(net_p, x)
+      plan = meta.get('plan')
+      if plan is not None:
+        plan = plan.With(loss_fn=cls._LossUnit)
+      units = plan.UnitsAt(x[0]) if plan is not None and x[0] else []
+      breakdown = ([(u.name, u.cost.flops) for u in units] or
+                   [('net', meta.flops)])
+      breakdown.append(('loss', shapes.Mul(x[0], 4)))
+      flops = 0
+      for _, f in breakdown:
+        flops = shapes.Add(flops, f)
+      return cost.Cost(flops=flops, out_shapes=(), breakdown=breakdown,
+                       plan=plan)
     breakdown, shape = [], x
     if params.pipeline_tpl is not None:
       net_p = base_model.base_layer.InheritParams(params, net_p)

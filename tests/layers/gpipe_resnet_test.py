@@ -17,6 +17,8 @@ from cadence.layers import gpipe
 from cadence.layers import gpipe_resnet
 from cadence.tests import test_utils
 
+NestedMap = gpipe.NestedMap
+
 _BATCH = 8
 
 
@@ -95,6 +97,46 @@ class PipelinedResNetTest(tf.test.TestCase):
           self.assertIn('moving', name)
           continue
         self.assertAllClose(rg, g, atol=1e-5, msg=f'{what} {name}')
+      for a, b in zip(ref_moving, _Moving(net)):
+        self.assertAllClose(a, b, atol=1e-5, msg=what)
+
+  def testEverySchedulesLossInsideOrOutEqualsTheReference(self):
+    # The transparency grid of the schedules for the ResNet's stages: the
+    # loss of each micro-batch inside the pipeline (1F1B, zero-bubble,
+    # interleaved) or after it (GPipe), its BN statistics out through the
+    # loss; compiled, so a split backward (B, W) runs as in training.
+    m = 4
+    ref, ref_logits, ref_grads, ref_moving = self._Reference(m)
+    del ref, ref_logits
+    w = tf.random.stateless_normal([_BATCH, 3], [3, 7])
+    loss = gpipe.PipelineCell(
+        fprop=lambda th, logits, side: NestedMap(loss=tf.reduce_sum(
+            logits * side.w) / float(_BATCH * 3)), theta=NestedMap(),
+        meta=None)
+    cases = [('gpipe', 1, 'except_last'), ('1f1b', 1, 'never'),
+             ('interleaved_1f1b', 2, 'always'), ('zb_h1', 1, 'except_last'),
+             ('zb_h1', 1, 'selective'), ('zb_v', 2, 'never')]
+    for schedule, v, remat in cases:
+      what = f'{schedule} v={v} {remat}'
+      p = _Params(splits=2)
+      p.pipeline_tpl.Set(num_micro_batches=m, schedule=schedule,
+                         stages_per_device=v, remat=remat)
+      net = _Build(p, 2)
+
+      @tf.function(autograph=False)
+      def _Step(net=net):
+        with tf.GradientTape() as tape:
+          out, stats = net.FPropLossStats(
+              net.theta, self.x, loss=loss, side_inputs=NestedMap(w=w))
+        return out.loss, tape.gradient(out.loss, net.vars.Flatten()), stats
+
+      _, grads, stats = _Step()
+      net.UpdateMovingStats(stats)
+      self.assertEqual([m, 2, 4], stats.stem.bn.shape.as_list(), what)
+      for name, g, rg in zip([n for n, _ in net.vars.FlattenItems()], grads,
+                             ref_grads):
+        if rg is not None:
+          self.assertAllClose(rg, g, atol=1e-5, msg=f'{what} {name}')
       for a, b in zip(ref_moving, _Moving(net)):
         self.assertAllClose(a, b, atol=1e-5, msg=what)
 

@@ -1,0 +1,63 @@
+"""Pipeline your own model: the README's example, as written there.
+
+A residual MLP block of one's own (not a Transformer), six of them and a
+projection to the target, cut into 2 pipeline stages on 2 logical CPUs
+and trained with 1F1B on the synthetic regression data:
+
+  python trainer.py --model=examples.pipelined_mlp.PipelinedMlp \
+      --logdir=/tmp/my_pipeline
+
+It runs through every tool of the house: --mode=inspect_model (memory per
+stage), --mode=plan --plan_measure, --mode=inspect_pipeline, every
+schedule (task.net_tpl.pipeline_tpl.schedule=zb_h1) and --mode=export.
+"""
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import cost
+from cadence.framework import model_registry
+from cadence.framework import shapes
+from cadence.layers import gpipe_stack
+from cadence.layers import linear
+from cadence.params.synthetic import linear_regression
+
+
+class ResidualMlp(base_layer.BaseLayer):
+  """x + relu(x w1) w2: [batch, dim] -> [batch, dim]."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', 8, 'Width of the input and output, an int.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    d = self.params.dim
+    self.CreateVariable('w1', base_layer.WeightParams([d, 4 * d]))
+    self.CreateVariable('w2', base_layer.WeightParams([4 * d, d]))
+
+  def FProp(self, theta, x):
+    return x + tf.nn.relu(x @ theta.w1) @ theta.w2
+
+  @classmethod
+  def FPropMeta(cls, p, x):   # Two products: 2 x 2 x 4 d^2 FLOPs a row.
+    x = shapes.AsShape(x)
+    return cost.Cost(flops=shapes.Mul(16 * p.dim, x.num_elements()),
+                     out_shapes=(x,))
+
+
+@model_registry.RegisterSingleTaskModel
+class PipelinedMlp(linear_regression.RegressionGPipeTiny):
+  """Six ResidualMlp blocks and a projection, 2 stages x 4 micro-batches."""
+
+  def Task(self):
+    p = super().Task()
+    blocks = [ResidualMlp.Params().Set(dim=self.INPUT_DIM) for _ in range(6)]
+    head = linear.ProjectionLayer.Params().Set(input_dim=self.INPUT_DIM,
+                                               output_dim=1)
+    p.pipeline_tpl = None   # The stack holds its pipeline.
+    p.net_tpl = gpipe_stack.GPipeStack.Params().Set(
+        units=blocks + [head], splits=2, example_shape=[self.INPUT_DIM])
+    p.net_tpl.pipeline_tpl.Set(num_micro_batches=4, schedule='1f1b')
+    return p

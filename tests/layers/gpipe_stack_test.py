@@ -1,0 +1,149 @@
+"""Tests for layers/gpipe_stack.py (and the units contract it is made of).
+
+The reference is the same stack unpipelined (pipeline_tpl None: the same
+variable paths, so the same initial weights) on the whole batch: a
+pipeline of one's own layers must equal it, loss and gradients, with every
+schedule, loss inside or outside the pipeline.
+"""
+import itertools
+
+import numpy as np
+import tensorflow as tf
+
+from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
+from cadence.framework import shapes
+from cadence.layers import gpipe
+from cadence.layers import gpipe_stack
+from cadence.layers import gpipe_units
+from cadence.layers import linear
+from cadence.tests import test_utils
+
+NestedMap = base_layer.NestedMap
+_BATCH, _DIM = 8, 6
+
+
+def _Params(num_units=4, **kw):
+  units = [linear.FeedForwardNet.Params().Set(
+      input_dim=_DIM, hidden_layer_dims=[2 * _DIM, _DIM],
+      activation=['RELU', 'NONE']) for _ in range(num_units)]
+  return gpipe_stack.GPipeStack.Params().Set(
+      name='stack', units=units, example_shape=[_DIM], **kw)
+
+
+def _Build(p, k):
+  with cluster_lib.Cluster.Params().Set(num_devices=k,
+                                        worker_split_size=k).Instantiate():
+    return p.Instantiate()
+
+
+def _LossCell(w):
+  return gpipe.PipelineCell(
+      fprop=lambda th, out, side: NestedMap(
+          loss=tf.reduce_sum(out * side.w), rows=tf.reduce_sum(out, 1)),
+      theta=NestedMap(), meta=None)
+
+
+class GPipeStackTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    rng = np.random.default_rng(0)
+    self.x = tf.constant(rng.normal(size=[_BATCH, _DIM]).astype(np.float32))
+    self.w = tf.constant(rng.normal(size=[_BATCH, _DIM]).astype(np.float32))
+
+  def _Loss(self, stack):
+    """(the loss NestedMap, the gradients of its loss)."""
+    def _Fn():
+      out = stack.FPropLoss(stack.theta, self.x, loss=_LossCell(self.w),
+                            side_inputs=NestedMap(w=self.w))
+      return out.loss, out
+    (_, out), grads = test_utils.LossAndGrads(_Fn, stack.vars.Flatten())
+    return out, grads
+
+  def testEveryScheduleEqualsTheUnpipelinedStack(self):
+    ref = _Params(pipeline_tpl=None).Instantiate()
+    want, want_grads = self._Loss(ref)
+    self.assertAllClose(want.loss, tf.reduce_sum(ref(self.x) * self.w))
+    for (schedule, v), k, m in itertools.product(
+        (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1),
+         ('zb_v', 2)), (1, 2), (1, 4)):
+      what = f'{schedule} v={v} K={k} M={m}'
+      p = _Params(splits=k)
+      p.pipeline_tpl.Set(schedule=schedule, stages_per_device=v,
+                         num_micro_batches=m)
+      stack = _Build(p, k)
+      self.assertEqual(k * v, stack.num_cells, what)
+      got, grads = self._Loss(stack)
+      self.assertAllClose(want.loss, got.loss, atol=1e-5, msg=what)
+      self.assertAllClose(want.rows, got.rows, atol=1e-5, msg=what)
+      for g, wg in zip(grads, want_grads):
+        self.assertAllClose(wg, g, atol=1e-5, msg=what)
+
+  def testVariablesAreTheUnitsWhateverTheCut(self):
+    paths = [[k for k, _ in _Build(_Params(splits=k), k).vars.FlattenItems()]
+             for k in (1, 2)]
+    self.assertEqual(paths[0], paths[1])
+    self.assertIn('units[3].fc[1].w', paths[0])
+    stack = _Build(_Params(splits=2), 2)
+    for u in range(4):
+      for v in stack.vars.units[u].Flatten():
+        self.assertEqual(f'CPU:{u // 2}', v.device.split('device:')[-1])
+    # Each variable of a unit is that unit's (UnitOfVariables).
+    unit_of = gpipe_units.UnitOfVariables(stack)
+    self.assertEqual({f'stack.units[{u}].fc[{i}].{n}': u for u in range(4)
+                      for i in range(2) for n in ('b', 'w')}, unit_of)
+
+  def testPlanIsTheUnitsCostsAndTheSchedule(self):
+    p = _Params(splits=2)
+    p.pipeline_tpl.Set(num_micro_batches=4, schedule='1f1b')
+    meta = p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
+    plan = meta.plan
+    ffn = linear.FeedForwardNet.FPropMeta(
+        base_layer.InheritParams(p, p.units[0]).Set(name='ffn'),
+        shapes.Shape([_BATCH, _DIM]))
+    self.assertEqual(4 * ffn.flops, meta.flops)
+    self.assertEqual([0, 2, 4], plan.bounds)
+    self.assertEqual(('1f1b', 4, 2), (plan.schedule.name,
+                                      plan.num_micro_batches,
+                                      plan.micro_batch_size))
+    self.assertEqual(meta.flops, sum(plan.StageFlops()))
+    # A stage passes on its last unit's outputs: [2, 6] float32 rows.
+    self.assertEqual([2 * _DIM * 4] * 2, [c.out for c in plan.cells])
+    unit = base_layer.FPropCost(
+        base_layer.InheritParams(p, p.units[0]), shapes.Shape([2, _DIM]))
+    self.assertEqual(2 * unit.act, plan.cells[0].act)
+    # Variables per unit, built without weights: the real ones' shapes.
+    stack = _Build(p, 2)
+    self.assertEqual(
+        [(v.shape, v.dtype) for v in stack.vars.units[0].Flatten()],
+        [(s, d) for s, d, _ in plan.units[0].Variables()])
+
+  def testCutByFlopsOfTheExampleOrEqualUnits(self):
+    units = _Params().units
+    wide = linear.FeedForwardNet.Params().Set(
+        input_dim=_DIM, hidden_layer_dims=[16 * _DIM, _DIM],
+        activation=['RELU', 'NONE'])
+    p = gpipe_stack.GPipeStack.Params().Set(
+        name='stack', units=[wide] + units, splits=2, example_shape=[_DIM])
+    self.assertEqual([0, 1, 5], gpipe_units.Bounds(p.cls, p))
+    p.example_shape = None   # Equal units: 5 split 2 + 3.
+    self.assertEqual([0, 2, 5], gpipe_units.Bounds(p.cls, p))
+
+  def testBadParams(self):
+    with self.assertRaisesRegex(ValueError, r"GPipeStack 'stack': units=\[\] "
+                                'must be a non-empty list of layer params'):
+      gpipe_stack.GPipeStack.Params().Set(name='stack').Instantiate()
+    with self.assertRaisesRegex(ValueError, r"GPipeStack 'stack': splits=5 "
+                                r'must be in \[1, 4\]; each stage needs a '
+                                r'unit\.'):
+      _Params(splits=5).Instantiate()
+    p = _Params()
+    p.pipeline_tpl.num_micro_batches = 3
+    with self.assertRaisesRegex(ValueError, 'num_micro_batches=3 does not '
+                                'divide batch 8'):
+      p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,77 @@
+"""The README's "Pipeline your own model", as written, through the trainer.
+
+The README's code block is params/examples/pipelined_mlp.py (its code,
+under the module docstring); the commands the README gives for it run in
+one subprocess (the trainer's flag parsing and `main`, case by case):
+--mode=inspect_model (memory per stage), --mode=plan --plan_measure and
+on a described cluster, and training with 1F1B and ZB-H1, which reach the
+same loss (the schedules compute the same gradients).
+"""
+import os
+import re
+
+import tensorflow as tf
+
+from cadence.framework.train import summary_utils
+from cadence.tests import test_utils
+
+_KEY = 'examples.pipelined_mlp.PipelinedMlp'
+
+
+def _ReadmeSection():
+  with open(os.path.join(test_utils.ROOT, 'README.md')) as f:
+    text = f.read()
+  section = text[text.index('## Pipeline your own model'):]
+  return section[:section.index('\n## ', 3)]
+
+
+class PipelineYourOwnModelTest(tf.test.TestCase):
+
+  def testTheReadmeCodeIsTheRegisteredExample(self):
+    block = re.search(r'```python\n(.*?)```', _ReadmeSection(), re.S).group(1)
+    with open(os.path.join(test_utils.ROOT, 'params', 'examples',
+                           'pipelined_mlp.py')) as f:
+      source = f.read()
+    self.assertEqual(block, source[source.index('import tensorflow'):])
+
+  def testTheReadmeCommandsRun(self):
+    section = _ReadmeSection()
+    commands = re.findall(r'\.venv/bin/python trainer\.py (.*)', section)
+    self.assertGreaterEqual(len(commands), 4, commands)
+    root = self.get_temp_dir()
+    argvs = []
+    for i, command in enumerate(commands):
+      argv = [a.replace('"', '') for a in re.findall(r'(?:[^\s"]|"[^"]*")+',
+                                                     command)]
+      argvs.append([a.replace('/tmp/', f'{root}/{i}_') for a in argv] +
+                   ['--max_steps=20', '--job=trainer'] * any(
+                       a.startswith('--logdir') for a in argv))
+    # --plan_measure first: its BFC allocator is set before TF loads.
+    order = sorted(range(len(argvs)),
+                   key=lambda i: '--plan_measure' not in argvs[i])
+    results = test_utils.FinishTrainerMains(test_utils.StartTrainerMains(
+        [argvs[i] for i in order]), timeout=1200, stdout=True)
+    losses = []
+    for i, (code, stderr, stdout) in zip(order, results):
+      command = commands[i]
+      with self.subTest(command=command):
+        self.assertEqual(0, code, stderr[-3000:])
+        self.assertNotIn('Traceback', stderr)
+        if '--mode=inspect_model' in command:
+          self.assertRegex(stdout, r'cell 1 +/device:CPU:1 .* unit3\.\.unit6')
+        if '--mode=plan' in command:
+          self.assertRegex(stdout, r'Best plan: R=\d K=\d v=\d M=\d+ ')
+        logdirs = [a.split('=', 1)[1] for a in argvs[i]
+                   if a.startswith('--logdir=')]
+        if logdirs:
+          # The trainer's summaries (absl's INFO log is not captured here).
+          scalars = summary_utils.ReadScalars(
+              os.path.join(logdirs[0], 'train'))
+          losses.append(dict(scalars['loss'])[20])
+    # 1F1B and ZB-H1 (and GPipe, if run) train the same model alike.
+    self.assertGreaterEqual(len(losses), 2)
+    self.assertAllClose(losses, [losses[0]] * len(losses), rtol=1e-5)
+
+
+if __name__ == '__main__':
+  tf.test.main()
