@@ -1,10 +1,12 @@
 """The layout planner's predictions next to real runs on this machine.
 
-For two models, the Tiny LM (lm.one_billion_wds.OneBWdsGPipeTransformerTiny)
-and the bench Transformer (bench/gpipe_bench.py's dimensions: vocab 1024,
-d 256, 8 layers of 4 heads and feed-forward 1024, sequences of 64, batch 32;
-run as that LM task with those overrides: its positions and Adam come
-along), and for each of `LAYOUTS` (replicas R, devices K, cells per device
+For the models of --models (MODELS: by default the Tiny LM,
+lm.one_billion_wds.OneBWdsGPipeTransformerTiny, and the bench Transformer,
+bench/gpipe_bench.py's dimensions: vocab 1024, d 256, 8 layers of 4 heads
+and feed-forward 1024, sequences of 64, batch 32, run as that LM task with
+those overrides: its positions and Adam come along; also LM variants of
+other depth and width, the pipelined ResNet and the README's model of
+one's own), and for each of `LAYOUTS` that is a layout of the model (replicas R, devices K, cells per device
 v, micro-batches M, schedule, remat), in one run:
 
   predicted: framework/jobs/planner.py with --plan_cluster=cpu and
@@ -58,6 +60,11 @@ Run:
   --layouts picks a subset (indices into LAYOUTS or 'RxKxSxM:schedule:
   remat' specs; the reference LAYOUTS[0] always runs): the whole list
   takes about 45 minutes on this machine.
+
+Its timings are the bench's own (the trainer's step in one process,
+interleaved with a reference); bench/plan_vs_trainer.py puts the
+planner's ranked layouts beside `trainer.py`'s own runs, timed as a user
+reads them.
 """
 import argparse
 import json
@@ -75,13 +82,21 @@ import bench_log
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _BIG = 'lm.one_billion_wds.OneBWdsGPipeTransformer'
-# The bench Transformer (bench/gpipe_bench.py) as the LM task.
+# name -> (registry key, params overrides). 'bench': the bench Transformer
+# (bench/gpipe_bench.py) as the LM task; 'deep' and 'wide': LM variants
+# the planner was not tuned on; 'resnet': the pipelined ResNet (batch
+# norm); 'mlp': the README's model of one's own.
 MODELS = {
-    'tiny': [],
-    'bench': [('task.vocab_size', 1024), ('task.model_dim', 256),
-              ('task.stack_tpl.num_layers', 8),
-              ('task.stack_tpl.transformer_tpl.num_heads', 4),
-              ('task.stack_tpl.transformer_tpl.hidden_dim', 1024)],
+    'tiny': (_TINY, []),
+    'bench': (_TINY, [('task.vocab_size', 1024), ('task.model_dim', 256),
+                      ('task.stack_tpl.num_layers', 8),
+                      ('task.stack_tpl.transformer_tpl.num_heads', 4),
+                      ('task.stack_tpl.transformer_tpl.hidden_dim', 1024)]),
+    'deep': (_TINY, [('task.stack_tpl.num_layers', 8)]),
+    'wide': (_TINY, [('task.model_dim', 128),
+                     ('task.stack_tpl.transformer_tpl.hidden_dim', 512)]),
+    'resnet': ('image.shapes_resnet.ShapesResNetTiny', []),
+    'mlp': ('examples.pipelined_mlp.PipelinedMlp', []),
 }
 # (R, K, S, M, schedule, remat): S = K v stages.
 LAYOUTS = [
@@ -143,10 +158,29 @@ def _Quiet():
 
 def _Params(name):
   from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
-  params = model_registry.GetParams(_TINY, 'Train')
-  for key, value in MODELS[name]:
-    params.Set(**{key: value})
+  key, overrides = MODELS[name]
+  params = model_registry.GetParams(key, 'Train')
+  for path, value in overrides:
+    params.Set(**{path: value})
   return params
+
+
+def Runs(model, spec, num_devices=4):
+  """Whether layout `spec` (R, K, S, M, schedule, remat) runs model
+  (a plan_model.PlanModel) on `num_devices`: S stages of its units, R
+  replicas dividing its batch, M micro-batches dividing a replica's, a
+  schedule that takes those sizes."""
+  from cadence.framework.pipeline import schedules  # pylint: disable=g-import-not-at-top
+  r, k, s, m, schedule, _ = spec
+  if r * k > num_devices or s > model.num_units or model.batch_size % r:
+    return False
+  if (model.batch_size // r) % m:
+    return False
+  try:
+    schedules.Build(schedule, s, k, m)
+  except ValueError:
+    return False
+  return True
 
 
 def _Layout(spec):
@@ -274,6 +308,11 @@ def ChildTime(name, rounds, steps, window, specs):
   model = plan_model.PlanModel(_Params(name))
   devices = [d.name for d in tf.config.list_logical_devices('CPU')]
   specs = [tuple(spec) for spec in specs]
+  skipped = [s for s in specs if not Runs(model, s, len(devices))]
+  if skipped:
+    print(f'[{name}] skipped, not layouts of this model: ' + ', '.join(
+        _Layout(s).Name() for s in skipped), file=sys.stderr, flush=True)
+  specs = [s for s in specs if s not in skipped]
   layouts = [_Layout(spec) for spec in specs]
   runs = {}
   for layout in layouts:
@@ -454,7 +493,9 @@ def main():
   parser.add_argument('--window', type=float, default=1.0,
                       help='Seconds per timing, at least: more steps than '
                       '--steps if they are short.')
-  parser.add_argument('--models', default='tiny,bench')
+  parser.add_argument('--models', default='tiny,bench',
+                      help='Comma-separated names of MODELS: ' +
+                      ', '.join(MODELS) + '.')
   parser.add_argument('--layouts', default='',
                       help='Comma-separated indices into LAYOUTS or specs '
                       "RxKxSxM:schedule:remat; default all. LAYOUTS[0] (the "

@@ -400,14 +400,26 @@ class PipeliningLayer(SeqLayer):
 
   def RunSchedule(self, num_cells, num_micro_batches, name=None):
     """The Schedule the executor runs: this layer's plan's
-    (PipeliningLayer.BuildSchedule of its params; `name` another
-    registered one, e.g. the default in inference) for its cells on its
-    model split's devices."""
+    (PipeliningLayer.BuildSchedule of its params) for its cells on its
+    model split's devices; `name`: another registered one (the default,
+    in inference) with the stages where this layer's schedule placed
+    them."""
     p = self.params
-    if name is not None and name != p.schedule:
-      p = p.Copy().Set(schedule=name)
-    return self.BuildSchedule(p, num_cells, num_micro_batches,
-                              len(set(self.StageDevices(num_cells))))
+    devices = self.StageDevices(num_cells)
+    if name is None or name == p.schedule:
+      return self.BuildSchedule(p, num_cells, num_micro_batches,
+                                len(set(devices)))
+    # Another schedule on the same weights (the default, in inference): the
+    # stages stay where this layer's schedule put them (zb_v's V).
+    unique = list(dict.fromkeys(devices))
+    try:
+      return schedules.Build(name, num_cells, len(unique), num_micro_batches,
+                             stage_devices=[unique.index(d) for d in devices])
+    except ValueError as e:
+      raise validation.Error(validation.Owner(self), 'schedule', p.schedule,
+                             f'its stages\' placement does not suit '
+                             f'{name!r}, which runs them in inference: {e}'
+                             ) from None
 
   def CheckNumCells(self, num_cells):
     """SeqLayer's check, then `stages_per_device`: v > 1 needs K = D * v

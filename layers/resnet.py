@@ -121,12 +121,14 @@ class ResNetStem(batch_norm.BatchStatsLayer):
     flops, act, out = _ChainMeta(steps, inputs)
     flops = shapes.Add(flops, _ReluMeta(out))
     act = shapes.Add(act, shapes.Mul(4, out.num_elements()))
+    # Its backward's temporaries: about three tensors of its conv's output
+    # size at a time (as ResidualBlock's).
+    transient = shapes.Mul(12, out.num_elements())
     if p.max_pool:
       meta = conv.PoolingLayer.FPropMeta(cls._PoolParams(), out)
       flops, out = shapes.Add(flops, meta.flops), meta.out_shapes[0]
-    # Its backward's temporaries: about what it keeps (the gradients of its
-    # conv's and BN's outputs, one at a time).
-    return cost.Cost(flops=flops, out_shapes=(out,), act=act, transient=act)
+    return cost.Cost(flops=flops, out_shapes=(out,), act=act,
+                     transient=transient)
 
 
 class ResidualBlock(batch_norm.BatchStatsLayer):
@@ -220,9 +222,14 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
   def FPropMeta(cls, p, inputs):
     """Shapes and FLOPs: the children's, one relu after bn1, the add and
     the final relu (1 FLOP an element each). act: what each conv and
-    BN keep (their inputs; BN also its normalised input) plus the relus'
-    outputs, float32 (act_weights and residuals left to cost.Complete:
-    = act)."""
+    BN keep (their inputs; BN also its centred input) and the relus'
+    outputs, float32, each tensor once: relu1's output is conv2's input,
+    and x is conv1's and the projection's (act_weights and residuals left
+    to cost.Complete: = act). Held to memory_estimate.SavedBytes of the
+    real gradient by the tests. transient: its backward's temporaries,
+    about three tensors of its output's size at a time (the gradient
+    reaching it, one inside, the one it passes on): the gradients free
+    what they read as they go."""
     owner = validation.Owner(p)
     cls.CheckParams(p, owner)
     shape = shapes.AsShape(inputs)
@@ -234,10 +241,12 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
     flops, act, out = _ChainMeta([subs[k] for k in (
         'conv1', 'bn1', 'conv2', 'bn2')], shape)
     flops = shapes.Add(flops, 3 * _ReluMeta(out))          # relu, add, relu
-    act = shapes.Add(act, shapes.Mul(8, out.num_elements()))
+    # The final relu's output (relu1's is conv2's input, counted there).
+    act = shapes.Add(act, shapes.Mul(4, out.num_elements()))
     if 'proj' in subs:
       f, a, _ = _ChainMeta([subs['proj'], subs['proj_bn']], shape)
-      flops, act = shapes.Add(flops, f), shapes.Add(act, a)
-    # Its backward's temporaries: about what it keeps (the gradients of its
-    # convs' and BNs' outputs).
-    return cost.Cost(flops=flops, out_shapes=(out,), act=act, transient=act)
+      flops = shapes.Add(flops, f)
+      # x, the projection's input, is conv1's: counted there.
+      act = shapes.Add(act, a, shapes.Mul(-4, shape.num_elements()))
+    return cost.Cost(flops=flops, out_shapes=(out,), act=act,
+                     transient=shapes.Mul(12, out.num_elements()))

@@ -259,8 +259,13 @@ class TrainerExportTest(tf.test.TestCase):
         rf'Error: no checkpoint in {tmp}/never_trained/train to export; '
         r'train first',
         rf'Error: --export_dir: cannot write in {tmp}/a_file: ',
-        r'Error: RegressionModel has no export: it implements no '
-        r'Inference\(\)',
+        # A model of another task on the image run's logdir.
+        rf'Error: --logdir {tmp}/image holds checkpoints of another model: '
+        rf'{tmp}/image/train/ckpt-\d+ does not fit --model=synthetic\.'
+        r'linear_regression\.RegressionTiny: .* Its params\.txt is of the '
+        r"model 'image' \(ImageClassifier\), this run's is 'regression' "
+        r'\(RegressionModel\)\. Export with the model and overrides that '
+        r'trained it; nothing was written\.$',
         r"Error: --mode=export: ImageClassifier 'image' \(params 'task'\) "
         r'Inference: max_len=16 has no meaning for this task: it has no '
         r'sequence length\.$',

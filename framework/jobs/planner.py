@@ -21,11 +21,12 @@ replicas take batch_size / R each). How:
            the embedding counts in the first stage, the final norm,
            softmax and loss in the last. With --plan_measure the planner
            also times real steps of the trainer's loop for a few layouts
-           (CalibrationLayouts) and fits to them what layer costs leave
-           out (Overheads: the executor's cost per layer and micro-batch,
+           (CalibrationLayouts) and fits to them what unit costs leave
+           out (Overheads: the executor's cost per unit and micro-batch,
            what a split backward adds, the step's fixed cost, each extra
-           replica's) and the host's concurrency at two micro-batch sizes
-           (FitConcurrency);
+           replica's), a factor of the units' times per micro-batch size
+           (FitScales) and the host's concurrency at each micro-batch size
+           from the smallest to the whole batch (FitConcurrency);
   step:    the schedule's action lists run by a discrete-event simulation
            with transfers between stages, the gradient all-reduce and the
            update (framework/pipeline/step_model.py); devices that share
@@ -36,8 +37,8 @@ replicas take batch_size / R each). How:
 
 While it works the planner logs what it is doing: each calibration
 layout built and each round of their steps, the host's measurements,
-each micro-batch size its layers are timed at (n of N), and every 8 s
-of a long search how far it got.
+each micro-batch size its units are timed at (n of N), and every 5 s
+of a long search how far it got, the best layout yet and the time left.
 
 A layout whose remat is slower than another fitting remat of the same
 layout (never < selective < except_last < always: each re-runs more) is
@@ -173,17 +174,29 @@ one (1F1B, 16 actions)."""
 def CalibrationLayouts(model, num_devices=1):
   """The layouts whose real steps fit the Overheads and the concurrency:
   the model on one device, as one micro-batch and as the most
-  micro-batches up to 8 that divide the batch (gpipe, no remat), and at
+  micro-batches m up to 8 that divide the batch (gpipe, no remat), and at
   that M with its backward split (SPLIT_CALIBRATION); and, with
-  2 devices or more, 2 stages on 2 devices at that M and at half of it
-  (1f1b, no remat: the concurrency at two micro-batch sizes) and 2
-  replicas of one device (one micro-batch)."""
+  2 devices or more, 2 stages on 2 devices at m, m / 2 and 2 micro-batches
+  (1f1b, no remat) and at one (SPLIT_CALIBRATION): the concurrency from
+  the smallest micro-batch to the whole batch; and 2 replicas of one
+  device (one micro-batch).
+
+  The whole batch is where a flat extrapolation went wrong: the Tiny LM of
+  8 layers fitted 1.28 at 4 examples a micro-batch and 1.21 at 8, and held
+  at 1.21 the planner put its layouts of one micro-batch (32 examples) on
+  2 devices 16-20% under the trainer's steps, which took as long as one
+  device's (bench/plan_vs_trainer.py)."""
   m = [n for n in MicroBatchCounts(model.batch_size) if n <= 8][-1]
   out = [Layout(1, 1, 1, n, 'gpipe', 'never', None) for n in sorted({1, m})]
   out.append(Layout(1, 1, 1, m, SPLIT_CALIBRATION, 'never', None))
   if num_devices >= 2 and model.num_units >= 2:
     out += [Layout(1, 2, 2, n, '1f1b', 'never', None)
-            for n in sorted({m, max(m // 2, 2)}, reverse=True)]
+            for n in sorted({m, m // 2, 2}, reverse=True)
+            if n >= 2 and model.batch_size % n == 0]
+    # The whole batch as one micro-batch, where a split backward's W beside
+    # the other stage's B is the only overlap: actions that alone keep the
+    # cores busy gain least from a second device.
+    out.append(Layout(1, 2, 2, 1, SPLIT_CALIBRATION, 'never', None))
   if num_devices >= 2 and model.batch_size % 2 == 0:
     out.append(Layout(2, 1, 1, 1, 'gpipe', 'never', None))
   return out
@@ -200,6 +213,31 @@ def _OneDevice(steps, split):
   return [(l, t) for l, t in steps.items()
           if l.devices == 1 and l.replicas == 1 and
           _SplitsBackward(l) == split]
+
+
+def FitScales(planner, steps):
+  """{micro-batch size: factor} of the units' times that brings the
+  planner's predictions (its fitted Overheads included) to the real steps
+  of the one-device layouts of `steps` with a fused backward, what the
+  Overheads leave: on one device every action runs in turn, so such a
+  step is linear in the units' times, and the factor solves it at that
+  layout's micro-batch size (kept within [0.5, 2]).
+
+  The units are timed alone, each on its own inputs (plan_measure); a step
+  runs them back to back on one micro-batch's activations, and the two
+  differ with the size of the work. The Tiny LM of 8 layers fitted
+  factors of 0.89 and 0.99 at 4 examples a micro-batch, and 0.97 and 1.02
+  at 32, in two runs of bench/plan_vs_trainer.py; in another, the
+  additive fit (FitOverheads: a cost per action and one per step, each
+  >= 0) came out zero and left its one-micro-batch step 6% short."""
+  out = {}
+  for layout, seconds in _OneDevice(steps, split=False):
+    once = planner.Predict(layout, scale=1.0).step.time
+    work = planner.Predict(layout, scale=2.0).step.time - once
+    if work > 0:
+      out[planner.model.PerReplicaBatch(layout) // layout.micro_batches] = (
+          min(2.0, max(0.5, 1.0 + (seconds - once) / work)))
+  return out
 
 
 def FitOverheads(planner, steps):
@@ -570,9 +608,13 @@ class Planner:
     self.overheads = overheads or Overheads()
     # {micro-batch size: fitted concurrency}; {}: the hardware's.
     self.concurrency = {}
+    # {micro-batch size: the factor of its units' times}; {}: 1.
+    self.scales = {}
     if overheads is None and costs.steps:
       # In this order: each fit uses the ones before.
       self.overheads = FitOverheads(self, costs.steps)
+      self.scales = FitScales(self, costs.steps)
+      self._items.clear()
       self.overheads = self.overheads._replace(
           split=FitSplitOverhead(self, costs.steps))
       self.concurrency = FitConcurrency(self, costs.steps)
@@ -592,9 +634,25 @@ class Planner:
                                  math.log2(micro_batch))
         for i in range(len(points[0][1])))
 
-  def Items(self, micro_batch):
+  def ScaleAt(self, micro_batch):
+    """The factor of the units' times on `micro_batch` examples (FitScales),
+    linear in log2(micro_batch) between the fitted sizes and held beyond
+    them; 1 with none fitted."""
+    if not self.scales:
+      return 1.0
+    return hardware_lib.Interpolate(
+        sorted((math.log2(b), f) for b, f in self.scales.items()),
+        math.log2(micro_batch))
+
+  def Items(self, micro_batch, scale=None):
+    """The ItemCost of each unit on `micro_batch` examples: the costs'
+    times x `scale` (default ScaleAt)."""
+    if scale is not None:
+      return [ItemCost(*(scale * t for t in c))
+              for c in self.costs.Items(micro_batch)]
     if micro_batch not in self._items:
-      self._items[micro_batch] = self.costs.Items(micro_batch)
+      self._items[micro_batch] = self.Items(micro_batch,
+                                            self.ScaleAt(micro_batch))
     return self._items[micro_batch]
 
   def BalancedBounds(self, layout):
@@ -613,9 +671,11 @@ class Planner:
       self._memory[layout] = self.model.LayoutPlan(layout)
     return self._memory[layout]
 
-  def Predict(self, layout, schedule=None, overheads=None, hw=None):
+  def Predict(self, layout, schedule=None, overheads=None, hw=None,
+              scale=None):
     """The Prediction of one layout (`schedule`: its built Schedule;
-    `overheads`, `hw`: instead of the planner's own)."""
+    `overheads`, `hw`, `scale` (of the units' times): instead of the
+    planner's own)."""
     model = self.model
     schedule = schedule or schedules.Build(
         layout.schedule, layout.stages, layout.devices,
@@ -625,7 +685,7 @@ class Planner:
     if hw is None:
       hw = self.hw._replace(concurrency=self.ConcurrencyAt(mb))
     overheads = overheads or self.overheads
-    stages = StageCosts(model, layout, self.Items(mb), memory, hw,
+    stages = StageCosts(model, layout, self.Items(mb, scale), memory, hw,
                         self.costs.update_rate, overheads.layer,
                         overheads.split)
     step = step_model.SimulateStep(
@@ -645,10 +705,12 @@ class Planner:
                       model.batch_size / step.time,
                       3 * model.flops / step.time / peak)
 
-  def Search(self, progress_secs=8.0):
+  def Search(self, progress_secs=5.0):
     """Every layout's Prediction, best first (see the module docstring);
     returns (predictions, counts: NestedMap of what was skipped). Logs a
-    progress line as it starts and every `progress_secs` seconds."""
+    progress line as it starts and every `progress_secs` seconds: shapes
+    done of all, layouts so far, the best one yet and the time left at the
+    pace so far."""
     model, hw = self.model, self.hw
     out, dominated, refused = [], 0, 0
     shapes = [(r, k, s, m, name)
@@ -658,17 +720,28 @@ class Planner:
                                         model.current.micro_batches)
               for name in Schedules()]
     start = last = time.perf_counter()
+    seen, same = set(), 0
     for i, (r, k, s, m, name) in enumerate(shapes):
       if i == 0 or time.perf_counter() - last >= progress_secs:
         last = time.perf_counter()
         logging.info('Planning: %d of %d shapes (R, K, S, M, schedule) '
-                     'simulated in %.0f s, %d layouts so far...', i,
-                     len(shapes), last - start, len(out))
+                     'simulated in %.0f s, %d layouts so far%s...', i,
+                     len(shapes), last - start, len(out),
+                     _BestSoFar(out, i, len(shapes), last - start))
       try:
         schedule = schedules.Build(name, s, k, m)
       except ValueError:
         refused += 1
         continue
+      # Schedules that run the same action lists here, the loss at the
+      # same place (1f1b and interleaved_1f1b on one device), are one
+      # layout: the first registered (the default first) stands for them.
+      key = (r, schedule.actions, tuple(schedule.stage_devices),
+             schedules.LossInside(name))
+      if key in seen:
+        same += 1
+        continue
+      seen.add(key)
       for bounds in self._Cuts(Layout(r, k, s, m, name, 'never', None)):
         found = False
         for remat in REMATS:
@@ -678,13 +751,25 @@ class Planner:
           p = self.Predict(Layout(r, k, s, m, name, remat, bounds), schedule)
           out.append(p)
           found = p.fits is not False
-    return Rank(out), dict(dominated=dominated, refused=refused)
+    return Rank(out), dict(dominated=dominated, refused=refused, same=same)
 
   def _Cuts(self, layout):
     """The even cut (None) and, if it differs, the balanced one."""
     even = self.model.EvenBounds(layout.stages)
     balanced = self.BalancedBounds(layout)
     return [None] if balanced == even else [None, tuple(balanced)]
+
+
+def _BestSoFar(predictions, done, total, seconds):
+  """'; best yet <layout> <ms> ms; about <s> s left' of a search under
+  way ('' before any layout)."""
+  fits = [p for p in predictions if p.fits is not False] or predictions
+  if not fits:
+    return ''
+  best = min(fits, key=lambda p: p.step.time)
+  left = seconds / done * (total - done) if done else 0.0
+  return (f'; best yet {best.layout.Name()}: {_Ms(best.step.time)} ms; '
+          f'about {left:.0f} s left')
 
 
 def Rank(predictions):
@@ -723,7 +808,7 @@ def ConcurrencyText(concurrency):
                    for b, c in sorted(concurrency.items()))
 
 
-def _OverheadsText(costs, o, concurrency):
+def _OverheadsText(costs, o, concurrency, scales=None):
   if not costs.steps:
     return ''
   steps = ', '.join(
@@ -733,6 +818,9 @@ def _OverheadsText(costs, o, concurrency):
   fitted = (f', and the throughput of 2 actions at once on a host '
             f'{ConcurrencyText(concurrency)} (the cluster line gives the '
             'probe\'s)') if concurrency else ''
+  fitted += (', the units\' timed seconds x ' + ', '.join(
+      f'{f:.3f} at {b} examples a micro-batch'
+      for b, f in sorted(scales.items()))) if scales else ''
   return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a unit '
           f'of an action, {_Ms(o.split)} ms a unit of a micro-batch\'s '
           f'split backward, {_Ms(o.step)} ms a step, {_Ms(o.replica)} ms a '
@@ -765,7 +853,7 @@ def _UnitNames(model):
 
 
 def Report(key, model, hw, costs, predictions, counts, top, seconds,
-           overheads=None, concurrency=None):
+           overheads=None, concurrency=None, scales=None):
   """The ranked table and the best plan's flags, as text."""
   fits = [p for p in predictions if p.fits is not False]
   lines = [
@@ -777,10 +865,13 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
       f'Cluster {hw.Describe()}.',
       f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
                                    costs.seconds else '') +
-      _OverheadsText(costs, overheads or Overheads(), concurrency or {}) +
+      _OverheadsText(costs, overheads or Overheads(), concurrency or {},
+                     scales) +
       f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
       f'({counts["dominated"]} dominated by a cheaper remat that fits, '
-      f'{counts["refused"]} sizes refused by their schedule); '
+      f'{counts["refused"]} sizes refused by their schedule, '
+      f'{counts.get("same", 0)} the same action lists as another '
+      'schedule\'s); '
       f'{len(predictions) - len(fits)} do not fit.',
       'R replicas x K devices x v cells per device (S = K v stages), M '
       'micro-batches; cut: units per stage; memory/dev: the largest '
@@ -933,7 +1024,7 @@ def Plan(key, params, plan, logdir=''):
   predictions, counts = planner.Search()
   text = Report(key, model, planner.hw, costs, predictions, counts, plan.top,
                 time.perf_counter() - start, planner.overheads,
-                planner.concurrency)
+                planner.concurrency, planner.scales)
   if plan.explain > len(predictions):
     raise command_line.UserError(
         f'--plan_explain={plan.explain} is beyond the {len(predictions)} '

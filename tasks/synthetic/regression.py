@@ -15,6 +15,7 @@ from cadence.framework import base_layer
 from cadence.framework import base_model
 from cadence.framework import cost
 from cadence.framework import hyperparams
+from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import plan as plan_lib
 from cadence.framework import shapes
@@ -323,6 +324,28 @@ class RegressionModel(base_model.BaseTask):
                                      side_inputs=NestedMap(y=input_batch.y))
     net.UpdateMovingStats(stats)
     return self._Metrics(sums)
+
+  def Inference(self, batch_size=None, max_len=None):
+    """`predict` for serving; see BaseTask.Inference: x [batch, input_dim]
+    float32 -> y [batch] float32, the network as the evaler runs it (a
+    pipelined one built on one device for the export, its stages run one
+    after the other on the whole batch, framework/jobs/export.py)."""
+    inference.CheckDims(f'{validation.Owner(self)} Inference', batch_size,
+                        max_len, uses_max_len=False)
+
+    def _Predict(theta, x):
+      y = self.ComputePredictions(theta, NestedMap(x=x)).y
+      return dict(y=tf.cast(y, tf.float32))
+
+    dim = self.params.input_dim
+    spec = tf.TensorSpec([batch_size, dim], tf.float32)
+    return inference.InferenceGraph(
+        signatures=dict(predict=inference.Signature(
+            _Predict, dict(x=spec),
+            f'predict(x [batch, {dim}] float32) -> y [batch] float32: the '
+            'regression\'s prediction of each row.')),
+        doc=f'{type(self).__name__} {self.path!r}: [batch, {dim}] -> '
+        '[batch].')
 
   def Decode(self, theta, input_batch):
     pred = self.ComputePredictions(theta, input_batch)

@@ -606,6 +606,19 @@ class FPropLossTest(tf.test.TestCase):
       self.assertAllClose(got[0], [0.5 * out.loss, [out.err, out.count]],
                           atol=1e-5)
 
+  def testInferenceKeepsTheVPlacement(self):
+    # zb_v puts 4 cells on 2 devices as a V (0, 1, 1, 0); inference runs
+    # the default schedule on the cells where the weights are, and gives
+    # the training step's loss and metrics.
+    pipe, loss, side, inputs, got = self._Check(
+        'transformer', 2, 4, 0, False, 'zb_v', v=2)
+    with _Cluster(2):
+      inference = pipe.params.Copy().Set(is_inference=True).Instantiate()
+    out = inference.FPropLoss(inference._OwnCells(pipe.theta), loss,  # pylint: disable=protected-access
+                              *inputs, side_inputs=side)
+    self.assertAllClose(got[0], [0.5 * out.loss, [out.err, out.count]],
+                        atol=1e-5)
+
   def testNeverReRunsWhenTheBatchIsOneOp(self):
     """GPipe with remat 'never' in a graph whose inputs and side inputs are
     outputs of one op (as a batch from an iterator is): every backward

@@ -5,11 +5,13 @@ under the module docstring); the commands the README gives for it run in
 one subprocess (the trainer's flag parsing and `main`, case by case):
 --mode=inspect_model (memory per stage), --mode=plan --plan_measure and
 on a described cluster, and training with 1F1B and ZB-H1, which reach the
-same loss (the schedules compute the same gradients).
+same loss (the schedules compute the same gradients); then the export
+of the 1F1B run, whose `predict` equals numpy on the checkpoint's weights.
 """
 import os
 import re
 
+import numpy as np
 import tensorflow as tf
 
 from cadence.framework.train import summary_utils
@@ -40,12 +42,19 @@ class PipelineYourOwnModelTest(tf.test.TestCase):
     self.assertGreaterEqual(len(commands), 4, commands)
     root = self.get_temp_dir()
     argvs = []
-    for i, command in enumerate(commands):
+    for command in commands:
       argv = [a.replace('"', '') for a in re.findall(r'(?:[^\s"]|"[^"]*")+',
                                                      command)]
-      argvs.append([a.replace('/tmp/', f'{root}/{i}_') for a in argv] +
+      argvs.append([a.replace('/tmp/', f'{root}/') for a in argv] +
                    ['--max_steps=20', '--job=trainer'] * any(
                        a.startswith('--logdir') for a in argv))
+    # The export reads what the training wrote: it runs after the others.
+    exports = [i for i, c in enumerate(commands) if '--mode=export' in c]
+    self.assertLen(exports, 1)
+    export_argv = [a for a in argvs[exports[0]]
+                   if a not in ('--max_steps=20', '--job=trainer')]
+    commands.pop(exports[0])
+    argvs.pop(exports[0])
     # --plan_measure first: its BFC allocator is set before TF loads.
     order = sorted(range(len(argvs)),
                    key=lambda i: '--plan_measure' not in argvs[i])
@@ -71,6 +80,27 @@ class PipelineYourOwnModelTest(tf.test.TestCase):
     # 1F1B and ZB-H1 (and GPipe, if run) train the same model alike.
     self.assertGreaterEqual(len(losses), 2)
     self.assertAllClose(losses, [losses[0]] * len(losses), rtol=1e-5)
+    (code, stderr), = test_utils.FinishTrainerMains(
+        test_utils.StartTrainerMains([export_argv]), timeout=600)
+    self.assertEqual(0, code, stderr[-3000:])
+    self._CheckExport(export_argv)
+
+  def _CheckExport(self, argv):
+    """The export's predict against numpy on the checkpoint's weights."""
+    flags = dict(a[2:].split('=', 1) for a in argv if '=' in a)
+    ckpt = tf.train.latest_checkpoint(os.path.join(flags['logdir'], 'train'))
+    reader = tf.train.load_checkpoint(ckpt)
+    w = lambda name: reader.get_tensor(  # pylint: disable=g-long-lambda
+        f'model/vars/regression..net..{name}/.ATTRIBUTES/VARIABLE_VALUE')
+    x = np.random.default_rng(3).normal(size=[5, 8]).astype(np.float32)
+    h = x.astype(np.float64)
+    for i in range(6):
+      h = h + np.maximum(h @ w(f'units[{i}]..w1'), 0) @ w(f'units[{i}]..w2')
+    want = (h @ w('units[6]..w') + w('units[6]..b'))[:, 0]
+    served = tf.saved_model.load(flags['export_dir'])
+    got = served.predict(x=tf.constant(x))['y'].numpy()
+    self.assertEqual(got.shape, (5,))
+    self.assertAllClose(got, want, rtol=1e-5, atol=1e-5)
 
 
 if __name__ == '__main__':

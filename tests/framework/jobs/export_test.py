@@ -12,6 +12,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import base_model
 from cadence.framework import inference
 from cadence.framework import model_registry
 from cadence.framework.jobs import export
@@ -75,6 +76,12 @@ def _Files(folder):
       out[os.path.relpath(os.path.join(root, name), folder)] = (
           stat.st_size, stat.st_mtime_ns)
   return out
+
+
+class _NoExport(keras_regression.KerasRegressionModel):
+  """A task of one's own without an export (BaseTask's Inference)."""
+
+  Inference = base_model.BaseTask.Inference
 
 
 class _BrokenExport(keras_regression.KerasRegressionModel):
@@ -179,10 +186,10 @@ class ExportTest(tf.test.TestCase):
         r"'regression' \(params 'task'\) Inference: max_len=9 has no "
         'meaning for this task'):
       export.Export(params, self.logdir, max_len=9)
-    plain = model_registry.GetParams(
-        'synthetic.linear_regression.RegressionTiny', 'Dev')
-    with self.assertRaisesRegex(export.ExportError, r'^RegressionModel has '
-                                r'no export: it implements no Inference\(\)'):
+    plain = params.Copy()
+    plain.task.cls = _NoExport
+    with self.assertRaisesRegex(export.ExportError, r'^_NoExport has no '
+                                r'export: it implements no Inference\(\)'):
       export.Export(plain, self.logdir)
     test_utils.DamageCheckpoint(os.path.join(train, 'ckpt-2'),
                                 'truncated data')

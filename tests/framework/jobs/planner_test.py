@@ -163,7 +163,8 @@ class PlannerTest(tf.test.TestCase):
     self.assertRegex(logs.output[0], r'Planning: 0 of \d+ shapes ')
     self.assertRegex(logs.output[-1], rf'Planning: {shapes - 1} of {shapes} '
                      r'shapes \(R, K, S, M, schedule\) simulated in \d+ s, '
-                     r'\d+ layouts so far\.\.\.')
+                     r'\d+ layouts so far; best yet R=\d+ K=\d+ v=\d+ M=\d+ '
+                     r'\S+ \S+ cut=\S+: [\d.]+ ms; about \d+ s left\.\.\.')
     # --plan_measure times the parts at these sizes before the search.
     self.assertEqual(
         sorted({self.model.PerReplicaBatch(p.layout) //
@@ -227,7 +228,8 @@ class PlannerTest(tf.test.TestCase):
     layouts = planner.CalibrationLayouts(model, 4)
     self.assertEqual(
         [(1, 1, 1, 'gpipe'), (1, 1, 8, 'gpipe'), (1, 1, 8, 'zb_h1'),
-         (1, 2, 8, '1f1b'), (1, 2, 4, '1f1b'), (2, 1, 1, 'gpipe')],
+         (1, 2, 8, '1f1b'), (1, 2, 4, '1f1b'), (1, 2, 2, '1f1b'),
+         (1, 2, 1, 'zb_h1'), (2, 1, 1, 'gpipe')],
         [(l.replicas, l.devices, l.micro_batches, l.schedule)
          for l in layouts])
     costs = planner.FlopsCosts(model, truth_hw)
@@ -235,7 +237,8 @@ class PlannerTest(tf.test.TestCase):
     fitted = planner.Planner(
         model, truth_hw._replace(concurrency=(1.0, 1.2, 1.3)), costs)
     self.assertAllClose(known, fitted.overheads, atol=1e-9)
-    self.assertEqual([4, 8], sorted(fitted.concurrency))  # Examples a mb.
+    # Examples a micro-batch: 32 / 8, 4, 2 and 1.
+    self.assertEqual([4, 8, 16, 32], sorted(fitted.concurrency))
     for concurrency in fitted.concurrency.values():
       self.assertAllClose(1.8, concurrency[1], rtol=1e-6)
       self.assertAllClose(1.95, concurrency[2])
@@ -306,6 +309,45 @@ class PlannerTest(tf.test.TestCase):
         return step
       self.assertEqual(step, plan_measure.SteadySeconds(_Run, 3, window))
       self.assertEqual(calls, asked)
+
+  def testUnitTimesAreScaledPerMicroBatchSize(self):
+    """Steps whose units run 5% under their timing at 4 examples a
+    micro-batch and 6% over it at 32 (one micro-batch), as the Tiny LM of 8
+    layers did: no cost per action or step (each >= 0) fits both, and the
+    fitted factors of each size bring the planner to every one-device
+    step, at the calibrated sizes exactly (in between: linear in log2 of
+    the size)."""
+    model = self.model
+    hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
+                        'concurrency=1/1.3/1.4')
+    truth = planner.Planner(model, hw, planner.FlopsCosts(model, hw),
+                            planner.Overheads())
+    truth.scales = {4: 0.95, 32: 1.06}
+    costs = planner.FlopsCosts(model, hw)
+    costs.steps = {l: truth.Predict(l).step.time
+                   for l in planner.CalibrationLayouts(model, 1)}
+    fitted = planner.Planner(model, hw, costs)
+    # The additive fit takes what it can (a cost per step), the factors
+    # the rest: every calibration step is met.
+    for layout, seconds in costs.steps.items():
+      self.assertAllClose(seconds, fitted.Predict(layout).step.time,
+                          rtol=1e-9)
+    self.assertEqual([4, 32], sorted(fitted.scales))
+    self.assertLess(fitted.scales[4], 1.0)
+    self.assertGreater(fitted.scales[32], fitted.scales[4])
+    self.assertAllClose(fitted.scales[4], fitted.ScaleAt(2))  # Held beyond.
+    self.assertAllClose((2 * fitted.scales[4] + fitted.scales[32]) / 3,
+                        fitted.ScaleAt(8))
+    # Elsewhere near the truth (its factors are log-linear too).
+    self._AssertPredictsAs(truth, fitted, rtol=0.02, layouts=(
+        Layout(1, 1, 1, 2, 'gpipe', 'never', None),
+        Layout(1, 1, 1, 4, 'gpipe', 'always', None),
+        Layout(1, 2, 2, 4, '1f1b', 'never', None)))
+    report = planner.Report('key', model, hw, costs, [], dict(
+        dominated=0, refused=0), 5, 1.0, fitted.overheads, {},
+                            fitted.scales)
+    self.assertIn(f'the units\' timed seconds x {fitted.scales[4]:.3f} at 4 '
+                  'examples a micro-batch', report)
 
   def testConcurrencyIsFittedPerMicroBatchSize(self):
     """Steps of a host whose 2 devices gain 1.6x together on micro-batches

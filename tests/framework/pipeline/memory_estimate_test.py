@@ -9,6 +9,7 @@ from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import normalization
+from cadence.layers import resnet
 from cadence.layers import softmax
 from cadence.layers import transformer
 
@@ -73,6 +74,29 @@ class ActBytesTest(tf.test.TestCase):
     p.is_inference = True
     self.assertEqual(4 * (8 * b * t * d + b * h * t * t + b * t * f),
                      p.cls.FPropMeta(p, shapes.Shape([b, t, d])).act)
+
+  def testResNetUnits(self):
+    # Each kept tensor once (relu1's output is conv2's input; x is conv1's
+    # and the projection's); act_weights and residuals are the default
+    # (= act), an upper bound. The stem's formula leaves out 7% (a copy of
+    # its small input, [b, h, w, 3]).
+    for p, shape, rtol in [
+        (resnet.ResidualBlock.Params().Set(name='b', input_dim=16,
+                                           output_dim=16), [8, 16, 16, 16],
+         0.02),
+        (resnet.ResidualBlock.Params().Set(name='b', input_dim=16,
+                                           output_dim=32, stride=2),
+         [8, 16, 16, 16], 0.02),
+        (resnet.ResNetStem.Params().Set(name='s', input_dim=3, dim=16,
+                                        kernel=3, stride=1, max_pool=False),
+         [8, 16, 16, 3], 0.1)]:
+      with self.subTest(layer=p.cls.__name__, shape=shape):
+        meta = p.cls.FPropMeta(p, shapes.Shape(shape))
+        spec = [tf.TensorSpec(shape)]
+        self.assertAllClose(_Saved(p, spec), meta.act, rtol=rtol)
+        self.assertIsNone(meta.act_weights)   # cost.Complete: = act.
+        self.assertGreaterEqual(meta.act, _Saved(p, spec, 'weights'))
+        self.assertGreaterEqual(meta.act, _Saved(p, spec, 'residuals'))
 
   def testNormAndSoftmax(self):
     for norm in (normalization.LayerNorm, normalization.RMSNorm):
