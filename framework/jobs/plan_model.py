@@ -119,6 +119,7 @@ class PlanModel:
           'GPipeStack of your own layers, the ResNet or the LM\'s '
           'GPipeTransformerStack.')
     self.plan = plan
+    self._even = {}   # {S: the even cut's bounds}
     self.pipeline_key = plan.path
     self.splits_key = plan.splits_path
     self.stack_key = plan.splits_path.rsplit('.', 1)[0]
@@ -188,12 +189,14 @@ class PlanModel:
 
   def EvenBounds(self, num_stages):
     """The layer's own cut of splits=S (one stage per device): units as
-    even as its `splits` makes them."""
-    stack = self.params.Get(self.stack_key).Copy()
-    stack.splits = num_stages
-    if stack.pipeline_tpl is not None:
-      stack.pipeline_tpl.stages_per_device = 1
-    return gpipe_units.Bounds(stack.cls, stack)
+    even as its `splits` makes them (worked out once per S)."""
+    if num_stages not in self._even:
+      stack = self.params.Get(self.stack_key).Copy()
+      stack.splits = num_stages
+      if stack.pipeline_tpl is not None:
+        stack.pipeline_tpl.stages_per_device = 1
+      self._even[num_stages] = tuple(gpipe_units.Bounds(stack.cls, stack))
+    return list(self._even[num_stages])
 
   def Bounds(self, layout):
     return list(layout.bounds or self.EvenBounds(layout.stages))
@@ -283,8 +286,10 @@ class PlanModel:
     weights = self.StageWeights(self.Bounds(layout))
     args = (memory, [w[0] for w in weights], [w[2] for w in weights],
             [w[1] for w in weights])
-    return ([d.total for d in memory_estimate.DeviceMemory(*args)],
-            memory_estimate.SharedMemory(*args).total)
+    moments = memory_estimate.Moments(*args)   # Once for both.
+    return ([d.total for d in memory_estimate.DeviceMemory(
+        *args, moments=moments)],
+            memory_estimate.SharedMemory(*args, moments=moments).total)
 
 
 def _Text(value):

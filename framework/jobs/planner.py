@@ -63,6 +63,7 @@ Example:
       --mode=plan --plan_cluster=h100x8
 """
 import collections
+import itertools
 import json
 import math
 import os
@@ -72,6 +73,7 @@ import tempfile
 import time
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
@@ -153,8 +155,8 @@ class FlopsCosts:
 
 
 Overheads = collections.namedtuple('Overheads', ['layer', 'step',
-                                                'replica', 'split'],
-                                   defaults=[0.0, 0.0, 0.0, 0.0])
+                                                'replica', 'split', 'action'],
+                                   defaults=[0.0, 0.0, 0.0, 0.0, 0.0])
 Overheads.__doc__ = """Seconds the measured layer costs leave out:
 `layer`, what the executor adds to each layer of each action (an action
 of a stage of n layers pays n x layer: its ops, and its weights' gradient
@@ -163,7 +165,9 @@ sums, are per layer and micro-batch); `step`, what a step pays once
 step (FitReplicaOverhead: the strategy's work beyond the simulated
 all-reduce and updates); `split`, what a backward cut in B and W
 (zero-bubble schedules) adds per layer of each micro-batch beyond the
-fused backward (FitSplitOverhead).
+fused backward (FitSplitOverhead); `action`, what each action pays
+whatever its layers (FitOverheads: the executor's call, the hand-over
+between stages).
 
 Per layer, not per action: on this machine the Tiny LM's step grows from
 1 to 8 micro-batches far beyond its layers' measured costs, but 2 devices
@@ -174,8 +178,9 @@ one (1F1B, 16 actions)."""
 def CalibrationLayouts(model, num_devices=1):
   """The layouts whose real steps fit the Overheads and the concurrency:
   the model on one device, as one micro-batch and as the most
-  micro-batches m up to 8 that divide the batch (gpipe, no remat), and at
-  that M with its backward split (SPLIT_CALIBRATION); and, with
+  micro-batches m up to 8 that divide the batch (gpipe, no remat), at
+  that M with its backward split (SPLIT_CALIBRATION) and at that M cut in
+  2 stages (twice the actions: Overheads.action); and, with
   2 devices or more, 2 stages on 2 devices at m, m / 2 and 2 micro-batches
   (1f1b, no remat) and at one (SPLIT_CALIBRATION): the concurrency from
   the smallest micro-batch to the whole batch; and 2 replicas of one
@@ -189,6 +194,8 @@ def CalibrationLayouts(model, num_devices=1):
   m = [n for n in MicroBatchCounts(model.batch_size) if n <= 8][-1]
   out = [Layout(1, 1, 1, n, 'gpipe', 'never', None) for n in sorted({1, m})]
   out.append(Layout(1, 1, 1, m, SPLIT_CALIBRATION, 'never', None))
+  if model.num_units >= 2:   # Twice the actions of the same layers.
+    out.append(Layout(1, 1, 2, m, 'gpipe', 'never', None))
   if num_devices >= 2 and model.num_units >= 2:
     out += [Layout(1, 2, 2, n, '1f1b', 'never', None)
             for n in sorted({m, m // 2, 2}, reverse=True)
@@ -207,12 +214,14 @@ def _SplitsBackward(layout):
                          layout.micro_batches).splits_backward
 
 
-def _OneDevice(steps, split):
-  """The (layout, seconds) of `steps` on one device (K = 1, R = 1) whose
-  schedule splits the backward or not."""
+def _OneDevice(steps, split, stages=1):
+  """The (layout, seconds) of `steps` of one stage (default) on one device
+  (K = 1, R = 1) whose schedule splits the backward or not; stages=None:
+  more than one stage."""
   return [(l, t) for l, t in steps.items()
           if l.devices == 1 and l.replicas == 1 and
-          _SplitsBackward(l) == split]
+          _SplitsBackward(l) == split and
+          (l.stages == 1 if stages == 1 else l.stages > 1)]
 
 
 def FitScales(planner, steps):
@@ -241,34 +250,49 @@ def FitScales(planner, steps):
 
 
 def FitOverheads(planner, steps):
-  """Overheads `layer` and `step` (each >= 0) that bring the planner's
-  predictions of one-device layouts with a fused backward to their
-  measured step times: a least-squares fit of t = simulated + actions x
-  layers x `layer` + `step` (on one device every action runs in turn, so
-  each adds its overhead to the step).
+  """Overheads `layer`, `action` and `step` (each >= 0) that bring the
+  planner's predictions of one-device layouts with a fused backward to
+  their measured step times: the least-squares fit of t = simulated +
+  (actions x layers of a stage) x `layer` + actions x `action` + `step`
+  (on one device every action runs in turn, so each adds its overheads
+  to the step) whose terms are all >= 0 (each subset of the three tried;
+  a cost the rows cannot tell apart stays 0). One stage tells `layer`
+  from `step`; the same layers in 2 stages (twice the actions) tell
+  `action` from `layer`.
+
+  The Tiny LM of 8 layers ran its layouts of 3 and 4 devices, or 2 to 4
+  stages a device, 7-25% over the planner's predictions without `action`,
+  all of the same sign (bench/plan_vs_trainer.py).
 
   Args:
     planner: a Planner (its own overheads are not used).
     steps: {Layout: measured seconds}; those on one device (K = 1, R = 1)
       whose schedule does not split the backward count.
   """
-  rows = []
-  for layout, seconds in _OneDevice(steps, split=False):
+  rows, excess = [], []
+  for layout, seconds in (_OneDevice(steps, split=False) +
+                          _OneDevice(steps, split=False, stages=None)):
     p = planner.Predict(layout, overheads=Overheads())
     actions = sum(len(a) for a in schedules.Build(
         layout.schedule, layout.stages, 1, layout.micro_batches).actions)
-    rows.append((actions * planner.model.num_units / layout.stages,
-                 seconds - p.step.time))
+    rows.append([actions * planner.model.num_units / layout.stages,
+                 actions, 1.0])
+    excess.append(seconds - p.step.time)
   if not rows:
     return Overheads()
-  layer = 0.0
-  if len({n for n, _ in rows}) > 1:
-    mean_n = statistics.mean(n for n, _ in rows)
-    mean_r = statistics.mean(r for _, r in rows)
-    layer = max(0.0, sum((n - mean_n) * (r - mean_r) for n, r in rows) /
-                sum((n - mean_n) ** 2 for n, _ in rows))
-  step = max(0.0, statistics.mean(r - n * layer for n, r in rows))
-  return Overheads(layer, step)
+  a, y = np.array(rows), np.array(excess)
+  best, best_err = np.zeros(3), float(np.sum(y ** 2))
+  for n in range(1, 4):
+    for cols in itertools.combinations(range(3), n):
+      x = np.linalg.lstsq(a[:, cols], y, rcond=None)[0]
+      if np.all(x >= 0):
+        full = np.zeros(3)
+        full[list(cols)] = x
+        err = float(np.sum((a @ full - y) ** 2))
+        if err < best_err - 1e-18:
+          best, best_err = full, err
+  return Overheads(layer=float(best[0]), step=float(best[2]),
+                   action=float(best[1]))
 
 
 def _MeanExcess(planner, steps, overheads, per):
@@ -515,14 +539,15 @@ def _UnitKind(unit):
 
 
 def StageCosts(model, layout, items, memory, hw, update_rate=None,
-               overhead=0.0, split=0.0):
+               overhead=0.0, split=0.0, action=0.0):
   """The step_model.StageCost of each stage of `layout` from its layers'
   ItemCosts on one micro-batch and the FPropMeta `memory` of the layout.
 
   remat 'selective' re-runs what it does not keep: the forward times the
   share of the activation bytes it does not keep (1 - act_weights / act).
   `overhead`: seconds each action pays per layer of its stage beyond the
-  layers' costs (Overheads.layer); `split`: what a split backward adds per
+  layers' costs (Overheads.layer); `action`: what each action pays
+  whatever its layers (Overheads.action); `split`: what a split backward adds per
   layer (Overheads.split).
   """
   inside = schedules.LossInside(layout.schedule)
@@ -544,7 +569,7 @@ def StageCosts(model, layout, items, memory, hw, update_rate=None,
         backward=sum(c.backward for c in mine), recompute=rerun,
         out_bytes=cell.out, grad_bytes=g, update=update,
         accumulate=3 * g / hw.memory_bandwidth,
-        overhead=overhead * (b - a), split=split * (b - a)))
+        overhead=overhead * (b - a) + action, split=split * (b - a)))
   return out
 
 
@@ -665,10 +690,11 @@ class Planner:
              for c in self.Items(mb)]
     return gpipe_partition.BalancedPartition(times, layout.stages)
 
-  def Memory(self, layout):
-    """The layout's FPropMeta `memory` (cached)."""
+  def Memory(self, layout, schedule=None):
+    """The layout's pipeline plan (cached; `schedule`: its Schedule, if
+    built already)."""
     if layout not in self._memory:
-      self._memory[layout] = self.model.LayoutPlan(layout)
+      self._memory[layout] = self.model.LayoutPlan(layout, schedule)
     return self._memory[layout]
 
   def Predict(self, layout, schedule=None, overheads=None, hw=None,
@@ -680,14 +706,14 @@ class Planner:
     schedule = schedule or schedules.Build(
         layout.schedule, layout.stages, layout.devices,
         layout.micro_batches)
-    memory = self.Memory(layout)
+    memory = self.Memory(layout, schedule)
     mb = model.PerReplicaBatch(layout) // layout.micro_batches
     if hw is None:
       hw = self.hw._replace(concurrency=self.ConcurrencyAt(mb))
     overheads = overheads or self.overheads
     stages = StageCosts(model, layout, self.Items(mb, scale), memory, hw,
                         self.costs.update_rate, overheads.layer,
-                        overheads.split)
+                        overheads.split, overheads.action)
     step = step_model.SimulateStep(
         schedule, stages, hw, layout.remat, layout.replicas,
         fixed=overheads.step + (layout.replicas - 1) * overheads.replica)
@@ -812,8 +838,9 @@ def _OverheadsText(costs, o, concurrency, scales=None):
   if not costs.steps:
     return ''
   steps = ', '.join(
-      f'R={l.replicas} K={l.devices} M={l.micro_batches} {l.schedule}: '
-      f'{_Ms(t)} ms'
+      f'R={l.replicas} K={l.devices}'
+      f'{f" S={l.stages}" if l.stages != l.devices else ""} '
+      f'M={l.micro_batches} {l.schedule}: {_Ms(t)} ms'
       for l, t in sorted(costs.steps.items()))
   fitted = (f', and the throughput of 2 actions at once on a host '
             f'{ConcurrencyText(concurrency)} (the cluster line gives the '
@@ -822,7 +849,7 @@ def _OverheadsText(costs, o, concurrency, scales=None):
       f'{f:.3f} at {b} examples a micro-batch'
       for b, f in sorted(scales.items()))) if scales else ''
   return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a unit '
-          f'of an action, {_Ms(o.split)} ms a unit of a micro-batch\'s '
+          f'of an action, {_Ms(o.action)} ms an action, {_Ms(o.split)} ms a unit of a micro-batch\'s '
           f'split backward, {_Ms(o.step)} ms a step, {_Ms(o.replica)} ms a '
           f'replica beyond the first{fitted}')
 

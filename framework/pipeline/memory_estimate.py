@@ -266,13 +266,14 @@ def Moments(memory, params, slots, grads=None):
   return moments
 
 
-def DeviceMemory(memory, params, slots, grads=None):
+def DeviceMemory(memory, params, slots, grads=None, moments=None):
   """Per device, the `Stage` sums of its stages at its own worst moment:
   what each device must hold when stages share devices (interleaved, V
-  schedules); StageMemory when each stage has its own device."""
+  schedules); StageMemory when each stage has its own device. `moments`:
+  Moments of these arguments, if computed already."""
   stage_devices = (_Table(memory).stage_devices if memory.schedule else
                    [0] * len(memory.cells))
-  moments = Moments(memory, params, slots, grads)
+  moments = moments or Moments(memory, params, slots, grads)
   out = []
   for d in range(max(stage_devices) + 1):
     mine = [i for i, sd in enumerate(stage_devices) if sd == d]
@@ -289,12 +290,13 @@ def StageMemory(memory, params, slots, grads=None):
           for i in range(len(memory.cells))]
 
 
-def SharedMemory(memory, params, slots, grads=None):
+def SharedMemory(memory, params, slots, grads=None, moments=None):
   """What all stages hold together at the step's worst moment (Moments), as
   one `Stage` (the sums): the need of one memory that holds every stage
   (logical devices of one host, a split onto one accelerator). At most the
-  sum of StageMemory: stages peak at different moments."""
-  moments = Moments(memory, params, slots, grads)
+  sum of StageMemory: stages peak at different moments. `moments`: as
+  DeviceMemory's."""
+  moments = moments or Moments(memory, params, slots, grads)
   worst = max(moments, key=lambda moment: sum(s.total for s in moment))
   return Stage(*map(sum, zip(*worst)))
 

@@ -119,6 +119,21 @@ class GPipeStackTest(tf.test.TestCase):
         [(v.shape, v.dtype) for v in stack.vars.units[0].Flatten()],
         [(s, d) for s, d, _ in plan.units[0].Variables()])
 
+  def testUnitsAreCostedOncePerMicroBatchSize(self):
+    # The planner re-plans thousands of layouts: a size's costs are worked
+    # out once (the same records), and equal the unit's own FPropCost.
+    p = _Params(splits=2)
+    plan = p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM])).plan
+    for size in (1, 4):
+      first, again = plan.UnitsAt(size), plan.Replan(
+          micro_batch_size=size).UnitsAt(size)
+      self.assertEqual([id(u.cost) for u in first],
+                       [id(u.cost) for u in again])
+      unit = base_layer.FPropCost(base_layer.InheritParams(p, p.units[0]),
+                                  shapes.Shape([size, _DIM]))
+      self.assertEqual(unit.flops, first[0].cost.flops)
+      self.assertEqual(unit.act, first[0].cost.act)
+
   def testCutByFlopsOfTheExampleOrEqualUnits(self):
     units = _Params().units
     wide = linear.FeedForwardNet.Params().Set(

@@ -222,15 +222,15 @@ class PlannerTest(tf.test.TestCase):
     model = self.model
     truth_hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                               'concurrency=1/1.8/1.95')
-    known = planner.Overheads(0.002, 0.03, 0.01, split=0.004)
+    known = planner.Overheads(0.002, 0.03, 0.01, split=0.004, action=0.003)
     truth = planner.Planner(model, truth_hw,
                             planner.FlopsCosts(model, truth_hw), known)
     layouts = planner.CalibrationLayouts(model, 4)
     self.assertEqual(
-        [(1, 1, 1, 'gpipe'), (1, 1, 8, 'gpipe'), (1, 1, 8, 'zb_h1'),
-         (1, 2, 8, '1f1b'), (1, 2, 4, '1f1b'), (1, 2, 2, '1f1b'),
-         (1, 2, 1, 'zb_h1'), (2, 1, 1, 'gpipe')],
-        [(l.replicas, l.devices, l.micro_batches, l.schedule)
+        [(1, 1, 1, 1, 'gpipe'), (1, 1, 1, 8, 'gpipe'), (1, 1, 1, 8, 'zb_h1'),
+         (1, 1, 2, 8, 'gpipe'), (1, 2, 2, 8, '1f1b'), (1, 2, 2, 4, '1f1b'),
+         (1, 2, 2, 2, '1f1b'), (1, 2, 2, 1, 'zb_h1'), (2, 1, 1, 1, 'gpipe')],
+        [(l.replicas, l.devices, l.stages, l.micro_batches, l.schedule)
          for l in layouts])
     costs = planner.FlopsCosts(model, truth_hw)
     costs.steps = {l: truth.Predict(l).step.time for l in layouts}
