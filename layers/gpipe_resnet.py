@@ -129,17 +129,8 @@ class ResNet(gpipe_units.UnitsPipeline, batch_norm.BatchStatsLayer):
     validation.CheckIntList(owner, 'stage_blocks', p.stage_blocks,
                             len(p.stage_dims))
     pipe = p.pipeline_tpl
+    gpipe_units.CheckPipelineTpl(owner, pipe, 'the ResNet')
     if pipe is not None:
-      if not (isinstance(pipe, hyperparams.InstantiableParams) and
-              issubclass(pipe.cls, gpipe.PipeliningLayer)):
-        raise validation.Error(owner, 'pipeline_tpl', getattr(pipe, 'cls',
-                                                              pipe),
-                               'must be a PipeliningLayer.Params() or None.')
-      for field in ('cell_tpl', 'before_tpl'):
-        if pipe.Get(field):
-          raise validation.Error(owner, f'pipeline_tpl.{field}',
-                                 pipe.Get(field), 'must stay empty: the '
-                                 'ResNet gives the pipeline its cells.')
       if pipe.batch_dim != 0:
         raise validation.Error(owner, 'pipeline_tpl.batch_dim',
                                pipe.batch_dim, 'must be 0: images are NHWC.')

@@ -78,17 +78,8 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
     if p.example_shape is not None:
       validation.CheckIntList(owner, 'example_shape', p.example_shape)
     pipe = p.pipeline_tpl
+    gpipe_units.CheckPipelineTpl(owner, pipe, 'the stack')
     if pipe is not None:
-      if not (isinstance(pipe, hyperparams.InstantiableParams) and
-              issubclass(pipe.cls, gpipe.PipeliningLayer)):
-        raise validation.Error(owner, 'pipeline_tpl',
-                               getattr(pipe, 'cls', pipe),
-                               'must be a PipeliningLayer.Params() or None.')
-      for field in ('cell_tpl', 'before_tpl'):
-        if pipe.Get(field):
-          raise validation.Error(owner, f'pipeline_tpl.{field}',
-                                 pipe.Get(field), 'must stay empty: the '
-                                 'stack gives the pipeline its cells.')
       gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
       cls.Bounds(p)
 

@@ -62,6 +62,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost as cost_lib
+from cadence.framework import hyperparams
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.framework.pipeline import plan as plan_lib
@@ -129,6 +130,23 @@ def _PipelineParams(cls, p):
   del cls
   tpl = p.pipeline_tpl if 'pipeline_tpl' in p else None
   return None if tpl is None else base_layer.InheritParams(p, tpl)
+
+
+def CheckPipelineTpl(owner, pipe, giver):
+  """A layer's optional `pipeline_tpl` (`pipe`): None or a PipeliningLayer's
+  params whose cell_tpl and before_tpl are empty, since the layer (named
+  `giver` in the message, e.g. 'the stack') gives the pipeline its cells."""
+  if pipe is None:
+    return
+  if not (isinstance(pipe, hyperparams.InstantiableParams) and
+          issubclass(pipe.cls, gpipe.PipeliningLayer)):
+    raise validation.Error(owner, 'pipeline_tpl', getattr(pipe, 'cls', pipe),
+                           'must be a PipeliningLayer.Params() or None.')
+  for field in ('cell_tpl', 'before_tpl'):
+    if pipe.Get(field):
+      raise validation.Error(owner, f'pipeline_tpl.{field}', pipe.Get(field),
+                             f'must stay empty: {giver} gives the pipeline '
+                             'its cells.')
 
 
 def StateDtype(cls, p):

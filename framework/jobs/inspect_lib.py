@@ -149,15 +149,20 @@ def StageWeights(rows, plan, stage_devices, optimizer, unit_of=None):
       stage = stage_of_unit[unit_of[path]]
     else:
       stage = first_on.get(_Short(device), 0) if plan.num_stages > 1 else 0
-    n = _Count(shape)
-    out[stage][0] += n
-    out[stage][1] += n * dtype.size
-    if trainable and dtype.is_floating:
-      out[stage][2] += n * dtype.size
-      out[stage][3] += sum(
-          _Count(s) for s in optimizer.SlotShapes(shape).values()
-      ) * dtype.size
+    _AddVariable(out[stage], shape, dtype, trainable, optimizer)
   return out
+
+
+def _AddVariable(row, shape, dtype, trainable, optimizer):
+  """Adds a variable to a stage's [parameters, bytes, gradient bytes, slot
+  bytes] (a trainable float one has a gradient and `optimizer`'s slots)."""
+  n = _Count(shape)
+  row[0] += n
+  row[1] += n * dtype.size
+  if trainable and dtype.is_floating:
+    row[2] += n * dtype.size
+    row[3] += sum(_Count(s) for s in optimizer.SlotShapes(shape).values()
+                  ) * dtype.size
 
 
 def TaskWeights(plan, rows, stage_devices, optimizer, unit_of=None):
@@ -191,14 +196,7 @@ def PlanStageWeights(plan, optimizer):
     if variables is None:
       return None
     for shape, dtype, trainable in variables:
-      n = _Count(shape)
-      out[stage][0] += n
-      out[stage][1] += n * dtype.size
-      if trainable and dtype.is_floating:
-        out[stage][2] += n * dtype.size
-        out[stage][3] += sum(
-            _Count(s) for s in optimizer.SlotShapes(shape).values()
-        ) * dtype.size
+      _AddVariable(out[stage], shape, dtype, trainable, optimizer)
   return out
 
 
