@@ -24,6 +24,11 @@ Fields (ints; None where a dim is unknown):
   transient    bytes the backward allocates beyond what it keeps, at its
                peak (the gradients in flight, temporaries).
   weight_bytes bytes of the layer's variables.
+  act_outputs  of `act`, the bytes of the layer's own outputs (its backward
+               reads them: a layer ending in a relu or a max pool). A
+               pipeline stage's output waits for the next stage's backward
+               anyway; the memory estimate counts it once for a micro-batch
+               whose `act` it keeps.
 
 A layer sets what it knows. What it leaves None, `Complete` fills with a
 documented default, and names in `defaulted` (inspect says which figures
@@ -36,6 +41,8 @@ are estimates); never a silent zero:
   act_weights  = act (a layer that does not say keeps everything);
   residuals    = act;
   transient    the bytes of its outputs (their gradient in flight);
+  act_outputs  0: the outputs counted beside `act` (an over-estimate by at
+               most one output a kept micro-batch, never an under-estimate);
   weight_bytes stays None: the plan sums the variables of each unit built
                without weights (framework/pipeline/plan.py).
 
@@ -56,7 +63,7 @@ from cadence.framework.nested_map import NestedMap
 
 # The fields, in the order above; the memory ones are bytes of one forward.
 FIELDS = ('out_shapes', 'flops', 'bwd_flops', 'act', 'act_weights',
-          'residuals', 'transient', 'weight_bytes')
+          'residuals', 'transient', 'weight_bytes', 'act_outputs')
 MEMORY_FIELDS = ('act', 'act_weights', 'residuals', 'transient')
 # Summed along a chain of layers (transient: the largest one's).
 _SUMMED = ('flops', 'bwd_flops', 'act', 'act_weights', 'residuals',
@@ -75,12 +82,12 @@ class Cost(NestedMap):
 
   def __init__(self, out_shapes=(), flops=None, bwd_flops=None, act=None,
                act_weights=None, residuals=None, transient=None,
-               weight_bytes=None, defaulted=(), **extra):
+               weight_bytes=None, act_outputs=None, defaulted=(), **extra):
     super().__init__(out_shapes=tuple(out_shapes), flops=flops,
                      bwd_flops=bwd_flops, act=act, act_weights=act_weights,
                      residuals=residuals, transient=transient,
-                     weight_bytes=weight_bytes, defaulted=tuple(defaulted),
-                     **extra)
+                     weight_bytes=weight_bytes, act_outputs=act_outputs,
+                     defaulted=tuple(defaulted), **extra)
 
   def Replace(self, **changes):
     """A copy with `changes` (fields or extra keys)."""
@@ -133,7 +140,8 @@ def Complete(record, input_shapes, dtype):
               ('act', lambda: io),
               ('act_weights', lambda: values['act']),
               ('residuals', lambda: values['act']),
-              ('transient', lambda: Bytes(record.out_shapes, dtype)))
+              ('transient', lambda: Bytes(record.out_shapes, dtype)),
+              ('act_outputs', lambda: 0))
   for field, default in defaults:
     if values[field] is None:
       values[field] = default()
@@ -146,11 +154,12 @@ def Complete(record, input_shapes, dtype):
 def Chain(records):
   """The cost of running complete records one after the other: the summed
   fields add up, `transient` is the largest one's (one backward at a time),
-  `out_shapes` the last one's; None where any part is None."""
+  `out_shapes` and `act_outputs` the last one's; None where any part is
+  None."""
   records = list(records)
   if not records:
     return Cost(flops=0, bwd_flops=0, act=0, act_weights=0, residuals=0,
-                transient=0, weight_bytes=0)
+                transient=0, weight_bytes=0, act_outputs=0)
   values = {}
   for field in _SUMMED:
     values[field] = shapes.Add(*[r[field] for r in records])
@@ -159,5 +168,5 @@ def Chain(records):
                          max(transients))
   defaulted = tuple(dict.fromkeys(f for r in records for f in r.defaulted))
   return Cost(out_shapes=records[-1].out_shapes, defaulted=defaulted,
-              **values)
+              act_outputs=records[-1].act_outputs, **values)
 

@@ -111,23 +111,32 @@ class ResNetStem(batch_norm.BatchStatsLayer):
 
   @classmethod
   def FPropMeta(cls, p, inputs):
-    """The conv's, BN's, relu's (1 a element) and pool's FLOPs; act:
-    each part's inputs (or its own act), float32 (act_weights and residuals
-    left to cost.Complete: = act)."""
+    """The conv's, BN's, relu's (1 a element) and pool's FLOPs. Bytes,
+    float32, held to memory_estimate's SavedBytes and ResidualBytes of the
+    real gradient by the tests (x the input, c the conv's output):
+    act each part's inputs (or its own act), the relu's output and the
+    pool's (its gradient reads both); act_weights x + c; residuals
+    x + 2 c; act_outputs its output (the relu's or the pool's)."""
     cls.CheckParams(p, validation.Owner(p))
     steps = [base_layer.InheritParams(p, s) for s in (
         _Conv('conv', p.kernel, p.input_dim, p.dim, p.stride),
         _Bn(p, 'bn', p.dim))]
     flops, act, out = _ChainMeta(steps, inputs)
     flops = shapes.Add(flops, _ReluMeta(out))
-    act = shapes.Add(act, shapes.Mul(4, out.num_elements()))
+    x, c = (shapes.Mul(4, shapes.AsShape(s).num_elements())
+            for s in (inputs, out))
+    act = shapes.Add(act, c)
     # Its backward's temporaries: about three tensors of its conv's output
     # size at a time (as ResidualBlock's).
-    transient = shapes.Mul(12, out.num_elements())
+    transient = shapes.Mul(3, c)
     if p.max_pool:
       meta = conv.PoolingLayer.FPropMeta(cls._PoolParams(), out)
       flops, out = shapes.Add(flops, meta.flops), meta.out_shapes[0]
+      act = shapes.Add(act, shapes.Mul(4, out.num_elements()))
     return cost.Cost(flops=flops, out_shapes=(out,), act=act,
+                     act_weights=shapes.Add(x, c),
+                     residuals=shapes.Add(x, shapes.Mul(2, c)),
+                     act_outputs=shapes.Mul(4, out.num_elements()),
                      transient=transient)
 
 
@@ -221,15 +230,19 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
   @classmethod
   def FPropMeta(cls, p, inputs):
     """Shapes and FLOPs: the children's, one relu after bn1, the add and
-    the final relu (1 FLOP an element each). act: what each conv and
-    BN keep (their inputs; BN also its centred input) and the relus'
-    outputs, float32, each tensor once: relu1's output is conv2's input,
-    and x is conv1's and the projection's (act_weights and residuals left
-    to cost.Complete: = act). Held to memory_estimate.SavedBytes of the
-    real gradient by the tests. transient: its backward's temporaries,
-    about three tensors of its output's size at a time (the gradient
-    reaching it, one inside, the one it passes on): the gradients free
-    what they read as they go."""
+    the final relu (1 FLOP an element each). Bytes, float32 (x the
+    input, y the output; a projection shortcut, when there is one, adds
+    one y to act_weights and residuals), held to memory_estimate's
+    SavedBytes and ResidualBytes of the real gradient by the tests:
+    act what each conv and BN keep (their inputs; BN also its centred
+    input) and the relus' outputs, each tensor once: relu1's output is
+    conv2's input, and x is conv1's and the projection's; act_weights
+    x + 2 y; residuals x + 5 y; act_outputs y (the final relu's gradient
+    reads it). transient: what its backward holds beyond act at its peak,
+    about one tensor of its output's size: the gradients free what they
+    read as they go (the allocator's peak of one block's forward and
+    backward on CPU, less act: 0.2-1.4 y; 3.5 y for a projection at
+    stride 1)."""
     owner = validation.Owner(p)
     cls.CheckParams(p, owner)
     shape = shapes.AsShape(inputs)
@@ -248,5 +261,10 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
       flops = shapes.Add(flops, f)
       # x, the projection's input, is conv1's: counted there.
       act = shapes.Add(act, a, shapes.Mul(-4, shape.num_elements()))
+    x, y = shapes.Mul(4, shape.num_elements()), shapes.Mul(
+        4, out.num_elements())
+    extra = 1 if 'proj' in subs else 0
     return cost.Cost(flops=flops, out_shapes=(out,), act=act,
-                     transient=shapes.Mul(12, out.num_elements()))
+                     act_weights=shapes.Add(x, shapes.Mul(2 + extra, y)),
+                     residuals=shapes.Add(x, shapes.Mul(5 + extra, y)),
+                     act_outputs=y, transient=y)

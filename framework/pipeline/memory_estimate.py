@@ -18,9 +18,9 @@ schedule):
                schedules), `residuals` bytes (the cost record's `residuals`:
                what W reads) per micro-batch between its B and its W;
   transient:   the temporaries of one micro-batch's backward (the gradients
-               flowing through a layer), from the cells: the largest
-               layer's act (ResNet units), half of it (Transformer layers,
-               whose backward frees what they kept as it passes);
+               flowing through a layer): the largest `transient` of the
+               cell's units' cost records (a backward frees what it read
+               as it passes);
   input:       the first stage's: the whole batch's input (tf.split's parts
                share its buffer, so all M micro-batches stay while any
                does) and the input gradients waiting to be joined.
@@ -46,7 +46,9 @@ min(K-i, M) for 1F1B; KeptMicroBatches, and per tick `Moments`):
                        micro-batch's forward overlaps re-runs), 1 for GPipe
                        (the last is back-propagated before any re-run).
 
-Outputs: every micro-batch in flight keeps cell i's output (GPipe: all M).
+Outputs: every micro-batch in flight keeps cell i's output (GPipe: all M),
+counted once for a kept micro-batch whose `act` holds it already (its
+`act_outputs`: a cell ending in a relu).
 
 `SavedBytes` measures what an `act` formula (framework/cost.py) estimates:
 the bytes of the forward tensors a function's gradient graph reads (buffers
@@ -219,7 +221,8 @@ def Moments(memory, params, slots, grads=None):
       bytes a micro-batch's backward reads, act_weights: of them, those
       remat 'selective' keeps, residuals: what W reads after a split B
       (read only by schedules that split it), out: bytes of its output,
-      transient: its backward's temporaries, outside: bytes of what runs on
+      transient: its backward's temporaries, act_outputs (optional, default
+      0): of act, the bytes of its output, outside: bytes of what runs on
       the whole batch outside the pipeline after this stage keeps, and
       optionally outside_transient: the temporaries of that backward), and
       optionally num_devices (the stages' devices; default one each) and
@@ -245,8 +248,11 @@ def Moments(memory, params, slots, grads=None):
   for counts, outside in _Counts(memory):
     moment = []
     for i, (c, n) in enumerate(zip(cells, counts)):
+      # A kept micro-batch's output is in its `act` when the backward
+      # reads it (act_outputs): counted once.
+      both = 0 if selective else min(c.out, c.get('act_outputs', 0))
       held = (n.kept * (c.act_weights if selective else c.act) +
-              n.live * c.out +
+              n.live * c.out - n.kept * both +
               # Only split schedules have micro-batches waiting for a W.
               (n.waiting * c.residuals if n.waiting else 0))
       g = grads[i] if n.backward or n.done else 0

@@ -208,8 +208,8 @@ class PipelinePlan:
 
   def _Cells(self):
     """Per stage, NestedMap(act, act_weights, residuals, out, transient,
-    outside[, outside_transient]) in bytes of one micro-batch (the
-    memory_estimate record): its units' chained cost, the bytes its last
+    act_outputs, outside[, outside_transient]) in bytes of one micro-batch
+    (the memory_estimate record): its units' chained cost, the bytes its last
     unit passes on, and the loss's: inside the last stage when the schedule
     runs it there, else `outside` (on the whole batch, after the
     pipeline's forwards)."""
@@ -219,7 +219,7 @@ class PipelinePlan:
       out.append(NestedMap(act=c.act, act_weights=c.act_weights,
                            residuals=c.residuals, transient=c.transient,
                            out=self.outs[self.bounds[s + 1] - 1],
-                           outside=0))
+                           act_outputs=c.act_outputs, outside=0))
     if self.loss is not None:
       last, loss = out[-1], self.loss.cost
       if self.schedule is None or self.loss_inside:

@@ -7,7 +7,8 @@ from cadence.framework import cost
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.shapes import Shape
 
-_FILLED = ('bwd_flops', 'act', 'act_weights', 'residuals', 'transient')
+_FILLED = ('bwd_flops', 'act', 'act_weights', 'residuals', 'transient',
+           'act_outputs')
 
 
 class CompleteTest(tf.test.TestCase):
@@ -40,23 +41,25 @@ class CompleteTest(tf.test.TestCase):
     self.assertEqual(c.residuals, 1000)
     self.assertEqual(c.transient, 6 * 4)
     self.assertEqual(c.bwd_flops, 200)
-    self.assertEqual(c.defaulted,
-                     ('bwd_flops', 'act_weights', 'residuals', 'transient'))
+    self.assertEqual(c.act_outputs, 0)       # Outputs counted beside act.
+    self.assertEqual(c.defaulted, ('bwd_flops', 'act_weights', 'residuals',
+                                   'transient', 'act_outputs'))
 
   def testALayerThatSaysEverything(self):
     record = cost.Cost(flops=0, out_shapes=(Shape([2, 3]),), bwd_flops=7,
                        act=0, act_weights=1, residuals=2, transient=3,
-                       weight_bytes=4)
+                       weight_bytes=4, act_outputs=5)
     c = cost.Complete(record, (Shape([2, 5]),), tf.float32)
     self.assertEqual(
-        [c[f] for f in cost.FIELDS[1:]], [0, 7, 0, 1, 2, 3, 4])  # 0 stays 0.
+        [c[f] for f in cost.FIELDS[1:]], [0, 7, 0, 1, 2, 3, 4, 5])  # 0 stays.
     self.assertEqual(c.defaulted, ())
 
   def testUnknownBatch(self):
     record = cost.Cost(flops=None, out_shapes=(Shape([None, 3]),))
     c = cost.Complete(record, (Shape([None, 5]),), tf.float32)
-    for field in _FILLED:
+    for field in _FILLED[:-1]:
       self.assertIsNone(c[field], field)
+    self.assertEqual(c.act_outputs, 0)      # Known without the batch.
     self.assertEqual(c.defaulted, _FILLED)
     # What the layer says stands; what follows from it too.
     c = cost.Complete(record.Replace(act=64), (Shape([None, 5]),),
@@ -67,7 +70,7 @@ class CompleteTest(tf.test.TestCase):
 
   def testDefaultedNamesExactlyTheFilledFields(self):
     record = cost.Cost(flops=10, out_shapes=(Shape([4]),), act=8,
-                       transient=2)
+                       transient=2, act_outputs=4)
     c = cost.Complete(record, (Shape([4]),), tf.float32)
     self.assertEqual(c.defaulted, ('bwd_flops', 'act_weights', 'residuals'))
     # Completing again fills nothing and keeps the names.
@@ -97,10 +100,11 @@ class CompleteTest(tf.test.TestCase):
 
 
 def _Full(flops, act, transient, out, defaulted=(), **kw):
-  """A complete record: act_weights act/2, residuals act/4."""
+  """A complete record: act_weights act/2, residuals act/4, act_outputs
+  act/8."""
   values = dict(flops=flops, bwd_flops=2 * flops, act=act,
                 act_weights=act // 2, residuals=act // 4, transient=transient,
-                weight_bytes=100)
+                weight_bytes=100, act_outputs=act // 8)
   values.update(kw)
   return cost.Cost(out_shapes=(Shape(out),), defaulted=defaulted, **values)
 
@@ -120,6 +124,7 @@ class ChainTest(tf.test.TestCase):
     self.assertEqual(c.weight_bytes, 200)
     self.assertEqual(c.transient, 7)          # The largest, not the sum.
     self.assertEqual(c.out_shapes, (Shape([2, 4]),))   # The last one's.
+    self.assertEqual(c.act_outputs, 80 // 8)           # The last one's.
     self.assertEqual(c.defaulted, ('bwd_flops', 'transient', 'act_weights'))
 
   def testNonePropagates(self):
@@ -137,7 +142,7 @@ class ChainTest(tf.test.TestCase):
     self.assertEqual(cost.Chain([a]), a)
     empty = cost.Chain([])
     self.assertEqual([empty[f] for f in cost.FIELDS],
-                     [(), 0, 0, 0, 0, 0, 0, 0])
+                     [(), 0, 0, 0, 0, 0, 0, 0, 0])
 
   def testCompletedChainOfLayers(self):
     # Two layers [2, 5] -> [2, 3] -> [2, 1] that say nothing, completed

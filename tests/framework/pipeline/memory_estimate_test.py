@@ -77,26 +77,26 @@ class ActBytesTest(tf.test.TestCase):
 
   def testResNetUnits(self):
     # Each kept tensor once (relu1's output is conv2's input; x is conv1's
-    # and the projection's); act_weights and residuals are the default
-    # (= act), an upper bound. The stem's formula leaves out 7% (a copy of
-    # its small input, [b, h, w, 3]).
+    # and the projection's); act_outputs is the output the last relu's (or
+    # max pool's) gradient reads. The stem's formula leaves out 7% without
+    # its pool (a copy of its small input, [b, h, w, 3]).
+    block, stem = resnet.ResidualBlock.Params, resnet.ResNetStem.Params
     for p, shape, rtol in [
-        (resnet.ResidualBlock.Params().Set(name='b', input_dim=16,
-                                           output_dim=16), [8, 16, 16, 16],
+        (block().Set(name='b', input_dim=16, output_dim=16), [8, 16, 16, 16],
          0.02),
-        (resnet.ResidualBlock.Params().Set(name='b', input_dim=16,
-                                           output_dim=32, stride=2),
+        (block().Set(name='b', input_dim=16, output_dim=32), [8, 16, 16, 16],
+         0.02),
+        (block().Set(name='b', input_dim=16, output_dim=32, stride=2),
          [8, 16, 16, 16], 0.02),
-        (resnet.ResNetStem.Params().Set(name='s', input_dim=3, dim=16,
-                                        kernel=3, stride=1, max_pool=False),
-         [8, 16, 16, 3], 0.1)]:
+        (stem().Set(name='s', input_dim=3, dim=16, kernel=3, stride=1,
+                    max_pool=False), [8, 16, 16, 3], 0.1),
+        (stem().Set(name='s', input_dim=3, dim=8, kernel=7, stride=2,
+                    max_pool=True), [4, 32, 32, 3], 0.02)]:
       with self.subTest(layer=p.cls.__name__, shape=shape):
         meta = p.cls.FPropMeta(p, shapes.Shape(shape))
-        spec = [tf.TensorSpec(shape)]
-        self.assertAllClose(_Saved(p, spec), meta.act, rtol=rtol)
-        self.assertIsNone(meta.act_weights)   # cost.Complete: = act.
-        self.assertGreaterEqual(meta.act, _Saved(p, spec, 'weights'))
-        self.assertGreaterEqual(meta.act, _Saved(p, spec, 'residuals'))
+        _Check(self, p, [tf.TensorSpec(shape)], meta, rtol=rtol)
+        self.assertEqual(meta.act_outputs,
+                         4 * meta.out_shapes[0].num_elements())
 
   def testNormAndSoftmax(self):
     for norm in (normalization.LayerNorm, normalization.RMSNorm):
@@ -220,6 +220,22 @@ class StageMemoryTest(tf.test.TestCase):
     self.assertEqual(110 + 6 * 7, moments[-1][0].activations)
     # The other stage's inputs are transfers of their own.
     self.assertEqual([m[1] for m in plain], [m[1] for m in moments])
+
+  def testOutputInActCountedOnceForKeptMicroBatches(self):
+    # Cell 0 ends in a relu: its act (100) holds its output (10). 1F1B
+    # keeps 2 micro-batches in flight on cell 0 and counts each output once;
+    # GPipe (except_last) keeps one micro-batch's act with all 4 outputs.
+    memory = _TwoCells1F1B()
+    memory.cells[0].act_outputs = 10
+    stages = memory_estimate.StageMemory(memory, [0, 0], [0, 0])
+    self.assertEqual(2 * 100, stages[0].activations)
+    memory.schedule, memory.remat = 'gpipe', 'except_last'
+    stages = memory_estimate.StageMemory(memory, [0, 0], [0, 0])
+    self.assertEqual(100 + 3 * 10, stages[0].activations)
+    # 'selective' keeps act_weights, not the output: counted beside it.
+    memory.schedule, memory.remat = '1f1b', 'selective'
+    stages = memory_estimate.StageMemory(memory, [0, 0], [0, 0])
+    self.assertEqual(2 * (40 + 10), stages[0].activations)
 
   def testSplitBackwardHoldsWhatWReadsUntilW(self):
     # ZB-H1, K=2, M=2, no remat; ticks [F00] [F01 F10] [B10] [B00 F11]

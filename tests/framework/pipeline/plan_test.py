@@ -12,7 +12,8 @@ def _Unit(name, size, flops=100, act=40, act_weights=10, residuals=20,
   return plan_lib.Unit(name, cost.Cost(
       out_shapes=(), flops=flops * size, bwd_flops=2 * flops * size,
       act=act * size, act_weights=act_weights * size,
-      residuals=residuals * size, transient=transient * size))
+      residuals=residuals * size, transient=transient * size,
+      act_outputs=0))
 
 
 def _Costs(size):
@@ -55,7 +56,8 @@ class PipelinePlanTest(tf.test.TestCase):
   def testCellsHoldTheLossWhereTheScheduleRunsIt(self):
     outside = _Plan('gpipe').cells
     self.assertEqual([dict(act=160, act_weights=40, residuals=80,
-                           transient=16, out=8, outside=0)] * 1,
+                           transient=16, out=8, act_outputs=0,
+                           outside=0)] * 1,
                      [dict(c) for c in outside[:1]])
     # GPipe: the loss on the whole batch after the forwards.
     self.assertEqual((160, 0 + 4 * 2 * 5, 4 * 2 * 50),
