@@ -48,8 +48,15 @@ the costs likewise, and give the raw errors (no scaling) too. Windows of
 It prints per model a table (predicted, measured, error), the median and
 worst |error| of the step time, Spearman's rank correlation of the
 predicted and measured step times, the memory ratios, and the targets
-(median <= 10%, worst <= 25%, Spearman >= 0.8, memory within 20%). Then
-the planner's best plans for the published-scale LM
+(median <= 10%, worst <= 25%, Spearman >= 0.8, memory within 20%).
+Then per model an A/B row: the planner's best plan (its search over
+every layout on the 4 devices, from the round's costs at the median
+speed) against the experiment's default layout (its params as registered,
+on its WORKER_SPLIT_SIZE devices: what `trainer.py --model=...` runs), in
+a fresh process, each window of the best between two of the default:
+best / default, and whether the best is faster, as fast within noise (the
+default's own change between windows) or slower. Then the planner's best
+plans for the published-scale LM
 (lm.one_billion_wds.OneBWdsGPipeTransformer) on 8 x H100 and a TPU v4-8,
 from FLOPs and public specs: nothing here can check those.
 
@@ -82,10 +89,12 @@ import bench_log
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _BIG = 'lm.one_billion_wds.OneBWdsGPipeTransformer'
-# name -> (registry key, params overrides). 'bench': the bench Transformer
-# (bench/gpipe_bench.py) as the LM task; 'deep' and 'wide': LM variants
-# the planner was not tuned on; 'resnet': the pipelined ResNet (batch
-# norm); 'mlp': the README's model of one's own.
+# name -> (registry key, params overrides[, the experiment's class
+# attributes changed]). 'bench': the bench Transformer (bench/gpipe_bench.py)
+# as the LM task; 'deep' and 'wide': LM variants the planner was not tuned
+# on; 'resnet': the pipelined ResNet (batch norm); 'mlp': the README's model
+# of one's own, 512 wide on batches of 64 (as registered, 8 wide, a step
+# takes under a millisecond here: below what a step time can resolve).
 MODELS = {
     'tiny': (_TINY, []),
     'bench': (_TINY, [('task.vocab_size', 1024), ('task.model_dim', 256),
@@ -96,7 +105,8 @@ MODELS = {
     'wide': (_TINY, [('task.model_dim', 128),
                      ('task.stack_tpl.transformer_tpl.hidden_dim', 512)]),
     'resnet': ('image.shapes_resnet.ShapesResNetTiny', []),
-    'mlp': ('examples.pipelined_mlp.PipelinedMlp', []),
+    'mlp': ('examples.pipelined_mlp.PipelinedMlp', [],
+            dict(INPUT_DIM=512, BATCH_SIZE=64)),
 }
 # (R, K, S, M, schedule, remat): S = K v stages.
 LAYOUTS = [
@@ -158,8 +168,12 @@ def _Quiet():
 
 def _Params(name):
   from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
-  key, overrides = MODELS[name]
+  key, overrides, *attrs = MODELS[name]
   params = model_registry.GetParams(key, 'Train')
+  if attrs:   # The experiment with other class attributes (its knobs).
+    experiment = type(name, (model_registry.GetClass(key),), attrs[0])()
+    params = experiment.Model()
+    params.input = experiment.Train()
   for path, value in overrides:
     params.Set(**{path: value})
   return params
@@ -218,10 +232,11 @@ def _Build(model, layout, trace=False):
   return run, variables
 
 
-def _Program(model, layout, cluster=None, strategy=None):
+def _Program(model, layout, cluster=None, strategy=None, params=None):
   """run(n): n steps of the trainer's own compiled train loop
-  (programs.TrainProgram, its replicas and all-reduce) for `layout`, on
-  `cluster` (default: CPU:0..K-1, one replica) under `strategy`."""
+  (programs.TrainProgram, its replicas and all-reduce) for `layout` (or
+  `params` as they are), on `cluster` (default: CPU:0..K-1, one replica)
+  under `strategy`."""
   from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from cadence.framework.train import programs  # pylint: disable=g-import-not-at-top
   from cadence.framework.train import replicas  # pylint: disable=g-import-not-at-top
@@ -230,7 +245,8 @@ def _Program(model, layout, cluster=None, strategy=None):
         num_devices=layout.devices,
         worker_split_size=layout.devices).Instantiate()
   with cluster:
-    tasks = replicas.BuildReplicas(model.LayoutParams(layout), cluster)
+    tasks = replicas.BuildReplicas(params or model.LayoutParams(layout),
+                                   cluster)
     program = programs.TrainProgram(tasks, tempfile.mkdtemp(), strategy,
                                     cluster=cluster)
   # The loop `Run` calls between its summaries: the trainer's own step,
@@ -360,7 +376,18 @@ def ChildTime(name, rounds, steps, window, specs):
         predicted_raw=plans['raw'].Predict(layout).step.time,
         samples=samples.get(layout, []), memory=p.memory))
   fitted = plans['scaled']
+  ranked, _ = fitted.Search()
+  plan = model.plan
+  default = plan_model.Layout(1, _DefaultDevices(name), plan.num_stages,
+                              plan.num_micro_batches, plan.schedule.name,
+                              plan.remat, tuple(plan.bounds))
+  best = ranked[0].layout
   print(json.dumps(dict(
+      best=dict(spec=[best.replicas, best.devices, best.stages,
+                      best.micro_batches, best.schedule, best.remat],
+                name=best.Name(), predicted=ranked[0].step.time),
+      default=dict(name=default.Name(),
+                   predicted=fitted.Predict(default).step.time),
       layouts=out, hardware=fitted.hw.Describe(), speed=speed,
       concurrency=planner.ConcurrencyText(fitted.concurrency),
       probe=hw.concurrency, overheads=fitted.overheads._asdict(),
@@ -386,6 +413,40 @@ def ChildReplicas(name, spec, runs, steps, window):
   run(2)
   ref(2)
   samples = _Interleaved(ref, [run] * runs, steps, window)
+  print(json.dumps(dict(samples=samples)))
+
+
+def _DefaultDevices(name):
+  """K of the experiment as `trainer.py --model=...` runs it: its class's
+  WORKER_SPLIT_SIZE (trainer_lib's default), one replica."""
+  from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
+  return getattr(model_registry.GetClass(MODELS[name][0]),
+                 'WORKER_SPLIT_SIZE', 1)
+
+
+def ChildBestVsDefault(name, spec, rounds, steps, window):
+  """The A/B row: the planner's best plan (`spec`, with the trainer's loop,
+  its replicas on a MirroredStrategy) against the experiment's default
+  layout (its params as registered, one replica on its WORKER_SPLIT_SIZE
+  devices: what `trainer.py --model=...` runs), each window of the best
+  between two of the default. Prints one JSON line."""
+  _Quiet()
+  _SetDevices(4)
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from cadence.framework.distribute import distribution  # pylint: disable=g-import-not-at-top
+  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  layout = _Layout(spec)
+  setup = distribution.Create(worker_replicas=layout.replicas,
+                              worker_split_size=layout.devices)
+  model = plan_model.PlanModel(_Params(name))
+  best = _Program(model, layout, setup.cluster, setup.strategy)
+  k = _DefaultDevices(name)
+  default = _Program(model, None, cluster_lib.Cluster.Params().Set(
+      num_devices=k, worker_split_size=k).Instantiate(),
+                     params=_Params(name))
+  best(2)
+  default(2)
+  samples = _Interleaved(default, [best] * rounds, steps, window)
   print(json.dumps(dict(samples=samples)))
 
 
@@ -509,10 +570,10 @@ def main():
     if kind == 'time':
       return ChildTime(name, int(args.child[2]), int(args.child[3]),
                        float(args.child[4]), json.loads(args.child[5]))
-    if kind == 'replicas':
-      return ChildReplicas(name, json.loads(args.child[2]),
-                           int(args.child[3]), int(args.child[4]),
-                           float(args.child[5]))
+    if kind in ('replicas', 'ab'):
+      child = ChildReplicas if kind == 'replicas' else ChildBestVsDefault
+      return child(name, json.loads(args.child[2]), int(args.child[3]),
+                   int(args.child[4]), float(args.child[5]))
     return ChildMemory(name, json.loads(args.child[2]))
   specs = SelectLayouts(args.layouts)
   results = {}
@@ -539,6 +600,11 @@ def main():
             f'ms; measured/reference before/after (ms): ' + ', '.join(
                 f'{1000 * t:.0f}/{1000 * b:.0f}/{1000 * a:.0f}'
                 for t, b, a in entry['samples']), flush=True)
+    bench_log.Say(f'{name}: the best plan ({res["best"]["name"]}) against '
+                  f'the experiment\'s default layout, interleaved, in a '
+                  'fresh process...')
+    res['ab'] = _ChildRun(['ab', name, json.dumps(res['best']['spec']),
+                           args.rounds, args.steps, args.window])['samples']
     results[name] = res
   _Print(results)
   if not args.skip_published:
@@ -546,6 +612,26 @@ def main():
           'OneBWdsGPipeTransformer), planned from FLOPs and public specs; no '
           'way to check it on this machine:')
     _Published()
+
+
+def ABLine(name, best, default, samples):
+  """One model's A/B row: best / default step time per round, against
+  the noise of the default's own windows, and the verdict."""
+  ratios = [2 * t / (b + a) for t, b, a in samples]
+  noise = statistics.median(abs(a / b - 1) for _, b, a in samples)
+  ratio = statistics.median(ratios)
+  if ratio < 1 - noise:
+    verdict = 'the best plan is faster'
+  elif ratio <= 1 + noise:
+    verdict = 'as fast as the default within noise'
+  else:
+    verdict = 'the best plan is SLOWER than the default'
+  return (f'  {name}: best {best["name"]} (predicted '
+          f'{1000 * best["predicted"]:.0f} ms) vs default {default["name"]} '
+          f'(predicted {1000 * default["predicted"]:.0f} ms): best/default '
+          f'{ratio:.2f} (rounds {min(ratios):.2f}..{max(ratios):.2f}, '
+          f'predicted {best["predicted"] / default["predicted"]:.2f}), '
+          f'noise {100 * noise:.0f}%: {verdict}')
 
 
 def _Errors(entries, speed, scaled):
@@ -604,6 +690,13 @@ def _Print(results):
           f'{100 * statistics.median(raw_errs):.1f}%, worst '
           f'{100 * max(raw_errs):.1f}%, Spearman '
           f'{Spearman([e["predicted_raw"] for e in entries], raw_meas):.2f})')
+  print('\nA/B: the planner\'s best plan against the experiment\'s '
+        'default layout (its params as registered, as `trainer.py '
+        '--model=...` runs them), each window of the best between two of '
+        'the default; noise: the default\'s own change from the window '
+        'before to the one after')
+  for name, res in results.items():
+    print(ABLine(name, res['best'], res['default'], res['ab']))
   print(f'\nall {len(totals[True])} layouts: step time |error| median '
         f'{100 * statistics.median(totals[True]):.1f}% (target <= 10%), worst '
         f'{100 * max(totals[True]):.1f}% (target <= 25%); raw median '

@@ -29,6 +29,10 @@ Fields (ints; None where a dim is unknown):
                pipeline stage's output waits for the next stage's backward
                anyway; the memory estimate counts it once for a micro-batch
                whose `act` it keeps.
+  ops          what one forward runs, a tuple of framework/op_cost.py's
+               `Op`s (products with their dims, element-wise ops, norms,
+               softmaxes, gathers): how an accelerator's hardware model
+               times it (framework/pipeline/hardware.py).
 
 A layer sets what it knows. What it leaves None, `Complete` fills with a
 documented default, and names in `defaulted` (inspect says which figures
@@ -43,6 +47,9 @@ are estimates); never a silent zero:
   transient    the bytes of its outputs (their gradient in flight);
   act_outputs  0: the outputs counted beside `act` (an over-estimate by at
                most one output a kept micro-batch, never an under-estimate);
+  ops          one `other` op of its FLOPs and the bytes of `act`: timed
+               at the device's flat efficiency (what the planner assumed
+               before ops had kinds);
   weight_bytes stays None: the plan sums the variables of each unit built
                without weights (framework/pipeline/plan.py).
 
@@ -58,14 +65,15 @@ Example:
   c = cost.Complete(MyLayer.FPropMeta(p, [8, 16]), ([8, 16],), tf.float32)
   c.bwd_flops, c.defaulted     # 2 x flops, ('bwd_flops', 'act_weights', ...)
 """
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
 
 # The fields, in the order above; the memory ones are bytes of one forward.
 FIELDS = ('out_shapes', 'flops', 'bwd_flops', 'act', 'act_weights',
-          'residuals', 'transient', 'weight_bytes', 'act_outputs')
+          'residuals', 'transient', 'weight_bytes', 'act_outputs', 'ops')
 MEMORY_FIELDS = ('act', 'act_weights', 'residuals', 'transient')
-# Summed along a chain of layers (transient: the largest one's).
+# Summed along a chain of layers (transient: see Chain).
 _SUMMED = ('flops', 'bwd_flops', 'act', 'act_weights', 'residuals',
            'weight_bytes')
 
@@ -82,11 +90,13 @@ class Cost(NestedMap):
 
   def __init__(self, out_shapes=(), flops=None, bwd_flops=None, act=None,
                act_weights=None, residuals=None, transient=None,
-               weight_bytes=None, act_outputs=None, defaulted=(), **extra):
+               weight_bytes=None, act_outputs=None, ops=None, defaulted=(),
+               **extra):
     super().__init__(out_shapes=tuple(out_shapes), flops=flops,
                      bwd_flops=bwd_flops, act=act, act_weights=act_weights,
                      residuals=residuals, transient=transient,
                      weight_bytes=weight_bytes, act_outputs=act_outputs,
+                     ops=None if ops is None else tuple(ops),
                      defaulted=tuple(defaulted), **extra)
 
   def Replace(self, **changes):
@@ -141,7 +151,9 @@ def Complete(record, input_shapes, dtype):
               ('act_weights', lambda: values['act']),
               ('residuals', lambda: values['act']),
               ('transient', lambda: Bytes(record.out_shapes, dtype)),
-              ('act_outputs', lambda: 0))
+              ('act_outputs', lambda: 0),
+              ('ops', lambda: None if values['flops'] is None else (
+                  op_cost.Other(values['flops'], values['act'] or 0),)))
   for field, default in defaults:
     if values[field] is None:
       values[field] = default()
@@ -153,20 +165,33 @@ def Complete(record, input_shapes, dtype):
 
 def Chain(records):
   """The cost of running complete records one after the other: the summed
-  fields add up, `transient` is the largest one's (one backward at a time),
-  `out_shapes` and `act_outputs` the last one's; None where any part is
-  None."""
+  fields add up; `transient` is what the backward holds beyond the chain's
+  act at its peak: a record's transient less the act of the records after
+  it (freed by then: the backward runs in reverse), the largest of them;
+  `out_shapes` and `act_outputs` the last one's, `ops` all of theirs in
+  order; None where any part is None."""
   records = list(records)
   if not records:
     return Cost(flops=0, bwd_flops=0, act=0, act_weights=0, residuals=0,
-                transient=0, weight_bytes=0, act_outputs=0)
+                transient=0, weight_bytes=0, act_outputs=0, ops=())
   values = {}
   for field in _SUMMED:
     values[field] = shapes.Add(*[r[field] for r in records])
   transients = [r.transient for r in records]
-  values['transient'] = (None if any(t is None for t in transients) else
-                         max(transients))
+  acts = [r.act for r in records]
+  if any(x is None for x in transients + acts):
+    values['transient'] = None
+  else:
+    # The backward runs the chain in reverse, each record's act freed once
+    # its backward has read it: at record i's backward, those after it
+    # hold nothing (what they kept is counted in act, now free).
+    after = [sum(acts[i + 1:]) for i in range(len(records))]
+    values['transient'] = max(0, max(t - a for t, a in zip(transients,
+                                                          after)))
   defaulted = tuple(dict.fromkeys(f for r in records for f in r.defaulted))
+  ops = [r.ops for r in records]
+  values['ops'] = (None if any(o is None for o in ops) else
+                   tuple(op for o in ops for op in o))
   return Cost(out_shapes=records[-1].out_shapes, defaulted=defaulted,
               act_outputs=records[-1].act_outputs, **values)
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import linear
@@ -215,8 +216,10 @@ class MultiHeadedAttention(base_layer.BaseLayer):
       paddings_shape: ignored ([batch, tk]).
 
     Returns:
-      cost.Cost(flops, out_shapes=(Shape[b, tq, d], Shape[b, h, tq, tk]));
-      the bytes are cost.Complete's defaults.
+      cost.Cost(flops, out_shapes=(Shape[b, tq, d], Shape[b, h, tq, tk]),
+      ops: the products, the heads' transposes, the mask, the softmax and
+      its dropout, as FProp runs them); the bytes are cost.Complete's
+      defaults.
     """
     del value_shape, paddings_shape
     cls.CheckParams(p, validation.Owner(p))
@@ -242,4 +245,33 @@ class MultiHeadedAttention(base_layer.BaseLayer):
         m(2 * n * d + bias * d, b, tq))
     return cost.Cost(
         flops=flops,
-        out_shapes=(shapes.Shape([b, tq, d]), shapes.Shape([b, h, tq, tk])))
+        out_shapes=(shapes.Shape([b, tq, d]), shapes.Shape([b, h, tq, tk])),
+        ops=cls._Ops(p, b, tq, tk, d, s, n, h))
+
+  @classmethod
+  def _Ops(cls, p, b, tq, tk, d, s, n, h):
+    """The forward's ops (op_cost), as FProp runs them; None if b, tq or
+    tk is unknown."""
+    if None in (b, tq, tk):
+      return None
+    size = base_layer.FPropDtype(p).size
+    mm, ew = op_cost.MatMul, op_cost.Elementwise
+    dh, logits = n // h, b * h * tq * tk
+    ops = [mm(1, b * tq, d, n, size), mm(1, b * tk, s, n, size),
+           mm(1, b * tk, s, n, size)]
+    if p.use_bias:
+      ops += [ew(b * t * n, size, reads=2) for t in (tq, tk, tk)]
+    # The heads' transposes of q, k and v, and q's scale.
+    ops += [ew(b * t * n, size, 0) for t in (tq, tk, tk)]
+    ops += [ew(b * tq * n, size),
+            mm(b * h, tq, dh, tk, size, weight=False),
+            ew(logits, size, reads=2),                    # the mask
+            op_cost.Softmax(logits, size, SOFTMAX_FLOPS_PER_LOGIT)]
+    if p.atten_dropout_prob > 0.0 and not p.is_inference:
+      ops.append(ew(logits, 4, 3, reads=2, streams=2))   # its random bits
+    ops += [mm(b * h, tq, tk, dh, size, weight=False),
+            ew(b * tq * n, size, 0),                      # heads back
+            mm(1, b * tq, n, d, size)]
+    if p.use_bias:
+      ops.append(ew(b * tq * d, size, reads=2))
+    return tuple(ops)

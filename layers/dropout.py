@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -111,4 +112,8 @@ class DropoutLayer(base_layer.BaseLayer):
     shape = shapes.AsShape(inputs)
     flops = 0 if cls._IsIdentity(p) else shapes.Mul(
         _FLOPS_PER_ELEMENT, shape.num_elements())
-    return cost.Cost(flops=flops, out_shapes=(shape,))
+    ops = None if flops is None else () if not flops else (
+        # The uniform draw (float32), the mask and the scaled product.
+        op_cost.Elementwise(shape.num_elements(), 4, _FLOPS_PER_ELEMENT,
+                            reads=2, streams=2),)
+    return cost.Cost(flops=flops, out_shapes=(shape,), ops=ops)

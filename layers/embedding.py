@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -112,7 +113,13 @@ class EmbeddingLayer(base_layer.BaseLayer):
     shape = shapes.AsShape(ids)
     out = shape + (p.embedding_dim,)
     flops = out.num_elements() if p.scale_sqrt_depth else 0
-    return cost.Cost(flops=flops, out_shapes=(out,))
+    ops = None
+    if flops is not None:
+      size = base_layer.FPropDtype(p).size
+      ops = (op_cost.Gather(shape.num_elements(), p.embedding_dim, size),)
+      if flops:
+        ops += (op_cost.Elementwise(out.num_elements(), size),)
+    return cost.Cost(flops=flops, out_shapes=(out,), ops=ops)
 
 
 class PositionalEmbedding(base_layer.BaseLayer):

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import activations
@@ -116,7 +117,8 @@ class ProjectionLayer(base_layer.BaseLayer):
 
     FLOPs = 2*N*input_dim*output_dim (matmul) + N*output_dim (bias, if any)
     + N*output_dim*FlopsPerElement(activation); None if N is unknown.
-    out_shapes: ([..., output_dim],).
+    out_shapes: ([..., output_dim],). ops: the product, the bias and the
+    activation.
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
@@ -125,8 +127,17 @@ class ProjectionLayer(base_layer.BaseLayer):
     per_row = (2 * p.input_dim * p.output_dim +
                (p.output_dim if p.has_bias else 0) +
                p.output_dim * activations.FlopsPerElement(p.activation))
+    ops = None
+    if n is not None:
+      size, out = base_layer.FPropDtype(p).size, n * p.output_dim
+      ops = [op_cost.MatMul(1, n, p.input_dim, p.output_dim, size)]
+      if p.has_bias:
+        ops.append(op_cost.Elementwise(out, size, reads=2))
+      if activations.FlopsPerElement(p.activation):
+        ops.append(op_cost.Elementwise(
+            out, size, activations.FlopsPerElement(p.activation)))
     return cost.Cost(flops=shapes.Mul(n, per_row),
-                     out_shapes=(shape[:-1] + (p.output_dim,),))
+                     out_shapes=(shape[:-1] + (p.output_dim,),), ops=ops)
 
 
 def _PerLayer(value, num_layers):

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -40,10 +41,13 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
       n, flops_per_element * p.input_dim + flops_per_row)
   dtype = base_layer.FPropDtype(p)
   size = base_layer.AccumulationDtype(dtype).size
+  elements = shape.num_elements()
   return cost.Cost(flops=flops, out_shapes=(shape,),
-                   act=shapes.Mul(size, shape.num_elements()),
-                   act_weights=shapes.Mul(dtype.size, shape.num_elements()),
-                   residuals=shapes.Mul(2 * size, shape.num_elements()))
+                   act=shapes.Mul(size, elements),
+                   act_weights=shapes.Mul(dtype.size, elements),
+                   residuals=shapes.Mul(2 * size, elements),
+                   ops=None if elements is None else (op_cost.Norm(
+                       elements, size)._replace(flops=flops),))
 
 
 def _ComputeDtype(layer):

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -277,7 +278,13 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     # The backward's largest temporary: the logits' gradient [N, classes]
     # (float32, the cross-entropy's).
     transient = shapes.Mul(rows, c, base_layer.AccumulationDtype(dtype).size)
+    ops = None
+    if rows is not None:
+      f32 = base_layer.AccumulationDtype(dtype).size
+      ops = (op_cost.MatMul(1, rows, p.input_dim, c, size),
+             op_cost.Elementwise(rows * c, size, reads=2),          # bias
+             op_cost.Softmax(rows * c, f32, _XENT_FLOPS_PER_LOGIT))
     return cost.Cost(flops=shapes.Mul(rows, per_row),
                      out_shapes=(lead + (c,), lead), act=act,
                      act_weights=weights, residuals=residuals,
-                     transient=transient)
+                     transient=transient, ops=ops)

@@ -14,6 +14,7 @@ from cadence.framework import base_layer
 from cadence.framework import cost
 from cadence.framework import device_call
 from cadence.framework import hyperparams
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import activations
@@ -134,6 +135,7 @@ class TransformerLayer(base_layer.BaseLayer):
     flops = sum of the children's FPropMeta flops (two norms, attention, the
     feed-forward net, two residual dropouts) + 2 * b*t*d for the two
     residual additions. None if b or t is unknown. out_shapes: (inputs,).
+    ops: the children's, then the two additions.
     act, act_weights, residuals: ActBytes by policy 'all', 'weights',
     'residuals'.
     """
@@ -145,9 +147,17 @@ class TransformerLayer(base_layer.BaseLayer):
           f"{cls.__name__} '{p.name}': inputs shape {list(shape)} must be "
           f'[batch, time, input_dim={p.input_dim}].')
     flops = shapes.Mul(2, shape.num_elements())
+    ops = []
     for sub in cls._SubParams(p).values():
       sub = base_layer.InheritParams(p, sub)
-      flops = shapes.Add(flops, sub.cls.FPropMeta(sub, shape).flops)
+      record = base_layer.FPropCost(sub, shape)
+      flops = shapes.Add(flops, record.flops)
+      ops = None if ops is None or record.ops is None else ops + list(
+          record.ops)
+    if ops is not None:   # The two residual additions.
+      ops += [op_cost.Elementwise(shape.num_elements(),
+                                  base_layer.FPropDtype(p).size,
+                                  reads=2, streams=1)] * 2
     act = cls.ActBytes(p, shape)
     # The gradients in flight through the layer: its backward frees what
     # it kept as the gradient passes; a device's peak measured about 0.55
@@ -156,7 +166,7 @@ class TransformerLayer(base_layer.BaseLayer):
     return cost.Cost(flops=flops, out_shapes=(shape,), act=act,
                      act_weights=cls.ActBytes(p, shape, 'weights'),
                      residuals=cls.ActBytes(p, shape, 'residuals'),
-                     transient=None if act is None else act // 2)
+                     transient=None if act is None else act // 2, ops=ops)
 
   @classmethod
   def ActBytes(cls, p, inputs, policy='all'):

@@ -269,8 +269,8 @@ _BEFORE_TF = [
     BadInput('plan_cluster_misspelt_preset',
              _Lm('--mode=plan', '--plan_cluster=h100'),
              r"^Error: --plan_cluster: 'h100' is not a preset \(one of cpu, "
-             r"h100x8, tpu_v4_8\) nor a key=value item\. Did you mean "
-             r"'h100x8'\?$", real=True),
+             r"h100x8, a100x8, tpu_v4_8, tpu_v5e_8\) nor a key=value item\. "
+             r"Did you mean 'h100x8'\?$", real=True),
     BadInput('plan_cluster_unknown_key',
              _Lm('--mode=plan', '--plan_cluster=h100x8,devcies=4'),
              r"^Error: --plan_cluster: unknown key 'devcies'; the keys are "

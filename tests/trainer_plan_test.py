@@ -34,9 +34,15 @@ class TrainerPlanTest(tf.test.TestCase):
     r, k, v, m = (int(x) for x in best.groups()[:4])
     schedule, remat = best.group(5), best.group(6)
     self.assertEqual(float(best.group(7)), times[0])
-    self.assertIn(f'python trainer.py --model={_TINY} --worker_replicas={r} '
-                  f'--worker_split_size={k} --model_params_file_override='
-                  f'{apply}', out)
+    # As pasted in the checkout: the README's interpreter, a logdir.
+    self.assertIn(f'\n  .venv/bin/python trainer.py --model={_TINY} '
+                  f'--worker_replicas={r} --worker_split_size={k} '
+                  f'--model_params_file_override={apply} '
+                  '--logdir=/tmp/cadence_plan_OneBWdsGPipeTransformerTiny\n',
+                  out)
+    # Presets are not measurements, and the plan says so.
+    self.assertIn('How sure: the costs are each op\'s FLOPs and bytes on '
+                  'the cluster\'s public specifications, not measured', out)
     # The params file runs that layout: the model built with it has K x v
     # cells on K devices, M micro-batches, the schedule and the remat.
     params = model_registry.GetParams(_TINY, 'Train')

@@ -56,10 +56,17 @@ plan_timeline.txt) beside the report (plan.txt): the pipeline's actions,
 then bands for the all-reduce, update and fixed cost after them, so its
 title and time axis end at the table's step time.
 
+Below the table a line says how sure the ranking is: where the costs came
+from and, with --plan_measure, how far the fitted model is from the real
+steps it was fitted to, and how many layouts lie within that error of the
+best. The `tie` column marks layouts within TIE of each other.
+
 Example:
-  python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \\
+  .venv/bin/python trainer.py \\
+      --model=lm.one_billion_wds.OneBWdsGPipeTransformerTiny \\
       --mode=plan --plan_cluster=cpu --plan_measure --logdir=/tmp/plan
-  python trainer.py --model=lm.one_billion_wds.OneBWdsGPipeTransformer \\
+  .venv/bin/python trainer.py \\
+      --model=lm.one_billion_wds.OneBWdsGPipeTransformer \\
       --mode=plan --plan_cluster=h100x8
 """
 import collections
@@ -77,6 +84,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import op_cost
 from cadence.framework.jobs import command_line
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import plan_measure
@@ -127,20 +135,56 @@ input and weight gradients without re-run."""
 
 
 class FlopsCosts:
-  """Unit costs from the plan's FLOPs (each unit's FPropMeta, what runs
-  before the pipeline and the loss apart) on a device of `hw`
-  (calibrated): a forward takes flops / (peak x efficiency), a backward
-  its bwd_flops likewise."""
+  """Unit costs from the plan's cost records (each unit's FPropMeta, what
+  runs before the pipeline and the loss apart) on a device of `hw`
+  (calibrated). With the hardware's op model (the accelerator presets),
+  each op of a unit's record at the micro-batch size takes
+  hw.OpSeconds, its gradient's ops (op_cost.Backward) likewise; without
+  it, a forward takes flops / (peak x efficiency), a backward its
+  bwd_flops likewise."""
 
   def __init__(self, model, hw):
-    self._model, self._rate = model, hw.flops * hw.efficiency
+    self._model, self._rate, self._hw = model, hw.flops * hw.efficiency, hw
     self.source = (f'FLOPs at {hw.flops / 1e12:.3g} TFLOP/s x efficiency '
                    f'{hw.efficiency:g} per device')
+    if hw.op_model:
+      self.source = (f'each op of the units\' cost records timed by kind '
+                     f'and shape on the preset ({hw.flops / 1e12:.3g} '
+                     f'TFLOP/s peak, products at up to {hw.efficiency:g} of '
+                     f'it, {hw.memory_bandwidth / 1e9:.3g} GB/s)')
     self.seconds = 0.0
     self.update_rate = None   # Seconds per weight byte: from bandwidth.
     self.steps = {}           # Measured steps to fit: none, or set by hand.
+    self._items = {}          # {micro-batch size: [ItemCost]}
+
+  def _Seconds(self, units):
+    """(forward, backward) seconds of units' ops (hardware.OpSeconds)."""
+    ops = [op for u in units for op in u.cost.ops]
+    seconds = self._hw.OpSeconds
+    return (sum(seconds(op) for op in ops),
+            sum(seconds(b) for op in ops for b in op_cost.Backward(op)))
+
+  def _OpItems(self, micro_batch):
+    plan = self._model.plan
+    units = plan.UnitsAt(micro_batch)
+    once, once_back = self._Seconds(plan.BeforeAt(micro_batch))
+    loss_unit = plan.LossAt(micro_batch)
+    loss, loss_back = self._Seconds([loss_unit] if loss_unit else [])
+    out = []
+    for i, u in enumerate(units):
+      forward, backward = self._Seconds([u])
+      first, last = i == 0, i == len(units) - 1
+      out.append(ItemCost(forward, once if first else 0.0,
+                          loss if last else 0.0,
+                          backward + (once_back if first else 0.0) +
+                          (loss_back if last else 0.0)))
+    return out
 
   def Items(self, micro_batch):
+    if self._hw.op_model:
+      if micro_batch not in self._items:
+        self._items[micro_batch] = self._OpItems(micro_batch)
+      return self._items[micro_batch]
     model = self._model
     scale = micro_batch / model.batch_size / self._rate
     n = model.num_units
@@ -854,7 +898,25 @@ def _OverheadsText(costs, o, concurrency, scales=None):
           f'replica beyond the first{fitted}')
 
 
-def _Row(rank, p):
+def TieLabels(ranked, top):
+  """Per row of the table (the first `top` of `ranked`): the rank of the
+  first row whose step time is within TIE of its own, if another row ties
+  with it, else ''."""
+  rows = ranked[:top]
+  out = []
+  for i, p in enumerate(rows):
+    tied = [j for j, q in enumerate(rows) if j != i and _Ties(p, q)]
+    out.append(str(min([i] + tied) + 1) if tied else '')
+  return out
+
+
+def _Ties(a, b):
+  """Whether two predictions' step times are within TIE of each other."""
+  low, high = sorted((a.step.time, b.step.time))
+  return high <= low * (1 + TIE)
+
+
+def _Row(rank, p, tie=''):
   lay = p.layout
   fmt = inspect_lib.FormatBytes
   fits = {None: '?', True: 'yes', False: 'NO'}[p.fits]
@@ -864,13 +926,62 @@ def _Row(rank, p):
           f' {lay.micro_batches:>3}  {lay.schedule:<16} {lay.remat:<12}'
           f'{cut:<12}{_Ms(p.step.time):>10}{p.examples_per_sec:>11.1f}'
           f'{100 * p.mfu:>7.1f}%{p.step.bubble:>7.2f}'
-          f'{fmt(max(p.memory)):>13}{fits:>5}')
+          f'{fmt(max(p.memory)):>13}{fits:>5}{tie:>5}')
 
 
 _HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
            f'{"schedule":<16} {"remat":<12}{"cut":<12}{"step ms":>10}'
            f'{"examples/s":>11}{"MFU":>8}{"bubble":>7}{"memory/dev":>13}'
-           f'{"fits":>5}')
+           f'{"fits":>5}{"tie":>5}')
+
+
+def CalibrationErrors(planner, steps):
+  """{layout: predicted / measured - 1} of the real steps --plan_measure
+  timed (`steps`: {layout: seconds}), predicted with what was fitted to
+  them: the model's in-sample error on this host."""
+  return {lay: planner.Predict(lay).step.time / t - 1
+          for lay, t in steps.items()}
+
+
+def Sureness(costs, ranked, calibration, hw=None):
+  """One line: where the costs came from, how far the cost model was off
+  where it could be checked (`calibration`: CalibrationErrors of the
+  measured steps; else, for a cluster with the op model, the published
+  check of hardware.PUBLISHED_CHECK), and how many of the layouts lie
+  within that error of the best (any of them may be the fastest in
+  fact)."""
+  del costs
+  fits = [p for p in ranked if p.fits is not False]
+
+  def _Close(error):
+    if not fits:
+      return ''
+    n = sum(1 for p in fits if p.step.time <= fits[0].step.time * (1 + error))
+    return (f' {n} layout{"s" if n != 1 else ""} lie within '
+            f'{100 * error:.1f}% of the best: any of them may be the '
+            'fastest.')
+
+  if calibration:
+    errors = sorted(abs(e) for e in calibration.values())
+    median, worst = statistics.median(errors), errors[-1]
+    return (f'How sure: the units\' times were measured on this host; the '
+            f'overheads and the host\'s concurrency fitted to '
+            f'{len(errors)} real steps, which the model then predicts '
+            f'within {100 * median:.1f}% (median) and {100 * worst:.1f}% '
+            f'(worst: in sample).' + _Close(worst))
+  if hw is not None and hw.op_model:
+    check = hardware_lib.PUBLISHED_CHECK
+    return (f'How sure: the costs are each op\'s FLOPs and bytes on the '
+            'cluster\'s public specifications, not measured; the same op '
+            f'model against {check["rows"]} published step times of '
+            f'pipelined training from {check["sources"]} sources '
+            f'(bench/published_check.py) is off by '
+            f'{100 * check["median"]:.1f}% at the median and '
+            f'{100 * check["worst"]:.0f}% at worst.' +
+            _Close(check['median']))
+  return ('How sure: the costs are FLOPs at the cluster\'s peak x '
+          'efficiency, not measured and not checked against measured step '
+          'times, so read the ranking as a guide, not a measurement.')
 
 
 def _UnitNames(model):
@@ -880,8 +991,9 @@ def _UnitNames(model):
 
 
 def Report(key, model, hw, costs, predictions, counts, top, seconds,
-           overheads=None, concurrency=None, scales=None):
-  """The ranked table and the best plan's flags, as text."""
+           overheads=None, concurrency=None, scales=None, calibration=None):
+  """The ranked table and how sure it is (Sureness; `calibration`: the
+  CalibrationErrors of the planner), as text."""
   fits = [p for p in predictions if p.fits is not False]
   lines = [
       f'Layout plan of {key}: global batch {model.batch_size} '
@@ -905,18 +1017,29 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
       'device\'s peak' + (' (the host\'s devices share its memory: fits '
                           'counts them all)' if hw.shared else '') + '.',
       _HEADER]
-  lines += [_Row(i + 1, p) for i, p in enumerate(predictions[:top])]
+  ties = TieLabels(predictions, top)
+  lines += [_Row(i + 1, p, tie)
+            for i, (p, tie) in enumerate(zip(predictions[:top], ties))]
+  if any(ties):
+    lines.append(
+        f'tie: the first rank within {100 * TIE:g}% of the row\'s step '
+        'time; within a tie the ranking prefers fewer devices (R x K), '
+        'then fewer micro-batches, then fewer stages.')
   if not fits:
     lines.append('No layout fits the cluster\'s memory.')
+  lines.append(Sureness(costs, predictions, calibration, hw))
   return '\n'.join(lines) + '\n'
 
 
 def BestText(key, model, best, params_file=None):
-  """The flags and overrides that run the best plan."""
+  """The command that runs the best plan, as pasted in the repository
+  (the README's interpreter; a fresh logdir of its own)."""
+  logdir = f'/tmp/cadence_plan_{key.rsplit(".", 1)[-1]}'
   return (f'Best plan: {best.layout.Name()}: {_Ms(best.step.time)} ms '
           f'a step, {best.examples_per_sec:.1f} examples/s, MFU '
           f'{100 * best.mfu:.1f}%, bubble {best.step.bubble:.2f}.\n'
-          f'  python trainer.py {model.Flags(best.layout, key, params_file)}'
+          f'  .venv/bin/python trainer.py '
+          f'{model.Flags(best.layout, key, params_file)} --logdir={logdir}'
           '\n')
 
 
@@ -1049,9 +1172,11 @@ def Plan(key, params, plan, logdir=''):
                  'host\'s concurrency) to the real steps...')
   planner = Planner(model, hw, costs)
   predictions, counts = planner.Search()
+  calibration = (CalibrationErrors(planner, costs.steps) if costs.steps
+                 else None)
   text = Report(key, model, planner.hw, costs, predictions, counts, plan.top,
                 time.perf_counter() - start, planner.overheads,
-                planner.concurrency, planner.scales)
+                planner.concurrency, planner.scales, calibration)
   if plan.explain > len(predictions):
     raise command_line.UserError(
         f'--plan_explain={plan.explain} is beyond the {len(predictions)} '

@@ -19,7 +19,9 @@ commas; or the items alone, with at least `devices` and `tflops`:
   cpu,devices=8               the same, 8 of them
   h100x8                      8 x NVIDIA H100 SXM 80 GB on one host
   h100x8,hosts=2              two such hosts, linked by `network_gbps`
+  a100x8                      8 x NVIDIA A100 SXM 80 GB on one host
   tpu_v4_8                    a Cloud TPU v4-8: 4 chips
+  tpu_v5e_8                   a Cloud TPU v5e-8: 8 chips
   devices=4,tflops=100,memory_gib=16,link_gbps=50
 
 Keys (`KEYS`): devices, hosts, tflops (peak dense TFLOP/s a device, for
@@ -29,7 +31,13 @@ in (0, 1]), memory_gib (a device's memory, or the host's when `share` is
 optimizer update), link_gbps (between devices of a host, one direction),
 network_gbps (between hosts), latency_us (a transfer's fixed cost), share
 ('none' or 'host'), concurrency (throughput with 1, 2, 4, ... actions at
-once, '/'-separated, e.g. 1/1.6/1.8; with share=host). GB are 1e9 bytes,
+once, '/'-separated, e.g. 1/1.6/1.8; with share=host); the op model's
+tile, tile_k and cores (a product's output tiles of tile x tile, its depth
+padded to tile_k, run in waves over `cores` units), launch_us (what
+each op pays beyond its work) and fuse ('elementwise': element-wise ops
+run inside the op before them, as XLA and fused kernels run them): the accelerator presets time each op of a
+layer's cost record by its kind and shape (`OpSeconds`); without tile and
+cores every op takes its FLOPs at peak x efficiency. GB are 1e9 bytes,
 GiB 2**30.
 
 'measure' (the cpu preset's tflops, memory_gbps and concurrency) is filled
@@ -43,42 +51,90 @@ Example:
 """
 import collections
 import difflib
+import math
+
+from cadence.framework import op_cost
 
 MEASURE = 'measure'
 SHARE = ('none', 'host')
+FUSE = ('none', 'elementwise')
 
 # Public specifications (datasheets), not measured here.
-#  * NVIDIA H100 SXM5 80 GB (NVIDIA H100 Tensor Core GPU datasheet): 989
-#    TFLOP/s dense BF16 (1979 with sparsity), 80 GB HBM3 at 3.35 TB/s,
-#    fourth-generation NVLink 900 GB/s per GPU in both directions together
-#    (450 GB/s each way). Hosts linked by 8 x 400 Gb/s InfiniBand, 50 GB/s
-#    a GPU (a common DGX H100 set-up).
+#  * NVIDIA H100 SXM5 80 GB (NVIDIA H100 Tensor Core GPU datasheet and
+#    architecture whitepaper): 989 TFLOP/s dense BF16 (1979 with sparsity),
+#    132 SMs, 80 GB HBM3 at 3.35 TB/s, fourth-generation NVLink 900 GB/s
+#    per GPU in both directions together (450 GB/s each way). Hosts linked
+#    by 8 x 400 Gb/s InfiniBand, 50 GB/s a GPU (a common DGX H100 set-up).
+#  * NVIDIA A100 SXM4 80 GB (A100 datasheet and whitepaper): 312 TFLOP/s
+#    dense BF16, 108 SMs, 80 GB HBM2e at 2039 GB/s, third-generation NVLink
+#    600 GB/s both ways (300 each way); hosts by 8 x 200 Gb/s InfiniBand
+#    (DGX A100), 25 GB/s a GPU.
 #  * Google Cloud TPU v4 (cloud.google.com/tpu/docs/v4): 275 TFLOP/s BF16 a
 #    chip, 32 GiB HBM2 at 1200 GB/s; a v4-8 has 4 chips (each of 2
-#    TensorCores, one device with megacore). ICI: the documented all-reduce
-#    bandwidth of a 4096-chip pod, 1.1 PB/s, is ~270 GB/s a chip.
-#  * efficiency 0.5: the share of peak large Transformer layers commonly
-#    reach (published MFU figures are 40-60%); an assumption, not a spec.
+#    TensorCores with 4 MXUs of 128 x 128, one device with megacore). ICI:
+#    the documented all-reduce bandwidth of a 4096-chip pod, 1.1 PB/s, is
+#    ~270 GB/s a chip.
+#  * Google Cloud TPU v5e (cloud.google.com/tpu/docs/v5e): 197 TFLOP/s BF16
+#    a chip, 16 GiB HBM2 at 819 GB/s, 4 MXUs of 128 x 128, ICI 1600 Gb/s
+#    (200 GB/s) a chip; a v5litepod-8 has 8 chips on one host.
+#  Collectives: a ring all-reduce on every preset (step_model.AllReduceTime:
+#  2 (n - 1) / n of the bytes over the slowest link, 2 (n - 1) latencies).
+#  The op model's figures (`OpSeconds`), assumptions rather than specs:
+#  * efficiency: the share of peak a large product reaches (cuBLAS BF16
+#    GEMMs on large squares reach ~70-80% of dense peak on A100 and H100 in
+#    NVIDIA's and public benchmarks; XLA's on TPU MXUs ~80-90%);
+#  * tile x tile (x tile_k) output tiles of a product, run in waves over
+#    `cores` units (SMs; MXUs on a TPU): a product that does not fill its
+#    tiles or its last wave wastes what it leaves empty (CUTLASS's common
+#    128 x 128 x 64 BF16 tile on GPUs; a TPU pads to its 128 x 128 MXU);
+#  * launch_us: what each op pays beyond its work (a GPU kernel's launch
+#    and the framework's dispatch, a few microseconds; an XLA program on a
+#    TPU runs its fused ops back to back: about 1);
+#  * fuse: 'elementwise' on TPUs (XLA compiles every step and fuses
+#    element-wise ops into their neighbours); 'none' on GPUs (Cadence's
+#    pipelined steps run TensorFlow's ops one by one: --xla needs
+#    --worker_split_size=1 off a TPU). A GPU run with fused kernels
+#    (Megatron-LM's, XLA) is `h100x8,fuse=elementwise`.
+# bench/published_check.py's last run: the op model against 49 figures
+# that 3 sources measured of pipelined Transformer training (A100, V100,
+# TPU v3 and P100 clusters): |error| median 2.6%, worst 41.3% (GPipe's
+# TPU rows of 4 micro-batches), every ratio between two rows of a source
+# (schedule over schedule, M over M, layout over layout) on the right side
+# of 1. The plan quotes it (planner.Sureness).
+PUBLISHED_CHECK = dict(rows=49, sources=3, median=0.026, worst=0.413)
+_GPU = dict(tile=128, tile_k=64, launch_us=5.0, share='none',
+            concurrency=None, hosts=1, fuse='none')
+_TPU = dict(tile=128, tile_k=128, launch_us=1.0, share='none',
+            concurrency=None, hosts=1, fuse='elementwise')
 _PRESETS = {
     'cpu': dict(devices=4, hosts=1, tflops=MEASURE, efficiency=1.0,
                 memory_gib=None, memory_gbps=MEASURE, link_gbps=None,
                 network_gbps=10.0, latency_us=0.0, share='host',
-                concurrency=MEASURE),
-    'h100x8': dict(devices=8, hosts=1, tflops=989.0, efficiency=0.5,
+                concurrency=MEASURE, tile=None, tile_k=None, cores=None,
+                launch_us=0.0, fuse='none'),
+    'h100x8': dict(_GPU, devices=8, tflops=989.0, efficiency=0.75,
                    memory_gib=80e9 / 2**30, memory_gbps=3350.0,
                    link_gbps=450.0, network_gbps=50.0, latency_us=5.0,
-                   share='none', concurrency=None),
-    'tpu_v4_8': dict(devices=4, hosts=1, tflops=275.0, efficiency=0.5,
+                   cores=132),
+    'a100x8': dict(_GPU, devices=8, tflops=312.0, efficiency=0.8,
+                   memory_gib=80e9 / 2**30, memory_gbps=2039.0,
+                   link_gbps=300.0, network_gbps=25.0, latency_us=5.0,
+                   cores=108),
+    'tpu_v4_8': dict(_TPU, devices=4, tflops=275.0, efficiency=0.85,
                      memory_gib=32.0, memory_gbps=1200.0, link_gbps=270.0,
-                     network_gbps=25.0, latency_us=5.0, share='none',
-                     concurrency=None),
+                     network_gbps=25.0, latency_us=5.0, cores=8),
+    'tpu_v5e_8': dict(_TPU, devices=8, tflops=197.0, efficiency=0.85,
+                      memory_gib=16.0, memory_gbps=819.0, link_gbps=200.0,
+                      network_gbps=25.0, latency_us=5.0, cores=4),
 }
 PRESETS = tuple(_PRESETS)
 _DESCRIPTIONS = {
     'cpu': "this host's logical CPU devices sharing its cores (FLOP/s, "
            'memory bandwidth and concurrency measured at plan time)',
     'h100x8': '8 x NVIDIA H100 SXM 80 GB, NVLink (public specs)',
+    'a100x8': '8 x NVIDIA A100 SXM 80 GB, NVLink (public specs)',
     'tpu_v4_8': 'Cloud TPU v4-8, 4 chips (public specs)',
+    'tpu_v5e_8': 'Cloud TPU v5e-8, 8 chips (public specs)',
 }
 # key: (kind, rule); kinds: int, number, share, concurrency.
 _KEYS = collections.OrderedDict([
@@ -103,6 +159,15 @@ _KEYS = collections.OrderedDict([
     ('concurrency', ('concurrency', "'measure' or '/'-separated numbers "
                      '>= 1, non-decreasing, starting at 1: the throughput '
                      'of a shared host with 1, 2, 4, ... actions at once')),
+    ('tile', ('int', 'an int >= 1 (rows and columns of a product\'s output '
+              'tile; with cores, turns on the op model)')),
+    ('tile_k', ('int', 'an int >= 1 (the depth a product pads to)')),
+    ('cores', ('int', 'an int >= 1 (units a product\'s tiles run on at '
+               'once: SMs, MXUs)')),
+    ('launch_us', ('number', 'a number >= 0 (microseconds each op pays '
+                   'beyond its work)')),
+    ('fuse', ('fuse', "'none' or 'elementwise' (element-wise ops run inside "
+              'the op before them: XLA, fused kernels)')),
 ])
 KEYS = tuple(_KEYS)
 
@@ -125,11 +190,55 @@ def Interpolate(points, x):
 class Hardware(collections.namedtuple('Hardware', [
     'name', 'num_devices', 'num_hosts', 'flops', 'efficiency', 'memory',
     'memory_bandwidth', 'link_bandwidth', 'network_bandwidth', 'latency',
-    'share', 'concurrency'])):
+    'share', 'concurrency', 'tile', 'tile_k', 'cores', 'launch', 'fuse'],
+    defaults=[None, None, None, 0.0, 'none'])):
   """A cluster; see the module docstring. Units: FLOP/s, bytes, bytes/s,
   seconds. `flops`, `memory_bandwidth` or `concurrency` is MEASURE until
-  calibrated (`Calibrated`); `memory` None: unknown (no fit check)."""
+  calibrated (`Calibrated`); `memory` None: unknown (no fit check); `tile`
+  None: no op model (`OpSeconds` times every op at the flat rate)."""
   __slots__ = ()
+
+  @property
+  def op_model(self):
+    """Whether ops are timed by kind and shape (tile and cores known)."""
+    return bool(self.tile and self.cores)
+
+  def ProductEfficiency(self, dims):
+    """The share of `efficiency` x peak a product of op_cost dims
+    (batch, m, k, n, weight, size) reaches: the share of its padded tiles
+    it fills (m and n to `tile`, k to `tile_k`) times the share of its last
+    wave of `cores` it fills."""
+    batch, m, k, n = dims[:4]
+    t, tk = self.tile, self.tile_k or self.tile
+    rows, cols, depth = (math.ceil(x / q) for x, q in ((m, t), (n, t),
+                                                       (k, tk)))
+    filled = m * n * k / (rows * t * cols * t * depth * tk)
+    tiles = batch * rows * cols
+    waves = math.ceil(tiles / self.cores)
+    return filled * tiles / (waves * self.cores)
+
+  def OpSeconds(self, op):
+    """Seconds of one op (framework/op_cost.py) on a device.
+
+    With the op model: a product takes the longer of its FLOPs at peak x
+    efficiency x ProductEfficiency and its bytes at the memory bandwidth;
+    the memory-bound kinds the longer of their bytes at the bandwidth and
+    their FLOPs at peak x efficiency; each op pays `launch` besides. With
+    fuse='elementwise' an element-wise op runs inside the op before it:
+    no launch, and only its own streams' bytes (op_cost.FusedBytes).
+    Without it, or for an `other` op: FLOPs at peak x efficiency.
+    """
+    rate = self.flops * self.efficiency
+    if op.kind == op_cost.OTHER or not self.op_model:
+      return op.flops / rate
+    if op.kind == op_cost.MATMUL:
+      rate *= self.ProductEfficiency(op.dims)
+    if op.kind == op_cost.ELEMENTWISE and self.fuse == 'elementwise':
+      # Fused into the op before it: no launch, only its own streams.
+      return max(op.flops / rate,
+                 op_cost.FusedBytes(op) / self.memory_bandwidth)
+    return max(op.flops / rate, op.bytes / self.memory_bandwidth) + (
+        self.launch)
 
   @property
   def devices_per_host(self):
@@ -186,7 +295,9 @@ class Hardware(collections.namedtuple('Hardware', [
     def _Num(x, scale, unit):
       if x is None:
         return 'unknown'
-      return x if x == MEASURE else f'{x / scale:g} {unit}'
+      # Three significant digits: what a measurement of this host holds
+      # (two runs differ in the second); presets are round already.
+      return x if x == MEASURE else f'{float(f"{x / scale:.3g}"):g} {unit}'
     text = (f'{self.name}: {self.num_devices} device(s) on '
             f'{self.num_hosts} host(s), '
             f'{_Num(self.flops, 1e12, "TFLOP/s")} peak x efficiency '
@@ -196,6 +307,12 @@ class Hardware(collections.namedtuple('Hardware', [
             f'{_Num(self.memory_bandwidth, 1e9, "GB/s")}, links '
             f'{_Num(self.link_bandwidth, 1e9, "GB/s")} in a host, '
             f'{_Num(self.network_bandwidth, 1e9, "GB/s")} between hosts')
+    if self.op_model:
+      text += (f'; ops timed by kind and shape: products in '
+               f'{self.tile}x{self.tile}x{self.tile_k or self.tile} tiles '
+               f'over {self.cores} cores, {self.launch * 1e6:g} us an op'
+               + (', element-wise ops fused' if self.fuse == 'elementwise'
+                  else ''))
     if self.shared:
       conc = self.concurrency
       conc = conc if conc == MEASURE else '/'.join(f'{c:.2f}' for c in conc)
@@ -205,14 +322,23 @@ class Hardware(collections.namedtuple('Hardware', [
 
 
 def _Hint(word, choices):
-  close = difflib.get_close_matches(str(word).lower(), list(choices), n=2,
-                                    cutoff=0.5)
+  """' Did you mean ...?' with the closest of `choices` (the second too
+  when it is about as close), or ''."""
+  word = str(word).lower()
+  close = difflib.get_close_matches(word, list(choices), n=2, cutoff=0.5)
+  score = lambda c: difflib.SequenceMatcher(None, word, c).ratio()  # pylint: disable=unnecessary-lambda-assignment
+  close = [c for c in close if score(c) >= score(close[0]) - 0.1]
   return f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
 
 
 def _Value(key, text):
   kind, rule = _KEYS[key]
   bad = SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.')
+  if kind == 'fuse':
+    if text not in FUSE:
+      raise SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.'
+                      f'{_Hint(text, FUSE)}')
+    return text
   if kind == 'share':
     if text not in SHARE:
       raise SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.'
@@ -235,7 +361,7 @@ def _Value(key, text):
     raise bad from None
   if value != value or value in (float('inf'), float('-inf')):
     raise bad
-  low_ok = value >= 0 if key == 'latency_us' else (
+  low_ok = value >= 0 if key in ('latency_us', 'launch_us') else (
       value >= 1 if kind == 'int' else value > 0)
   if not low_ok or (key == 'efficiency' and value > 1):
     raise bad
@@ -310,7 +436,9 @@ def Parse(text):
       link_bandwidth=gb(values['link_gbps']),
       network_bandwidth=gb(values['network_gbps']),
       latency=values['latency_us'] * 1e-6, share=values['share'],
-      concurrency=values['concurrency'])
+      concurrency=values['concurrency'], tile=values['tile'],
+      tile_k=values['tile_k'], cores=values['cores'],
+      launch=values['launch_us'] * 1e-6, fuse=values['fuse'])
 
 
 def Presets():

@@ -4,11 +4,12 @@ numpy): elements x the dtype's size."""
 import tensorflow as tf
 
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.shapes import Shape
 
 _FILLED = ('bwd_flops', 'act', 'act_weights', 'residuals', 'transient',
-           'act_outputs')
+           'act_outputs', 'ops')
 
 
 class CompleteTest(tf.test.TestCase):
@@ -28,6 +29,8 @@ class CompleteTest(tf.test.TestCase):
         self.assertEqual(c.transient, 6 * size)
         self.assertIsNone(c.weight_bytes)
         self.assertEqual(c.out_shapes, (Shape([2, 3]),))
+        # One `other` op: its FLOPs at the flat rate, its act's bytes.
+        self.assertEqual((op_cost.Other(100, (10 + 6) * size),), c.ops)
         self.assertEqual(c.defaulted, _FILLED)
     # The record itself is not changed.
     self.assertIsNone(record.act)
@@ -42,23 +45,25 @@ class CompleteTest(tf.test.TestCase):
     self.assertEqual(c.transient, 6 * 4)
     self.assertEqual(c.bwd_flops, 200)
     self.assertEqual(c.act_outputs, 0)       # Outputs counted beside act.
+    self.assertEqual(c.ops, (op_cost.Other(100, 1000),))
     self.assertEqual(c.defaulted, ('bwd_flops', 'act_weights', 'residuals',
-                                   'transient', 'act_outputs'))
+                                   'transient', 'act_outputs', 'ops'))
 
   def testALayerThatSaysEverything(self):
     record = cost.Cost(flops=0, out_shapes=(Shape([2, 3]),), bwd_flops=7,
                        act=0, act_weights=1, residuals=2, transient=3,
-                       weight_bytes=4, act_outputs=5)
+                       weight_bytes=4, act_outputs=5, ops=())
     c = cost.Complete(record, (Shape([2, 5]),), tf.float32)
     self.assertEqual(
-        [c[f] for f in cost.FIELDS[1:]], [0, 7, 0, 1, 2, 3, 4, 5])  # 0 stays.
+        [c[f] for f in cost.FIELDS[1:]], [0, 7, 0, 1, 2, 3, 4, 5, ()])
     self.assertEqual(c.defaulted, ())
 
   def testUnknownBatch(self):
     record = cost.Cost(flops=None, out_shapes=(Shape([None, 3]),))
     c = cost.Complete(record, (Shape([None, 5]),), tf.float32)
-    for field in _FILLED[:-1]:
-      self.assertIsNone(c[field], field)
+    for field in _FILLED:
+      if field != 'act_outputs':
+        self.assertIsNone(c[field], field)
     self.assertEqual(c.act_outputs, 0)      # Known without the batch.
     self.assertEqual(c.defaulted, _FILLED)
     # What the layer says stands; what follows from it too.
@@ -70,7 +75,7 @@ class CompleteTest(tf.test.TestCase):
 
   def testDefaultedNamesExactlyTheFilledFields(self):
     record = cost.Cost(flops=10, out_shapes=(Shape([4]),), act=8,
-                       transient=2, act_outputs=4)
+                       transient=2, act_outputs=4, ops=())
     c = cost.Complete(record, (Shape([4]),), tf.float32)
     self.assertEqual(c.defaulted, ('bwd_flops', 'act_weights', 'residuals'))
     # Completing again fills nothing and keeps the names.
@@ -104,7 +109,8 @@ def _Full(flops, act, transient, out, defaulted=(), **kw):
   act/8."""
   values = dict(flops=flops, bwd_flops=2 * flops, act=act,
                 act_weights=act // 2, residuals=act // 4, transient=transient,
-                weight_bytes=100, act_outputs=act // 8)
+                weight_bytes=100, act_outputs=act // 8,
+                ops=(op_cost.Other(flops),))
   values.update(kw)
   return cost.Cost(out_shapes=(Shape(out),), defaulted=defaulted, **values)
 
@@ -122,9 +128,15 @@ class ChainTest(tf.test.TestCase):
     self.assertEqual(c.act_weights, 20 + 40)
     self.assertEqual(c.residuals, 10 + 20)
     self.assertEqual(c.weight_bytes, 200)
-    self.assertEqual(c.transient, 7)          # The largest, not the sum.
+    # Not the sum: a's backward runs after b's has freed b's act (80),
+    # which exceeds a's transient (7): b's own, 5.
+    self.assertEqual(c.transient, 5)
+    # A first record whose transient outlasts what the others free.
+    big = cost.Chain([_Full(10, 40, 200, [2, 3]), b])
+    self.assertEqual(big.transient, 200 - 80)
     self.assertEqual(c.out_shapes, (Shape([2, 4]),))   # The last one's.
     self.assertEqual(c.act_outputs, 80 // 8)           # The last one's.
+    self.assertEqual(c.ops, a.ops + b.ops)             # In order.
     self.assertEqual(c.defaulted, ('bwd_flops', 'transient', 'act_weights'))
 
   def testNonePropagates(self):
@@ -142,7 +154,7 @@ class ChainTest(tf.test.TestCase):
     self.assertEqual(cost.Chain([a]), a)
     empty = cost.Chain([])
     self.assertEqual([empty[f] for f in cost.FIELDS],
-                     [(), 0, 0, 0, 0, 0, 0, 0, 0])
+                     [(), 0, 0, 0, 0, 0, 0, 0, 0, ()])
 
   def testCompletedChainOfLayers(self):
     # Two layers [2, 5] -> [2, 3] -> [2, 1] that say nothing, completed
@@ -153,7 +165,9 @@ class ChainTest(tf.test.TestCase):
                         (Shape([2, 3]),), tf.float32)
     c = cost.Chain([one, two])
     self.assertEqual(c.act, (10 + 6) * 4 + (6 + 2) * 4)
-    self.assertEqual(c.transient, 6 * 4)
+    # one's transient (its output, 24) is less than two's act (32), freed
+    # by then: two's own (its output, 8).
+    self.assertEqual(c.transient, 2 * 4)
     self.assertEqual(c.bwd_flops, 2 * 72)
     self.assertIsNone(c.weight_bytes)       # Neither says.
     self.assertEqual(c.defaulted, _FILLED)

@@ -19,6 +19,7 @@ import tensorflow as tf
 from cadence import layers as layers_package
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import hyperparams
 from cadence.layers import attention
 from cadence.layers import batch_norm
@@ -261,9 +262,19 @@ class FPropMetaCostTest(tf.test.TestCase):
         for field in cost.FIELDS:
           if record[field] is not None:
             self.assertEqual(full[field], record[field], field)
+          elif field == 'ops':
+            # The default: one `other` op of the layer's FLOPs.
+            self.assertEqual([op_cost.OTHER], [o.kind for o in full.ops])
+            self.assertEqual(full.flops, full.ops[0].flops)
           elif field not in ('out_shapes', 'weight_bytes'):
             self.assertIsInstance(full[field], int, field)
             self.assertGreaterEqual(full[field], 0, field)
+        # A layer's named ops run its FLOPs (within 5%: the ops also
+        # count masks and transposes FPropMeta's FLOPs leave out).
+        if record.ops is not None and record.flops:
+          self.assertBetween(op_cost.Sum(record.ops) / record.flops, 0.95,
+                             1.05)
+          self.assertTrue(all(o.kind in op_cost.KINDS for o in record.ops))
         # `defaulted` names what the layer (or its parts) left unset.
         unset = {f for f in cost.FIELDS if record[f] is None and
                  f != 'weight_bytes'}

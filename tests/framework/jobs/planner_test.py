@@ -28,6 +28,10 @@ def _Bytes(v):
   return v.shape.num_elements() * v.dtype.size
 
 
+# H100-like, every op at 0.5 of peak (the op model is hardware_test's).
+_FLAT_H100 = ('devices=4,tflops=989,efficiency=0.5,memory_gib=74.5,'
+              'memory_gbps=3350,link_gbps=450,latency_us=5')
+
 class PlanModelTest(tf.test.TestCase):
 
   @classmethod
@@ -121,7 +125,9 @@ class PlannerTest(tf.test.TestCase):
     super().setUpClass()
     cls.model = plan_model.PlanModel(model_registry.GetParams(_TINY,
                                                               'Train'))
-    cls.hw = hardware.Parse('h100x8,devices=4')
+    # A device timed at one flat rate (no op model), so that the tests of
+    # the search and the simulation can work the times out by hand.
+    cls.hw = hardware.Parse(_FLAT_H100)
     cls.planner = planner.Planner(cls.model, cls.hw,
                                   planner.FlopsCosts(cls.model, cls.hw))
 
@@ -190,6 +196,35 @@ class PlannerTest(tf.test.TestCase):
                          (1 + planner.TIE) *
                          min(p.step.time for p in predictions))
 
+  def testSearchFindsTheBestOfEveryLayoutSimulated(self):
+    """The search's shortcuts (schedules with the same action lists
+    simulated once; a remat left out once a cheaper one fits) lose
+    nothing: simulating every layout (every shape, schedule, cut and
+    remat) one by one ranks the same layout first, at the same time."""
+    plan = self.planner
+    predictions, _ = plan.Search(progress_secs=1e9)
+    every = []
+    for r, k, s in planner.Shapes(self.hw.num_devices, self.model.num_units,
+                                  self.model.batch_size):
+      for m in planner.MicroBatchCounts(self.model.batch_size // r,
+                                        self.model.current.micro_batches):
+        for name in planner.Schedules():
+          try:
+            schedules.Build(name, s, k, m)
+          except ValueError:
+            continue
+          layout = Layout(r, k, s, m, name, 'never', None)
+          for bounds in plan._Cuts(layout):  # pylint: disable=protected-access
+            for remat in planner.REMATS:
+              every.append(plan.Predict(layout._replace(remat=remat,
+                                                        bounds=bounds)))
+    self.assertGreater(len(every), 2 * len(predictions))
+    best = min(p.step.time for p in every if p.fits is not False)
+    self.assertAllClose(best, min(p.step.time for p in predictions
+                                  if p.fits is not False), rtol=1e-12)
+    self.assertEqual(planner.Rank(every)[0].step.time,
+                     predictions[0].step.time)
+
   def testRankBreaksTiesTowardFewerDevices(self):
     step = collections.namedtuple('Step', ['time'])
 
@@ -204,6 +239,28 @@ class PlannerTest(tf.test.TestCase):
     big = _P(2, 2, 8, 0.5, fits=False)   # Does not fit: last.
     got = planner.Rank([big, slow1, fast4, tie2, tie2_m4])
     self.assertEqual([tie2_m4, tie2, fast4, slow1, big], got)
+    # The table's tie column: the first rank within TIE of the row (1.030
+    # is within 2% of 1.019, not of 1.000); the last ties with none.
+    self.assertEqual(['1', '1', '1', '1', ''], planner.TieLabels(got, 5))
+    self.assertEqual(['1', '1', '1'], planner.TieLabels(got[1:], 3))
+    self.assertEqual(['', ''], planner.TieLabels([fast4, big], 5))
+
+  def testSurenessSaysWhereCostsCameFromAndHowFarOff(self):
+    step = collections.namedtuple('Step', ['time'])
+    ranked = [planner.Prediction(Layout(1, k, k, 4, '1f1b', 'never', None),
+                                 step(t), None, None, True, None, None)
+              for k, t in ((1, 1.0), (2, 1.05), (4, 1.2))]
+    line = planner.Sureness(None, ranked, {'a': 0.05, 'b': -0.10,
+                                           'c': 0.02})
+    # Median |error| 5%, worst 10%: 1.0 and 1.05 lie within 10% of 1.0.
+    self.assertIn('within 5.0% (median) and 10.0% (worst: in sample). '
+                  '2 layouts lie within 10.0% of the best', line)
+    self.assertIn('not checked', planner.Sureness(None, ranked, None))
+    # A preset with the op model quotes the published check.
+    line = planner.Sureness(None, ranked, None, hardware.Parse('a100x8'))
+    check = hardware.PUBLISHED_CHECK
+    self.assertIn(f'against {check["rows"]} published step times', line)
+    self.assertIn(f'off by {100 * check["median"]:.1f}% at the median', line)
 
   def _AssertPredictsAs(self, truth, fitted, rtol, layouts):
     """`fitted` predicts each of `layouts`' step time as `truth` does."""
@@ -343,11 +400,18 @@ class PlannerTest(tf.test.TestCase):
         Layout(1, 1, 1, 2, 'gpipe', 'never', None),
         Layout(1, 1, 1, 4, 'gpipe', 'always', None),
         Layout(1, 2, 2, 4, '1f1b', 'never', None)))
+    # What the report calls the model's error on this host: none here.
+    errors = planner.CalibrationErrors(fitted, costs.steps)
+    self.assertEqual(sorted(costs.steps), sorted(errors))
+    self.assertAllClose([0.0] * len(errors), list(errors.values()),
+                        atol=1e-9)
     report = planner.Report('key', model, hw, costs, [], dict(
         dominated=0, refused=0), 5, 1.0, fitted.overheads, {},
-                            fitted.scales)
+                            fitted.scales, errors)
     self.assertIn(f'the units\' timed seconds x {fitted.scales[4]:.3f} at 4 '
                   'examples a micro-batch', report)
+    self.assertIn(f'fitted to {len(errors)} real steps, which the model then '
+                  'predicts within 0.0% (median) and 0.0% (worst', report)
 
   def testConcurrencyIsFittedPerMicroBatchSize(self):
     """Steps of a host whose 2 devices gain 1.6x together on micro-batches

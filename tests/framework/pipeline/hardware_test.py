@@ -1,6 +1,7 @@
 """Tests for cadence.framework.pipeline.hardware: cluster texts."""
 import unittest
 
+from cadence.framework import op_cost
 from cadence.framework.pipeline import hardware
 
 
@@ -56,9 +57,55 @@ class ParseTest(unittest.TestCase):
                       hw.memory_bandwidth, hw.link_bandwidth))
     self.assertIn('4 device(s) on 1 host(s), 100 TFLOP/s', hw.Describe())
 
+  def testProductEfficiencyOfTilesAndWaves(self):
+    hw = hardware.Parse('devices=1,tflops=100,memory_gbps=1000,tile=128,'
+                        'tile_k=64,cores=4,launch_us=2')
+    self.assertTrue(hw.op_model)
+    # Full tiles, 8 of them: two full waves of 4 cores.
+    self.assertEqual(1.0, hw.ProductEfficiency((2, 256, 64, 256, True, 2)))
+    # m = 64 fills half of its tiles' rows; k = 96 pads to 128.
+    self.assertAlmostEqual(0.5 * 96 / 128, hw.ProductEfficiency(
+        (1, 64, 96, 512, True, 2)))
+    # 5 full tiles on 4 cores: two waves, the second a quarter full.
+    self.assertAlmostEqual(5 / 8, hw.ProductEfficiency(
+        (5, 128, 64, 128, True, 2)))
+
+  def testOpSeconds(self):
+    hw = hardware.Parse('devices=1,tflops=100,efficiency=0.5,memory_gbps=1000,'
+                        'tile=128,tile_k=64,cores=4,launch_us=2')
+    # A large product: its FLOPs at 50 TFLOP/s, plus the launch.
+    big = op_cost.MatMul(1, 4096, 4096, 4096, size=2)
+    self.assertAlmostEqual(big.flops / 50e12 + 2e-6, hw.OpSeconds(big))
+    # A product of one row pads to a tile's 128: 1/128 of the rate.
+    row = op_cost.MatMul(1, 1, 4096, 4096, size=2)
+    self.assertAlmostEqual(row.flops * 128 / 50e12 + 2e-6,
+                           hw.OpSeconds(row))
+    # On slow memory it reads its weight for longer: bound by memory.
+    slow = hw._replace(memory_bandwidth=1e10)
+    self.assertAlmostEqual(row.bytes / 1e10 + 2e-6, slow.OpSeconds(row))
+    # Memory-bound kinds: their bytes at the bandwidth.
+    norm = op_cost.Norm(10**6, size=4)
+    self.assertAlmostEqual(8e6 / 1e12 + 2e-6, hw.OpSeconds(norm))
+    # `other`, and any op without the op model: FLOPs at the flat rate.
+    self.assertAlmostEqual(1e-3, hw.OpSeconds(op_cost.Other(5e10)))
+    flat = hardware.Parse('devices=1,tflops=100,efficiency=0.5,'
+                          'memory_gbps=1000')
+    self.assertFalse(flat.op_model)
+    self.assertAlmostEqual(big.flops / 50e12, flat.OpSeconds(big))
+
+  def testAcceleratorPresetsTimeOps(self):
+    for name in ('h100x8', 'a100x8', 'tpu_v4_8', 'tpu_v5e_8'):
+      with self.subTest(preset=name):
+        hw = hardware.Parse(name)
+        self.assertTrue(hw.op_model)
+        self.assertIn('ops timed by kind and shape', hw.Describe())
+    self.assertFalse(hardware.Parse('cpu').op_model)
+    self.assertIn('989 TFLOP/s', hardware.Parse('h100x8').Describe())
+
   def testErrorsNameTheItemAndTheRule(self):
     cases = [
-        ('', r'is empty: give a preset \(cpu, h100x8, tpu_v4_8\)'),
+        ('', r'is empty: give a preset \(cpu, h100x8, a100x8, tpu_v4_8, '
+             r'tpu_v5e_8\)'),
         ('h100', r"'h100' is not a preset .* Did you mean 'h100x8'\?"),
         ('h100x8,devcies=4', r"unknown key 'devcies'.*Did you mean "
                              r"'devices'\?"),
