@@ -94,7 +94,8 @@ _BIG = 'lm.one_billion_wds.OneBWdsGPipeTransformer'
 # as the LM task; 'deep' and 'wide': LM variants the planner was not tuned
 # on; 'resnet': the pipelined ResNet (batch norm); 'mlp': the README's model
 # of one's own, 512 wide on batches of 64 (as registered, 8 wide, a step
-# takes under a millisecond here: below what a step time can resolve).
+# takes under a millisecond here: below what a step time can resolve),
+# and no step limit (its 500 would end the timed loops: 0 ms a step).
 MODELS = {
     'tiny': (_TINY, []),
     'bench': (_TINY, [('task.vocab_size', 1024), ('task.model_dim', 256),
@@ -106,7 +107,7 @@ MODELS = {
                      ('task.stack_tpl.transformer_tpl.hidden_dim', 512)]),
     'resnet': ('image.shapes_resnet.ShapesResNetTiny', []),
     'mlp': ('examples.pipelined_mlp.PipelinedMlp', [],
-            dict(INPUT_DIM=512, BATCH_SIZE=64)),
+            dict(INPUT_DIM=512, BATCH_SIZE=64, MAX_STEPS=10**9)),
 }
 # (R, K, S, M, schedule, remat): S = K v stages.
 LAYOUTS = [
