@@ -248,7 +248,8 @@ class BaseLayerTest(tf.test.TestCase):
       self.assertEqual((c.act, c.act_weights, c.residuals, c.transient),
                        (24 * size, 24 * size, 24 * size, 12 * size))
       self.assertEqual(c.defaulted, ('bwd_flops', 'act', 'act_weights',
-                                     'residuals', 'transient'))
+                                     'residuals', 'transient', 'act_outputs',
+                                     'ops'))
     self.assertIsNone(base_layer.FPropCost(p, [None, 3]).act)
 
   def testStepSeedReplaysNoise(self):
