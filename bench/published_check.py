@@ -155,6 +155,20 @@ def Ratios(rows, values):
   return out
 
 
+def _ClusterName(text):
+  """A row's cluster in a word: its preset, or the device its specs
+  describe (published_rows)."""
+  first = text.split(',')[0]
+  if '=' not in first:
+    return first
+  for spec, name in (('tflops=61.5', 'TPU v3 cores'), ('tflops=18.7',
+                                                        'P100 PCIe'),
+                     ('tflops=125', 'V100 SXM2')):
+    if spec in text:
+      return name
+  return 'custom'
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--markdown', action='store_true',
@@ -170,22 +184,20 @@ def main():
     values.append(Compare(predictor, row))
   errors = [pred / pub - 1 for pub, pred in values]
   md = args.markdown
-  head = ('| source | model | cluster | K | micro-batch x M | schedule | '
-          'published | predicted | error |\n|---|---|---|---|---|---|---|---|'
-          '---|' if md else
+  head = ('| source | model | cluster | R | K | micro-batch x M | schedule '
+          '| published | predicted | error |\n|---|---|---|---|---|---|---|---|'
+          '---|---|' if md else
           f'{"source":<15}{"model":<11}{"K":>3}{"mb x M":>10}  '
           f'{"schedule":<7}{"unit":<15}{"published":>10}{"predicted":>10}'
           f'{"error":>8}')
   print(head)
   for row, (pub, pred), err in zip(rows, values, errors):
-    cluster = row.cluster.split(',')[0] if '=' not in row.cluster.split(
-        ',')[0] else ('TPU v3 cores' if 'tflops=61.5' in row.cluster else
-                      'P100 PCIe')
+    cluster = _ClusterName(row.cluster)
     if md:
       print(f'| {row.source} {row.table} | {row.model} | {cluster} | '
-            f'{row.devices} | {row.micro_batch} x {row.micro_batches} | '
-            f'{row.schedule} | {pub:g} {row.unit} | {pred:.3g} | '
-            f'{100 * err:+.0f}% |')
+            f'{row.replicas} | {row.devices} | {row.micro_batch} x '
+            f'{row.micro_batches} | {row.schedule} | {pub:g} {row.unit} | '
+            f'{float(f"{pred:.3g}"):g} | {100 * err:+.0f}% |')
     else:
       print(f'{row.source + " " + row.table:<15}{row.model:<11}'
             f'{row.devices:>3}{f"{row.micro_batch}x{row.micro_batches}":>10}'
@@ -203,9 +215,15 @@ def main():
   right = [(p > 1) == (q > 1) for _, p, q in ratios]
   print(f'\nRatios within a source (published, predicted; sign: both above '
         f'or both below 1): {sum(right)} of {len(ratios)} right')
+  if md:
+    print('\n| ratio | published | predicted | sign |\n|---|---|---|---|')
   for (label, pub, pred), ok in zip(ratios, right):
-    print(f'  {label:<44}{pub:>7.3f}{pred:>8.3f}  '
-          f'{"right" if ok else "WRONG"}')
+    if md:
+      print(f'| {label} | {pub:.3f} | {pred:.3f} | '
+            f'{"right" if ok else "WRONG"} |')
+    else:
+      print(f'  {label:<44}{pub:>7.3f}{pred:>8.3f}  '
+            f'{"right" if ok else "WRONG"}')
   print(f'\nAssumed: {published_rows.ASSUMED}')
 
 

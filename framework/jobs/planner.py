@@ -149,9 +149,10 @@ class FlopsCosts:
                    f'{hw.efficiency:g} per device')
     if hw.op_model:
       self.source = (f'each op of the units\' cost records timed by kind '
-                     f'and shape on the preset ({hw.flops / 1e12:.3g} '
+                     f'and shape ({hardware_lib.Figure(hw.flops / 1e12)} '
                      f'TFLOP/s peak, products at up to {hw.efficiency:g} of '
-                     f'it, {hw.memory_bandwidth / 1e9:.3g} GB/s)')
+                     f'it, {hardware_lib.Figure(hw.memory_bandwidth / 1e9)} '
+                     'GB/s)')
     self.seconds = 0.0
     self.update_rate = None   # Seconds per weight byte: from bandwidth.
     self.steps = {}           # Measured steps to fit: none, or set by hand.

@@ -58,6 +58,7 @@ from cadence.framework import op_cost
 MEASURE = 'measure'
 SHARE = ('none', 'host')
 FUSE = ('none', 'elementwise')
+_CHOICES = {'share': SHARE, 'fuse': FUSE}   # Keys that take one of a set.
 
 # Public specifications (datasheets), not measured here.
 #  * NVIDIA H100 SXM5 80 GB (NVIDIA H100 Tensor Core GPU datasheet and
@@ -295,9 +296,7 @@ class Hardware(collections.namedtuple('Hardware', [
     def _Num(x, scale, unit):
       if x is None:
         return 'unknown'
-      # Three significant digits: what a measurement of this host holds
-      # (two runs differ in the second); presets are round already.
-      return x if x == MEASURE else f'{float(f"{x / scale:.3g}"):g} {unit}'
+      return x if x == MEASURE else f'{Figure(x / scale)} {unit}'
     text = (f'{self.name}: {self.num_devices} device(s) on '
             f'{self.num_hosts} host(s), '
             f'{_Num(self.flops, 1e12, "TFLOP/s")} peak x efficiency '
@@ -321,6 +320,13 @@ class Hardware(collections.namedtuple('Hardware', [
     return text
 
 
+def Figure(x):
+  """`x` to three significant digits, without an exponent: what a
+  measurement of this host holds (two runs differ in the second); presets
+  are round already."""
+  return f'{float(f"{x:.3g}"):g}'
+
+
 def _Hint(word, choices):
   """' Did you mean ...?' with the closest of `choices` (the second too
   when it is about as close), or ''."""
@@ -334,15 +340,10 @@ def _Hint(word, choices):
 def _Value(key, text):
   kind, rule = _KEYS[key]
   bad = SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.')
-  if kind == 'fuse':
-    if text not in FUSE:
+  if kind in _CHOICES:
+    if text not in _CHOICES[kind]:
       raise SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.'
-                      f'{_Hint(text, FUSE)}')
-    return text
-  if kind == 'share':
-    if text not in SHARE:
-      raise SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.'
-                      f'{_Hint(text, SHARE)}')
+                      f'{_Hint(text, _CHOICES[kind])}')
     return text
   if text == MEASURE and key in ('tflops', 'memory_gbps', 'concurrency'):
     return MEASURE
