@@ -944,14 +944,13 @@ def CalibrationErrors(planner, steps):
           for lay, t in steps.items()}
 
 
-def Sureness(costs, ranked, calibration, hw=None):
+def Sureness(ranked, calibration, hw=None):
   """One line: where the costs came from, how far the cost model was off
   where it could be checked (`calibration`: CalibrationErrors of the
   measured steps; else, for a cluster with the op model, the published
   check of hardware.PUBLISHED_CHECK), and how many of the layouts lie
   within that error of the best (any of them may be the fastest in
   fact)."""
-  del costs
   fits = [p for p in ranked if p.fits is not False]
 
   def _Close(error):
@@ -1028,7 +1027,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
         'then fewer micro-batches, then fewer stages.')
   if not fits:
     lines.append('No layout fits the cluster\'s memory.')
-  lines.append(Sureness(costs, predictions, calibration, hw))
+  lines.append(Sureness(predictions, calibration, hw))
   return '\n'.join(lines) + '\n'
 
 

@@ -250,14 +250,13 @@ class PlannerTest(tf.test.TestCase):
     ranked = [planner.Prediction(Layout(1, k, k, 4, '1f1b', 'never', None),
                                  step(t), None, None, True, None, None)
               for k, t in ((1, 1.0), (2, 1.05), (4, 1.2))]
-    line = planner.Sureness(None, ranked, {'a': 0.05, 'b': -0.10,
-                                           'c': 0.02})
+    line = planner.Sureness(ranked, {'a': 0.05, 'b': -0.10, 'c': 0.02})
     # Median |error| 5%, worst 10%: 1.0 and 1.05 lie within 10% of 1.0.
     self.assertIn('within 5.0% (median) and 10.0% (worst: in sample). '
                   '2 layouts lie within 10.0% of the best', line)
-    self.assertIn('not checked', planner.Sureness(None, ranked, None))
+    self.assertIn('not checked', planner.Sureness(ranked, None))
     # A preset with the op model quotes the published check.
-    line = planner.Sureness(None, ranked, None, hardware.Parse('a100x8'))
+    line = planner.Sureness(ranked, None, hardware.Parse('a100x8'))
     check = hardware.PUBLISHED_CHECK
     self.assertIn(f'against {check["rows"]} published step times', line)
     self.assertIn(f'off by {100 * check["median"]:.1f}% at the median', line)
