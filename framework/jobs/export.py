@@ -165,11 +165,13 @@ def _WholeOrNothing(target):
   tmp = os.path.join(parent, f'.{name}.tmp-{uuid.uuid4().hex[:8]}')
   made_parent = not tf.io.gfile.exists(parent)
   try:
-    tf.io.gfile.makedirs(tmp)
-  except (tf.errors.OpError, OSError) as e:
-    raise ExportError(f'--export_dir: cannot write in {parent}: '
-                      f'{checkpoint_files.ErrorLine(e)}.') from None
-  try:
+    # Made inside the clean-up: a signal (Interrupted) that comes while it
+    # is made, or just after, removes it too.
+    try:
+      tf.io.gfile.makedirs(tmp)
+    except (tf.errors.OpError, OSError) as e:
+      raise ExportError(f'--export_dir: cannot write in {parent}: '
+                        f'{checkpoint_files.ErrorLine(e)}.') from None
     yield tmp
     if tf.io.gfile.exists(target):
       old = os.path.join(parent, f'.{name}.old-{uuid.uuid4().hex[:8]}')
@@ -182,7 +184,8 @@ def _WholeOrNothing(target):
   except BaseException:
     if tf.io.gfile.exists(tmp):
       tf.io.gfile.rmtree(tmp)
-    if made_parent and not tf.io.gfile.listdir(parent):
+    if (made_parent and tf.io.gfile.exists(parent) and
+        not tf.io.gfile.listdir(parent)):
       tf.io.gfile.rmtree(parent)
     raise
 
