@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import cost
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework import validation
 from cadence.layers import gpipe_units
@@ -280,8 +281,7 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
               f'{FormatBytes(together)} (stages sharing one memory: logical '
               f'devices of one host, a split onto one accelerator)')
   defaulted = sorted({f for u in plan.units for f in u.cost.defaulted
-                      if f in ('act', 'act_weights', 'residuals',
-                               'transient')})
+                      if f in cost.MEMORY_FIELDS})
   estimated = (f'; {", ".join(defaulted)} of some units by the default '
                'rule (framework/cost.py)' if defaulted else '')
   return (f'Memory per stage at the step\'s peak (estimate, {what}; '
