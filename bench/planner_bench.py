@@ -394,6 +394,7 @@ def ChildTime(name, rounds, steps, window, specs):
                    predicted=fitted.Predict(default).step.time),
       layouts=out, hardware=fitted.hw.Describe(), speed=speed,
       concurrency=planner.ConcurrencyText(fitted.concurrency),
+      replica_concurrency=fitted.replica_concurrency,
       probe=hw.concurrency, overheads=fitted.overheads._asdict(),
       calibration=[l.Name() for l in layouts if l in fitted.costs.steps])))
 
@@ -670,7 +671,8 @@ def _Print(results):
           f'a replica beyond the first; concurrency probed '
           f'{"/".join(f"{c:.2f}" for c in res["probe"])} (above), the '
           f'throughput of 2 actions at once fitted '
-          f'{res.get("concurrency") or "to none"}')
+          f'{res.get("concurrency") or "to none"}, of 2 replicas on a host '
+          f'{(res.get("replica_concurrency") or ["", "from it"])[1]}')
     pred, meas, errs = _Errors(entries, res['speed'], True)
     _, raw_meas, raw_errs = _Errors(entries, res['speed'], False)
     print(f'{"layout":<46}{"predicted":>10}{"measured":>10}{"error":>8}'

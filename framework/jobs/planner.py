@@ -405,29 +405,68 @@ def FitConcurrency(planner, steps, highest=None):
 
 def _FitConcurrency(planner, layout, seconds, highest):
   """FitConcurrency's bisection for one layout."""
-  hw = planner.hw
-  base = hw.concurrency
-  highest = highest or float(hw.devices_per_host)
+  base = planner.hw.concurrency
+  return _Bisect(
+      lambda c: planner.Predict(layout, hw=planner.hw._replace(
+          concurrency=_Scaled(base, c))).step.time,
+      seconds, 1.0, max(highest or float(planner.hw.devices_per_host), 1.0),
+      lambda c: _Scaled(base, c))
 
-  def _With(c2):
-    return (1.0, c2) + tuple(c * c2 / base[1] for c in base[2:])
 
-  def _Time(c2):
-    return planner.Predict(
-        layout, hw=hw._replace(concurrency=_With(c2))).step.time
+def _Scaled(base, c2):
+  """Concurrencies (1, c2, ...) whose throughputs of 4, 8, ... actions
+  keep their ratios to 2's in `base` (1, base2, ...)."""
+  return (1.0, c2) + tuple(c * c2 / base[1] for c in base[2:])
 
-  lo, hi = 1.0, max(highest, 1.0)
-  if _Time(hi) >= seconds:
-    return _With(hi)
-  if _Time(lo) <= seconds:
-    return _With(lo)
+
+def _Bisect(time_of, seconds, lo, hi, result):
+  """result(c) for the c in [lo, hi] with time_of(c) = `seconds` (time_of
+  falls as c grows; held at lo or hi when `seconds` is beyond them)."""
+  if time_of(hi) >= seconds:
+    return result(hi)
+  if time_of(lo) <= seconds:
+    return result(lo)
   for _ in range(30):
     mid = (lo + hi) / 2
-    if _Time(mid) > seconds:
+    if time_of(mid) > seconds:
       lo = mid
     else:
       hi = mid
-  return _With((lo + hi) / 2)
+  return result((lo + hi) / 2)
+
+
+def FitReplicaConcurrency(planner, steps):
+  """The host's throughput with 1, 2, 4, ... replicas each running one
+  action (step_model.SimulateStep's replica_concurrency), with 2's fitted
+  so that the planner predicts the measured steps of the layouts of
+  `steps` with R > 1 on one host that step faster than the pipeline's
+  concurrency predicts (the median of their fits, bisected between 1 and
+  the replicas' devices on the host); 4's and beyond keep their ratios to
+  2's in the host's probe. None: no such layout (a slower step is the
+  strategy's work, FitReplicaOverhead: one step cannot tell the two
+  apart), or a host whose devices do not share compute.
+
+  Replicas are independent streams of work, a pipeline's devices are
+  not: the pipelined ResNet's 2-device pipeline at 16 examples a
+  micro-batch fitted a concurrency of 1.02, but its 2 replicas of 16
+  examples, one device each, stepped in 36.9 ms where that concurrency
+  predicted 49.5 ms (its step on one device of 32 examples took 36.0
+  ms: 2 replicas gained 1.3-1.4x, as the host's probe said)."""
+  hw = planner.hw
+  many = [(l, t) for l, t in steps.items()
+          if l.replicas > 1 and l.replicas * l.devices <= hw.devices_per_host]
+  if not many or not hw.shared or len(hw.concurrency) < 2:
+    return None
+  fits = []
+  for layout, seconds in many:
+    if seconds >= planner.Predict(layout).step.time:
+      continue
+    on_host = min(layout.replicas, hw.devices_per_host // layout.devices)
+    fits.append(_Bisect(
+        lambda c, l=layout: planner.Predict(
+            l, replica_concurrency=_Scaled(hw.concurrency, c)).step.time,
+        seconds, 1.0, float(on_host), lambda c: c))
+  return _Scaled(hw.concurrency, statistics.median(fits)) if fits else None
 
 
 class MeasuredCosts:
@@ -680,6 +719,9 @@ class Planner:
     self.concurrency = {}
     # {micro-batch size: the factor of its units' times}; {}: 1.
     self.scales = {}
+    # The host's throughput with 1, 2, 4, ... replicas; None: from the
+    # concurrency (step_model.SimulateStep).
+    self.replica_concurrency = None
     if overheads is None and costs.steps:
       # In this order: each fit uses the ones before.
       self.overheads = FitOverheads(self, costs.steps)
@@ -688,6 +730,7 @@ class Planner:
       self.overheads = self.overheads._replace(
           split=FitSplitOverhead(self, costs.steps))
       self.concurrency = FitConcurrency(self, costs.steps)
+      self.replica_concurrency = FitReplicaConcurrency(self, costs.steps)
       self.overheads = self.overheads._replace(
           replica=FitReplicaOverhead(self, costs.steps))
 
@@ -743,10 +786,10 @@ class Planner:
     return self._memory[layout]
 
   def Predict(self, layout, schedule=None, overheads=None, hw=None,
-              scale=None):
+              scale=None, replica_concurrency=None):
     """The Prediction of one layout (`schedule`: its built Schedule;
-    `overheads`, `hw`, `scale` (of the units' times): instead of the
-    planner's own)."""
+    `overheads`, `hw`, `scale` (of the units' times),
+    `replica_concurrency`: instead of the planner's own)."""
     model = self.model
     schedule = schedule or schedules.Build(
         layout.schedule, layout.stages, layout.devices,
@@ -761,7 +804,9 @@ class Planner:
                         overheads.split, overheads.action)
     step = step_model.SimulateStep(
         schedule, stages, hw, layout.remat, layout.replicas,
-        fixed=overheads.step + (layout.replicas - 1) * overheads.replica)
+        fixed=overheads.step + (layout.replicas - 1) * overheads.replica,
+        replica_concurrency=(replica_concurrency or
+                             self.replica_concurrency))
     per_device, together = model.DeviceMemory(layout, memory)
     if hw.memory is None:
       fits = None
@@ -879,7 +924,8 @@ def ConcurrencyText(concurrency):
                    for b, c in sorted(concurrency.items()))
 
 
-def _OverheadsText(costs, o, concurrency, scales=None):
+def _OverheadsText(costs, o, concurrency, scales=None,
+                   replica_concurrency=None):
   if not costs.steps:
     return ''
   steps = ', '.join(
@@ -890,6 +936,8 @@ def _OverheadsText(costs, o, concurrency, scales=None):
   fitted = (f', and the throughput of 2 actions at once on a host '
             f'{ConcurrencyText(concurrency)} (the cluster line gives the '
             'probe\'s)') if concurrency else ''
+  fitted += (f', of 2 replicas on a host {replica_concurrency[1]:.2f}'
+             if replica_concurrency else '')
   fitted += (', the units\' timed seconds x ' + ', '.join(
       f'{f:.3f} at {b} examples a micro-batch'
       for b, f in sorted(scales.items()))) if scales else ''
@@ -991,7 +1039,8 @@ def _UnitNames(model):
 
 
 def Report(key, model, hw, costs, predictions, counts, top, seconds,
-           overheads=None, concurrency=None, scales=None, calibration=None):
+           overheads=None, concurrency=None, scales=None, calibration=None,
+           replica_concurrency=None):
   """The ranked table and how sure it is (Sureness; `calibration`: the
   CalibrationErrors of the planner), as text."""
   fits = [p for p in predictions if p.fits is not False]
@@ -1005,7 +1054,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
       f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
                                    costs.seconds else '') +
       _OverheadsText(costs, overheads or Overheads(), concurrency or {},
-                     scales) +
+                     scales, replica_concurrency) +
       f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
       f'({counts["dominated"]} dominated by a cheaper remat that fits, '
       f'{counts["refused"]} sizes refused by their schedule, '
@@ -1176,7 +1225,8 @@ def Plan(key, params, plan, logdir=''):
                  else None)
   text = Report(key, model, planner.hw, costs, predictions, counts, plan.top,
                 time.perf_counter() - start, planner.overheads,
-                planner.concurrency, planner.scales, calibration)
+                planner.concurrency, planner.scales, calibration,
+                planner.replica_concurrency)
   if plan.explain > len(predictions):
     raise command_line.UserError(
         f'--plan_explain={plan.explain} is beyond the {len(predictions)} '

@@ -440,6 +440,30 @@ class PlannerTest(tf.test.TestCase):
         Layout(1, 4, 4, 8, '1f1b', 'never', None),
         Layout(1, 2, 4, 8, 'zb_v', 'never', None)))
 
+  def testReplicaConcurrencyIsFitted(self):
+    """Steps of a host whose 2 replicas gain 1.7x together while its
+    2-device pipelines gain 1.2x: the fit finds the replicas' own gain
+    from the R=2 calibration step, and predicts a replicated pipeline as
+    the truth does."""
+    model = self.model
+    hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
+                        'concurrency=1/1.3/1.4')
+    truth = planner.Planner(model, hw, planner.FlopsCosts(model, hw),
+                            planner.Overheads(0.002, 0.03, 0.0))
+    truth.concurrency = {4: (1.0, 1.2, 1.2 * 1.4 / 1.3)}
+    truth.replica_concurrency = (1.0, 1.7, 1.7 * 1.4 / 1.3)
+    costs = planner.FlopsCosts(model, hw)
+    costs.steps = {l: truth.Predict(l).step.time
+                   for l in planner.CalibrationLayouts(model, 4)}
+    self.assertIn(Layout(2, 1, 1, 1, 'gpipe', 'never', None), costs.steps)
+    fitted = planner.Planner(model, hw, costs)
+    self.assertAllClose(truth.replica_concurrency,
+                        fitted.replica_concurrency, rtol=1e-6)
+    self.assertEqual(0.0, fitted.overheads.replica)
+    self._AssertPredictsAs(truth, fitted, rtol=1e-5, layouts=(
+        Layout(2, 1, 1, 2, 'gpipe', 'never', None),
+        Layout(2, 2, 2, 2, '1f1b', 'never', None)))
+
   def testOverheadsAreNotNegative(self):
     """Steps faster than the layer costs alone: no negative overheads."""
     costs = planner.FlopsCosts(self.model, self.hw)

@@ -138,6 +138,26 @@ class SharedComputeTest(unittest.TestCase):
                                    num_replicas=2)
     self.assertAlmostEqual(4.0, step.time)
 
+  def testReplicasAtTheirOwnConcurrency(self):
+    """The same, with 2 replicas gaining 1.8 together (the pipeline's
+    concurrency 1.5 unused): each runs at 0.9: 3 / 0.9. With 2 stages a
+    replica, its 2 running actions gain 1.5 x 1.8 / 2 together."""
+    hw = hardware.Parse('cpu,devices=4,tflops=1,memory_gbps=1,'
+                        'concurrency=1/1.5')
+    one = schedules.Build('gpipe', 1, 1, 1)
+    step = step_model.SimulateStep(one, [_Stage(1.0, 2.0)], hw, 'never',
+                                   num_replicas=2,
+                                   replica_concurrency=(1.0, 1.8))
+    self.assertAlmostEqual(3 / 0.9, step.time)
+    # GPipe, 2 stages, M=2 as testTwoDevicesSharingACore, at 0.9 alone and
+    # 1.5 x 0.9 / 2 = 0.675 each of two: F00 1/0.9; F01, F10 together
+    # 1/0.675; F11 1/0.9; B11 2/0.9; B01, B10 2/0.675; B00 2/0.9.
+    two = schedules.Build('gpipe', 2, 2, 2)
+    step = step_model.SimulateStep(two, [_Stage(1.0, 2.0)] * 2, hw, 'never',
+                                   num_replicas=2,
+                                   replica_concurrency=(1.0, 1.8))
+    self.assertAlmostEqual(6 / 0.9 + 3 / 0.675, step.time)
+
 
 class CostsTest(unittest.TestCase):
 
