@@ -12,10 +12,10 @@ tf.function), then
     TF's BFC allocator stats (the child sets TF_CPU_ALLOCATOR_USE_BFC=true
     so that CPU tensors go through an allocator that counts; all logical
     CPUs share it, so for K > 1 it is the sum over devices);
-  estimate: framework/memory_estimate.py's estimate from FPropMeta and the
-    schedule, before running: all stages at the step's worst moment
-    (SharedMemory, what one memory holding every stage needs), compared
-    with the process's tensor peak;
+  estimate: framework/pipeline/memory_estimate.py's estimate from
+    FPropMeta and the schedule, before running: all stages at the step's
+    worst moment (SharedMemory, what one memory holding every stage
+    needs), compared with the process's tensor peak;
   per device (--per_device): each device's peak from the allocator's events
     of a profiled step (framework/pipeline/memory_profile.py: every allocation
     counted on the device TF placed its op on) plus its variables, next to

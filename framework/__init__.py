@@ -3,7 +3,8 @@
 The core (this folder) is what a layer, a task and an experiment are made
 of: `hyperparams` (Params), `nested_map`, `shapes`, `validation`,
 `step_seed`, `weight_init`, `base_layer`, `cluster` (devices and
-placement), `device_call`, `graph_flops`, `model_registry`, the base
+placement), `device_call`, `cost` and `op_cost` (a layer's cost record),
+`atomic_file` (files written whole), `model_registry`, the base
 input generator, and the base task with what its params embed (`learner`,
 `optimizer`, `lr_schedule`: a task's params hold its learner's, so they are
 part of the model's definition, not of the loop that runs it).
@@ -24,5 +25,5 @@ importing the core and the rooms above it in this list, never one below:
                inspect modes.
 
 `layers/`, `tasks/` and `params/` import the core and `pipeline/`, never
-`train/`, `distribute/` or `jobs/` (tests/framework/layering_test.py).
+`train/`, `distribute/` or `jobs/` (tests/layering_test.py).
 """

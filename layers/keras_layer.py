@@ -30,7 +30,7 @@ process-wide list of them).
 
 FPropMeta builds the Keras object once in a scratch graph (no weight values
 are computed), takes the output shapes from `compute_output_shape`, and the
-FLOPs from the products of the traced call (framework/graph_flops.py).
+FLOPs from the products of the traced call (layers/graph_flops.py).
 
 Example:
   p = KerasLayer.Params().Set(
@@ -48,10 +48,10 @@ from keras.src.initializers import random_initializers  # pylint: disable=g-dire
 
 from cadence.framework import base_layer
 from cadence.framework import cost
-from cadence.framework import graph_flops
 from cadence.framework import shapes
 from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import validation
+from cadence.layers import graph_flops
 
 NestedMap = base_layer.NestedMap
 

@@ -6,7 +6,7 @@ exit 0, a bit-identical resume), damaged checkpoints and a save into a full
 independent runs start together and the assertions are grouped per run.
 An evaler beside a trainer that stops early: tests/trainer_test.py (a NaN
 stop); an unwritable logdir, no readable checkpoint and a lowered max_steps:
-in process, in tests/framework/trainer_lib_test.py.
+in process, in tests/framework/jobs/trainer_lib_test.py.
 """
 import glob
 import os

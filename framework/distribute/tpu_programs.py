@@ -27,7 +27,8 @@ stays on the TPU host; the summaries written at a loop boundary are the
 loop's sums and the learning rate of its last step.
 
 Off a TPU the same program runs under the default strategy (one replica),
-which is how it is tested here (tests/framework/tpu_programs_test.py).
+which is how it is tested here
+(tests/framework/distribute/tpu_programs_test.py).
 
 Example:
   setup = distribution.Create(tpu='my-tpu', worker_split_size=2)

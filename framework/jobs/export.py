@@ -55,6 +55,7 @@ import uuid
 from absl import logging
 import tensorflow as tf
 
+from cadence.framework import atomic_file
 from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import validation
@@ -162,7 +163,7 @@ def _WholeOrNothing(target):
     raise ExportError(f'--export_dir: {target} exists and is not a '
                       'SavedModel; not replacing it. Remove it or choose '
                       'another --export_dir.')
-  tmp = os.path.join(parent, f'.{name}.tmp-{uuid.uuid4().hex[:8]}')
+  tmp = atomic_file.TempPath(os.path.join(parent, f'.{name}'))
   made_parent = not tf.io.gfile.exists(parent)
   try:
     # Made inside the clean-up: a signal (Interrupted) that comes while it

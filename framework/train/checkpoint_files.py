@@ -41,6 +41,8 @@ import re
 
 import tensorflow as tf
 
+from cadence.framework import atomic_file
+
 BAD_DIR = 'bad'
 FINAL_MARK = 'final_checkpoint.json'
 STATE_FILE = 'checkpoint'
@@ -148,14 +150,7 @@ def _DropFromState(directory, names):
     del state.all_model_checkpoint_timestamps[:]
     state.all_model_checkpoint_timestamps.extend(stamps[i] for i in keep)
   state.model_checkpoint_path = os.path.basename(paths[keep[-1]])
-  _WriteAtomically(os.path.join(directory, STATE_FILE), str(state))
-
-
-def _WriteAtomically(path, text):
-  """Writes `text` to `path.tmp`, then renames it over `path`."""
-  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-    f.write(text)
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  atomic_file.Write(os.path.join(directory, STATE_FILE), str(state))
 
 
 # --- the state file -----------------------------------------------------------
@@ -236,7 +231,7 @@ def _WriteState(directory, paths):
       [os.path.basename(p) for p in paths],
       all_model_checkpoint_timestamps=stamps,
       last_preserved_timestamp=min(stamps) - 1)
-  _WriteAtomically(os.path.join(directory, STATE_FILE), str(state))
+  atomic_file.Write(os.path.join(directory, STATE_FILE), str(state))
 
 
 def RepairState(directory):
@@ -275,7 +270,7 @@ def WriteFinalMark(directory, step, reason):
     step: the step of the run's final checkpoint (None: it wrote none).
     reason: one phrase, e.g. 'max_steps 200 reached'.
   """
-  _WriteAtomically(os.path.join(directory, FINAL_MARK),
+  atomic_file.Write(os.path.join(directory, FINAL_MARK),
                    json.dumps(dict(step=step, reason=reason)) + '\n')
 
 

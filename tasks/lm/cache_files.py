@@ -10,13 +10,14 @@ and a reader uses the file only if its digest still matches; otherwise the
 cache rebuilds it.
 
 Example:
-  AtomicWrite('/c/model', data)
+  atomic_file.Write('/c/model', data)   # framework/atomic_file.py
   WriteDigest('/c/model')             # /c/model.sha256
   Verified('/c/model')                # True until the file changes
 """
 import hashlib
 import os
-import uuid
+
+from cadence.framework import atomic_file
 
 
 def Sha256(path):
@@ -28,20 +29,6 @@ def Sha256(path):
   return digest.hexdigest()
 
 
-def AtomicWrite(path, data):
-  """Writes `data` (str as UTF-8, or bytes) to `path` through a unique
-  temporary file renamed into place: readers see the old file or the new
-  one, never a part."""
-  tmp = f'{path}.tmp-{uuid.uuid4().hex}'
-  try:
-    with open(tmp, 'wb') as f:
-      f.write(data.encode('utf-8') if isinstance(data, str) else data)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
 def DigestPath(path):
   """Where `WriteDigest` records the digest of `path`."""
   return path + '.sha256'
@@ -49,7 +36,7 @@ def DigestPath(path):
 
 def WriteDigest(path):
   """Records the digest of `path` beside it (after `path` is complete)."""
-  AtomicWrite(DigestPath(path), Sha256(path) + '\n')
+  atomic_file.Write(DigestPath(path), Sha256(path) + '\n')
 
 
 def Verified(path):

@@ -62,6 +62,7 @@ import os
 from absl import logging
 import numpy as np
 
+from cadence.framework import atomic_file
 from cadence.framework import nested_map
 from cadence.tasks.lm import cache_files
 
@@ -406,11 +407,11 @@ def WriteShards(data_dir, num_train_shards=10, sentences_per_shard=10000,
           os.remove(path)
     rewrite = sorted(files)
   for name in rewrite:
-    cache_files.AtomicWrite(_Path(name), texts.get(name) or _Text(name))
-  cache_files.AtomicWrite(record, json.dumps(
+    atomic_file.Write(_Path(name), texts.get(name) or _Text(name))
+  atomic_file.Write(record, json.dumps(
       {f: cache_files.Sha256(_Path(f)) for f in sorted(files)}, indent=1))
   if old != config:
-    cache_files.AtomicWrite(manifest, json.dumps(config, indent=1,
+    atomic_file.Write(manifest, json.dumps(config, indent=1,
                                                  sort_keys=True))
   logging.info('synthetic_corpus: wrote %d file(s) of the corpus (%d train '
                'shards x %d sentences, %d Dev/Test sentences) and their '

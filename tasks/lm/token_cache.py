@@ -13,7 +13,7 @@ it), and is named by a digest of
     another model, another entry;
   * `_VERSION`, bumped when the stored format or the line rules change.
 
-Entries are written whole (`cache_files.AtomicWrite`) with their digest
+Entries are written whole (`atomic_file.Write`) with their digest
 beside them, and read only if the digest matches; a damaged entry is
 recomputed and written again. The cache only saves time: an entry that
 cannot be written (a read-only home, a full disk) is skipped with a
@@ -33,6 +33,7 @@ import os
 from absl import logging
 import numpy as np
 
+from cadence.framework import atomic_file
 from cadence.tasks.lm import cache_files
 
 _VERSION = 1
@@ -96,7 +97,7 @@ def Store(cache_dir, path, tokenizer_key, ids, lengths, num_empty,
   try:
     os.makedirs(cache_dir, exist_ok=True)
     entry = EntryPath(cache_dir, path, tokenizer_key)
-    cache_files.AtomicWrite(entry, buf.getvalue())
+    atomic_file.Write(entry, buf.getvalue())
     cache_files.WriteDigest(entry)
   except OSError as e:
     logging.warning('token_cache: cannot cache the tokens of %s in %s '

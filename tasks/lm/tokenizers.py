@@ -33,6 +33,7 @@ from absl import logging
 import numpy as np
 import sentencepiece as spm
 
+from cadence.framework import atomic_file
 from cadence.framework import base_input_generator
 from cadence.framework import hyperparams
 from cadence.framework import validation
@@ -371,7 +372,7 @@ class SentencePieceTokenizer(BaseTokenizer):
       raise _TrainingError(owner, e, p) from None
     try:
       os.makedirs(cache_dir, exist_ok=True)
-      cache_files.AtomicWrite(path, model.getvalue())
+      atomic_file.Write(path, model.getvalue())
       cache_files.WriteDigest(path)
     except OSError as e:
       raise base_input_generator.InputError(

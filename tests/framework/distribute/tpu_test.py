@@ -5,7 +5,7 @@ A TPU cannot be reached here; what is tested is what does not need one:
 the cut of a TPU mesh into replicas (on a `Topology` built from a v3-8's
 mesh), the logical-core devices of the cluster, and that a TPU that cannot
 be resolved or reached fails at once (the trainer's exit 2 is in
-tests/trainer_tpu_test.py).
+tests/trainer_bad_inputs_test.py).
 """
 import itertools
 import json

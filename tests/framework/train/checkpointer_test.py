@@ -275,7 +275,8 @@ class StateFileTest(tf.test.TestCase):
         # The manager manages them again: max_to_keep drops the oldest.
         writer.Save(40)
         self.assertEqual(self._Steps(directory), [20, 30, 40])
-        self.assertEqual(os.listdir(directory).count('checkpoint.tmp'), 0)
+        self.assertEqual(
+            [n for n in os.listdir(directory) if '.tmp' in n], [])
 
   def testAMissingStateFileIsFoundByTheWriterOnly(self):
     directory = self._Saved()

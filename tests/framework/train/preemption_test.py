@@ -3,7 +3,7 @@
 The trainer's whole path (SIGTERM -> checkpoint at the step -> exit 0 ->
 bit-identical resume) is tested in real subprocesses in
 tests/trainer_faults_test.py; the train program's side in process in
-tests/framework/programs_test.py.
+tests/framework/train/programs_test.py.
 """
 import json
 import os

@@ -2,7 +2,8 @@
 compiled step.
 
 The XLA compilation itself (the Tiny LM's step with jit_compile, pipelined
-and not, equal to the uncompiled step) is tests/framework/tpu_programs_test.py.
+and not, equal to the uncompiled step) is
+tests/framework/distribute/tpu_programs_test.py.
 """
 import tensorflow as tf
 

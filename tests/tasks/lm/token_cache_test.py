@@ -7,6 +7,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import atomic_file
 from cadence.tasks.lm import cache_files
 from cadence.tasks.lm import input_generator
 from cadence.tasks.lm import synthetic_corpus
@@ -128,7 +129,7 @@ class TokenCacheTest(tf.test.TestCase):
                        ('lengths that do not sum', mismatched.getvalue()),
                        ('empty', b'')):
       with self.subTest(name):
-        cache_files.AtomicWrite(entry, data)
+        atomic_file.Write(entry, data)
         cache_files.WriteDigest(entry)
         _CountingTokenizer.ENCODED.clear()
         with self.assertLogs(level='WARNING') as logs:

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import atomic_file
 from cadence.framework import base_input_generator
 from cadence.tasks.lm import cache_files
 from cadence.tasks.lm import synthetic_corpus
@@ -119,7 +120,7 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
       self._Params(cache_dir=cache).Instantiate()
     self.assertTrue(os.path.exists(tok.model_file + '.sha256'))
     # Bytes that are no model, with a digest that matches them.
-    cache_files.AtomicWrite(tok.model_file, b'PK' + good[:100])
+    atomic_file.Write(tok.model_file, b'PK' + good[:100])
     cache_files.WriteDigest(tok.model_file)
     with self.assertLogs(level='WARNING') as logs:
       again = self._Params(cache_dir=cache).Instantiate()

@@ -1,7 +1,7 @@
 """Tests for cadence.tasks.synthetic.keras_regression: a keras.Model trained
 replicated by Cadence's replica machinery (framework/train/replicas.py).
 
-As in tests/framework/replicas_test.py, each replica count runs in its own
+As in tests/framework/train/replicas_test.py, each replica count runs in its own
 subprocess (a MirroredStrategy fixes its collective group size for the
 process): R replicas train 3 steps on R x 8 examples a step and must equal
 one replica on the same global batch.

@@ -1,7 +1,7 @@
-"""Tests for cadence.framework.graph_flops: FLOPs of a graph's products."""
+"""Tests for cadence.layers.graph_flops: FLOPs of a graph's products."""
 import tensorflow as tf
 
-from cadence.framework import graph_flops
+from cadence.layers import graph_flops
 
 
 def _Flops(fn, *shapes):
