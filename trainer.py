@@ -138,7 +138,7 @@ flags.DEFINE_integer('export_max_len', None, '--mode=export: a static '
 flags.DEFINE_string('plan_cluster', 'cpu', '--mode=plan: the cluster, a '
                     'preset (cpu: this host\'s logical CPUs, measured; '
                     'h100x8; tpu_v4_8) and/or key=value items, e.g. '
-                    '\'h100x8,hosts=2\' (framework/pipeline/hardware.py).')
+                    '\'h100x8,hosts=2\' (framework/planning/hardware.py).')
 flags.DEFINE_bool('plan_measure', False, '--mode=plan: time each layer on '
                   'this host\'s CPU instead of costing it by its FLOPs.')
 flags.DEFINE_integer('plan_top', 10, '--mode=plan: layouts in the table.')
@@ -186,7 +186,7 @@ def main(argv):
     # TF's BFC allocator on CPU, read when TF makes its first device: its
     # allocations are what inspect_pipeline's measured memory reads
     # (memory_profile), and with it timings do not depend on what the
-    # process built before them (framework/jobs/plan_measure.py).
+    # process built before them (framework/planning/plan_measure.py).
     os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
   with tf_log.QuietImport(FLAGS.tf_log):
     from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top

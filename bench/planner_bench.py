@@ -6,14 +6,15 @@ bench/gpipe_bench.py's dimensions: vocab 1024, d 256, 8 layers of 4 heads
 and feed-forward 1024, sequences of 64, batch 32, run as that LM task with
 those overrides: its positions and Adam come along; also LM variants of
 other depth and width, the pipelined ResNet and the README's model of
-one's own), and for each of `LAYOUTS` that is a layout of the model (replicas R, devices K, cells per device
-v, micro-batches M, schedule, remat), in one run:
+one's own), and for each of `LAYOUTS` that is a layout of the model
+(replicas R, devices K, cells per device v, micro-batches M, schedule,
+remat), in one run:
 
-  predicted: framework/jobs/planner.py with --plan_cluster=cpu and
+  predicted: framework/planning/planner.py with --plan_cluster=cpu and
     --plan_measure: each layer timed on this host, the host's concurrency
     and memory bandwidth calibrated, and the real steps of the planner's
-    calibration layouts (planner.CalibrationLayouts: R=1 K=1 M=1 and M=8
-    gpipe, M=8 zb_h1, R=1 K=2 M=8 and M=4 1f1b, R=2 K=1 M=1) timed, in
+    calibration layouts (calibration.CalibrationLayouts: R=1 K=1 M=1 and
+    M=8 gpipe, M=8 zb_h1, R=1 K=2 M=8 and M=4 1f1b, R=2 K=1 M=1) timed, in
     every round (medians); the planner fits its overheads and the host's
     concurrency to those steps (the table names the calibration layouts
     that are among LAYOUTS: their errors are in-sample);
@@ -32,7 +33,7 @@ v, micro-batches M, schedule, remat), in one run:
 Every timing is of those steps after one untimed step (a trainer runs
 one layout step after step), in processes on TF's BFC allocator (with the
 default one a step's speed depends on what else the process built:
-framework/jobs/plan_measure.py).
+framework/planning/plan_measure.py).
 
 The machine is shared: other engineers' jobs come and go on its 2 cores,
 and the speed a process gets changed 3x within minutes while this was
@@ -202,7 +203,7 @@ def Runs(model, spec, num_devices=4):
 
 
 def _Layout(spec):
-  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
   r, k, s, m, schedule, remat = spec
   return plan_model.Layout(r, k, s, m, schedule, remat, None)
 
@@ -261,16 +262,17 @@ def _Program(model, layout, cluster=None, strategy=None, params=None):
 def _MeasureCosts(model, hw_text, devices, batches):
   """(MeasuredCosts, calibrated Hardware) of one round: the planner's own
   measurements (--plan_cluster=cpu --plan_measure)."""
-  from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
-  from cadence.framework.pipeline import hardware  # pylint: disable=g-import-not-at-top
-  costs = planner.MeasuredCosts(model, devices[0],
+  from cadence.framework.planning import plan_measure  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import calibration  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_costs  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import hardware  # pylint: disable=g-import-not-at-top
+  costs = plan_costs.MeasuredCosts(model, devices[0],
                                 model.params.task.train.learner,
                                 devices=devices)
   costs.MeasureParts(batches)
-  costs.MeasureSteps(planner.CalibrationLayouts(model, len(devices)))
+  costs.MeasureSteps(calibration.CalibrationLayouts(model, len(devices)))
   hw = plan_measure.Calibrate(hardware.Parse(hw_text), devices,
-                              planner.ConcurrencyProbe(model))
+                              plan_costs.ConcurrencyProbe(model))
   return costs, hw
 
 
@@ -290,7 +292,7 @@ def _Interleaved(ref, runs, steps, window, progress=''):
   machine's speed at that moment. Every window is steady, of `steps`
   steps or more to take `window` seconds (plan_measure.SteadySeconds).
   With `progress`, a line '<progress> n/N' on stderr before each run."""
-  from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_measure  # pylint: disable=g-import-not-at-top
   before = plan_measure.SteadySeconds(ref, steps, window)
   out = []
   for i, run in enumerate(runs):
@@ -305,11 +307,11 @@ def _Interleaved(ref, runs, steps, window, progress=''):
 
 def _Scaled(costs, hw, factor):
   """Costs and hardware of a round at the median speed: times x factor."""
-  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_costs  # pylint: disable=g-import-not-at-top
   parts = {mb: {n: (f * factor, fb * factor) for n, (f, fb) in p.items()}
            for mb, p in costs.parts.items()}
   steps = {l: t * factor for l, t in costs.steps.items()}
-  scaled = planner.MeasuredCosts(costs._model, costs._device, None, parts,  # pylint: disable=protected-access
+  scaled = plan_costs.MeasuredCosts(costs._model, costs._device, None, parts,  # pylint: disable=protected-access
                                  costs.update_rate * factor, steps)
   return scaled, hw._replace(memory_bandwidth=hw.memory_bandwidth / factor)
 
@@ -322,9 +324,11 @@ def ChildTime(name, rounds, steps, window, specs):
   _Quiet()
   _SetDevices(4)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import plan_measure  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_measure  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import planner  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_costs  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_report  # pylint: disable=g-import-not-at-top
   model = plan_model.PlanModel(_Params(name))
   devices = [d.name for d in tf.config.list_logical_devices('CPU')]
   specs = [tuple(spec) for spec in specs]
@@ -368,9 +372,9 @@ def ChildTime(name, rounds, steps, window, specs):
   hw = _MedianHardware([h for _, h in scaled])
   raw_hw = _MedianHardware([h for _, h, _ in rounds_costs])
   plans = {
-      'scaled': planner.Planner(model, hw, planner.MeasuredCosts.MedianOf(
+      'scaled': planner.Planner(model, hw, plan_costs.MeasuredCosts.MedianOf(
           [c for c, _ in scaled])),
-      'raw': planner.Planner(model, raw_hw, planner.MeasuredCosts.MedianOf(
+      'raw': planner.Planner(model, raw_hw, plan_costs.MeasuredCosts.MedianOf(
           [c for c, _, _ in rounds_costs]))}
   out = []
   for spec, layout in zip(specs, layouts):
@@ -393,7 +397,7 @@ def ChildTime(name, rounds, steps, window, specs):
       default=dict(name=default.Name(),
                    predicted=fitted.Predict(default).step.time),
       layouts=out, hardware=fitted.hw.Describe(), speed=speed,
-      concurrency=planner.ConcurrencyText(fitted.concurrency),
+      concurrency=plan_report.ConcurrencyText(fitted.concurrency),
       replica_concurrency=fitted.replica_concurrency,
       probe=hw.concurrency, overheads=fitted.overheads._asdict(),
       calibration=[l.Name() for l in layouts if l in fitted.costs.steps])))
@@ -406,7 +410,7 @@ def ChildReplicas(name, spec, runs, steps, window):
   _Quiet()
   from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from cadence.framework.distribute import distribution  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
   layout = _Layout(spec)
   setup = distribution.Create(worker_replicas=layout.replicas,
                               worker_split_size=layout.devices)
@@ -439,7 +443,7 @@ def ChildBestVsDefault(name, spec, rounds, steps, window):
   _SetDevices(4)
   from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from cadence.framework.distribute import distribution  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
   layout = _Layout(spec)
   setup = distribution.Create(worker_replicas=layout.replicas,
                               worker_split_size=layout.devices)
@@ -460,7 +464,7 @@ def ChildMemory(name, spec):
   planner's estimate. Prints one JSON line."""
   _Quiet()
   _SetDevices(4)
-  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
   from cadence.framework.pipeline import memory_profile  # pylint: disable=g-import-not-at-top
   model = plan_model.PlanModel(_Params(name))
   layout = _Layout(spec)
@@ -482,7 +486,7 @@ _PLANNER_LINE = re.compile(r'^I\d{4} [\d:.]+ +\d+ (?:planner|plan_measure)'
 
 def _ChildRun(args):
   # BFC: the allocator's stats for memory; for time, steps as fast as in a
-  # process that built one layout (framework/jobs/plan_measure.py), as
+  # process that built one layout (framework/planning/plan_measure.py), as
   # `trainer.py --mode=plan --plan_measure` runs.
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
              TF_CPU_ALLOCATOR_USE_BFC='true')
@@ -532,23 +536,25 @@ def _Published():
   (FLOPs and public specs)."""
   _Quiet()
   from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
-  from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
-  from cadence.framework.pipeline import hardware  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import planner  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_costs  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_report  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
+  from cadence.framework.planning import hardware  # pylint: disable=g-import-not-at-top
   model = plan_model.PlanModel(model_registry.GetParams(_BIG, 'Train'))
   own = plan_model.Layout(1, 4, 4, 32, 'gpipe', 'except_last', None)
   for text in ('h100x8', 'tpu_v4_8'):
     hw = hardware.Parse(text)
-    plan = planner.Planner(model, hw, planner.FlopsCosts(model, hw))
+    plan = planner.Planner(model, hw, plan_costs.FlopsCosts(model, hw))
     start = time.perf_counter()
     predictions, counts = plan.Search()
-    print(planner.Report(_BIG, model, hw, plan.costs, predictions, counts,
+    print(plan_report.Report(_BIG, model, hw, plan.costs, predictions, counts,
                          5, time.perf_counter() - start), end='')
     p = plan.Predict(own)
     print(f'  the experiment\'s own layout ({own.Name()}): '
           f'{1000 * p.step.time:.0f} ms, MFU {100 * p.mfu:.1f}%, memory/dev '
           f'{max(p.memory) / 2**30:.1f} GiB, fits {p.fits}')
-    print(planner.BestText(_BIG, model, predictions[0]))
+    print(plan_report.BestText(_BIG, model, predictions[0]))
 
 
 def main():
@@ -663,7 +669,8 @@ def _Print(results):
     o = res['overheads']
     print(f'\n{name}: {res["hardware"]}; reference step (median) '
           f'{1000 * res["speed"]:.0f} ms\nfitted to the real steps of the '
-          f'calibration layouts (planner.CalibrationLayouts; of those here: '
+          f'calibration layouts (calibration.CalibrationLayouts; of those '
+          f'here: '
           f'{", ".join(res["calibration"]) or "none"}): '
           f'{1000 * o["layer"]:.3f} ms a layer of an action, '
           f'{1000 * o["split"]:.3f} ms a layer of a split backward, '
@@ -672,7 +679,8 @@ def _Print(results):
           f'{"/".join(f"{c:.2f}" for c in res["probe"])} (above), the '
           f'throughput of 2 actions at once fitted '
           f'{res.get("concurrency") or "to none"}, of 2 replicas on a host '
-          f'{(res.get("replica_concurrency") or ["", "from it"])[1]}')
+          + (f'{res["replica_concurrency"][1]:.2f}'
+             if res.get('replica_concurrency') else 'from it'))
     pred, meas, errs = _Errors(entries, res['speed'], True)
     _, raw_meas, raw_errs = _Errors(entries, res['speed'], False)
     print(f'{"layout":<46}{"predicted":>10}{"measured":>10}{"error":>8}'

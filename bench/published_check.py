@@ -6,7 +6,7 @@ its model, cluster and layout), the planner gets the same: the LM
 (lm.one_billion_wds.OneBWdsGPipeTransformer's task) with the paper's
 layers, hidden size, heads, feed-forward size, vocabulary and sequence
 length; the cluster's preset or its public specs as --plan_cluster text
-(framework/pipeline/hardware.py's op model: each op of a layer's cost
+(framework/planning/hardware.py's op model: each op of a layer's cost
 record timed by its kind and shape); the layout (replicas, pipeline size,
 micro-batch size and count, schedule, the paper's cut). Its prediction
 (planner.Planner.Predict, from FLOPs and bytes alone: nothing is measured
@@ -76,7 +76,7 @@ class Predictor:
     self._models = {}
 
   def _Model(self, row):
-    from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
+    from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
     batch = row.replicas * row.micro_batch * row.micro_batches
     key = (row.model, batch, row.micro_batches)
     if key not in self._models:
@@ -86,9 +86,10 @@ class Predictor:
 
   def Predict(self, row):
     """The planner's Prediction of `row`'s layout on its cluster."""
-    from cadence.framework.jobs import plan_model  # pylint: disable=g-import-not-at-top
-    from cadence.framework.jobs import planner  # pylint: disable=g-import-not-at-top
-    from cadence.framework.pipeline import hardware  # pylint: disable=g-import-not-at-top
+    from cadence.framework.planning import hardware  # pylint: disable=g-import-not-at-top
+    from cadence.framework.planning import plan_costs  # pylint: disable=g-import-not-at-top
+    from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
+    from cadence.framework.planning import planner  # pylint: disable=g-import-not-at-top
     model = self._Model(row)
     hw = hardware.Parse(row.cluster)
     layers = published_rows.MODELS[row.model]['layers']
@@ -96,8 +97,8 @@ class Predictor:
         row.replicas, row.devices, row.devices, row.micro_batches,
         published_rows.SCHEDULES[row.schedule], _REMAT[row.source],
         _Bounds(layers, row.devices, row.source))
-    return planner.Planner(model, hw, planner.FlopsCosts(model, hw)).Predict(
-        layout)
+    costs = plan_costs.FlopsCosts(model, hw)
+    return planner.Planner(model, hw, costs).Predict(layout)
 
 
 def Compare(predictor, row):

@@ -1,7 +1,7 @@
 """Start-up cost of the trainer's checks before writing, per experiment.
 
 Before a trainer writes anything it builds the model without weights
-(inspect_lib.BuildSymbolically) for the memory check (memory_check.Check)
+(base_model.BuildSymbolically) for the memory check (memory_check.Check)
 and the comparison with the logdir's checkpoints. This prints, for each
 registered experiment that trains on this machine, the seconds of that
 symbolic build and of the check, beside the seconds of the real build of
@@ -20,10 +20,10 @@ import time
 
 import tensorflow as tf
 
+from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import model_registry
-from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import memory_check
+from cadence.framework import model_registry
 from cadence.framework.train import replicas
 
 # The experiments the README trains on CPU (the published-scale LM and
@@ -61,7 +61,7 @@ def main():
       for _ in range(args.repeats):   # Interleaved.
         model = []
         times['symbolic'].append(_Seconds(lambda: model.append(
-            inspect_lib.BuildSymbolically(params)[0])))
+            base_model.BuildSymbolically(params)[0])))
         times['check'].append(_Seconds(lambda: memory_check.Check(
             model[0].task, 'CPU', 1)))
         times['real'].append(_Seconds(

@@ -21,9 +21,12 @@ importing the core and the rooms above it in this list, never one below:
   distribute/  how a run is spread over devices and hosts: the strategy of
                each distribution option and its train program (mirrored,
                several hosts, parameter servers, TPU).
-  jobs/        what `trainer.py` runs: the jobs, their exit codes and the
-               inspect modes.
+  planning/    which layout to run: the planner, its model of a model
+               (from params, without weights), its measurements on this
+               host, the step simulator and the hardware presets.
+  jobs/        what `trainer.py` runs: the command line, the modes and
+               their exit codes (a thin application over the rooms).
 
 `layers/`, `tasks/` and `params/` import the core and `pipeline/`, never
-`train/`, `distribute/` or `jobs/` (tests/layering_test.py).
+`train/`, `distribute/`, `planning/` or `jobs/` (tests/layering_test.py).
 """

@@ -20,6 +20,7 @@ A *model* holds the tasks of an experiment; `SingleTaskModel` holds one.
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
 from cadence.framework import hyperparams
 from cadence.framework import learner as learner_lib
 from cadence.framework.nested_map import NestedMap
@@ -389,3 +390,21 @@ class SingleTaskModel(tf.Module):
     """All tasks of the model, a list."""
     return [self.task]
 
+
+def BuildSymbolically(params):
+  """Builds the model of `params` in a throwaway graph; no weight memory:
+  what inspect, the start-up memory check and the planner read (variable
+  paths, shapes, dtypes and devices exactly as the trainer's, each layer's
+  params checked by its constructor).
+
+  Returns:
+    (the model, the graph it lives in). Its variables are graph symbols:
+    read their shapes, dtypes and devices, not their values.
+  """
+  graph = tf.Graph()
+  # What places no variable itself gets the cluster's first device, as the
+  # eager trainer's default placement does.
+  first = cluster_lib.Cluster.Current().devices[0]
+  with graph.as_default(), tf.device(first):
+    model = params.Instantiate()
+  return model, graph

@@ -36,6 +36,7 @@ Example:
 """
 import contextlib
 import copy
+import os
 import re
 
 import tensorflow as tf
@@ -272,3 +273,8 @@ class Cluster:
   def __repr__(self):
     return (f'Cluster(devices={self._devices}, '
             f'num_devices_per_split={self.num_devices_per_split})')
+
+
+def HostMemoryBytes():
+  """This host's physical memory in bytes."""
+  return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')

@@ -32,7 +32,7 @@ Fields (ints; None where a dim is unknown):
   ops          what one forward runs, a tuple of framework/op_cost.py's
                `Op`s (products with their dims, element-wise ops, norms,
                softmaxes, gathers): how an accelerator's hardware model
-               times it (framework/pipeline/hardware.py).
+               times it (framework/planning/hardware.py).
 
 A layer sets what it knows. What it leaves None, `Complete` fills with a
 documented default, and names in `defaulted` (inspect says which figures

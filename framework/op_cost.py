@@ -1,7 +1,7 @@
 """The ops of a layer's forward, by kind, so an accelerator can time them.
 
 A layer's cost record (framework/cost.py) carries `ops`: what one forward
-runs, as `Op`s. The hardware model (framework/pipeline/hardware.py,
+runs, as `Op`s. The hardware model (framework/planning/hardware.py,
 `Hardware.OpSeconds`) turns each into seconds: a product (`MATMUL`) by its
 FLOPs at the device's peak times an efficiency that falls as its shape
 shrinks (tiles, waves), or by its bytes if it reads more than it computes;

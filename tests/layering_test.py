@@ -3,8 +3,11 @@
 Each package of Cadence may import only the packages below it:
 
   framework (core) <- framework.pipeline <- framework.train
-      <- framework.distribute <- framework.jobs <- trainer.py
+      <- framework.distribute <- framework.planning <- framework.jobs
+      <- trainer.py
   framework (core), framework.pipeline <- layers <- tasks <- params
+  (framework.planning and framework.jobs also import layers, tasks and
+  params: they lay out and run the experiments)
 
 The test reads every module's import statements (nothing is imported), so a
 new upward import fails here with the file, the line and the rule.
@@ -14,7 +17,7 @@ import os
 import unittest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ROOMS = ('pipeline', 'train', 'distribute', 'jobs')
+_ROOMS = ('pipeline', 'train', 'distribute', 'planning', 'jobs')
 
 # What each package may import from cadence (besides itself).
 _ALLOWED = {
@@ -23,8 +26,12 @@ _ALLOWED = {
     'framework.train': {'framework', 'framework.pipeline'},
     'framework.distribute': {'framework', 'framework.pipeline',
                              'framework.train'},
+    'framework.planning': {'framework', 'framework.pipeline',
+                           'framework.train', 'framework.distribute',
+                           'layers', 'tasks', 'params'},
     'framework.jobs': {'framework', 'framework.pipeline', 'framework.train',
-                       'framework.distribute', 'layers', 'tasks', 'params'},
+                       'framework.distribute', 'framework.planning',
+                       'layers', 'tasks', 'params'},
     'layers': {'framework', 'framework.pipeline'},
     'tasks': {'framework', 'framework.pipeline', 'layers'},
     'params': {'framework', 'framework.pipeline', 'layers', 'tasks'},

@@ -265,7 +265,7 @@ _BEFORE_TF = [
              r'trainer \(host \S+, pid \d+, started [\d-]+ [\d:]+ UTC; lock '
              r'file .*/\.writer\.lock\): one logdir has one writer\.',
              prepare=_HeldByAnotherTrainer, real=True),
-    # --mode=plan's cluster (framework/pipeline/hardware.py) and flags.
+    # --mode=plan's cluster (framework/planning/hardware.py) and flags.
     BadInput('plan_cluster_misspelt_preset',
              _Lm('--mode=plan', '--plan_cluster=h100'),
              r"^Error: --plan_cluster: 'h100' is not a preset \(one of cpu, "

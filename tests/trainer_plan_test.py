@@ -5,9 +5,9 @@ import re
 
 import tensorflow as tf
 
+from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import model_registry
-from cadence.framework.jobs import inspect_lib
 from cadence.tests import test_utils
 
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
@@ -54,7 +54,7 @@ class TrainerPlanTest(tf.test.TestCase):
                       params.input.batch_size))
     with cluster_lib.Cluster.Params().Set(
         job='check', num_devices=k, worker_split_size=k).Instantiate():
-      model, _ = inspect_lib.BuildSymbolically(params)
+      model, _ = base_model.BuildSymbolically(params)
     self.assertEqual(k * v, model.task.stack.num_cells)
     # The report is written with the chart of plan 2.
     with open(os.path.join(logdir, 'plan', 'plan.txt')) as f:

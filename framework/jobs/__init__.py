@@ -9,8 +9,7 @@ imports it but trainer.py and the tests.
   trainer_lib       Main(options): set-up, the job, exit codes.
   inspect_lib       --mode=inspect_model: variables, FLOPs and memory.
   inspect_pipeline  --mode=inspect_pipeline: a profiled step's timeline.
-  planner           --mode=plan: every layout predicted and ranked; with
-                    plan_model (a model's costs by layer, from params) and
-                    plan_measure (this host's speed, its layers' times).
+  plan_mode         --mode=plan: the planner's table printed, its
+                    refusals as exit 2 (the planning is framework/planning/).
   process_exit      how trainer.py ends its process, at once.
 """

@@ -33,7 +33,7 @@ import re
 
 from cadence.framework import model_registry
 from cadence.framework.distribute import tf_config
-from cadence.framework.pipeline import hardware
+from cadence.framework.planning import hardware
 from cadence.framework.train import logdir_lock
 
 EXIT_USER_ERROR = 2
@@ -71,8 +71,8 @@ class UserError(Exception):
 
 @dataclasses.dataclass
 class PlanOptions:
-  """The --plan_* flags of --mode=plan (framework/jobs/planner.py)."""
-  cluster: str = 'cpu'    # --plan_cluster (framework/pipeline/hardware.py)
+  """The --plan_* flags of --mode=plan (framework/planning/planner.py)."""
+  cluster: str = 'cpu'    # --plan_cluster (framework/planning/hardware.py)
   measure: bool = False   # --plan_measure: time the layers on this host
   top: int = 10           # --plan_top: layouts in the table
   apply: str = ''         # --plan_apply: write the best plan's overrides

@@ -26,11 +26,14 @@ Example:
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import cost
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework import validation
 from cadence.layers import gpipe_units
+
+_Bytes = memory_estimate.FormatBytes   # '1.50 GiB'
 
 
 def _Count(shape):
@@ -56,14 +59,6 @@ def _Share(part, total):
   return f'{100.0 * part / total:.1f}%'
 
 
-def FormatBytes(n):
-  """'1.50 GiB', '12.00 MiB', '3.00 KiB' or '12 B'."""
-  for unit, size in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
-    if n >= size:
-      return f'{n / size:.2f} {unit}'
-  return f'{n} B'
-
-
 def _VarRows(task):
   """(path, shape list, dtype, device, trainable) of each variable of
   `task`."""
@@ -79,7 +74,7 @@ def VariableReport(rows):
   total = sum(_Count(shape) for _, shape, _, _, _ in rows)
   nbytes = sum(_Count(shape) * dtype.size for _, shape, dtype, _, _ in rows)
   return _Table(table) + (f'{len(rows)} variables, {total:,} parameters '
-                          f'({FormatBytes(nbytes)})\n')
+                          f'({_Bytes(nbytes)})\n')
 
 
 def DeviceReport(rows):
@@ -91,7 +86,7 @@ def DeviceReport(rows):
     entry[1] += _Count(shape)
     entry[2] += _Count(shape) * dtype.size
   table = [('device', 'variables', 'parameters', 'bytes')]
-  table += [(d, str(n), f'{p:,}', FormatBytes(b))
+  table += [(d, str(n), f'{p:,}', _Bytes(b))
             for d, (n, p, b) in sorted(by_device.items())]
   return _Table(table)
 
@@ -255,9 +250,9 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
              f'{units[0].name}..{units[-1].name}')
     row = (f'cell {i}', stage_devices[i], f'{w[0]:,}',
            _Flops(flops[i]), _Share(flops[i], total_flops),
-           FormatBytes(stage.params + stage.grads + stage.slots),
-           FormatBytes(stage.activations + stage.transient),
-           FormatBytes(stage.total))
+           _Bytes(stage.params + stage.grads + stage.slots),
+           _Bytes(stage.activations + stage.transient),
+           _Bytes(stage.total))
     if device_memory_gib:
       row += ('yes' if stage.total <= limit else 'NO',)
     table.append(row + (names,))
@@ -267,7 +262,7 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
     per_device_stages = _Stages(plan, weights, memory_estimate.DeviceMemory)
     peak = max(s.total for s in per_device_stages)
     per_device = ('per device, its stages together at its worst moment: ' +
-                  ', '.join(f'{d} {FormatBytes(s.total)}'
+                  ', '.join(f'{d} {_Bytes(s.total)}'
                             for d, s in zip(devices, per_device_stages)) +
                   '\n')
   verdict = ''
@@ -278,7 +273,7 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
   if k > 1:
     together = _Stages(plan, weights, memory_estimate.SharedMemory).total
     shared = (f'; all stages together at the step\'s worst moment '
-              f'{FormatBytes(together)} (stages sharing one memory: logical '
+              f'{_Bytes(together)} (stages sharing one memory: logical '
               f'devices of one host, a split onto one accelerator)')
   defaulted = sorted({f for u in plan.units for f in u.cost.defaulted
                       if f in cost.MEMORY_FIELDS})
@@ -287,7 +282,7 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
   return (f'Memory per stage at the step\'s peak (estimate, {what}; '
           f'framework/pipeline/memory_estimate.py{estimated}{outside}):\n' +
           _Table(table) + per_device + f'largest '
-          f'{"device" if per_device else "stage"} {FormatBytes(peak)}'
+          f'{"device" if per_device else "stage"} {_Bytes(peak)}'
           f'{verdict}{shared}\n')
 
 
@@ -315,22 +310,6 @@ def PipelineKeys(params):
   keys = [line.split(' : ', 1)[0] for line in str(params).splitlines()]
   return [k.rsplit('.', 1)[0] for k in keys
           if k.rsplit('.', 1)[-1] == 'trace_actions']
-
-
-def BuildSymbolically(params):
-  """Builds the model of `params` in a throwaway graph; no weight memory.
-
-  Returns:
-    (the model, the graph it lives in). Its variables are graph symbols:
-    read their shapes, dtypes and devices, not their values.
-  """
-  graph = tf.Graph()
-  # What places no variable itself gets the cluster's first device, as the
-  # eager trainer's default placement does.
-  first = cluster_lib.Cluster.Current().devices[0]
-  with graph.as_default(), tf.device(first):
-    model = params.Instantiate()
-  return model, graph
 
 
 def ParamsMeta(params):
@@ -426,7 +405,7 @@ def CheckModel(params):
   Raises:
     ValueError: a bad param, naming its params path.
   """
-  model, _ = BuildSymbolically(params)
+  model, _ = base_model.BuildSymbolically(params)
   task = model.task
   batch = getattr(params.input, 'batch_size', None) if params.input else None
   _Meta(type(task), task.params, batch)
@@ -441,7 +420,7 @@ def ModelReport(params, device_memory_gib=None, model=None):
   devices, as in training. With `device_memory_gib`, each stage says
   whether it fits.
   """
-  model = model or BuildSymbolically(params)[0]
+  model = model or base_model.BuildSymbolically(params)[0]
   task = model.task
   rows = _VarRows(task)
   batch = getattr(params.input, 'batch_size', None) if params.input else None

@@ -100,14 +100,15 @@ def MemoryReport(task, devices, peaks, variables):
   for device in devices:
     d = short(device)
     total = measured.get(d, 0)
-    line = f'  {d}: measured {inspect_lib.FormatBytes(total)}'
+    line = f'  {d}: measured {memory_estimate.FormatBytes(total)}'
     if d in estimate:
-      line += (f', estimate {inspect_lib.FormatBytes(estimate[d])} '
+      line += (f', estimate {memory_estimate.FormatBytes(estimate[d])} '
                f'({estimate[d] / max(total, 1):.2f}x)')
     lines.append(line)
   if measured.get(memory_profile.UNATTRIBUTED):
+    unplaced = measured[memory_profile.UNATTRIBUTED]
     lines.append(f'  not placed by name: '
-                 f'{inspect_lib.FormatBytes(measured[memory_profile.UNATTRIBUTED])}')
+                 f'{memory_estimate.FormatBytes(unplaced)}')
   return '\n'.join(lines) + '\n'
 
 

@@ -35,28 +35,23 @@ so.
 
 Example:
   with cluster:
-    model, _ = inspect_lib.BuildSymbolically(params)
+    model, _ = base_model.BuildSymbolically(params)
     verdict = Check(model.task, 'CPU', num_local_replicas=1)
   verdict.fits, verdict.text  # True, 'estimate 52.91 MiB of the host's ...'
 """
 import collections
-import os
 
 from absl import logging
 
+from cadence.framework import cluster as cluster_lib
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.pipeline import memory_estimate
 
 Verdict = collections.namedtuple('Verdict', ['fits', 'text'])
 
 
-def HostMemoryBytes():
-  """The host's physical memory in bytes."""
-  return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
-
-
 def _Parts(stage):
-  fmt = inspect_lib.FormatBytes
+  fmt = memory_estimate.FormatBytes
   return (f'weights, gradients and optimizer slots '
           f'{fmt(stage.params + stage.grads + stage.slots)}, activations '
           f'{fmt(stage.activations + stage.transient)}')
@@ -74,7 +69,8 @@ def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
     num_local_replicas: the replicas on this host (sharing its memory on
       CPU).
     device_memory_gib: --device_memory_gib (0: not given).
-    host_memory: the host's memory in bytes (default: HostMemoryBytes()).
+    host_memory: the host's memory in bytes (default:
+      cluster_lib.HostMemoryBytes()).
 
   Returns:
     A Verdict (fits, text: the estimate and the limit, in words), or None
@@ -118,7 +114,7 @@ def _Verdict(stages_of, device_type, num_local_replicas, device_memory_gib,
              host_memory):
   """The Verdict of a step whose `stages_of(estimate)` gives its
   memory_estimate `estimate` (StageMemory, DeviceMemory, SharedMemory)."""
-  fmt = inspect_lib.FormatBytes
+  fmt = memory_estimate.FormatBytes
   stages = stages_of(memory_estimate.StageMemory)
   if device_memory_gib:
     limit = device_memory_gib * 2**30
@@ -136,7 +132,7 @@ def _Verdict(stages_of, device_type, num_local_replicas, device_memory_gib,
                   'TensorFlow sets it up; give --device_memory_gib.',
                   device_type)
     return None
-  limit = HostMemoryBytes() if host_memory is None else host_memory
+  limit = cluster_lib.HostMemoryBytes() if host_memory is None else host_memory
   shared = stages_of(memory_estimate.SharedMemory)
   total = shared.total * num_local_replicas
   text = (f"estimate {fmt(total)} for this host's {num_local_replicas} "

@@ -79,7 +79,7 @@ from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import inspect_pipeline
 from cadence.framework.jobs import memory_check
 from cadence.framework.jobs import params_file
-from cadence.framework.jobs import planner
+from cadence.framework.jobs import plan_mode
 from cadence.framework import model_registry
 from cadence.framework.train import checkpoint_files
 from cadence.framework.train import checkpointer
@@ -709,7 +709,7 @@ def _Inspect(options, setup):
   params = LoadParams(options, 'Train')
   if options.mode == 'plan':   # Laid out on devices of its own.
     inspect_lib.CheckParamsAlone(params)
-    return planner.Run(options, params)
+    return plan_mode.Run(options, params)
   model = inspect_lib.CheckModel(params)
   if options.mode == 'export':
     return _Export(options)

@@ -17,8 +17,4 @@ when. It imports only the core.
   timeline        a profiled step as actions per device.
   timeline_chart  its chart: what ran when, on which device.
   memory_profile  each device's measured peak in a profiled step.
-  hardware        a cluster described for the planner (no TF): devices,
-                  memory, links, which devices share compute.
-  step_model      a training step's time simulated from a schedule's
-                  action lists and their costs (no TF).
 """

@@ -395,3 +395,11 @@ def _Bytes(tensors, weights):
     if t.shape.is_fully_defined() and t.op not in weights:
       saved[t.ref()] = t.shape.num_elements() * t.dtype.size
   return sum(saved.values())
+
+
+def FormatBytes(n):
+  """'1.50 GiB', '12.00 MiB', '3.00 KiB' or '12 B'."""
+  for unit, size in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
+    if n >= size:
+      return f'{n / size:.2f} {unit}'
+  return f'{n} B'

@@ -17,7 +17,7 @@ that needs to know how the pipeline runs reads that plan:
                  actions (framework/jobs/inspect_lib.py, inspect_pipeline.py);
   the planner    re-plans the same units under other layouts (`Replan`)
                  and writes the chosen one back as params overrides at
-                 `path` and `splits_path` (framework/jobs/plan_model.py).
+                 `path` and `splits_path` (framework/planning/plan_model.py).
 
 A plan holds:
   units          [Unit], in order, each its cost on one micro-batch;
@@ -67,7 +67,7 @@ class Unit(collections.namedtuple('Unit', ['name', 'cost', 'build',
       whole batch's for what runs before the pipeline).
     build: None, or fn() -> (layers, fprop, input specs, int maxval): the
       unit built for real on its batch, to time it (--plan_measure,
-      framework/jobs/plan_measure.py): its layers (for their theta),
+      framework/planning/plan_measure.py): its layers (for their theta),
       fprop(thetas, *inputs) -> outputs, the inputs' tf.TensorSpecs
       (random floats, ints below maxval).
     variables_fn: None, or fn() -> [(shape, dtype, trainable)] of its

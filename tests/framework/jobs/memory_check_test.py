@@ -2,10 +2,11 @@
 from absl import logging
 import tensorflow as tf
 
+from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import model_registry
 from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import memory_check
+from cadence.framework import model_registry
 from cadence.framework.pipeline import memory_estimate
 
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
@@ -18,7 +19,7 @@ def _Built(key, overrides=None, splits=1):
   params.Set(**(overrides or {}))
   with cluster_lib.Cluster.Params().Set(
       num_devices=splits, worker_split_size=splits).Instantiate() as cluster:
-    return inspect_lib.BuildSymbolically(params)[0].task, cluster
+    return base_model.BuildSymbolically(params)[0].task, cluster
 
 
 class MemoryCheckTest(tf.test.TestCase):
@@ -26,7 +27,7 @@ class MemoryCheckTest(tf.test.TestCase):
   def testHostMemoryIsPhysicalMemory(self):
     with open('/proc/meminfo') as f:
       total_kib = int(f.readline().split()[1])   # MemTotal: ... kB
-    self.assertAllClose(memory_check.HostMemoryBytes(), total_kib * 1024,
+    self.assertAllClose(cluster_lib.HostMemoryBytes(), total_kib * 1024,
                         rtol=0, atol=4096)
 
   def testEstimateAgainstTheLimit(self):
@@ -45,7 +46,7 @@ class MemoryCheckTest(tf.test.TestCase):
     self.assertTrue(fits.fits)
     self.assertFalse(refused.fits)
     big = stages[max(range(2), key=lambda i: stages[i].total)]
-    fmt = inspect_lib.FormatBytes
+    fmt = memory_estimate.FormatBytes
     self.assertEqual(
         refused.text,
         f'estimate {fmt(largest)} a device (stage {stages.index(big)} of 2 '

@@ -15,7 +15,7 @@ From params alone, without weights or data:
     last (`item_flops`, `item_bwd_flops`);
   * each unit's bytes of weights, gradients and optimizer slots (extras
     folded likewise): the model built symbolically
-    (inspect_lib.BuildSymbolically) with every unit a stage on a device of
+    (base_model.BuildSymbolically) with every unit a stage on a device of
     its own (devices of a placeholder job: nothing is placed), its
     variables counted by unit (gpipe_units.UnitOfVariables) and the
     others by device;
@@ -35,8 +35,8 @@ import collections
 
 import tensorflow as tf
 
+from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
-from cadence.framework.jobs import inspect_lib
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
 from cadence.layers import gpipe_units
@@ -165,7 +165,7 @@ class PlanModel:
     cluster = cluster_lib.Cluster.Params().Set(
         job='plan', num_devices=n, worker_split_size=n).Instantiate()
     with cluster:
-      model, _ = inspect_lib.BuildSymbolically(params)
+      model, _ = base_model.BuildSymbolically(params)
     task = model.task
     unit_of = gpipe_units.UnitOfVariables(task)
     optimizer = task.params.train.learner.optimizer.Instantiate()
@@ -294,3 +294,13 @@ class PlanModel:
 
 def _Text(value):
   return repr(value) if isinstance(value, str) else str(value)
+
+
+def MicroBatchCounts(batch, current=None):
+  """The M to try for a replica's `batch`: powers of two dividing it, and
+  the experiment's own M if it divides it."""
+  out = {m for m in (2 ** i for i in range(batch.bit_length()))
+         if batch % m == 0}
+  if current and batch % current == 0:
+    out.add(current)
+  return sorted(out)

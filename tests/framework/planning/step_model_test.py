@@ -1,4 +1,4 @@
-"""Tests for cadence.framework.pipeline.step_model: a step's simulated time.
+"""Tests for cadence.framework.planning.step_model: a step's simulated time.
 
 Bubbles of hand-worked schedules (equal-time actions) against their known
 formulas; the simulation against schedules.Simulate where no compute is
@@ -8,9 +8,9 @@ all-reduce and the update.
 import itertools
 import unittest
 
-from cadence.framework.pipeline import hardware
 from cadence.framework.pipeline import schedules
-from cadence.framework.pipeline import step_model
+from cadence.framework.planning import hardware
+from cadence.framework.planning import step_model
 
 _ALONE = hardware.Parse('devices=64,tflops=1,memory_gbps=1000,link_gbps=1000')
 A = schedules.Action

@@ -31,7 +31,7 @@ What an action costs (`StageCost`, seconds, given per stage):
            fused backward, on one device and on two);
 and each action `overhead`: what the executor adds to the work it runs
 (its call, the split of a micro-batch, the control edges ordering it),
-which measured layer costs leave out (planner.FitOverheads fits it).
+which measured layer costs leave out (calibration.FitOverheads fits it).
 A step also pays a `fixed` cost once (the loop, the gradients' norm and
 clipping, what the update costs beyond its per-device share).
 
@@ -58,7 +58,7 @@ strategy runs each in its own thread), which fill a shared host's cores
 better than a pipeline's dependent actions do: the pipelined ResNet's two
 replicas of 16 examples stepped in 36.9 ms where its 2-device pipeline's
 concurrency at 16 examples (1.02) predicted 49.5 ms
-(planner.FitReplicaConcurrency).
+(calibration.FitReplicaConcurrency).
 
 A device runs one action at a time here, as the executor chains them; a
 re-run costs about one forward (the Tiny LM on one logical CPU, M=4,
@@ -66,7 +66,7 @@ measured in the trainer's loop: 'except_last' added 29 ms to 'never' for 3
 re-runs, 'always' 43 ms for 4). On one device at a few micro-batches the
 simulation predicts high ('never' and 'except_last' alike, M=4: +16% to
 +28%, bench/planner_bench.py): the executor's overhead per layer of an
-action is fitted to one and to 8 micro-batches (planner.FitOverheads) and
+action is fitted to one and to 8 micro-batches (calibration.FitOverheads) and
 is not linear in between.
 
 Example:
@@ -80,8 +80,8 @@ Example:
 """
 import collections
 
-from cadence.framework.pipeline import hardware as hardware_lib
 from cadence.framework.pipeline import schedules
+from cadence.framework.planning import hardware as hardware_lib
 
 W_SHARE = 0.5
 _EPS = 1e-12

@@ -1,6 +1,6 @@
 """The cluster a layout is planned for: devices, memory, links, sharing.
 
-A `Hardware` says what the layout planner (framework/jobs/planner.py)
+A `Hardware` says what the layout planner (framework/planning/planner.py)
 needs to time a training step before anything runs: how many devices, how
 fast each one multiplies (peak FLOP/s, and the share of it a model's layers
 reach), how much memory it has and how fast it reads it, how fast the links
@@ -35,13 +35,13 @@ once, '/'-separated, e.g. 1/1.6/1.8; with share=host); the op model's
 tile, tile_k and cores (a product's output tiles of tile x tile, its depth
 padded to tile_k, run in waves over `cores` units), launch_us (what
 each op pays beyond its work) and fuse ('elementwise': element-wise ops
-run inside the op before them, as XLA and fused kernels run them): the accelerator presets time each op of a
-layer's cost record by its kind and shape (`OpSeconds`); without tile and
-cores every op takes its FLOPs at peak x efficiency. GB are 1e9 bytes,
-GiB 2**30.
+run inside the op before them, as XLA and fused kernels run them): the
+accelerator presets time each op of a layer's cost record by its kind and
+shape (`OpSeconds`); without tile and cores every op takes its FLOPs at
+peak x efficiency. GB are 1e9 bytes, GiB 2**30.
 
 'measure' (the cpu preset's tflops, memory_gbps and concurrency) is filled
-in at plan time by timing this host (planner.Calibrate); `Parse` needs no
+in at plan time by timing this host (plan_measure.Calibrate); `Parse` needs no
 TensorFlow, so the trainer checks the text before TensorFlow loads.
 
 Example:
@@ -101,7 +101,7 @@ _CHOICES = {'share': SHARE, 'fuse': FUSE}   # Keys that take one of a set.
 # TPU v3 and P100 clusters): |error| median 2.6%, worst 41.3% (GPipe's
 # TPU rows of 4 micro-batches), every ratio between two rows of a source
 # (schedule over schedule, M over M, layout over layout) on the right side
-# of 1. The plan quotes it (planner.Sureness).
+# of 1. The plan quotes it (plan_report.Sureness).
 PUBLISHED_CHECK = dict(rows=49, sources=3, median=0.026, worst=0.413)
 _GPU = dict(tile=128, tile_k=64, launch_us=5.0, share='none',
             concurrency=None, hosts=1, fuse='none')

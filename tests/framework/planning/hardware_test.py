@@ -1,8 +1,8 @@
-"""Tests for cadence.framework.pipeline.hardware: cluster texts."""
+"""Tests for cadence.framework.planning.hardware: cluster texts."""
 import unittest
 
 from cadence.framework import op_cost
-from cadence.framework.pipeline import hardware
+from cadence.framework.planning import hardware
 
 
 class ParseTest(unittest.TestCase):

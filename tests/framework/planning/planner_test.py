@@ -7,17 +7,21 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import model_registry
 from cadence.framework.jobs import inspect_lib
-from cadence.framework.jobs import plan_measure
-from cadence.framework.jobs import plan_model
-from cadence.framework.jobs import planner
+from cadence.framework import model_registry
 from cadence.framework.pipeline import executor
-from cadence.framework.pipeline import hardware
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
 from cadence.framework.pipeline import timeline_chart
+from cadence.framework.planning import calibration
+from cadence.framework.planning import hardware
+from cadence.framework.planning import plan_costs
+from cadence.framework.planning import plan_measure
+from cadence.framework.planning import plan_model
+from cadence.framework.planning import plan_report
+from cadence.framework.planning import planner
 from cadence.framework.train import programs
 
 _TINY = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
@@ -51,7 +55,7 @@ class PlanModelTest(tf.test.TestCase):
     self.assertGreater(model.item_flops[0], model.item_flops[1])
     self.assertGreater(model.item_flops[3], model.item_flops[0])
     # Every variable once: the weights' bytes are the model's.
-    task = inspect_lib.BuildSymbolically(self.params)[0].task
+    task = base_model.BuildSymbolically(self.params)[0].task
     self.assertEqual(sum(_Bytes(v) for v in task.vars.Flatten()),
                      sum(w[0] for w in model.item_weights))
     # Adam: two slots of each trained weight.
@@ -97,7 +101,7 @@ class PlanModelTest(tf.test.TestCase):
       cluster = cluster_lib.Cluster.Params().Set(
           job='plan', num_devices=2, worker_split_size=2).Instantiate()
       with cluster:
-        task, _ = inspect_lib.BuildSymbolically(model.LayoutParams(layout))
+        task, _ = base_model.BuildSymbolically(model.LayoutParams(layout))
         want = [s.total for s in inspect_lib.TaskStages(task.task)]
         shared = inspect_lib.TaskStages(task.task,
                                         memory_estimate.SharedMemory).total
@@ -129,7 +133,7 @@ class PlannerTest(tf.test.TestCase):
     # the search and the simulation can work the times out by hand.
     cls.hw = hardware.Parse(_FLAT_H100)
     cls.planner = planner.Planner(cls.model, cls.hw,
-                                  planner.FlopsCosts(cls.model, cls.hw))
+                                  plan_costs.FlopsCosts(cls.model, cls.hw))
 
   def testRematsAreTheExecutors(self):
     self.assertCountEqual(executor.REMAT_MODES, planner.REMATS)
@@ -177,7 +181,7 @@ class PlannerTest(tf.test.TestCase):
                 p.layout.micro_batches for p in predictions}),
         planner.MicroBatchSizes(self.model, 4))
     self.assertGreater(len(predictions), 50)
-    self.assertEqual(planner.Rank(predictions), predictions)
+    self.assertEqual(plan_report.Rank(predictions), predictions)
     seen = set()
     for p in predictions:
       lay = p.layout
@@ -193,7 +197,7 @@ class PlannerTest(tf.test.TestCase):
     self.assertEqual(3 * len(predictions), counts['dominated'])
     # The best is within TIE of the fastest.
     self.assertLessEqual(predictions[0].step.time,
-                         (1 + planner.TIE) *
+                         (1 + plan_report.TIE) *
                          min(p.step.time for p in predictions))
 
   def testSearchFindsTheBestOfEveryLayoutSimulated(self):
@@ -206,7 +210,7 @@ class PlannerTest(tf.test.TestCase):
     every = []
     for r, k, s in planner.Shapes(self.hw.num_devices, self.model.num_units,
                                   self.model.batch_size):
-      for m in planner.MicroBatchCounts(self.model.batch_size // r,
+      for m in plan_model.MicroBatchCounts(self.model.batch_size // r,
                                         self.model.current.micro_batches):
         for name in planner.Schedules():
           try:
@@ -222,7 +226,7 @@ class PlannerTest(tf.test.TestCase):
     best = min(p.step.time for p in every if p.fits is not False)
     self.assertAllClose(best, min(p.step.time for p in predictions
                                   if p.fits is not False), rtol=1e-12)
-    self.assertEqual(planner.Rank(every)[0].step.time,
+    self.assertEqual(plan_report.Rank(every)[0].step.time,
                      predictions[0].step.time)
 
   def testRankBreaksTiesTowardFewerDevices(self):
@@ -237,26 +241,26 @@ class PlannerTest(tf.test.TestCase):
     tie2_m4 = _P(1, 2, 4, 1.019)  # Same devices, fewer micro-batches.
     slow1 = _P(1, 1, 1, 1.030)   # 3% slower than the fastest.
     big = _P(2, 2, 8, 0.5, fits=False)   # Does not fit: last.
-    got = planner.Rank([big, slow1, fast4, tie2, tie2_m4])
+    got = plan_report.Rank([big, slow1, fast4, tie2, tie2_m4])
     self.assertEqual([tie2_m4, tie2, fast4, slow1, big], got)
     # The table's tie column: the first rank within TIE of the row (1.030
     # is within 2% of 1.019, not of 1.000); the last ties with none.
-    self.assertEqual(['1', '1', '1', '1', ''], planner.TieLabels(got, 5))
-    self.assertEqual(['1', '1', '1'], planner.TieLabels(got[1:], 3))
-    self.assertEqual(['', ''], planner.TieLabels([fast4, big], 5))
+    self.assertEqual(['1', '1', '1', '1', ''], plan_report.TieLabels(got, 5))
+    self.assertEqual(['1', '1', '1'], plan_report.TieLabels(got[1:], 3))
+    self.assertEqual(['', ''], plan_report.TieLabels([fast4, big], 5))
 
   def testSurenessSaysWhereCostsCameFromAndHowFarOff(self):
     step = collections.namedtuple('Step', ['time'])
     ranked = [planner.Prediction(Layout(1, k, k, 4, '1f1b', 'never', None),
                                  step(t), None, None, True, None, None)
               for k, t in ((1, 1.0), (2, 1.05), (4, 1.2))]
-    line = planner.Sureness(ranked, {'a': 0.05, 'b': -0.10, 'c': 0.02})
+    line = plan_report.Sureness(ranked, {'a': 0.05, 'b': -0.10, 'c': 0.02})
     # Median |error| 5%, worst 10%: 1.0 and 1.05 lie within 10% of 1.0.
     self.assertIn('within 5.0% (median) and 10.0% (worst: in sample). '
                   '2 layouts lie within 10.0% of the best', line)
-    self.assertIn('not checked', planner.Sureness(ranked, None))
+    self.assertIn('not checked', plan_report.Sureness(ranked, None))
     # A preset with the op model quotes the published check.
-    line = planner.Sureness(ranked, None, hardware.Parse('a100x8'))
+    line = plan_report.Sureness(ranked, None, hardware.Parse('a100x8'))
     check = hardware.PUBLISHED_CHECK
     self.assertIn(f'against {check["rows"]} published step times', line)
     self.assertIn(f'off by {100 * check["median"]:.1f}% at the median', line)
@@ -278,17 +282,17 @@ class PlannerTest(tf.test.TestCase):
     model = self.model
     truth_hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                               'concurrency=1/1.8/1.95')
-    known = planner.Overheads(0.002, 0.03, 0.01, split=0.004, action=0.003)
+    known = plan_costs.Overheads(0.002, 0.03, 0.01, split=0.004, action=0.003)
     truth = planner.Planner(model, truth_hw,
-                            planner.FlopsCosts(model, truth_hw), known)
-    layouts = planner.CalibrationLayouts(model, 4)
+                            plan_costs.FlopsCosts(model, truth_hw), known)
+    layouts = calibration.CalibrationLayouts(model, 4)
     self.assertEqual(
         [(1, 1, 1, 1, 'gpipe'), (1, 1, 1, 8, 'gpipe'), (1, 1, 1, 8, 'zb_h1'),
          (1, 1, 2, 8, 'gpipe'), (1, 2, 2, 8, '1f1b'), (1, 2, 2, 4, '1f1b'),
          (1, 2, 2, 2, '1f1b'), (1, 2, 2, 1, 'zb_h1'), (2, 1, 1, 1, 'gpipe')],
         [(l.replicas, l.devices, l.stages, l.micro_batches, l.schedule)
          for l in layouts])
-    costs = planner.FlopsCosts(model, truth_hw)
+    costs = plan_costs.FlopsCosts(model, truth_hw)
     costs.steps = {l: truth.Predict(l).step.time for l in layouts}
     fitted = planner.Planner(
         model, truth_hw._replace(concurrency=(1.0, 1.2, 1.3)), costs)
@@ -309,9 +313,10 @@ class PlannerTest(tf.test.TestCase):
     the Tiny LM's layers and M micro-batches takes M x layers x x more
     than with none, and a fused schedule's step nothing more."""
     model = self.model
-    none = planner.Planner(model, self.hw, planner.FlopsCosts(model, self.hw))
+    none = planner.Planner(model, self.hw,
+                           plan_costs.FlopsCosts(model, self.hw))
     split = planner.Planner(model, self.hw, none.costs,
-                            planner.Overheads(split=0.005))
+                            plan_costs.Overheads(split=0.005))
     zb = Layout(1, 1, 1, 4, 'zb_h1', 'never', None)
     fused = Layout(1, 1, 1, 4, 'gpipe', 'never', None)
     self.assertAllClose(
@@ -335,8 +340,8 @@ class PlannerTest(tf.test.TestCase):
         last.append(me)
         return (n + switch) / n
       return _Run
-    layouts = planner.CalibrationLayouts(self.model)
-    costs = planner.MeasuredCosts(self.model, 'CPU:0', None, parts={},
+    layouts = calibration.CalibrationLayouts(self.model)
+    costs = plan_costs.MeasuredCosts(self.model, 'CPU:0', None, parts={},
                                   update_rate=1e-9)
     with mock.patch.object(plan_measure, 'BuildStep', _Build), \
         self.assertLogs(level='INFO') as logs:
@@ -376,12 +381,12 @@ class PlannerTest(tf.test.TestCase):
     model = self.model
     hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                         'concurrency=1/1.3/1.4')
-    truth = planner.Planner(model, hw, planner.FlopsCosts(model, hw),
-                            planner.Overheads())
+    truth = planner.Planner(model, hw, plan_costs.FlopsCosts(model, hw),
+                            plan_costs.Overheads())
     truth.scales = {4: 0.95, 32: 1.06}
-    costs = planner.FlopsCosts(model, hw)
+    costs = plan_costs.FlopsCosts(model, hw)
     costs.steps = {l: truth.Predict(l).step.time
-                   for l in planner.CalibrationLayouts(model, 1)}
+                   for l in calibration.CalibrationLayouts(model, 1)}
     fitted = planner.Planner(model, hw, costs)
     # The additive fit takes what it can (a cost per step), the factors
     # the rest: every calibration step is met.
@@ -400,11 +405,11 @@ class PlannerTest(tf.test.TestCase):
         Layout(1, 1, 1, 4, 'gpipe', 'always', None),
         Layout(1, 2, 2, 4, '1f1b', 'never', None)))
     # What the report calls the model's error on this host: none here.
-    errors = planner.CalibrationErrors(fitted, costs.steps)
+    errors = calibration.CalibrationErrors(fitted, costs.steps)
     self.assertEqual(sorted(costs.steps), sorted(errors))
     self.assertAllClose([0.0] * len(errors), list(errors.values()),
                         atol=1e-9)
-    report = planner.Report('key', model, hw, costs, [], dict(
+    report = plan_report.Report('key', model, hw, costs, [], dict(
         dominated=0, refused=0), 5, 1.0, fitted.overheads, {},
                             fitted.scales, errors)
     self.assertIn(f'the units\' timed seconds x {fitted.scales[4]:.3f} at 4 '
@@ -419,16 +424,16 @@ class PlannerTest(tf.test.TestCase):
     model = self.model
     hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                         'concurrency=1/1.3/1.4')
-    known = planner.Overheads(0.002, 0.03, 0.0)
-    truth = planner.Planner(model, hw, planner.FlopsCosts(model, hw), known)
+    known = plan_costs.Overheads(0.002, 0.03, 0.0)
+    truth = planner.Planner(model, hw, plan_costs.FlopsCosts(model, hw), known)
 
     def conc(c2):   # The probe's ratio of 4 at once to 2 kept.
       return (1.0, c2, c2 * 1.4 / 1.3)
     truth.concurrency = {4: conc(1.6), 8: conc(1.1)}
     self.assertAllClose(conc(1.35), truth.ConcurrencyAt(2 ** 2.5))
-    costs = planner.FlopsCosts(model, hw)
+    costs = plan_costs.FlopsCosts(model, hw)
     costs.steps = {l: truth.Predict(l).step.time
-                   for l in planner.CalibrationLayouts(model, 4)}
+                   for l in calibration.CalibrationLayouts(model, 4)}
     fitted = planner.Planner(model, hw, costs)
     self.assertAllClose(1.6, fitted.concurrency[4][1], rtol=1e-6)
     self.assertAllClose(1.1, fitted.concurrency[8][1], rtol=1e-6)
@@ -448,13 +453,13 @@ class PlannerTest(tf.test.TestCase):
     model = self.model
     hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                         'concurrency=1/1.3/1.4')
-    truth = planner.Planner(model, hw, planner.FlopsCosts(model, hw),
-                            planner.Overheads(0.002, 0.03, 0.0))
+    truth = planner.Planner(model, hw, plan_costs.FlopsCosts(model, hw),
+                            plan_costs.Overheads(0.002, 0.03, 0.0))
     truth.concurrency = {4: (1.0, 1.2, 1.2 * 1.4 / 1.3)}
     truth.replica_concurrency = (1.0, 1.7, 1.7 * 1.4 / 1.3)
-    costs = planner.FlopsCosts(model, hw)
+    costs = plan_costs.FlopsCosts(model, hw)
     costs.steps = {l: truth.Predict(l).step.time
-                   for l in planner.CalibrationLayouts(model, 4)}
+                   for l in calibration.CalibrationLayouts(model, 4)}
     self.assertIn(Layout(2, 1, 1, 1, 'gpipe', 'never', None), costs.steps)
     fitted = planner.Planner(model, hw, costs)
     self.assertAllClose(truth.replica_concurrency,
@@ -466,16 +471,16 @@ class PlannerTest(tf.test.TestCase):
 
   def testOverheadsAreNotNegative(self):
     """Steps faster than the layer costs alone: no negative overheads."""
-    costs = planner.FlopsCosts(self.model, self.hw)
+    costs = plan_costs.FlopsCosts(self.model, self.hw)
     plain = planner.Planner(self.model, self.hw, costs)
     costs.steps = {l: 0.5 * plain.Predict(l).step.time
-                   for l in planner.CalibrationLayouts(self.model)}
+                   for l in calibration.CalibrationLayouts(self.model)}
     fitted = planner.Planner(self.model, self.hw, costs)
-    self.assertEqual(planner.Overheads(), fitted.overheads)
+    self.assertEqual(plan_costs.Overheads(), fitted.overheads)
 
   def testSimulatedTimelineDrawsTheSpans(self):
     p = self.planner.Predict(Layout(1, 2, 2, 4, '1f1b', 'never', None))
-    timeline = planner.SimulatedTimeline(p)
+    timeline = plan_report.SimulatedTimeline(p)
     self.assertAllClose(p.step.pipeline, timeline.span)
     self.assertAllClose(p.step.bubble, timeline.measured_bubble)
     for action, (start, end) in p.step.spans.items():
@@ -491,13 +496,13 @@ class PlannerTest(tf.test.TestCase):
     pipeline's actions, then the all-reduce and update, then the fixed
     cost; a simulation has no ops outside the actions, so no grey row."""
     layout = Layout(2, 2, 2, 4, '1f1b', 'never', None)
-    p = self.planner.Predict(layout, overheads=planner.Overheads(
+    p = self.planner.Predict(layout, overheads=plan_costs.Overheads(
         step=0.003, replica=0.001))
     step = p.step
     self.assertGreater(step.allreduce, 0)
-    svg = planner.SimulatedChart(p)
-    table_ms = planner._Row(1, p).split()[8]  # pylint: disable=protected-access
-    self.assertEqual(planner._Ms(step.time), table_ms)  # pylint: disable=protected-access
+    svg = plan_report.SimulatedChart(p)
+    table_ms = plan_report._Row(1, p).split()[8]  # pylint: disable=protected-access
+    self.assertEqual(plan_report._Ms(step.time), table_ms)  # pylint: disable=protected-access
     # The title's lines: after the background, before the legend.
     lines = svg.splitlines()[2:]
     lines = lines[:[l.startswith('<rect') for l in lines].index(True)]
@@ -520,11 +525,11 @@ class PlannerTest(tf.test.TestCase):
     self.assertNotIn(f'rgb{timeline_chart.OTHER_COLOUR}', svg)
     self.assertNotIn('Marks under a row', svg)
     self.assertIn('Idle (white): the device waits for an action', svg)
-    path = planner.WriteTimeline(p, self.get_temp_dir())
+    path = plan_report.WriteTimeline(p, self.get_temp_dir())
     with open(path) as f:
       self.assertEqual(svg, f.read())
     with open(path.replace('.svg', '.txt')) as f:
-      self.assertEqual(planner.SimulatedTimeline(p).SpanTable(), f.read())
+      self.assertEqual(plan_report.SimulatedTimeline(p).SpanTable(), f.read())
 
 
 class PlanMeasureTest(tf.test.TestCase):

@@ -1,7 +1,7 @@
 """What the layout planner measures on this host: its speed, its layers'.
 
 Calibration (`Calibrate`, the 'measure' values of a cluster text,
-framework/pipeline/hardware.py):
+framework/planning/hardware.py):
   flops             one device's matmul FLOP/s (train_report's probe);
   memory_bandwidth  bytes/s of an elementwise add of 32 MiB tensors (it
                     reads two and writes one);
@@ -36,11 +36,11 @@ planner needs the forward alone too (a re-run costs a forward).
 
 Whole steps (`BuildStep`): a step of the trainer's own compiled loop for a
 layout, on a random batch, which the planner times for a few layouts
-(planner.MeasuredCosts.MeasureSteps) to fit what layer costs leave out:
+(plan_costs.MeasuredCosts.MeasureSteps) to fit what layer costs leave out:
 the executor's cost per layer and micro-batch, the step's fixed cost
 (the loop, metrics, gradient norm and clipping), each extra replica's,
-and how much devices sharing the host gain together (planner.Overheads,
-planner.FitConcurrency).
+and how much devices sharing the host gain together (plan_costs.Overheads,
+calibration.FitConcurrency).
 
 Timings on a shared machine are noisy: every figure is a median of `runs`.
 
@@ -71,9 +71,8 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
-from cadence.framework import step_seed
 from cadence.framework.distribute import local
-from cadence.framework.jobs import memory_check
+from cadence.framework import step_seed
 from cadence.framework.train import programs
 from cadence.framework.train import replicas
 from cadence.framework.train import train_report
@@ -264,7 +263,7 @@ def BuildStep(params, devices, logdir, num_replicas=1):
   waited for its threads: 30 s in a script on this 2-core host at load 3,
   up to 90 s loaded (0.0 s with it off, the steps as fast; in the trainer
   the 2-replica step's iterator still took 15 s, see
-  planner.MeasuredCosts.MeasureSteps)."""
+  plan_costs.MeasuredCosts.MeasureSteps)."""
   cluster = cluster_lib.Cluster.Params().Set(
       devices=list(devices),
       worker_split_size=len(devices) // num_replicas).Instantiate()
@@ -369,7 +368,7 @@ def Calibrate(hw, devices, probe=None):
     measured[field] = fn()
   memory = None
   if hw.memory is None and hw.shared:
-    memory = memory_check.HostMemoryBytes()
+    memory = cluster_lib.HostMemoryBytes()
   return hw.Calibrated(flops=measured.get('flops'),
                        memory_bandwidth=measured.get('memory_bandwidth'),
                        concurrency=measured.get('concurrency'), memory=memory)

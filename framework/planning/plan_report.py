@@ -1,0 +1,305 @@
+"""The planner's ranked layouts as a user reads them: ranks and ties, the
+table, how sure it is, the best plan's flags, and its simulated timeline.
+
+  Rank             predictions best first; step times within TIE of each
+                   other are a tie, which goes to the smaller layout.
+  Report           the table and the lines around it (plan.txt).
+  BestText         the exact flags and params overrides of the best plan.
+  SimulatedChart   a prediction's timeline as the timeline tool draws it.
+  LayoutsJson      the table for scripts (plan/layouts.json).
+
+Example:
+  ranked, counts = planner.Search()
+  print(Report(key, model, hw, costs, ranked, counts, top=10, seconds=1.0))
+"""
+import json
+import os
+import statistics
+
+import tensorflow as tf
+
+from cadence.framework import atomic_file
+from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import timeline as timeline_lib
+from cadence.framework.pipeline import timeline_chart
+from cadence.framework.planning import hardware as hardware_lib
+from cadence.framework.planning import plan_costs
+
+TIE = 0.02                     # Step times this close rank as equal.
+
+
+def Rank(predictions):
+  """`predictions` best first: those that fit (or may) before those that
+  do not; by step time, where times within TIE of the fastest of a group
+  tie and the tie goes to fewer devices (R x K), then fewer micro-batches,
+  then fewer stages."""
+  def _Simple(p):
+    lay = p.layout
+    return (lay.replicas * lay.devices, lay.micro_batches, lay.stages)
+
+  out = []
+  for fits in (True, False):
+    rest = sorted((p for p in predictions if (p.fits is not False) == fits),
+                  key=lambda p: p.step.time)
+    while rest:
+      # The group: the layouts within TIE of the fastest left (a prefix).
+      limit = rest[0].step.time * (1 + TIE)
+      end = 1
+      while end < len(rest) and rest[end].step.time <= limit:
+        end += 1
+      best = min(range(end), key=lambda i: (_Simple(rest[i]), i))
+      out.append(rest.pop(best))
+  return out
+
+
+_Ms = timeline_chart.FormatMs   # The table's and the chart's ms alike.
+
+
+def ConcurrencyText(concurrency):
+  """The fitted {micro-batch size: concurrency} as text."""
+  return ', '.join(f'{c[1]:.2f} at {b} examples a micro-batch'
+                   for b, c in sorted(concurrency.items()))
+
+
+def _OverheadsText(costs, o, concurrency, scales=None,
+                   replica_concurrency=None):
+  if not costs.steps:
+    return ''
+  steps = ', '.join(
+      f'R={l.replicas} K={l.devices}'
+      f'{f" S={l.stages}" if l.stages != l.devices else ""} '
+      f'M={l.micro_batches} {l.schedule}: {_Ms(t)} ms'
+      for l, t in sorted(costs.steps.items()))
+  fitted = (f', and the throughput of 2 actions at once on a host '
+            f'{ConcurrencyText(concurrency)} (the cluster line gives the '
+            'probe\'s)') if concurrency else ''
+  fitted += (f', of 2 replicas on a host {replica_concurrency[1]:.2f}'
+             if replica_concurrency else '')
+  fitted += (', the units\' timed seconds x ' + ', '.join(
+      f'{f:.3f} at {b} examples a micro-batch'
+      for b, f in sorted(scales.items()))) if scales else ''
+  return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a unit '
+          f'of an action, {_Ms(o.action)} ms an action, {_Ms(o.split)} ms '
+          f'a unit of a micro-batch\'s split backward, {_Ms(o.step)} ms a '
+          f'step, {_Ms(o.replica)} ms a replica beyond the first{fitted}')
+
+
+def TieLabels(ranked, top):
+  """Per row of the table (the first `top` of `ranked`): the rank of the
+  first row whose step time is within TIE of its own, if another row ties
+  with it, else ''."""
+  rows = ranked[:top]
+  out = []
+  for i, p in enumerate(rows):
+    tied = [j for j, q in enumerate(rows) if j != i and _Ties(p, q)]
+    out.append(str(min([i] + tied) + 1) if tied else '')
+  return out
+
+
+def _Ties(a, b):
+  """Whether two predictions' step times are within TIE of each other."""
+  low, high = sorted((a.step.time, b.step.time))
+  return high <= low * (1 + TIE)
+
+
+def _Row(rank, p, tie=''):
+  lay = p.layout
+  fmt = memory_estimate.FormatBytes
+  fits = {None: '?', True: 'yes', False: 'NO'}[p.fits]
+  cut = 'even' if lay.bounds is None else '/'.join(
+      str(b - a) for a, b in zip(lay.bounds, lay.bounds[1:]))
+  return (f'{rank:>4} {lay.replicas:>2} {lay.devices:>2} {lay.per_device:>2}'
+          f' {lay.micro_batches:>3}  {lay.schedule:<16} {lay.remat:<12}'
+          f'{cut:<12}{_Ms(p.step.time):>10}{p.examples_per_sec:>11.1f}'
+          f'{100 * p.mfu:>7.1f}%{p.step.bubble:>7.2f}'
+          f'{fmt(max(p.memory)):>13}{fits:>5}{tie:>5}')
+
+
+_HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
+           f'{"schedule":<16} {"remat":<12}{"cut":<12}{"step ms":>10}'
+           f'{"examples/s":>11}{"MFU":>8}{"bubble":>7}{"memory/dev":>13}'
+           f'{"fits":>5}{"tie":>5}')
+
+
+def Sureness(ranked, calibration, hw=None):
+  """One line: where the costs came from, how far the cost model was off
+  where it could be checked (`calibration`: CalibrationErrors of the
+  measured steps; else, for a cluster with the op model, the published
+  check of hardware.PUBLISHED_CHECK), and how many of the layouts lie
+  within that error of the best (any of them may be the fastest in
+  fact)."""
+  fits = [p for p in ranked if p.fits is not False]
+
+  def _Close(error):
+    if not fits:
+      return ''
+    n = sum(1 for p in fits if p.step.time <= fits[0].step.time * (1 + error))
+    return (f' {n} layout{"s" if n != 1 else ""} lie within '
+            f'{100 * error:.1f}% of the best: any of them may be the '
+            'fastest.')
+
+  if calibration:
+    errors = sorted(abs(e) for e in calibration.values())
+    median, worst = statistics.median(errors), errors[-1]
+    return (f'How sure: the units\' times were measured on this host; the '
+            f'overheads and the host\'s concurrency fitted to '
+            f'{len(errors)} real steps, which the model then predicts '
+            f'within {100 * median:.1f}% (median) and {100 * worst:.1f}% '
+            f'(worst: in sample).' + _Close(worst))
+  if hw is not None and hw.op_model:
+    check = hardware_lib.PUBLISHED_CHECK
+    return (f'How sure: the costs are each op\'s FLOPs and bytes on the '
+            'cluster\'s public specifications, not measured; the same op '
+            f'model against {check["rows"]} published step times of '
+            f'pipelined training from {check["sources"]} sources '
+            f'(bench/published_check.py) is off by '
+            f'{100 * check["median"]:.1f}% at the median and '
+            f'{100 * check["worst"]:.0f}% at worst.' +
+            _Close(check['median']))
+  return ('How sure: the costs are FLOPs at the cluster\'s peak x '
+          'efficiency, not measured and not checked against measured step '
+          'times, so read the ranking as a guide, not a measurement.')
+
+
+def _UnitNames(model):
+  """'layer0..layer3' (the plan's unit names, first and last)."""
+  names = model.unit_names
+  return names[0] if len(names) == 1 else f'{names[0]}..{names[-1]}'
+
+
+def Report(key, model, hw, costs, predictions, counts, top, seconds,
+           overheads=None, concurrency=None, scales=None, calibration=None,
+           replica_concurrency=None):
+  """The ranked table and how sure it is (Sureness; `calibration`: the
+  CalibrationErrors of the planner), as text."""
+  fits = [p for p in predictions if p.fits is not False]
+  lines = [
+      f'Layout plan of {key}: global batch {model.batch_size} '
+      f'(input.batch_size; R replicas take batch_size / R each), '
+      f'{model.num_units} units ({_UnitNames(model)}), '
+      f'{model.flops * 3 / 1e9:.4g} GFLOP a '
+      'training step.',
+      f'Cluster {hw.Describe()}.',
+      f'Costs: {costs.source}' + (f' ({costs.seconds:.0f} s of timing)' if
+                                   costs.seconds else '') +
+      _OverheadsText(costs, overheads or plan_costs.Overheads(),
+                     concurrency or {}, scales, replica_concurrency) +
+      f'; {len(predictions)} layouts simulated, {seconds:.1f} s in all '
+      f'({counts["dominated"]} dominated by a cheaper remat that fits, '
+      f'{counts["refused"]} sizes refused by their schedule, '
+      f'{counts.get("same", 0)} the same action lists as another '
+      'schedule\'s); '
+      f'{len(predictions) - len(fits)} do not fit.',
+      'R replicas x K devices x v cells per device (S = K v stages), M '
+      'micro-batches; cut: units per stage; memory/dev: the largest '
+      'device\'s peak' + (' (the host\'s devices share its memory: fits '
+                          'counts them all)' if hw.shared else '') + '.',
+      _HEADER]
+  ties = TieLabels(predictions, top)
+  lines += [_Row(i + 1, p, tie)
+            for i, (p, tie) in enumerate(zip(predictions[:top], ties))]
+  if any(ties):
+    lines.append(
+        f'tie: the first rank within {100 * TIE:g}% of the row\'s step '
+        'time; within a tie the ranking prefers fewer devices (R x K), '
+        'then fewer micro-batches, then fewer stages.')
+  if not fits:
+    lines.append('No layout fits the cluster\'s memory.')
+  lines.append(Sureness(predictions, calibration, hw))
+  return '\n'.join(lines) + '\n'
+
+
+def BestText(key, model, best, params_file=None):
+  """The command that runs the best plan, as pasted in the repository
+  (the README's interpreter; a fresh logdir of its own)."""
+  logdir = f'/tmp/cadence_plan_{key.rsplit(".", 1)[-1]}'
+  return (f'Best plan: {best.layout.Name()}: {_Ms(best.step.time)} ms '
+          f'a step, {best.examples_per_sec:.1f} examples/s, MFU '
+          f'{100 * best.mfu:.1f}%, bubble {best.step.bubble:.2f}.\n'
+          f'  .venv/bin/python trainer.py '
+          f'{model.Flags(best.layout, key, params_file)} --logdir={logdir}'
+          '\n')
+
+
+def SimulatedTimeline(prediction, device_names=None):
+  """A timeline.Timeline of a prediction's simulated actions (replica 0):
+  the timeline tool's object, built from one op event per action named in
+  its scope, so it draws the same chart."""
+  lay = prediction.layout
+  devices = device_names or [f'/device:SIM:{d}' for d in range(lay.devices)]
+  events = [timeline_lib.OpEvent(f'{a.scope}/simulated', s, e)
+            for a, (s, e) in prediction.step.spans.items()]
+  return timeline_lib.Timeline(events, devices, schedule=lay.schedule)
+
+
+def _After(step):
+  """The chart's bands for what a simulated step pays after its last
+  action, as the plan's table counts it: [(name, seconds, what)]."""
+  rest = max(0.0, step.time - step.fixed - step.pipeline)
+  parts = [(n, what, t) for n, what, t in (
+      ('all-reduce', 'gradient all-reduce', step.allreduce),
+      ('update', 'optimizer update', step.update)) if t > 0]
+  out = []
+  if parts and rest > 0:
+    out.append((' and '.join(n for n, _, _ in parts), rest,
+                'from the last action\'s end to the end of the last '
+                'device\'s ' + ' and '.join(
+                    f'{what} (up to {_Ms(t)} ms a device)'
+                    for _, what, t in parts) +
+                '; each device\'s starts after its own last action'))
+  if step.fixed > 0:
+    out.append(('fixed', step.fixed, 'what a step pays once beyond its '
+                'actions, all-reduce and update (the loop, the gradients\' '
+                'norm and clipping, each replica beyond the first), fitted '
+                'to the real steps --plan_measure timed'))
+  return out
+
+
+def SimulatedChart(prediction):
+  """The chart of a prediction's simulated step (SVG text): its pipeline's
+  actions, then bands for what the step pays after them, so that the time
+  axis ends, and the title adds up, at the step time of the plan's
+  table."""
+  step, lay = prediction.step, prediction.layout
+  timeline = SimulatedTimeline(prediction)
+  after = _After(step)
+  title = (f'Simulated step of {lay.Name()} (planner): {_Ms(step.time)} '
+           'ms (the step time of the plan\'s table) = '
+           f'{_Ms(step.pipeline)} ms of pipeline actions ({lay.stages} '
+           f'stages x {lay.micro_batches} micro-batches; bubble '
+           f'{step.bubble:.2f}, ideal {timeline.ideal_bubble:.2f})' +
+           ''.join(f' + {_Ms(seconds)} ms {name}'
+                   for name, seconds, _ in after))
+  return timeline_chart.Svg(
+      timeline, title=title, after=after,
+      idle='the device waits for an action it needs (and its transfer '
+      'from another device)')
+
+
+def WriteTimeline(prediction, folder):
+  """Writes plan_timeline.svg (SimulatedChart) and plan_timeline.txt (its
+  actions' times, Timeline.SpanTable) to `folder`; returns the chart's
+  path."""
+  path = os.path.join(folder, 'plan_timeline.svg')
+  WriteText(path, SimulatedChart(prediction))
+  WriteText(os.path.join(folder, 'plan_timeline.txt'),
+             SimulatedTimeline(prediction).SpanTable())
+  return path
+
+
+def WriteText(path, text):
+  """Writes `text` to `path` whole or not at all (a temporary file, then a
+  rename)."""
+  tf.io.gfile.makedirs(os.path.dirname(path) or '.')
+  atomic_file.Write(path, text)
+
+
+def LayoutsJson(key, model, predictions):
+  """The ranked table for scripts (plan/layouts.json): per layout its
+  name, predicted step seconds, largest device's bytes, whether it fits
+  (null: unknown) and the trainer flags that run it."""
+  return json.dumps([
+      dict(rank=i + 1, name=p.layout.Name(), step_seconds=p.step.time,
+           memory_bytes=max(p.memory), fits=p.fits,
+           flags=model.FlagList(p.layout, key))
+      for i, p in enumerate(predictions)], indent=1) + '\n'
