@@ -4,7 +4,9 @@
       --logdir=/tmp/reg
   python trainer.py --model=... --logdir=... --job=evaler_dev
 
-The flags are defined here and nowhere else; everything else lives in
+The flags are defined here, but for each mode's own flags, declared once
+in its module (framework/jobs/mode_registry.py: `--mode=plan`'s
+`--plan_*` in framework/jobs/plan_mode.py); everything else lives in
 `framework/jobs/trainer_lib.py` (set-up, jobs, logs),
 `framework/train/programs.py` (the train loop) and
 `framework/train/eval_programs.py` (eval and decode). Exit codes: 0 done (also
@@ -40,6 +42,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 from cadence.framework.distribute import peer_wait  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import command_line  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import install_check  # pylint: disable=g-import-not-at-top
+from cadence.framework.jobs import mode_registry  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import process_exit  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import tf_log  # pylint: disable=g-import-not-at-top
 
@@ -47,15 +50,9 @@ flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
                     'synthetic.linear_regression.RegressionTiny.')
 flags.DEFINE_string('logdir', '', 'Folder of checkpoints, summaries and '
                     'params.txt.')
-flags.DEFINE_enum('mode', 'sync', list(command_line.MODES), 'sync: run --job; '
-                  'inspect_params: print (and write) the params text; '
-                  'inspect_model: print variables and FLOPs; '
-                  'inspect_pipeline: profile one training step and print '
-                  '(and write to --logdir) its pipeline timeline; export: '
-                  'a checkpoint as a SavedModel for serving '
-                  '(framework/jobs/export.py); plan: predict and rank '
-                  'every layout on --plan_cluster (framework/jobs/'
-                  'planner.py).')
+flags.DEFINE_enum('mode', 'sync', list(mode_registry.Names()), '; '.join(
+    f'{name}: {mode_registry.Get(name).HELP}'
+    for name in mode_registry.Names()) + '.')
 flags.DEFINE_string('job', 'trainer_and_evaler', 'trainer, '
                     'trainer_and_evaler (train, and eval Dev after each '
                     'checkpoint), evaler_<dataset> or decoder_<dataset> '
@@ -124,29 +121,7 @@ flags.DEFINE_bool('graph_optimizer', True, 'Run TensorFlow\'s graph '
                   'but they may run slower '
                   '(framework/jobs/graph_optimizer.py).')
 
-flags.DEFINE_string('export_dir', '', '--mode=export: the SavedModel\'s '
-                    'folder (default: <logdir>/export/<step>); written whole '
-                    'or not at all.')
-flags.DEFINE_string('checkpoint', '', '--mode=export: the checkpoint to '
-                    'export, a path (<logdir>/train/ckpt-300) or a step '
-                    '(default: the latest).')
-flags.DEFINE_integer('export_batch_size', None, '--mode=export: a static '
-                     'batch size (TPU/XLA servers); default: dynamic.')
-flags.DEFINE_integer('export_max_len', None, '--mode=export: a static '
-                     'sequence length for sequence models (TPU/XLA '
-                     "servers); default: the task's (see its Inference).")
-flags.DEFINE_string('plan_cluster', 'cpu', '--mode=plan: the cluster, a '
-                    'preset (cpu: this host\'s logical CPUs, measured; '
-                    'h100x8; tpu_v4_8) and/or key=value items, e.g. '
-                    '\'h100x8,hosts=2\' (framework/planning/hardware.py).')
-flags.DEFINE_bool('plan_measure', False, '--mode=plan: time each layer on '
-                  'this host\'s CPU instead of costing it by its FLOPs.')
-flags.DEFINE_integer('plan_top', 10, '--mode=plan: layouts in the table.')
-flags.DEFINE_string('plan_apply', '', '--mode=plan: write the best plan\'s '
-                    'overrides to this Params file (for '
-                    '--model_params_file_override).')
-flags.DEFINE_integer('plan_explain', 1, '--mode=plan with --logdir: draw the '
-                     'simulated timeline of the plan of this rank.')
+mode_registry.DefineFlags(flags)   # Each mode's own, from its FLAGS.
 flags.DEFINE_bool('tf_log', False, 'Show TensorFlow\'s and gRPC\'s own C++ '
                   'log lines (oneDNN, CPU features, tf.data, gRPC); hidden '
                   'by default (framework/jobs/tf_log.py).')
@@ -181,13 +156,10 @@ def main(argv):
     return command_line.EXIT_USER_ERROR
   # TensorFlow loads only now, its C++ log levels set first.
   tf_log.Configure(FLAGS.tf_log)
-  if FLAGS.mode == 'inspect_pipeline' or (FLAGS.mode == 'plan' and
-                                          FLAGS.plan_measure):
-    # TF's BFC allocator on CPU, read when TF makes its first device: its
-    # allocations are what inspect_pipeline's measured memory reads
-    # (memory_profile), and with it timings do not depend on what the
-    # process built before them (framework/planning/plan_measure.py).
-    os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
+  mode = mode_registry.Get(FLAGS.mode)
+  for name, value in mode.Environment(
+      mode_registry.FlagsOf(type(mode), FLAGS)).items():
+    os.environ.setdefault(name, value)   # Read as TensorFlow loads.
   with tf_log.QuietImport(FLAGS.tf_log):
     from cadence.framework.jobs import trainer_lib  # pylint: disable=g-import-not-at-top
   options = trainer_lib.TrainerOptions(
@@ -205,10 +177,7 @@ def main(argv):
       eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME,
       tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, tpu_project=FLAGS.tpu_project,
       xla=FLAGS.xla, graph_optimizer=FLAGS.graph_optimizer,
-      export_dir=FLAGS.export_dir, checkpoint=FLAGS.checkpoint,
-      export_batch_size=FLAGS.export_batch_size,
-      export_max_len=FLAGS.export_max_len,
-      plan=command_line.PlanOptions.Of(FLAGS))
+      mode_flags=mode_registry.FlagValues(FLAGS))
   return trainer_lib.Main(options)
 
 

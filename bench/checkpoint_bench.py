@@ -38,6 +38,7 @@ from absl import logging
 import bench_log
 import tensorflow as tf
 
+from cadence.framework.jobs import run_params
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
 
@@ -59,7 +60,7 @@ class _State:
   def __init__(self, overrides, cluster, directory):
     options = trainer_lib.TrainerOptions(model=_LM, worker_split_size=2,
                                          model_params_override=overrides)
-    params = trainer_lib.LoadParams(options, 'Train')
+    params = run_params.LoadParams(options, 'Train')
     with cluster:
       self.task = params.Instantiate().task
       self.learner = self.task.InstantiateLearner()

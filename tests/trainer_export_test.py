@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from cadence.framework.jobs import run_params
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import summary_utils
 from cadence.tasks.lm import tokenizers
@@ -75,7 +76,7 @@ def _Flags(model, override, logdir, *more):
 
 def _DevBatches(model, override, n):
   """The first n Dev batches as the trainer's eval reads them (numpy)."""
-  params = trainer_lib.LoadParams(trainer_lib.TrainerOptions(
+  params = run_params.LoadParams(trainer_lib.TrainerOptions(
       model=model, model_params_override=override), 'Dev')
   generator = params.input.Instantiate()
   batches = [tf.nest.map_structure(np.asarray, b) for b in
@@ -290,7 +291,7 @@ class TrainerExportTest(tf.test.TestCase):
     self.assertNotIn('Traceback', stderr)
     self.assertRegex(stderr.strip().splitlines()[-1], r'^Error: --mode=export '
                      'stopped by SIGTERM: the partial export was removed and '
-                     'nothing was written; rerun the command to export\.$')
+                     r'nothing was written; rerun the command to export\.$')
     # Nothing half-written beside the targets.
     self.assertEqual(sorted(os.listdir(tmp)), sorted([
         'a_file', 'image', 'image_export', 'inputs.npz', 'lm',

@@ -15,6 +15,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from cadence.framework.jobs import run_params
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
 from cadence.tests import test_utils
@@ -96,7 +97,7 @@ class InputFilesTest(tf.test.TestCase):
     overrides = test_utils.SmallLmOverrides(tmp)
     # The corpus and the SentencePiece model, as a first run leaves them;
     # then a Dev file and the model are overwritten with random bytes.
-    params = trainer_lib.LoadParams(trainer_lib.TrainerOptions(
+    params = run_params.LoadParams(trainer_lib.TrainerOptions(
         model=test_utils.TINY_LM, model_params_override=overrides), 'Train')
     model_file = params.input.Instantiate().tokenizer.model_file
     dev = f'{tmp}/data/dev-00000-of-00001'

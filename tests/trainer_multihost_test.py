@@ -15,6 +15,7 @@ import time
 
 import tensorflow as tf
 
+from cadence.framework.jobs import run_params
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
 from cadence.tests import test_utils
@@ -33,7 +34,7 @@ def _Overrides(tmp):
 
 
 def _MakeCorpus(tmp):
-  params = trainer_lib.LoadParams(trainer_lib.TrainerOptions(
+  params = run_params.LoadParams(trainer_lib.TrainerOptions(
       model=_KEY, model_params_override=_Overrides(tmp)), 'Train')
   params.input.Instantiate()   # Writes the corpus, trains SentencePiece.
 

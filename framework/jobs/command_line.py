@@ -25,23 +25,24 @@ Example:
   except command_line.UserError as e:
     sys.stderr.write(f'Error: {e}\\n')
 """
-import dataclasses
-import difflib
 import math
 import os
 import re
 
 from cadence.framework import model_registry
 from cadence.framework.distribute import tf_config
-from cadence.framework.planning import hardware
+from cadence.framework.jobs import mode_registry
+from cadence.framework.jobs import modes
+from cadence.framework.jobs import sync_mode
+from cadence.framework.jobs import user_error
 from cadence.framework.train import logdir_lock
 
-EXIT_USER_ERROR = 2
-MODES = ('sync', 'inspect_params', 'inspect_model', 'inspect_pipeline',
-         'export', 'plan')
+EXIT_USER_ERROR = user_error.EXIT_USER_ERROR
+UserError = user_error.UserError
+MODES = modes.NAMES   # The built-in modes, in --mode's order.
+# --job is sync's flag (sync_mode.py), checked with the others.
+ParseJob = sync_mode.ParseJob
 RUN_LOCALLY = ('cpu', 'gpu')
-_JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
-              'decoder_<dataset>')
 
 # Integer flags: (name, lowest value, None allowed, what the value means).
 _INT_FLAGS = (
@@ -52,8 +53,6 @@ _INT_FLAGS = (
     ('steps_per_loop', 0, False, '0: up to the next summary, log or '
      'checkpoint'),
     ('task_index', 0, False, "this host's index in its --cluster_spec job"),
-    ('export_batch_size', 1, True, '--mode=export: a static batch size'),
-    ('export_max_len', 2, True, '--mode=export: a static sequence length'),
 )
 # Number flags (>= 0, finite): (name, what the value means).
 _NUMBER_FLAGS = (
@@ -63,100 +62,6 @@ _NUMBER_FLAGS = (
     ('peer_timeout_s', 'seconds to wait for the peer hosts of a TF_CONFIG '
      'job; 0: no limit'),
 )
-
-
-class UserError(Exception):
-  """A mistake in the command line or the params; exits with code 2."""
-
-
-@dataclasses.dataclass
-class PlanOptions:
-  """The --plan_* flags of --mode=plan (framework/planning/planner.py)."""
-  cluster: str = 'cpu'    # --plan_cluster (framework/planning/hardware.py)
-  measure: bool = False   # --plan_measure: time the layers on this host
-  top: int = 10           # --plan_top: layouts in the table
-  apply: str = ''         # --plan_apply: write the best plan's overrides
-  explain: int = 1        # --plan_explain: the plan whose timeline is drawn
-
-  @classmethod
-  def Of(cls, options):
-    """The PlanOptions of absl's FLAGS or of a TrainerOptions."""
-    if hasattr(options, 'plan_cluster'):
-      return cls(options.plan_cluster, options.plan_measure,
-                 options.plan_top, options.plan_apply, options.plan_explain)
-    return getattr(options, 'plan', None) or cls()
-
-
-def _CheckPlan(options):
-  """The --plan_* flags: only with --mode=plan, each value by its rule."""
-  plan = PlanOptions.Of(options)
-  if options.mode != 'plan':
-    given = [f'--plan_{f.name}' for f in dataclasses.fields(plan)
-             if getattr(plan, f.name) != f.default]
-    if given:
-      raise UserError(f'{", ".join(given)} need(s) --mode=plan (now '
-                      f'--mode={options.mode}).')
-    return
-  try:
-    hardware.Parse(plan.cluster)
-  except hardware.SpecError as e:
-    raise UserError(str(e)) from None
-  for name, value in (('top', plan.top), ('explain', plan.explain)):
-    if not (_IsInt(value) and value >= 1):
-      raise UserError(f'--plan_{name}={value!r} must be an int >= 1.')
-  if not isinstance(plan.measure, bool):
-    raise UserError(f'--plan_measure={plan.measure!r} must be True or '
-                    'False.')
-  if plan.apply and _IsLocal(plan.apply):
-    folder = os.path.dirname(os.path.abspath(plan.apply))
-    if os.path.isdir(plan.apply) or not os.path.isdir(folder):
-      raise UserError(f'--plan_apply={plan.apply!r} must be a file path in '
-                      'an existing folder (the best plan\'s overrides are '
-                      'written there as Params text).')
-
-
-def _Hint(value, choices, form=repr):
-  """' Did you mean X?' for the closest of `choices` (written by `form`;
-  case ignored), or ''."""
-  by_lower = {str(c).lower(): c for c in choices}
-  close = difflib.get_close_matches(str(value).lower(), list(by_lower), n=2,
-                                    cutoff=0.6)
-  return (f' Did you mean {" or ".join(form(by_lower[c]) for c in close)}?'
-          if close else '')
-
-
-def _NotOneOf(flag, value, choices):
-  """The message of an enum flag's bad value."""
-  return (f'--{flag}={value!r} is not one of {", ".join(choices)}.'
-          f'{_Hint(value, choices)}')
-
-
-def _IsInt(value):
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _IsNumber(value):
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def ParseJob(job):
-  """'evaler_dev' -> ('evaler', 'Dev'); 'trainer' -> ('trainer', None).
-
-  Raises:
-    UserError: not a job form, naming the closest job.
-  """
-  if job in ('trainer', 'trainer_and_evaler'):
-    return job, None
-  kind, _, dataset = str(job).partition('_')
-  names = {d.lower(): d for d in model_registry.DATASETS}
-  if kind in ('evaler', 'decoder') and dataset.lower() in names:
-    return kind, names[dataset.lower()]
-  known = ['trainer', 'trainer_and_evaler'] + [
-      f'{k}_{d.lower()}' for k in ('evaler', 'decoder') for d in names]
-  close = difflib.get_close_matches(str(job), known, n=2, cutoff=0.6)
-  hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
-  raise UserError(f'--job={job!r} is not one of {", ".join(_JOB_FORMS)} '
-                  f'(datasets: {", ".join(model_registry.DATASETS)}).{hint}')
 
 
 def ParseOverride(text):
@@ -180,14 +85,10 @@ def ParseOverride(text):
   return pairs
 
 
-def _IsLocal(path):
-  return '://' not in path
-
-
 def _CheckParamsFile(path):
   """A local --model_params_file_override must be a readable text file
   (a remote one is read, and checked, with the params)."""
-  if not _IsLocal(path):
+  if not user_error.IsLocal(path):
     return
   flag = f'--model_params_file_override={path!r}'
   if not os.path.exists(path):
@@ -219,14 +120,10 @@ def ParamsFileText(path, data):
 
 def _CheckNumbers(options):
   for name, low, none_ok, meaning in _INT_FLAGS:
-    value = getattr(options, name)
-    if (value is None and none_ok) or (_IsInt(value) and value >= low):
-      continue
-    rule = f'must be {"None or " if none_ok else ""}an int >= {low}'
-    raise UserError(f'--{name}={value!r} {rule} ({meaning}).')
+    user_error.CheckInt(name, getattr(options, name), low, none_ok, meaning)
   for name, meaning in _NUMBER_FLAGS:
     value = getattr(options, name)
-    if not (_IsNumber(value) and value >= 0 and math.isfinite(value)):
+    if not (user_error.IsNumber(value) and value >= 0 and math.isfinite(value)):
       raise UserError(f'--{name}={value!r} must be a number >= 0 '
                       f'({meaning}).')
 
@@ -241,8 +138,9 @@ def Check(options):
   Raises:
     UserError: one line naming the flag, the value and the rule.
   """
-  if options.mode not in MODES:
-    raise UserError(_NotOneOf('mode', options.mode, MODES))
+  if options.mode not in mode_registry.Names():
+    raise UserError(user_error.NotOneOf('mode', options.mode,
+                                        mode_registry.Names()))
   if not options.model:
     raise UserError('--model is required: a registered experiment key, e.g. '
                     'synthetic.linear_regression.RegressionTiny.')
@@ -250,22 +148,17 @@ def Check(options):
     model_registry.CheckKey(options.model)
   except KeyError as e:
     raise UserError(e.args[0]) from None
-  if options.mode == 'sync':
-    ParseJob(options.job)
-    if not options.logdir:
-      raise UserError('--logdir is required for --mode=sync.')
-  if options.mode == 'export' and not options.logdir:
-    raise UserError('--logdir is required for --mode=export: the run whose '
-                    'checkpoint is exported.')
-  if options.logdir and _IsLocal(options.logdir) and os.path.exists(
+  mode = mode_registry.Get(options.mode)
+  mode.Check(options, mode_registry.FlagsOf(type(mode), options))
+  if options.logdir and user_error.IsLocal(options.logdir) and os.path.exists(
       options.logdir) and not os.path.isdir(options.logdir):
     raise UserError(f'--logdir={options.logdir!r} is a file; it must be a '
                     'folder (made if missing).')
   if options.run_locally not in RUN_LOCALLY:
-    raise UserError(_NotOneOf('run_locally', options.run_locally,
+    raise UserError(user_error.NotOneOf('run_locally', options.run_locally,
                               RUN_LOCALLY))
   _CheckNumbers(options)
-  _CheckPlan(options)
+  mode_registry.CheckModeFlags(options, UserError)
   for name in ('xla', 'graph_optimizer'):
     if not isinstance(getattr(options, name), bool):
       raise UserError(f'--{name}={getattr(options, name)!r} must be True or '
@@ -302,7 +195,7 @@ def _CheckLogdirFree(options, config):
   framework/train/logdir_lock.py), answered before TensorFlow loads; the
   lock itself is taken later, before the first write."""
   if (options.mode != 'sync' or not options.logdir or
-      not _IsLocal(options.logdir) or not _IsChief(config) or
+      not user_error.IsLocal(options.logdir) or not _IsChief(config) or
       ParseJob(options.job)[0] not in ('trainer', 'trainer_and_evaler')):
     return
   try:
@@ -366,7 +259,7 @@ def FlagErrorLine(error, flag_values):
     names = [n for n in flag_values if len(n) > 1]
     names += [f'no{n}' for n in names
               if flag_values[n].parser.flag_type() == 'bool']
-    return f'{arg}: unknown flag.{_Hint(name, names, "--{}".format)}'
+    return f'{arg}: unknown flag.{user_error.Hint(name, names, "--{}".format)}'
   m = _MISSING_VALUE.match(str(error))
   if m:
     return f'{m.group(1)} needs a value: {m.group(1)}=<value>.'
@@ -377,7 +270,7 @@ def FlagErrorLine(error, flag_values):
   parser = flag_values[flag].parser
   choices = getattr(parser, 'enum_values', None)
   if choices:
-    return _NotOneOf(flag, value, choices)
+    return user_error.NotOneOf(flag, value, choices)
   kind = parser.flag_type()
   rule = {'int': 'an int', 'float': 'a number',
           'bool': 'true or false'}.get(kind)

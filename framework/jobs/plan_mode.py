@@ -1,31 +1,92 @@
 """`--mode=plan`: the planner's ranked layouts of a model, printed.
 
-The planning itself is framework/planning/planner.py; this is the
-trainer's side of it: the flags in, the table out, and the planner's
-refusals as the trainer's one-line errors (exit 2).
+The planning is framework/planning/planner.py; this is the trainer's side
+of it: its --plan_* flags and their checks, the table out, and the
+planner's refusals as the trainer's one-line errors (exit 2).
 """
+import dataclasses
+import os
 import sys
 
-from cadence.framework.jobs import command_line
+from cadence.framework.jobs import mode_registry
+from cadence.framework.jobs import user_error
 from cadence.framework.planning import hardware
-from cadence.framework.planning import plan_model
-from cadence.framework.planning import planner
+
+Flag = mode_registry.Flag
 
 
-def Run(options, params):
-  """--mode=plan for the trainer (trainer_lib): prints the plan of
-  `params` (options.model's, Train); a user error is a UserError (with
-  no layout that fits, the table is printed first)."""
-  try:
-    text = planner.Plan(options.model, params,
-                        command_line.PlanOptions.Of(options), options.logdir)
-  except planner.NothingFits as e:
-    sys.stdout.write(e.report)
+@dataclasses.dataclass
+class PlanFlags:
+  """The --plan_* flags of --mode=plan."""
+  cluster: str = Flag('cpu', 'the cluster, a preset (cpu: this host\'s '
+                      'logical CPUs, measured; h100x8; tpu_v4_8) and/or '
+                      'key=value items, e.g. \'h100x8,hosts=2\' '
+                      '(framework/planning/hardware.py).')
+  measure: bool = Flag(False, 'time each layer on this host\'s CPU instead '
+                       'of costing it by its FLOPs.')
+  top: int = Flag(10, 'layouts in the table.')
+  apply: str = Flag('', 'write the best plan\'s overrides to this Params '
+                    'file (for --model_params_file_override).')
+  explain: int = Flag(1, 'with --logdir: draw the simulated timeline of the '
+                      'plan of this rank.')
+
+
+class PlanMode(mode_registry.Mode):
+  """Prints the planner's ranked layouts."""
+  NAME = 'plan'
+  HELP = ('predict and rank every layout on --plan_cluster '
+          '(framework/planning/planner.py)')
+  FLAGS = PlanFlags
+  PREFIX = 'plan_'
+
+  def Check(self, options, flags):
+    del options
+    try:
+      hardware.Parse(flags.cluster)
+    except hardware.SpecError as e:
+      raise user_error.UserError(str(e)) from None
+    for name in ('top', 'explain'):
+      value = getattr(flags, name)
+      if not (user_error.IsInt(value) and value >= 1):
+        raise user_error.UserError(
+            f'--plan_{name}={value!r} must be an int >= 1.')
+    if not isinstance(flags.measure, bool):
+      raise user_error.UserError(f'--plan_measure={flags.measure!r} must be '
+                                 'True or False.')
+    if flags.apply and user_error.IsLocal(flags.apply):
+      folder = os.path.dirname(os.path.abspath(flags.apply))
+      if os.path.isdir(flags.apply) or not os.path.isdir(folder):
+        raise user_error.UserError(
+            f'--plan_apply={flags.apply!r} must be a file path in an '
+            'existing folder (the best plan\'s overrides are written there '
+            'as Params text).')
+
+  def Environment(self, flags):
+    # Timed on TF's BFC allocator, so timings do not depend on what the
+    # process built before them (framework/planning/plan_measure.py).
+    return {'TF_CPU_ALLOCATOR_USE_BFC': 'true'} if flags.measure else {}
+
+  def Run(self, context):
+    """Prints the plan of the experiment's Train params; with no layout
+    that fits, the table is printed first, then the error."""
+    # TensorFlow loads with what the mode runs, after the checks.
+    from cadence.framework.jobs import inspect_lib  # pylint: disable=g-import-not-at-top
+    from cadence.framework.jobs import run_params  # pylint: disable=g-import-not-at-top
+    from cadence.framework.planning import plan_model  # pylint: disable=g-import-not-at-top
+    from cadence.framework.planning import planner  # pylint: disable=g-import-not-at-top
+    options = context.options
+    params = run_params.LoadParams(options, 'Train')
+    inspect_lib.CheckParamsAlone(params)   # Laid out on devices of its own.
+    try:
+      text = planner.Plan(options.model, params, context.flags,
+                          options.logdir)
+    except planner.NothingFits as e:
+      sys.stdout.write(e.report)
+      sys.stdout.flush()
+      raise user_error.UserError(f'--mode=plan: {e}') from None
+    except planner.BadRequest as e:
+      raise user_error.UserError(str(e)) from None
+    except (hardware.SpecError, plan_model.NotPlannable) as e:
+      raise user_error.UserError(f'--mode=plan: {e}') from None
+    sys.stdout.write(text)
     sys.stdout.flush()
-    raise command_line.UserError(f'--mode=plan: {e}') from None
-  except planner.BadRequest as e:
-    raise command_line.UserError(str(e)) from None
-  except (hardware.SpecError, plan_model.NotPlannable) as e:
-    raise command_line.UserError(f'--mode=plan: {e}') from None
-  sys.stdout.write(text)
-  sys.stdout.flush()

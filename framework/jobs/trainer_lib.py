@@ -73,13 +73,10 @@ from cadence.framework import base_model
 from cadence.framework.distribute import distribution
 from cadence.framework.jobs import checkpoint_fit
 from cadence.framework.jobs import command_line
-from cadence.framework.jobs import export
 from cadence.framework.jobs import graph_optimizer
-from cadence.framework.jobs import inspect_lib
-from cadence.framework.jobs import inspect_pipeline
 from cadence.framework.jobs import memory_check
-from cadence.framework.jobs import params_file
-from cadence.framework.jobs import plan_mode
+from cadence.framework.jobs import mode_registry
+from cadence.framework.jobs import run_params
 from cadence.framework import model_registry
 from cadence.framework.train import checkpoint_files
 from cadence.framework.train import checkpointer
@@ -104,11 +101,6 @@ _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
 MODES = command_line.MODES
 # A mistake in the command line or the params; exits with code 2.
 UserError = command_line.UserError
-
-
-class _Stopped(Exception):
-  """A mode other than sync stopped by a signal before it wrote anything:
-  exit code 4, one line (rerun the command)."""
 
 
 @dataclasses.dataclass
@@ -139,106 +131,9 @@ class TrainerOptions:
   tpu_project: str = ''
   xla: bool = False
   graph_optimizer: bool = True    # Grappler on the job's steps.
-  export_dir: str = ''            # --mode=export (framework/jobs/export.py)
-  checkpoint: str = ''
-  export_batch_size: int = None
-  export_max_len: int = None
-  plan: command_line.PlanOptions = dataclasses.field(   # --mode=plan
-      default_factory=command_line.PlanOptions)
-
-
-# --- params -------------------------------------------------------------------
-
-
-def _Message(e):
-  return e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-
-
-_PARAMS_ERRORS = (AttributeError, KeyError, ValueError, TypeError, IndexError)
-
-
-ParseOverride = command_line.ParseOverride
-
-
-def _SetPairs(params, pairs, source):
-  """Sets 'key=value' pairs; a value that is not a Python literal (e.g. a
-  bare path) is taken as a string when the param holds a string or None."""
-  for key, value in pairs:
-    try:
-      params.FromText(f'{key} : {value}')
-      continue
-    except _PARAMS_ERRORS as e:
-      error = e
-    if 'cannot parse the value' in str(error):
-      try:
-        current = params.Get(key)
-      except _PARAMS_ERRORS as e:
-        error = e
-      else:
-        if isinstance(current, str) or current is None:
-          params.Set(**{key: value})
-          continue
-    message = _Message(error)
-    message = message[len('line 1: '):] if message.startswith(
-        'line 1: ') else message
-    raise UserError(f'{source}: {message}') from None
-
-
-def _SetText(params, text, source):
-  try:
-    params.FromText(text)
-  except _PARAMS_ERRORS as e:
-    raise UserError(f'{source}: {_Message(e)}') from None
-
-
-def LoadParams(options, dataset):
-  """The model params of `options.model` for `dataset`, overrides applied."""
-  if not options.model:
-    raise UserError('--model is required: a registered experiment key, e.g. '
-                    'synthetic.linear_regression.RegressionTiny.')
-  try:
-    params = model_registry.GetParams(options.model, dataset)
-  except KeyError as e:
-    raise UserError(_Message(e)) from None
-  if options.model_params_file_override:
-    path = options.model_params_file_override
-    if not tf.io.gfile.exists(path):
-      raise UserError(f'--model_params_file_override: no file {path!r}.')
-    with tf.io.gfile.GFile(path, 'rb') as f:
-      data = f.read()
-    _SetText(params, command_line.ParamsFileText(path, data),
-             f'--model_params_file_override {path}')
-  if options.model_params_override:
-    pairs = ParseOverride(options.model_params_override)
-    if pairs is None:
-      _SetText(params, options.model_params_override,
-               '--model_params_override')
-    else:
-      _SetPairs(params, pairs, '--model_params_override')
-  if options.max_steps is not None:
-    params.task.train.max_steps = options.max_steps
-  return params
-
-
-ParamsText = checkpoint_fit.ParamsText
-
-
-def WriteParams(params, path):
-  """Writes the params text to `path`; returns the text. A different file
-  already there is kept (params_file.Write), in one log line."""
-  text = ParamsText(params)
-  tf.io.gfile.makedirs(os.path.dirname(path))
-  kept = params_file.Write(path, text)
-  if kept:
-    logging.warning('%s', kept)
-  return text
-
-
-def InferenceParams(params):
-  """A copy of the model params whose task runs with is_inference=True."""
-  params = params.Copy()
-  params.task.is_inference = True
-  return params
+  # {flag name: value} of the modes' own flags (mode_registry.FlagValues;
+  # e.g. 'export_dir', 'plan_cluster'); a flag not given has its default.
+  mode_flags: dict = dataclasses.field(default_factory=dict)
 
 
 # --- logs ---------------------------------------------------------------------
@@ -312,7 +207,7 @@ def WorkerSplitSize(options):
   try:
     cls = model_registry.GetClass(options.model)
   except KeyError as e:
-    raise UserError(_Message(e)) from None
+    raise UserError(run_params.Message(e)) from None
   return getattr(cls, 'WORKER_SPLIT_SIZE', 1)
 
 
@@ -340,10 +235,6 @@ def ConfigureDevices(options):
 _ParseJob = command_line.ParseJob
 
 
-def _HasDataset(options, dataset):
-  return hasattr(model_registry.GetClass(options.model), dataset)
-
-
 class _TrainerJob:
   """trainer / trainer_and_evaler: the train program (+ in-process eval).
 
@@ -359,8 +250,8 @@ class _TrainerJob:
     on_checkpoint = []
     self._decode = None
     with_eval = with_eval and setup.is_chief
-    if with_eval and _HasDataset(options, 'Dev'):
-      dev = InferenceParams(LoadParams(options, 'Dev'))
+    if with_eval and run_params.HasDataset(options, 'Dev'):
+      dev = run_params.InferenceParams(run_params.LoadParams(options, 'Dev'))
       with setup.cluster.WithReplica(0):
         eval_task = dev.Instantiate().task
       self._eval = eval_programs.EvalProgram(eval_task, 'Dev', options.logdir)
@@ -449,7 +340,8 @@ def _Finished(options, params, kind, sub):
     step = checkpointer.StepOf(paths[-1]) if paths else None
     if step is None or step < max_steps:
       return None
-    if (kind == 'trainer_and_evaler' and _HasDataset(options, 'Dev') and
+    if (kind == 'trainer_and_evaler' and
+        run_params.HasDataset(options, 'Dev') and
         _ImplementsDecode(params.task.cls) and not tf.io.gfile.exists(
             os.path.join(options.logdir, 'decoder_dev',
                          f'decoder_out-{step:08d}.txt'))):
@@ -487,7 +379,7 @@ class _CheckpointJob:
     self._watcher = watcher
     self._timeout = options.eval_timeout_s or None
     with setup.cluster.WithReplica(0):
-      task = InferenceParams(params).Instantiate().task
+      task = run_params.InferenceParams(params).Instantiate().task
     self._state = eval_programs.CheckpointState(
         task, os.path.join(options.logdir, 'train'))
     program_cls = (eval_programs.EvalProgram if kind == 'evaler' else
@@ -611,7 +503,7 @@ def _BuildJob(options, setup, watcher):
   logdir) and params.txt.
   """
   kind, dataset = _ParseJob(options.job)
-  params = LoadParams(options, dataset or 'Train')
+  params = run_params.LoadParams(options, dataset or 'Train')
   if not options.logdir:
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
@@ -660,7 +552,7 @@ def _WriteRunParams(options, params, setup, sub):
   if not setup.is_chief:
     return
   try:
-    WriteParams(params, path)
+    run_params.WriteParams(params, path)
   except (tf.errors.OpError, OSError) as e:
     raise UserError(f'--logdir: cannot write {path}: '
                     f'{checkpoint_files.ErrorLine(e)}.') from None
@@ -668,61 +560,12 @@ def _WriteRunParams(options, params, setup, sub):
                options.job, path)
 
 
-def _InspectPipeline(options, params):
-  """Profiles one training step and prints (and writes) its timeline."""
-  try:
-    timeline, memory = inspect_pipeline.InspectPipeline(
-        params, options.logdir or None)
-  except inspect_pipeline.NoPipelineError as e:
-    raise UserError(f'--mode=inspect_pipeline: {e}') from None
-  sys.stdout.write(timeline.Report() + memory)
-  if options.logdir:
-    sys.stdout.write(f'Chart and summary: '
-                     f'{os.path.join(options.logdir, "inspect_pipeline")}\n')
-  sys.stdout.flush()
-
-
-def _Export(options):
-  """--mode=export: the SavedModel of a checkpoint (framework/jobs/export.py).
-  Reads the params of Dev (the decoder's data) if the experiment has it."""
-  params = LoadParams(options, 'Train')
-  if _HasDataset(options, 'Dev'):
-    params = LoadParams(options, 'Dev')
-  try:
-    path, step = export.Export(
-        params, options.logdir, options.export_dir, options.checkpoint,
-        options.export_batch_size, options.export_max_len, options.model)
-  except export.ExportError as e:
-    raise UserError(str(e)) from None
-  except export.Interrupted as e:
-    raise _Stopped(f'--mode=export stopped by {e}: the partial export was '
-                   'removed and nothing was written; rerun the command to '
-                   'export.') from None
-  sys.stdout.write(f'Exported step {step} to {path}\n')
-
-
-def _Inspect(options, setup):
-  """The modes other than sync. Each first runs the checks the trainer
-  runs on the params (inspect_lib.CheckModel), then writes only once it
-  has what it writes."""
+def _RunMode(options, setup):
+  """A mode other than sync (mode_registry): its Run, with its flags."""
   logging.info('%s', setup)
-  params = LoadParams(options, 'Train')
-  if options.mode == 'plan':   # Laid out on devices of its own.
-    inspect_lib.CheckParamsAlone(params)
-    return plan_mode.Run(options, params)
-  model = inspect_lib.CheckModel(params)
-  if options.mode == 'export':
-    return _Export(options)
-  if options.mode == 'inspect_pipeline':
-    return _InspectPipeline(options, params)
-  if options.mode == 'inspect_params':
-    text = ParamsText(params)
-  else:
-    text = inspect_lib.ModelReport(params, options.device_memory_gib, model)
-  if options.logdir:
-    WriteParams(params, os.path.join(options.logdir, 'params.txt'))
-  sys.stdout.write(text)
-  sys.stdout.flush()
+  mode = mode_registry.Get(options.mode)
+  mode.Run(mode_registry.Context(
+      options, mode_registry.FlagsOf(type(mode), options), setup))
 
 
 def _Fail(code, message):
@@ -772,11 +615,11 @@ def Main(options):
     setup = ConfigureDevices(options)
     if options.mode != 'sync':
       with setup.cluster:
-        _Inspect(options, setup)
+        _RunMode(options, setup)
       return EXIT_OK
   except (UserError, ValueError) as e:
     return _SetupError(e)
-  except _Stopped as e:
+  except mode_registry.Stopped as e:
     return _Fail(EXIT_STOPPED, str(e))
   except distribution.Stopped as e:   # A signal while waiting for peers.
     logging.warning('%s', e)

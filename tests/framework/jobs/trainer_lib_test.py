@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from cadence.framework.jobs import graph_optimizer
 from cadence.framework.jobs import inspect_lib
+from cadence.framework.jobs import run_params
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpoint_files
 from cadence.framework.train import programs
@@ -35,11 +36,11 @@ class LoadParamsTest(tf.test.TestCase):
         r"^Unknown model 'synthetic.linear_regression.RegresionTiny'. Did you "
         r"mean 'synthetic.linear_regression.RegressionTiny', "
         r"'synthetic.linear_regression.RegressionGPipeTiny'[,?]"):
-      trainer_lib.LoadParams(trainer_lib.TrainerOptions(
+      run_params.LoadParams(trainer_lib.TrainerOptions(
           model='synthetic.linear_regression.RegresionTiny'), 'Train')
 
   def testKeyValueOverrides(self):
-    p = trainer_lib.LoadParams(_Options(
+    p = run_params.LoadParams(_Options(
         model_params_override='input.file_pattern=/data/x-*.csv; '
         'task.train.learner.learning_rate=0.5;task.hidden_dims=[3, 4]',
         max_steps=7), 'Train')
@@ -52,7 +53,7 @@ class LoadParamsTest(tf.test.TestCase):
     path = os.path.join(self.get_temp_dir(), 'override.txt')
     with open(path, 'w') as f:
       f.write('# A comment.\ninput.batch_size : 4\ntask.train.max_steps : 9\n')
-    p = trainer_lib.LoadParams(_Options(
+    p = run_params.LoadParams(_Options(
         model_params_file_override=path,
         model_params_override='input.batch_size : 5'), 'Train')
     self.assertEqual(p.input.batch_size, 5)  # The flag comes last.
@@ -62,7 +63,7 @@ class LoadParamsTest(tf.test.TestCase):
     with self.assertRaisesRegex(
         trainer_lib.UserError, r"--model_params_file_override .*: line 2: "
         r"Params 'input' has no param 'bach_size'; did you mean 'batch_size'"):
-      trainer_lib.LoadParams(_Options(model_params_file_override=path),
+      run_params.LoadParams(_Options(model_params_file_override=path),
                              'Train')
 
   def testBadOverrides(self):
@@ -70,16 +71,16 @@ class LoadParamsTest(tf.test.TestCase):
         trainer_lib.UserError,
         r"^--model_params_override: Params 'task.train' has no param "
         r"'max_stesp'; did you mean 'max_steps'\?$"):
-      trainer_lib.LoadParams(_Options(
+      run_params.LoadParams(_Options(
           model_params_override='task.train.max_stesp=3'), 'Train')
     with self.assertRaisesRegex(
         trainer_lib.UserError, r"--model_params_override: cannot parse the "
         r"value of 'task.train.max_steps': 'ten'"):
-      trainer_lib.LoadParams(_Options(
+      run_params.LoadParams(_Options(
           model_params_override='task.train.max_steps=ten'), 'Train')
     with self.assertRaisesRegex(trainer_lib.UserError,
                                 r"'max_steps' is not 'key=value'"):
-      trainer_lib.LoadParams(_Options(model_params_override='max_steps'),
+      run_params.LoadParams(_Options(model_params_override='max_steps'),
                              'Train')
 
   def testParseJob(self):
@@ -95,7 +96,7 @@ class LoadParamsTest(tf.test.TestCase):
 class InspectTest(tf.test.TestCase):
 
   def testModelReport(self):
-    params = trainer_lib.LoadParams(_Options(), 'Train')
+    params = run_params.LoadParams(_Options(), 'Train')
     report = inspect_lib.ModelReport(params)
     lines = report.splitlines()
     self.assertIn('Model regression (task RegressionModel '

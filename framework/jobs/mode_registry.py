@@ -1,0 +1,195 @@
+"""Trainer modes as a registry: a mode (`--mode=NAME`) is one module.
+
+A mode module declares a `Mode` subclass and registers it (`Register`):
+
+  NAME, HELP    its --mode value and one line of what it does;
+  FLAGS         a dataclass of its own flags, declared once: each field is
+                the flag `PREFIX + field name`, its default the field's,
+                its kind and help from `Flag`;
+  Check         its checks of the command line, run before TensorFlow loads
+                (raise command_line.UserError: one line);
+  Environment   what TensorFlow must see in the environment as it loads;
+  Run           the mode itself, once the devices are set up (a user's
+                mistake raises UserError: exit 2; a signal that stops it
+                before it writes anything raises Stopped: exit 4).
+
+`modes.py` imports every mode module once, in the order `--mode` lists
+them (a new mode is its module plus one line there); `trainer.py` defines
+the registered modes' flags from their FLAGS (`DefineFlags`) and
+`trainer_lib.Main` runs the mode `--mode` names. A flag of one mode given
+with another is refused by `CheckModeFlags`. No TensorFlow here: the mode
+modules import what needs it inside `Run`.
+
+Example (a mode of one's own, registered from a test):
+  @dataclasses.dataclass
+  class CountFlags:
+    count_to: int = mode_registry.Flag(3, 'how far to count')
+
+  class CountMode(mode_registry.Mode):
+    NAME, HELP, FLAGS = 'count', 'prints 1..N', CountFlags
+    def Run(self, context):
+      print(*range(1, context.flags.count_to + 1))
+
+  mode_registry.Register(CountMode)
+"""
+import dataclasses
+
+_KINDS = ('string', 'bool', 'integer', 'float')
+_REGISTRY = {}   # NAME: the Mode subclass, in registration order.
+
+
+def Flag(default, help_text, kind=None):
+  """A field of a mode's FLAGS: its default, its help, and its absl kind
+  ('string', 'bool', 'integer' or 'float'; default: from the default's
+  type, which a default of None cannot give)."""
+  if kind is None:
+    kind = {str: 'string', bool: 'bool', int: 'integer',
+            float: 'float'}.get(type(default))
+  if kind not in _KINDS:
+    raise ValueError(f'Flag(default={default!r}): kind={kind!r} must be one '
+                     f'of {", ".join(_KINDS)} (give it for a default of '
+                     'None).')
+  return dataclasses.field(default=default,
+                           metadata=dict(help=help_text, kind=kind))
+
+
+class Stopped(Exception):
+  """A mode stopped by a signal before it wrote anything: the trainer exits
+  with code 4 and this one line (rerun the command)."""
+
+
+@dataclasses.dataclass
+class NoFlags:
+  """The FLAGS of a mode without flags of its own."""
+
+
+@dataclasses.dataclass
+class Context:
+  """What a mode's Run gets: the trainer's options (trainer_lib.
+  TrainerOptions), the mode's own flags (its FLAGS) and the distribution
+  setup (distribution.Setup: its cluster is entered)."""
+  options: object
+  flags: object
+  setup: object
+
+
+class Mode:
+  """A trainer mode; see the module docstring."""
+  NAME = ''
+  HELP = ''
+  FLAGS = NoFlags
+  PREFIX = ''   # The flags' names: PREFIX + field name.
+
+  def Check(self, options, flags):
+    """Checks before TensorFlow loads (`flags`: this mode's FLAGS of
+    `options`); raises command_line.UserError. None by default."""
+
+  def Environment(self, flags):
+    """{name: value} of environment variables TensorFlow reads as it loads
+    (set only where unset); {} by default."""
+    del flags
+    return {}
+
+  def Run(self, context):
+    """Runs the mode (a Context); a user's mistake raises UserError."""
+    raise NotImplementedError(f'--mode={self.NAME} has no Run.')
+
+
+def Register(mode_cls):
+  """Adds a Mode subclass to the registry (after the ones before it);
+  returns it, so it can decorate the class.
+
+  Raises:
+    ValueError: no NAME, a NAME registered already, or a flag name another
+      mode has.
+  """
+  name = mode_cls.NAME
+  if not name:
+    raise ValueError(f'{mode_cls.__name__}: a Mode needs a NAME.')
+  if name in _REGISTRY and _REGISTRY[name] is not mode_cls:
+    raise ValueError(f'--mode={name} is registered already (by '
+                     f'{_REGISTRY[name].__name__}).')
+  taken = {f: m.NAME for m in _REGISTRY.values() if m is not mode_cls
+           for f in FlagNames(m)}
+  for flag in FlagNames(mode_cls):
+    if flag in taken:
+      raise ValueError(f'{mode_cls.__name__}: the flag --{flag} is '
+                       f'--mode={taken[flag]}\'s already.')
+  _REGISTRY[name] = mode_cls
+  return mode_cls
+
+
+def Unregister(name):
+  """Removes a mode (a test's own, when it is done)."""
+  _REGISTRY.pop(name, None)
+
+
+def Names():
+  """The registered modes' NAMEs, in registration order."""
+  return tuple(_REGISTRY)
+
+
+def Get(name):
+  """An instance of the mode `name`.
+
+  Raises:
+    KeyError: no such mode.
+  """
+  if name not in _REGISTRY:
+    raise KeyError(f'--mode={name!r} is not one of {", ".join(Names())}.')
+  return _REGISTRY[name]()
+
+
+def FlagNames(mode_cls):
+  """The flag names of a Mode subclass, in its FLAGS' field order."""
+  return [mode_cls.PREFIX + f.name for f in dataclasses.fields(mode_cls.FLAGS)]
+
+
+def FlagsOf(mode_cls, options):
+  """The mode's FLAGS with the values of `options`: absl's FLAGS or any
+  object with the flags as attributes, or a TrainerOptions (its
+  `mode_flags`: {flag name: value}); a flag it lacks has its default."""
+  values = getattr(options, 'mode_flags', None)
+  if not isinstance(values, dict):
+    values = None
+  out = {}
+  for f in dataclasses.fields(mode_cls.FLAGS):
+    name = mode_cls.PREFIX + f.name
+    out[f.name] = (values.get(name, f.default) if values is not None else
+                   getattr(options, name, f.default))
+  return mode_cls.FLAGS(**out)
+
+
+def FlagValues(flag_values):
+  """{flag name: value} of every registered mode's flags in absl's parsed
+  `flag_values`: what trainer.py hands trainer_lib (TrainerOptions.
+  mode_flags)."""
+  return {name: getattr(flag_values, name)
+          for m in _REGISTRY.values() for name in FlagNames(m)}
+
+
+def DefineFlags(flags_module, flag_values=None):
+  """Defines every registered mode's flags in absl (`flags_module`: absl's
+  `flags`), each help line starting with its mode."""
+  if flag_values is None:
+    flag_values = flags_module.FLAGS
+  for m in _REGISTRY.values():
+    for f in dataclasses.fields(m.FLAGS):
+      define = getattr(flags_module, f'DEFINE_{f.metadata["kind"]}')
+      define(m.PREFIX + f.name, f.default,
+             f'--mode={m.NAME}: {f.metadata["help"]}',
+             flag_values=flag_values)
+
+
+def CheckModeFlags(options, user_error):
+  """Refuses a mode's flag given (not at its default) with another mode:
+  raises `user_error` naming the flags and the mode they need."""
+  for m in _REGISTRY.values():
+    if m.NAME == options.mode:
+      continue
+    flags = FlagsOf(m, options)
+    given = [f'--{m.PREFIX}{f.name}' for f in dataclasses.fields(flags)
+             if getattr(flags, f.name) != f.default]
+    if given:
+      raise user_error(f'{", ".join(given)} need(s) --mode={m.NAME} (now '
+                       f'--mode={options.mode}).')
