@@ -4,9 +4,9 @@
       --logdir=/tmp/reg
   python trainer.py --model=... --logdir=... --job=evaler_dev
 
-The flags are defined here, but for each mode's own flags, declared once
-in its module (framework/jobs/mode_registry.py: `--mode=plan`'s
-`--plan_*` in framework/jobs/plan_mode.py); everything else lives in
+The flags are defined here; each mode's own are declared once, in its
+module, and defined here from it (framework/jobs/mode_registry.py; e.g.
+`--plan_*` in framework/jobs/plan_mode.py). Everything else lives in
 `framework/jobs/trainer_lib.py` (set-up, jobs, logs),
 `framework/train/programs.py` (the train loop) and
 `framework/train/eval_programs.py` (eval and decode). Exit codes: 0 done (also

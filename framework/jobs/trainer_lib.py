@@ -98,7 +98,6 @@ EXIT_STOPPED = 4   # A mode other than sync stopped by a signal, nothing written
 _PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
                 tf.errors.CancelledError, tf.errors.DeadlineExceededError)
 
-MODES = command_line.MODES
 # A mistake in the command line or the params; exits with code 2.
 UserError = command_line.UserError
 
