@@ -158,7 +158,7 @@ def Check(options):
     raise UserError(user_error.NotOneOf('run_locally', options.run_locally,
                               RUN_LOCALLY))
   _CheckNumbers(options)
-  mode_registry.CheckModeFlags(options, UserError)
+  mode_registry.CheckModeFlags(options)
   for name in ('xla', 'graph_optimizer'):
     if not isinstance(getattr(options, name), bool):
       raise UserError(f'--{name}={getattr(options, name)!r} must be True or '

@@ -1,6 +1,7 @@
 """Trainer modes as a registry: a mode (`--mode=NAME`) is one module.
 
-A mode module declares a `Mode` subclass and registers it (`Register`):
+A mode module declares a `Mode` subclass, which `modes.py` registers
+(`Register`):
 
   NAME, HELP    its --mode value and one line of what it does;
   FLAGS         a dataclass of its own flags, declared once: each field is
@@ -33,6 +34,8 @@ Example (a mode of one's own, registered from a test):
   mode_registry.Register(CountMode)
 """
 import dataclasses
+
+from cadence.framework.jobs import user_error
 
 _KINDS = ('string', 'bool', 'integer', 'float')
 _REGISTRY = {}   # NAME: the Mode subclass, in registration order.
@@ -181,9 +184,12 @@ def DefineFlags(flags_module, flag_values=None):
              flag_values=flag_values)
 
 
-def CheckModeFlags(options, user_error):
-  """Refuses a mode's flag given (not at its default) with another mode:
-  raises `user_error` naming the flags and the mode they need."""
+def CheckModeFlags(options):
+  """Refuses a mode's flag given (not at its default) with another mode.
+
+  Raises:
+    UserError: naming the flags and the mode they need.
+  """
   for m in _REGISTRY.values():
     if m.NAME == options.mode:
       continue
@@ -191,5 +197,6 @@ def CheckModeFlags(options, user_error):
     given = [f'--{m.PREFIX}{f.name}' for f in dataclasses.fields(flags)
              if getattr(flags, f.name) != f.default]
     if given:
-      raise user_error(f'{", ".join(given)} need(s) --mode={m.NAME} (now '
-                       f'--mode={options.mode}).')
+      raise user_error.UserError(
+          f'{", ".join(given)} need(s) --mode={m.NAME} (now '
+          f'--mode={options.mode}).')
