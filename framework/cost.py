@@ -29,6 +29,11 @@ Fields (ints; None where a dim is unknown):
                pipeline stage's output waits for the next stage's backward
                anyway; the memory estimate counts it once for a micro-batch
                whose `act` it keeps.
+  act_inputs   of `act` (and of `act_weights`), the bytes of the layer's
+               inputs its backward reads (a weight product's input). In a
+               chain, a tensor that is one layer's `act_outputs` and the
+               next one's `act_inputs` is one buffer: `Chain` counts it
+               once.
   ops          what one forward runs, a tuple of framework/op_cost.py's
                `Op`s (products with their dims, element-wise ops, norms,
                softmaxes, gathers): how an accelerator's hardware model
@@ -47,6 +52,10 @@ are estimates); never a silent zero:
   transient    the bytes of its outputs (their gradient in flight);
   act_outputs  0: the outputs counted beside `act` (an over-estimate by at
                most one output a kept micro-batch, never an under-estimate);
+  act_inputs   the bytes of its inputs when `act` is defaulted too (the
+               default `act` holds them), else 0: a chain then counts the
+               tensor between two layers twice (an over-estimate, never an
+               under-estimate);
   ops          one `other` op of its FLOPs and the bytes of `act`: timed
                at the device's flat efficiency (what the planner assumed
                before ops had kinds);
@@ -71,7 +80,8 @@ from cadence.framework.nested_map import NestedMap
 
 # The fields, in the order above; the memory ones are bytes of one forward.
 FIELDS = ('out_shapes', 'flops', 'bwd_flops', 'act', 'act_weights',
-          'residuals', 'transient', 'weight_bytes', 'act_outputs', 'ops')
+          'residuals', 'transient', 'weight_bytes', 'act_outputs',
+          'act_inputs', 'ops')
 MEMORY_FIELDS = ('act', 'act_weights', 'residuals', 'transient')
 # Summed along a chain of layers (transient: see Chain).
 _SUMMED = ('flops', 'bwd_flops', 'act', 'act_weights', 'residuals',
@@ -90,12 +100,13 @@ class Cost(NestedMap):
 
   def __init__(self, out_shapes=(), flops=None, bwd_flops=None, act=None,
                act_weights=None, residuals=None, transient=None,
-               weight_bytes=None, act_outputs=None, ops=None, defaulted=(),
-               **extra):
+               weight_bytes=None, act_outputs=None, act_inputs=None,
+               ops=None, defaulted=(), **extra):
     super().__init__(out_shapes=tuple(out_shapes), flops=flops,
                      bwd_flops=bwd_flops, act=act, act_weights=act_weights,
                      residuals=residuals, transient=transient,
                      weight_bytes=weight_bytes, act_outputs=act_outputs,
+                     act_inputs=act_inputs,
                      ops=None if ops is None else tuple(ops),
                      defaulted=tuple(defaulted), **extra)
 
@@ -144,14 +155,16 @@ def Complete(record, input_shapes, dtype):
     record = Cost(**record)
   values = {k: record[k] for k in FIELDS}
   filled = list(record.defaulted)
-  io = shapes.Add(Bytes(tuple(input_shapes), dtype),
-                  Bytes(record.out_shapes, dtype))
+  inputs = Bytes(tuple(input_shapes), dtype)
+  io = shapes.Add(inputs, Bytes(record.out_shapes, dtype))
+  act_says = values['act'] is not None
   defaults = (('bwd_flops', lambda: shapes.Mul(2, values['flops'])),
               ('act', lambda: io),
               ('act_weights', lambda: values['act']),
               ('residuals', lambda: values['act']),
               ('transient', lambda: Bytes(record.out_shapes, dtype)),
               ('act_outputs', lambda: 0),
+              ('act_inputs', lambda: 0 if act_says else inputs),
               ('ops', lambda: None if values['flops'] is None else (
                   op_cost.Other(values['flops'], values['act'] or 0),)))
   for field, default in defaults:
@@ -165,18 +178,27 @@ def Complete(record, input_shapes, dtype):
 
 def Chain(records):
   """The cost of running complete records one after the other: the summed
-  fields add up; `transient` is what the backward holds beyond the chain's
-  act at its peak: a record's transient less the act of the records after
-  it (freed by then: the backward runs in reverse), the largest of them;
-  `out_shapes` and `act_outputs` the last one's, `ops` all of theirs in
-  order; None where any part is None."""
+  fields add up, but a tensor one record passes on and the next one keeps
+  (the smaller of the first's `act_outputs` and the second's `act_inputs`)
+  is counted once in `act` and in `act_weights`; `transient` is what the
+  backward holds beyond the chain's act at its peak: a record's transient
+  less what the records after it kept (freed by then: the backward runs in
+  reverse), the largest of them; `out_shapes` and `act_outputs` the last
+  one's, `act_inputs` the first one's, `ops` all of theirs in order; None
+  where any part is None."""
   records = list(records)
   if not records:
     return Cost(flops=0, bwd_flops=0, act=0, act_weights=0, residuals=0,
-                transient=0, weight_bytes=0, act_outputs=0, ops=())
+                transient=0, weight_bytes=0, act_outputs=0, act_inputs=0,
+                ops=())
   values = {}
   for field in _SUMMED:
     values[field] = shapes.Add(*[r[field] for r in records])
+  # shared[i]: the bytes between records i - 1 and i counted twice above.
+  shared = [0] + [_Shared(a, b) for a, b in zip(records, records[1:])]
+  for field in ('act', 'act_weights'):
+    if values[field] is not None:
+      values[field] -= sum(shared)
   transients = [r.transient for r in records]
   acts = [r.act for r in records]
   if any(x is None for x in transients + acts):
@@ -184,8 +206,10 @@ def Chain(records):
   else:
     # The backward runs the chain in reverse, each record's act freed once
     # its backward has read it: at record i's backward, those after it
-    # hold nothing (what they kept is counted in act, now free).
-    after = [sum(acts[i + 1:]) for i in range(len(records))]
+    # hold nothing (what they kept is counted in act, now free) but the
+    # tensor i passed on, which i's act holds.
+    after = [sum(acts[i + 1:]) - sum(shared[i + 1:])
+             for i in range(len(records))]
     values['transient'] = max(0, max(t - a for t, a in zip(transients,
                                                           after)))
   defaulted = tuple(dict.fromkeys(f for r in records for f in r.defaulted))
@@ -193,5 +217,12 @@ def Chain(records):
   values['ops'] = (None if any(o is None for o in ops) else
                    tuple(op for o in ops for op in o))
   return Cost(out_shapes=records[-1].out_shapes, defaulted=defaulted,
-              act_outputs=records[-1].act_outputs, **values)
+              act_outputs=records[-1].act_outputs,
+              act_inputs=records[0].get('act_inputs'), **values)
 
+
+def _Shared(first, second):
+  """Bytes of the tensor `first` passes to `second` that both records'
+  act count (0 where either does not say)."""
+  out, kept = first.get('act_outputs'), second.get('act_inputs')
+  return min(out, kept) if out and kept else 0

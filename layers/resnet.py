@@ -116,7 +116,8 @@ class ResNetStem(batch_norm.BatchStatsLayer):
     real gradient by the tests (x the input, c the conv's output):
     act each part's inputs (or its own act), the relu's output and the
     pool's (its gradient reads both); act_weights x + c; residuals
-    x + 2 c; act_outputs its output (the relu's or the pool's)."""
+    x + 2 c; act_outputs its output (the relu's or the pool's); act_inputs
+    x (the conv's filter gradient reads it)."""
     cls.CheckParams(p, validation.Owner(p))
     steps = [base_layer.InheritParams(p, s) for s in (
         _Conv('conv', p.kernel, p.input_dim, p.dim, p.stride),
@@ -137,7 +138,7 @@ class ResNetStem(batch_norm.BatchStatsLayer):
                      act_weights=shapes.Add(x, c),
                      residuals=shapes.Add(x, shapes.Mul(2, c)),
                      act_outputs=shapes.Mul(4, out.num_elements()),
-                     transient=transient)
+                     act_inputs=x, transient=transient)
 
 
 class ResidualBlock(batch_norm.BatchStatsLayer):
@@ -238,7 +239,8 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
     input) and the relus' outputs, each tensor once: relu1's output is
     conv2's input, and x is conv1's and the projection's; act_weights
     x + 2 y; residuals x + 5 y; act_outputs y (the final relu's gradient
-    reads it). transient: what its backward holds beyond act at its peak,
+    reads it); act_inputs x (conv1's filter gradient reads it: the
+    previous block's act_outputs, one buffer). transient: what its backward holds beyond act at its peak,
     about one tensor of its output's size: the gradients free what they
     read as they go (the allocator's peak of one block's forward and
     backward on CPU, less act: 0.2-1.4 y; 3.5 y for a projection at
@@ -267,4 +269,4 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
     return cost.Cost(flops=flops, out_shapes=(out,), act=act,
                      act_weights=shapes.Add(x, shapes.Mul(2 + extra, y)),
                      residuals=shapes.Add(x, shapes.Mul(5 + extra, y)),
-                     act_outputs=y, transient=y)
+                     act_outputs=y, act_inputs=x, transient=y)

@@ -249,7 +249,7 @@ class BaseLayerTest(tf.test.TestCase):
                        (24 * size, 24 * size, 24 * size, 12 * size))
       self.assertEqual(c.defaulted, ('bwd_flops', 'act', 'act_weights',
                                      'residuals', 'transient', 'act_outputs',
-                                     'ops'))
+                                     'act_inputs', 'ops'))
     self.assertIsNone(base_layer.FPropCost(p, [None, 3]).act)
 
   def testStepSeedReplaysNoise(self):

@@ -9,7 +9,7 @@ from cadence.framework.nested_map import NestedMap
 from cadence.framework.shapes import Shape
 
 _FILLED = ('bwd_flops', 'act', 'act_weights', 'residuals', 'transient',
-           'act_outputs', 'ops')
+           'act_outputs', 'act_inputs', 'ops')
 
 
 class CompleteTest(tf.test.TestCase):
@@ -27,6 +27,7 @@ class CompleteTest(tf.test.TestCase):
         self.assertEqual(c.act_weights, (10 + 6) * size)
         self.assertEqual(c.residuals, (10 + 6) * size)
         self.assertEqual(c.transient, 6 * size)
+        self.assertEqual(c.act_inputs, 10 * size)   # The default act's.
         self.assertIsNone(c.weight_bytes)
         self.assertEqual(c.out_shapes, (Shape([2, 3]),))
         # One `other` op: its FLOPs at the flat rate, its act's bytes.
@@ -45,24 +46,26 @@ class CompleteTest(tf.test.TestCase):
     self.assertEqual(c.transient, 6 * 4)
     self.assertEqual(c.bwd_flops, 200)
     self.assertEqual(c.act_outputs, 0)       # Outputs counted beside act.
+    self.assertEqual(c.act_inputs, 0)        # Inputs too.
     self.assertEqual(c.ops, (op_cost.Other(100, 1000),))
     self.assertEqual(c.defaulted, ('bwd_flops', 'act_weights', 'residuals',
-                                   'transient', 'act_outputs', 'ops'))
+                                   'transient', 'act_outputs', 'act_inputs',
+                                   'ops'))
 
   def testALayerThatSaysEverything(self):
     record = cost.Cost(flops=0, out_shapes=(Shape([2, 3]),), bwd_flops=7,
                        act=0, act_weights=1, residuals=2, transient=3,
-                       weight_bytes=4, act_outputs=5, ops=())
+                       weight_bytes=4, act_outputs=5, act_inputs=6, ops=())
     c = cost.Complete(record, (Shape([2, 5]),), tf.float32)
     self.assertEqual(
-        [c[f] for f in cost.FIELDS[1:]], [0, 7, 0, 1, 2, 3, 4, 5, ()])
+        [c[f] for f in cost.FIELDS[1:]], [0, 7, 0, 1, 2, 3, 4, 5, 6, ()])
     self.assertEqual(c.defaulted, ())
 
   def testUnknownBatch(self):
     record = cost.Cost(flops=None, out_shapes=(Shape([None, 3]),))
     c = cost.Complete(record, (Shape([None, 5]),), tf.float32)
     for field in _FILLED:
-      if field != 'act_outputs':
+      if field != 'act_outputs':   # act_inputs: the unknown inputs'.
         self.assertIsNone(c[field], field)
     self.assertEqual(c.act_outputs, 0)      # Known without the batch.
     self.assertEqual(c.defaulted, _FILLED)
@@ -75,7 +78,7 @@ class CompleteTest(tf.test.TestCase):
 
   def testDefaultedNamesExactlyTheFilledFields(self):
     record = cost.Cost(flops=10, out_shapes=(Shape([4]),), act=8,
-                       transient=2, act_outputs=4, ops=())
+                       transient=2, act_outputs=4, act_inputs=4, ops=())
     c = cost.Complete(record, (Shape([4]),), tf.float32)
     self.assertEqual(c.defaulted, ('bwd_flops', 'act_weights', 'residuals'))
     # Completing again fills nothing and keeps the names.
@@ -139,6 +142,21 @@ class ChainTest(tf.test.TestCase):
     self.assertEqual(c.ops, a.ops + b.ops)             # In order.
     self.assertEqual(c.defaulted, ('bwd_flops', 'transient', 'act_weights'))
 
+  def testATensorPassedOnCountsOnce(self):
+    # a's output (act_outputs 40 // 8 = 5) is what b keeps of its input
+    # (act_inputs 4 of them): counted once in act and act_weights.
+    a = _Full(10, 40, 90, [2, 3], act_inputs=3)
+    b = _Full(20, 80, 5, [2, 4], act_inputs=4)
+    c = cost.Chain([a, b])
+    self.assertEqual(c.act, 40 + 80 - 4)
+    self.assertEqual(c.act_weights, 20 + 40 - 4)
+    self.assertEqual(c.residuals, 10 + 20)           # W reads no input.
+    # At a's backward b's act is free but for the 4 bytes a's act holds.
+    self.assertEqual(c.transient, 90 - (80 - 4))
+    self.assertEqual((c.act_inputs, c.act_outputs), (3, 80 // 8))
+    # A record that does not say what it keeps of its input shares nothing.
+    self.assertEqual(cost.Chain([a, b.Replace(act_inputs=None)]).act, 120)
+
   def testNonePropagates(self):
     a = _Full(10, 40, 7, [2, 3])
     for field in ('flops', 'act', 'residuals', 'weight_bytes', 'transient'):
@@ -154,7 +172,7 @@ class ChainTest(tf.test.TestCase):
     self.assertEqual(cost.Chain([a]), a)
     empty = cost.Chain([])
     self.assertEqual([empty[f] for f in cost.FIELDS],
-                     [(), 0, 0, 0, 0, 0, 0, 0, 0, ()])
+                     [(), 0, 0, 0, 0, 0, 0, 0, 0, 0, ()])
 
   def testCompletedChainOfLayers(self):
     # Two layers [2, 5] -> [2, 3] -> [2, 1] that say nothing, completed

@@ -8,6 +8,9 @@ from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
 from cadence.framework import step_seed
+from cadence.layers import combinators
+from cadence.layers import conv
+from cadence.layers import linear
 from cadence.layers import normalization
 from cadence.layers import resnet
 from cadence.layers import softmax
@@ -97,6 +100,36 @@ class ActBytesTest(tf.test.TestCase):
         _Check(self, p, [tf.TensorSpec(shape)], meta, rtol=rtol)
         self.assertEqual(meta.act_outputs,
                          4 * meta.out_shapes[0].num_elements())
+
+  def testResNetChainCountsWhatBlocksPassOnOnce(self):
+    # A block's output (its act_outputs, the final relu's) is the next
+    # block's conv1 input (its act_inputs): one buffer, which the chained
+    # record counts once, as the real gradient of the chain keeps it.
+    block = resnet.ResidualBlock.Params
+    subs = [resnet.ResNetStem.Params().Set(name='s', input_dim=3, dim=16,
+                                           kernel=3, stride=1,
+                                           max_pool=False),
+            block().Set(name='b0', input_dim=16, output_dim=16),
+            block().Set(name='b1', input_dim=16, output_dim=32, stride=2),
+            block().Set(name='b2', input_dim=32, output_dim=32),
+            conv.GlobalPoolingLayer.Params().Set(name='pool'),
+            linear.ProjectionLayer.Params().Set(name='logits', input_dim=32,
+                                                output_dim=10)]
+    p = combinators.SequentialLayer.Params().Set(name='net', sub=subs)
+    shape = [8, 16, 16, 3]
+    meta = p.cls.FPropMeta(p, shapes.Shape(shape))
+    _Check(self, p, [tf.TensorSpec(shape)], meta, rtol=0.03)
+    parts, in_shape = [], shapes.Shape(shape)
+    for sub in subs:
+      parts.append(base_layer.FPropCost(sub, in_shape))
+      in_shape = parts[-1].out_shapes[0]
+    # Between the units: the stem's and the blocks' outputs, [8, 16, 16,
+    # 16] twice, [8, 8, 8, 32] twice (the last into the pool).
+    passed_on = 4 * 8 * (2 * 16 * 16 * 16 + 2 * 8 * 8 * 32)
+    self.assertEqual(sum(c.act for c in parts) - passed_on, meta.act)
+    self.assertEqual(sum(c.act_weights for c in parts) - passed_on,
+                     meta.act_weights)
+    self.assertEqual(meta.act_inputs, 4 * 8 * 16 * 16 * 3)   # The stem's x.
 
   def testNormAndSoftmax(self):
     for norm in (normalization.LayerNorm, normalization.RMSNorm):
