@@ -5,7 +5,7 @@ params and input: one with `xla=True` (each replica's forward and backward
 compiled with `tf.function(jit_compile=True)`), one without. Each is
 warmed up (the first loop call traces and compiles; its time is reported
 as "first call"), then timed over `--steps` steps in one loop call
-(`_RunLoop`, what the trainer runs between boundaries). The two programs
+(`RunSteps`, what the trainer runs between boundaries). The two programs
 alternate over `--repeats` rounds; the table gives median steps/s and the
 ratio XLA / plain of the medians.
 
@@ -48,11 +48,11 @@ def _Bench(config, repeats, steps):
     bench_log.Say(f'{"xla" if xla else "plain"}: building the program, its '
                   'first loop call (traces and compiles)...')
     program = _Program(config, xla)
-    iterator = program._Iterator(program._ReplicaBatches(0), 0)  # pylint: disable=protected-access
+    iterator = program.Iterator()
     start = time.perf_counter()
-    program._RunLoop(iterator, 1)  # pylint: disable=protected-access
+    program.RunSteps(iterator, 1)
     first = time.perf_counter() - start
-    program._RunLoop(iterator, 2)  # pylint: disable=protected-access  (warm)
+    program.RunSteps(iterator, 2)  # Warm.
     runs[xla] = dict(program=program, iterator=iterator, first=first,
                      rates=[])
   for r in range(repeats):
@@ -60,7 +60,7 @@ def _Bench(config, repeats, steps):
     for xla in (False, True):
       run = runs[xla]
       start = time.perf_counter()
-      run['program']._RunLoop(run['iterator'], steps)  # pylint: disable=protected-access
+      run['program'].RunSteps(run['iterator'], steps)
       run['rates'].append(steps / (time.perf_counter() - start))
   return {xla: (statistics.median(r['rates']), r['first'])
           for xla, r in runs.items()}

@@ -17,10 +17,12 @@ synchronous data parallelism (the `local` and `multi_worker` options keep
 them all); an option overrides what differs:
 
   TrainProgram(...)   its train program: by default one task copy per local
-                      replica and `programs.TrainProgram`; a subclass of it
-                      for a step that runs differently, overriding the
-                      hooks of its loop (`_Step`, `_Iterator`, `_RunLoop`,
-                      ...: tpu_programs.py, ps_programs.py);
+                      replica and `programs.TrainProgram` with the
+                      synchronous runner; for a step that runs differently,
+                      the same program with a runner of its own (the public
+                      interface of framework/train/runners.py: `Step`,
+                      `Iterator`, `Call`, ...; tpu_programs.TpuRunner,
+                      ps_programs.PsRunner);
   CheckJob(...)       jobs and flags it cannot run (a SetupError);
   serves, Serve(...)  a task that only serves others (a parameter server);
   runs_steps          whether this task runs the train steps (its memory is

@@ -5,8 +5,9 @@ The cluster (TF_CONFIG, the `parameter_server` option of
 framework/distribute/parameter_server.py) has one 'chief', the coordinator
 that runs this program, 'worker' tasks that compute and 'ps' tasks that hold
 the variables; workers and parameter servers only serve (trainer_lib's
-server job). `PsTrainProgram` is `TrainProgram` with three
-things changed:
+server job). `PsTrainProgram` is `TrainProgram` with its state built in the
+strategy's scope and the step runner `PsRunner`: three things change from
+synchronous replicas (framework/train/runners.py SyncRunner):
 
   * where the state lives: the task, its optimizer slots, the EMA and the
     counters are created in the strategy's scope, so they live on the
@@ -15,7 +16,7 @@ things changed:
     framework/distribute/ps_placement.py). Slots and EMA copies sit beside their
     variable. The bytes per server are logged at start;
   * how steps run: the chief schedules calls of the same compiled loop
-    (`TrainProgram._TrainLoop`, several steps per call) on the workers
+    (`TrainProgram.train_loop`, several steps per call) on the workers
     through the coordinator. Each worker reads the variables from the
     servers, computes its gradients and applies them there, without waiting
     for the others (asynchronous: the updates of two workers may interleave,
@@ -54,6 +55,7 @@ Example (on the chief; setup from distribution.Create under TF_CONFIG):
                            num_workers=2, num_ps=2)
   program.Run()
 """
+import functools
 import math
 import time
 
@@ -64,6 +66,7 @@ from cadence.framework.distribute import peer_wait
 from cadence.framework.distribute import ps_placement
 from cadence.framework.train import preemption
 from cadence.framework.train import programs
+from cadence.framework.train import runners
 from cadence.framework import validation
 
 
@@ -85,8 +88,10 @@ def SplitSteps(num_steps, num_calls, steps_per_loop=0):
   return [base + 1] * extra + [base] * (calls - extra)
 
 
-class PsTrainProgram(programs.TrainProgram):
-  """Trains a task on parameter servers; see the module docstring.
+def PsTrainProgram(model_params, logdir, strategy, num_workers, num_ps,
+                   **kwargs):
+  """A TrainProgram of a task on parameter servers; see the module
+  docstring.
 
   Args:
     model_params: the model's params (`model_registry.GetParams(key,
@@ -99,42 +104,61 @@ class PsTrainProgram(programs.TrainProgram):
     **kwargs: TrainProgram's peak_flops, on_checkpoint, start_time,
       cluster, steps_per_loop, watcher (the chief's: it stops the run at
       the next boundary; the workers' loops do not read it).
+
+  Returns:
+    A programs.TrainProgram whose runner is a PsRunner (its `placement`:
+    the PsPlacement that placed the variables, bytes per server).
+  """
+  policy = validation.CheckOneOf(
+      'task.train', 'ps_placement', model_params.task.train.ps_placement,
+      ps_placement.POLICIES)
+  coordinator = (
+      tf.distribute.experimental.coordinator.ClusterCoordinator(strategy))
+  if kwargs.get('watcher') is None:  # Its flag: a variable of the chief.
+    kwargs['watcher'] = preemption.Watcher(signals=())
+  with strategy.scope():
+    placement = ps_placement.PsPlacement(strategy, policy, num_ps)
+    with placement.Scope():
+      task = model_params.Instantiate().task
+      # One replica per worker: the program sees a single host.
+      program = programs.TrainProgram(
+          [task], logdir, strategy, runner=functools.partial(
+              PsRunner, coordinator=coordinator, num_ps_workers=num_workers,
+              placement=placement), **kwargs)
+  logging.info('Parameter servers: %s', placement.Report())
+  return program
+
+
+class PsRunner(runners.SyncRunner):
+  """Steps scheduled on the workers by the chief's coordinator; see the
+  module docstring.
+
+  Args:
+    state: the program's train_state.TrainState.
+    coordinator: the chief's ClusterCoordinator.
+    num_ps_workers: the cluster's 'worker' tasks.
+    placement: the PsPlacement that placed the variables.
+    **kwargs: runners.SyncRunner's other arguments.
   """
 
-  def __init__(self, model_params, logdir, strategy, num_workers, num_ps,
+  def __init__(self, state, coordinator, num_ps_workers, placement,
                **kwargs):
-    policy = validation.CheckOneOf(
-        'task.train', 'ps_placement', model_params.task.train.ps_placement,
-        ps_placement.POLICIES)
-    self._coordinator = (
-        tf.distribute.experimental.coordinator.ClusterCoordinator(strategy))
-    self._num_ps_workers = num_workers
-    if kwargs.get('watcher') is None:  # Its flag: a variable of the chief.
-      kwargs['watcher'] = preemption.Watcher(signals=())
-    with strategy.scope():
-      self._placement = ps_placement.PsPlacement(strategy, policy, num_ps)
-      with self._placement.Scope():
-        task = model_params.Instantiate().task
-        # One replica per worker: the base program sees a single host.
-        super().__init__([task], logdir, strategy, **kwargs)
-        self._input_tickets = tf.Variable(
-            tf.constant(0, tf.int64), trainable=False, name='input_tickets')
-    self._num_devices = num_workers   # Workers compute concurrently.
-    logging.info('Parameter servers: %s', self._placement.Report())
+    super().__init__(state, **kwargs)
+    self._coordinator = coordinator
+    self._num_ps_workers = num_ps_workers
+    self.placement = placement
+    self.num_step_devices = num_ps_workers   # Workers compute concurrently.
+    self._input_tickets = tf.Variable(
+        tf.constant(0, tf.int64), trainable=False, name='input_tickets')
 
-  @property
-  def placement(self):
-    """The PsPlacement that placed the variables (bytes per server)."""
-    return self._placement
-
-  def _Iterator(self, dataset, start):
+  def Iterator(self, dataset, start):
     """Per-worker iterators; each worker reads its own input shard."""
     del dataset  # The chief's dataset; the workers build their own.
     num = self._num_ps_workers
     start_batch = start // num
-    inputs = [self._task.params.input.Copy().Set(
+    inputs = [self.state.task.params.input.Copy().Set(
         num_input_shards=num, input_shard_index=i).Instantiate()
-              for i in range(num)] if num > 1 else [self._input]
+              for i in range(num)] if num > 1 else [self.input_generator]
     tickets = self._input_tickets
 
     def _WorkerDataset():
@@ -147,20 +171,20 @@ class PsTrainProgram(programs.TrainProgram):
 
     return iter(self._coordinator.create_per_worker_dataset(_WorkerDataset))
 
-  def _StopTensor(self):
+  def StopTensor(self):
     # The loop runs on the workers, which cannot read the chief's stop flag:
-    # the chief looks at it between its calls (see _RunLoop).
+    # the chief looks at it between its calls (see Call).
     return tf.constant(False)
 
-  def _RunLoop(self, iterator, num_steps):
-    """Runs `num_steps` steps as calls on the workers; {stat name: float}
-    plus 'consecutive' and 'stop' (a signal to the chief: it stops at this
-    boundary)."""
+  def Call(self, loop, iterator, num_steps, keys):
+    """Runs `num_steps` steps as calls of `loop` on the workers;
+    {stat name: float} plus 'consecutive' and 'stop' (a signal to the
+    chief: it stops at this boundary)."""
     results = [
         self._coordinator.schedule(
-            self._train_loop, args=(iterator, tf.constant(n, tf.int32)))
+            loop, args=(iterator, tf.constant(n, tf.int32)))
         for n in SplitSteps(num_steps, self._num_ps_workers,
-                            self._steps_per_loop)]
+                            self.steps_per_loop)]
     self._coordinator.join()
     total = None
     for result in results:
@@ -168,14 +192,13 @@ class PsTrainProgram(programs.TrainProgram):
       if flat.size:  # Learning rate: the last call's; the rest: summed.
         total = flat if total is None else total + flat
         last_lr = flat
-    out = dict.fromkeys(self._stat_keys, 0.0)
+    out = dict.fromkeys(keys, 0.0)
     if total is not None:
-      out = dict(zip(self._stat_keys, (float(v) for v in total)))
+      out = dict(zip(keys, (float(v) for v in total)))
       if 'learning_rate' in out:
-        out['learning_rate'] = float(
-            last_lr[self._stat_keys.index('learning_rate')])
-    out['consecutive'] = int(self._consecutive.numpy())
-    out['stop'] = self._watcher.requested is not None
+        out['learning_rate'] = float(last_lr[keys.index('learning_rate')])
+    out['consecutive'] = int(self.state.consecutive.numpy())
+    out['stop'] = self.watcher.requested is not None
     return out
 
 

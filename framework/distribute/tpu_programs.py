@@ -1,9 +1,11 @@
 """The train program on a TPU: the whole step inside the replicated program.
 
 `TpuTrainProgram` is `programs.TrainProgram` with one task for all
-replicas: the TPUStrategy (framework/distribute/tpu.py) mirrors its variables on
-every replica (stage s of a pipelined model on logical core s) and compiles one
-replica's step with XLA. Differences from the base program:
+replicas and the step runner `TpuRunner`: the TPUStrategy
+(framework/distribute/tpu.py) mirrors the task's variables on every replica
+(stage s of a pipelined model on logical core s) and compiles one
+replica's step with XLA. Differences from the synchronous runner
+(framework/train/runners.py SyncRunner):
 
   * the step runs whole in the replica context (`strategy.run`): forward,
     backward, `all_reduce(MEAN)` of the gradients across replicas, the
@@ -13,7 +15,8 @@ replica's step with XLA. Differences from the base program:
   * variables a layer updates itself are combined by tf.distribute as their
     `aggregation` declares (SUM, MEAN, ONLY_FIRST_REPLICA) when the layer
     assigns them in the replica context (the seed's TPUMirroredVariable
-    aggregation), instead of the base program's per-copy combine;
+    aggregation), instead of the synchronous runner's per-copy combine
+    (with one task copy it has nothing to combine);
   * per-host infeed: `distribute_datasets_from_function` calls the dataset
     function once per host (input pipeline); each host reads its own shard
     (`num_input_shards` = hosts) and feeds its replicas consecutive
@@ -39,10 +42,12 @@ import tensorflow as tf
 
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.train import programs
+from cadence.framework.train import runners
 
 
-class TpuTrainProgram(programs.TrainProgram):
-  """Trains a task replicated by a TPUStrategy; see the module docstring.
+def TpuTrainProgram(model_params, logdir, strategy=None, **kwargs):
+  """A TrainProgram of a task replicated by a TPUStrategy; see the module
+  docstring.
 
   Args:
     model_params: the model's params (`model_registry.GetParams(key,
@@ -52,36 +57,45 @@ class TpuTrainProgram(programs.TrainProgram):
       default strategy).
     **kwargs: TrainProgram's other arguments (peak_flops, on_checkpoint,
       start_time, cluster, steps_per_loop, watcher, xla).
+
+  Returns:
+    A programs.TrainProgram whose runner is a TpuRunner.
   """
+  strategy = strategy or tf.distribute.get_strategy()
+  kwargs.pop('num_workers', None)
+  kwargs.pop('worker_index', None)
+  with strategy.scope():
+    task = model_params.Instantiate().task
+    return programs.TrainProgram([task], logdir, strategy, runner=TpuRunner,
+                                 **kwargs)
 
-  def __init__(self, model_params, logdir, strategy=None, **kwargs):
-    strategy = strategy or tf.distribute.get_strategy()
-    kwargs.pop('num_workers', None)
-    kwargs.pop('worker_index', None)
-    with strategy.scope():
-      task = model_params.Instantiate().task
-      super().__init__([task], logdir, strategy, **kwargs)
+
+class TpuRunner(runners.SyncRunner):
+  """The whole step of each replica inside `strategy.run`; see the module
+  docstring. Args: runners.SyncRunner's."""
+
+  def __init__(self, state, **kwargs):
+    super().__init__(state, **kwargs)
     # A TPU compiles the whole replicated step; --xla compiles it off one.
-    self._static_shapes = True
-    if isinstance(strategy, tf.distribute.TPUStrategy):
-      self._forwards = [self._Forward]
+    self.static_shapes = True
+    if isinstance(self.strategy, tf.distribute.TPUStrategy):
+      self.forwards = [self.Forward]
 
-  def _TaskCopies(self, num_workers):
-    del num_workers  # One task; the strategy mirrors its variables.
+  @classmethod
+  def TaskCopies(cls, strategy, num_workers):
+    del strategy, num_workers  # One task; the strategy mirrors it.
     return 1
 
-  def _Combine(self, synced, per_replica_sent, per_replica_before):
-    del synced, per_replica_sent, per_replica_before  # tf.distribute's.
+  def Batches(self, start):
+    """The batches of one host's input (`Iterator` builds each host's
+    itself); the static-shape check reads their spec."""
+    return self.input_generator.Dataset(start_batch=start)
 
-  def _ReplicaBatches(self, start):
-    """Unused: `_Iterator` builds each host's batches itself."""
-    return self._input.Dataset(start_batch=start)
-
-  def _Iterator(self, dataset, start):
+  def Iterator(self, dataset, start):
     """Per-host infeed: each input pipeline reads its shard of the data and
     cuts host batches into its replicas' consecutive batches."""
     del dataset
-    params = self._task.params.input
+    params = self.state.task.params.input
 
     def _HostDataset(ctx):
       p = params.Copy()
@@ -96,29 +110,30 @@ class TpuTrainProgram(programs.TrainProgram):
       return host_batches.map(lambda batch: NestedMap(batch).Transform(
           lambda x: tf.stack(tf.split(x, local)))).unbatch()
 
-    return iter(self._strategy.distribute_datasets_from_function(
+    return iter(self.strategy.distribute_datasets_from_function(
         _HostDataset))
 
   def _InReplicaStep(self, batch, step):
     """The whole step of one replica; returns its summed stats (the same
     on every replica)."""
     ctx = tf.distribute.get_replica_context()
-    out = self._forwards[0](batch, step, ctx.replica_id_in_sync_group)
+    out = self.forwards[0](batch, step, ctx.replica_id_in_sync_group)
     mean, total = tf.distribute.ReduceOp.MEAN, tf.distribute.ReduceOp.SUM
     grads = ctx.all_reduce(mean, out.grads)
     loss = ctx.all_reduce(mean, out.loss)
-    stats = self._learner.ApplyGradients(
-        step, self._learner.trainable_vars.Pack(grads), loss=loss)
+    learner = self.state.learner
+    stats = learner.ApplyGradients(
+        step, learner.trainable_vars.Pack(grads), loss=loss)
     summed = ctx.all_reduce(total, NestedMap(examples=out.examples,
                                              metrics=out.metrics))
     return NestedMap(stats=stats, examples=summed.examples,
                      metrics=summed.metrics)
 
-  def _Step(self, iterator):
-    step = self._global_step.read_value()
-    per_replica = self._strategy.run(self._InReplicaStep,
-                                     args=(next(iterator), step))
+  def Step(self, iterator):
+    step = self.state.global_step.read_value()
+    per_replica = self.strategy.run(self._InReplicaStep,
+                                    args=(next(iterator), step))
     first = tf.nest.map_structure(
-        lambda x: self._strategy.experimental_local_results(x)[0],
+        lambda x: self.strategy.experimental_local_results(x)[0],
         per_replica)
-    return self._StepDone(first.stats, first.examples, first.metrics)
+    return self.state.CountStep(first.stats, first.examples, first.metrics)

@@ -4,7 +4,12 @@ Why a room of its own: none of it is needed to define or inspect a model,
 and all of it is needed to train one. It imports the core and the pipeline
 room (for nothing but what a task's FProp already uses).
 
-  programs        TrainProgram: the compiled train loop over replicas.
+  programs        TrainProgram: the train loop (boundaries, summaries,
+                  checkpoints, preemption) around a state and a runner.
+  train_state     TrainState: learners, counters, EMA; what a checkpoint
+                  holds.
+  runners         how one step runs on a strategy (SyncRunner: synchronous
+                  replicas); the seam a distribution option supplies.
   replicas        one task copy per replica, gradients all-reduced stage by
                   stage on the stages' devices.
   eval_programs   evaluation and decoding of checkpoints.

@@ -81,7 +81,7 @@ class XlaStepTest(tf.test.TestCase):
     self.assertEqual(program.Run(), _STEPS)
     # The step was compiled: the XLA function traced once, for one shape.
     self.assertEqual(
-        program._forwards[0].experimental_get_tracing_count(), 1)  # pylint: disable=protected-access
+        program.runner.forwards[0].experimental_get_tracing_count(), 1)
     self._AssertSameWeights(_Weights(program), self._Reference(splits=2))
 
   def testUnpipelinedStepCompilesAndEqualsTheUncompiledStep(self):
@@ -89,9 +89,9 @@ class XlaStepTest(tf.test.TestCase):
     p.task.stack_tpl.pipeline_tpl.num_micro_batches = 1
     program = programs.TrainProgram(p.Instantiate().task, self._Dir(),
                                     peak_flops=1e12)
-    batch = next(iter(program._ReplicaBatches(0)))  # pylint: disable=protected-access
+    batch = next(iter(program.runner.Batches(0)))
     step = tf.constant(0, tf.int64)
-    fn = functools.partial(program._Forward, local=0)  # pylint: disable=protected-access
+    fn = functools.partial(program.runner.Forward, local=0)
     want = tf.function(fn, autograph=False)(batch, step, 0)
     got = tf.function(fn, jit_compile=True, autograph=False)(batch, step, 0)
     self.assertAllClose(got.loss, want.loss, rtol=1e-6)
@@ -112,9 +112,9 @@ class XlaStepTest(tf.test.TestCase):
     p.task.fprop_dtype = tf.bfloat16
     program = programs.TrainProgram(p.Instantiate().task, self._Dir(),
                                     peak_flops=1e12)
-    batch = next(iter(program._ReplicaBatches(0)))  # pylint: disable=protected-access
+    batch = next(iter(program.runner.Batches(0)))
     step = tf.constant(0, tf.int64)
-    fn = functools.partial(program._Forward, local=0)  # pylint: disable=protected-access
+    fn = functools.partial(program.runner.Forward, local=0)
     want = tf.function(fn, autograph=False)(batch, step, 0)
     got = tf.function(fn, jit_compile=True, autograph=False)(batch, step, 0)
     self.assertEqual(got.loss.dtype, tf.float32)

@@ -49,7 +49,7 @@ class TrainProgramTest(tf.test.TestCase):
                                        summary_interval_steps=20))
     self.assertEqual(program.Run(), 200)
     # One trace for every loop length (the step count is a tensor).
-    self.assertEqual(program._train_loop.experimental_get_tracing_count(), 1)  # pylint: disable=protected-access
+    self.assertEqual(program.train_loop.experimental_get_tracing_count(), 1)
     scalars = summary_utils.ReadScalars(os.path.join(logdir, 'train'))
     losses = [v for _, v in scalars['loss']]
     self.assertEqual([s for s, _ in scalars['loss']], list(range(20, 201, 20)))
@@ -61,7 +61,7 @@ class TrainProgramTest(tf.test.TestCase):
     self.assertAllClose(scalars['learning_rate'][-1][1], 0.01)
     self.assertEqual(scalars['skipped_steps_total'][-1][1], 0)
     # Utilisation: examples/s x train FLOPs per example / peak.
-    one = train_report.InputShapes(program._input.Dataset(), 1)  # pylint: disable=protected-access
+    one = train_report.InputShapes(program.input_generator.Dataset(), 1)
     flops = 3 * regression.RegressionModel.FPropMeta(program.task.params,
                                                      one).flops
     step, mfu = scalars['mfu'][-1]
@@ -76,14 +76,14 @@ class TrainProgramTest(tf.test.TestCase):
     loss falls) and writes no file (no checkpoint, no summary)."""
     logdir = self.get_temp_dir()
     program = _Program(logdir, _Params(max_steps=1000))
-    dataset = program._input.Dataset()  # pylint: disable=protected-access
+    dataset = program.input_generator.Dataset()
     run = program.StepRunner(dataset)
     files = lambda: sorted(os.path.join(d, f) for d, _, fs in os.walk(logdir)  # pylint: disable=g-long-lambda
                            for f in fs)
     made = files()
 
     def _Loss():   # One more step on the first batch: its loss.
-      stats = program._RunLoop(program._Iterator(dataset, 0), 1)  # pylint: disable=protected-access
+      stats = program.RunSteps(program.runner.Iterator(dataset, 0), 1)
       return stats['metrics.loss.vw'] / stats['metrics.loss.w']
 
     before = _Loss()
@@ -107,8 +107,8 @@ class TrainProgramTest(tf.test.TestCase):
         max_steps=60, summary_interval_steps=20, log_interval_steps=50,
         save_interval_steps=60, **train), clock=_Clock)
     programs_made.append(program)
-    run_loop = program._RunLoop  # pylint: disable=protected-access
-    with mock.patch.object(program, '_RunLoop', wraps=run_loop) as run_loop, \
+    with mock.patch.object(program, 'RunSteps',
+                           wraps=program.RunSteps) as run_loop, \
         self.assertLogs(level='INFO') as logs:
       self.assertEqual(program.Run(), 60)
     lines = [int(m.group(1)) for m in
@@ -148,13 +148,13 @@ class TrainProgramTest(tf.test.TestCase):
     # trainer that exits next does not wait for them to stop.
     program = _Program(self.get_temp_dir(), _Params(max_steps=3))
     made = []
-    make = programs.TrainProgram._Iterator  # pylint: disable=protected-access
+    make = program.runner.Iterator
 
-    def _Made(self, *args):
-      made.append(make(self, *args))
+    def _Made(*args):
+      made.append(make(*args))
       return made[-1]
 
-    with mock.patch.object(programs.TrainProgram, '_Iterator', _Made):
+    with mock.patch.object(program.runner, 'Iterator', _Made):
       self.assertEqual(3, program.Run())
     ref = weakref.ref(made.pop())
     gc.collect()
@@ -175,7 +175,7 @@ class TrainProgramTest(tf.test.TestCase):
     watcher = preemption.Watcher(signals=(), agreement=lambda local: (
         tf.logical_or(local, step[0].read_value() >= 7)))
     program = _Program(stopped, _Params(max_steps=30), watcher=watcher)
-    step.append(program._global_step)  # pylint: disable=protected-access
+    step.append(program.state.global_step)
     train_dir = os.path.join(stopped, 'train')
     with self.assertRaisesRegex(
         programs.Preempted,
