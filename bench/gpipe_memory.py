@@ -81,7 +81,7 @@ devices = {{}}
 if {per_device}:
   devices = {{d: b / 2**20 for d, b in memory_profile.DeviceTotals(
       memory_profile.DevicePeaks(lambda: Step(3), placement),
-      model.train_vars).items()}}
+      model.train_vars, [ids, labels, pads]).items()}}
 stages, shared = model.Estimate()
 print(json.dumps(dict(
     tensor_mib=tensor / 2**20, estimate_mib=shared / 2**20,
@@ -125,7 +125,7 @@ with cluster_lib.Cluster.Params().Set(num_devices=2,
   if {per_device}:
     devices = {{d: b / 2**20 for d, b in memory_profile.DeviceTotals(
         memory_profile.DevicePeaks(lambda: Step(3), placement),
-        variables).items()}}
+        variables, batch).items()}}
   stages = [s.total for s in inspect_lib.TaskStages(
       task, memory_estimate.DeviceMemory)]
   shared = inspect_lib.TaskStages(task, memory_estimate.SharedMemory).total

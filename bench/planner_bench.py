@@ -216,9 +216,9 @@ def _SetDevices(n):
 
 
 def _Build(model, layout, trace=False):
-  """(run(step), the variables it uses) of an R = 1 `layout`'s train step,
-  built on CPU:0..K-1 (inspect_pipeline.TrainStep: forward, gradients,
-  update)."""
+  """(run(step), the variables it uses, the batch it runs on) of an R = 1
+  `layout`'s train step, built on CPU:0..K-1 (inspect_pipeline.TrainStep:
+  forward, gradients, update)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   from cadence.framework.jobs import inspect_pipeline  # pylint: disable=g-import-not-at-top
@@ -234,7 +234,7 @@ def _Build(model, layout, trace=False):
     batch = NestedMap(next(iter(task.params.input.Instantiate().Dataset())))
     step, variables = inspect_pipeline.TrainStep(task)
   run = lambda s: float(step(batch, tf.constant(s, tf.int64)))  # pylint: disable=unnecessary-lambda-assignment
-  return run, variables
+  return run, variables, batch
 
 
 def _Program(model, layout, cluster=None, strategy=None, params=None):
@@ -468,11 +468,12 @@ def ChildMemory(name, spec):
   from cadence.framework.pipeline import memory_profile  # pylint: disable=g-import-not-at-top
   model = plan_model.PlanModel(_Params(name))
   layout = _Layout(spec)
-  run, variables = _Build(model, layout, trace=True)
+  run, variables, batch = _Build(model, layout, trace=True)
   placement = memory_profile.Placement(lambda: run(0))
   run(1)
   totals = memory_profile.DeviceTotals(
-      memory_profile.DevicePeaks(lambda: run(2), placement), variables)
+      memory_profile.DevicePeaks(lambda: run(2), placement), variables,
+      batch)
   print(json.dumps(dict(
       measured=[totals.get(f'CPU:{d}', 0) for d in range(layout.devices)],
       unattributed=totals.get(memory_profile.UNATTRIBUTED, 0),

@@ -1,8 +1,8 @@
 """Cluster: which devices the model uses, grouped into model splits.
 
 A *model split* is the group of devices that together hold one copy of the
-model: a pipelined model puts its K cells on the K devices of a split. With
-D devices and `worker_split_size` S, there are D / S splits, and each split
+model: a pipelined model puts its stages on the K devices of a split. With
+N devices and `worker_split_size` K, there are N / K splits, and each split
 is one data-parallel replica (Lingvo's split id): replica r runs on
 `DevicesInModelSplit(r)`, stage s of it on the split's device s.
 
@@ -219,7 +219,7 @@ class Cluster:
 
   @property
   def devices(self):
-    """Every device, in order; split s holds devices[s*S:(s+1)*S]."""
+    """Every device, in order; split r holds devices[r*K:(r+1)*K]."""
     return list(self._devices)
 
   @property

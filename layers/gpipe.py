@@ -3,17 +3,18 @@
 Huang et al., 2019, "GPipe: Efficient Training of Giant Neural Networks
 using Pipeline Parallelism", arXiv:1811.06965.
 
-A model that is a sequence of layers is cut into K *cells* (contiguous
-groups of layers of near-equal FLOPs, `PartitionSequentialLayers`); the
-pipeline's *stages* run them, stage i on the device its schedule places it
-on among the D devices of the current model split (`cluster.Cluster`;
-stage i on device i % D for most schedules). The batch is split into M
-*micro-batches* (framework/pipeline/microbatch.py) and one executor
+A model that is a sequence of layers is cut into S *stages* (contiguous
+groups of layers of near-equal FLOPs, `PartitionSequentialLayers`; Lingvo
+calls the layer that runs a stage a *cell*, `cell_tpl`), stage i on the
+device its schedule places it on among the K devices of the current model
+split (`cluster.Cluster`; stage i on device i % K for most schedules). The
+batch is cut into M *micro-batches* (framework/pipeline/microbatch.py) and
+one executor
 (framework/pipeline/executor.py) runs the actions of the schedule `schedule`
 names (framework/pipeline/schedules.py, a registry of schedules as data:
 each device's ordered forwards and backwards). With GPipe's, stage i works
 on micro-batch t - i at tick t, so the devices overlap except for the
-(K-1)/(M+K-1) bubble, and the backward re-runs each stage's forward before
+(S-1)/(M+S-1) bubble, and the backward re-runs each stage's forward before
 back-propagating through it (rematerialisation, `remat`), so a device holds
 the activations of its stage for at most `backward_window` micro-batches at
 a time (with remat='except_last', the last micro-batch keeps its forward
@@ -25,7 +26,7 @@ The loss: `FProp`/`FPropCells` return the cells' outputs and the caller
 computes the loss after them, which works with a schedule that runs every
 forward first (GPipe). A schedule whose backwards start before the forward
 ends (1F1B: each stage alternates the forward of a new micro-batch with the
-backward of an old one, so it holds at most K micro-batches' activations
+backward of an old one, so it holds at most S micro-batches' activations
 instead of M) needs each micro-batch's loss as soon as it leaves the last
 stage. The owner of a pipeline trains it with any schedule by calling
 `FPropLoss(cells, loss, *inputs, side_inputs=)` with a per-micro-batch
@@ -211,11 +212,11 @@ class SeqLayer(base_layer.BaseLayer):
     return self.StageDevices(num_cells or len(self.params.cell_tpl))[i]
 
   def CheckNumCells(self, num_cells):
-    """Checks K cells against the D devices of the model split.
+    """Checks S cells (stages) against the K devices of the model split.
 
-    K < D would leave devices idle: an error (say --worker_split_size=K).
-    K > D puts several cells on a device (`StageDevices`; most schedules:
-    cell i on device i % D): allowed, and logged, as a deliberate choice
+    S < K would leave devices idle: an error (say --worker_split_size=S).
+    S > K puts several cells on a device (`StageDevices`; most schedules:
+    cell i on device i % K): allowed, and logged, as a deliberate choice
     (e.g. a 4-stage model on 2 GPUs).
     """
     d = len(self._devices)
@@ -340,12 +341,13 @@ class PipeliningLayer(SeqLayer):
              'registered name (framework/pipeline/schedules.py): '
              + ', '.join(schedules.Names()) + '. A schedule whose '
              'backwards start before the forward ends (e.g. 1F1B: each cell '
-             'holds at most K micro-batches of activations) runs the loss '
+             'holds at most S micro-batches of activations) runs the loss '
              'inside the pipeline: the owner calls FPropLoss.')
     p.Define('stages_per_device', 1, 'v: pipeline stages per device '
              '(interleaved_1f1b: v >= 1, zb_v: 2). A layer that cuts its own '
              'cells (GPipeTransformerStack, ResNet) cuts its `splits` K '
-             'into K * v stages; with cell_tpl, give K * v cells.')
+             '(the devices) into K * v stages; with cell_tpl, give K * v '
+             'cells.')
     p.Define('schedule_table', '', "With schedule='table': the action lists "
              'as text, one line per device, e.g. "F0:0 F0:1 B0:0 B0:1" '
              '(kind F, B or W, stage:micro_batch; W splits the backward); '
@@ -422,7 +424,7 @@ class PipeliningLayer(SeqLayer):
                              ) from None
 
   def CheckNumCells(self, num_cells):
-    """SeqLayer's check, then `stages_per_device`: v > 1 needs K = D * v
+    """SeqLayer's check, then `stages_per_device`: v > 1 needs S = K * v
     cells (v per device), and the schedule's placement must fit."""
     super().CheckNumCells(num_cells)
     d, v = len(self._devices), self.params.stages_per_device
@@ -632,14 +634,14 @@ class PipeliningLayer(SeqLayer):
   def FPropCells(self, cells, *inputs, step_seed=None):
     """Runs `cells` (a list of PipelineCell) as this layer's pipeline.
 
-    Cell i runs on `CellDevice(i, K)`. With is_inference and one device per
+    Cell i runs on `CellDevice(i, S)`. With is_inference and one device per
     split the cells run one after the other on the whole batch. The loss
     is the caller's, after the pipeline: a training step with a schedule
     that needs the loss inside (`schedules.LossInside`) is an error; call
     FPropLoss.
 
     Args:
-      cells: K PipelineCells.
+      cells: S PipelineCells.
       *inputs: the first cell's inputs (see FProp).
       step_seed: the step seed of the whole batch, or None.
 
@@ -721,7 +723,7 @@ class PipeliningLayer(SeqLayer):
     summing.
 
     Args:
-      cells: K PipelineCells.
+      cells: S PipelineCells.
       loss: a PipelineCell whose fprop(theta, outputs, side) returns a
         NestedMap holding `loss`, a float scalar: the micro-batch's summed
         loss; other scalars (metric sums) and tensors with the batch at

@@ -73,7 +73,7 @@ def TraceActions(params):
   return params
 
 
-def MemoryReport(task, devices, peaks, variables):
+def MemoryReport(task, devices, peaks, variables, inputs=()):
   """Per device: the measured peak (the step's tensors + its variables)
   next to the estimate of its stages (memory_estimate.StageMemory).
 
@@ -83,13 +83,15 @@ def MemoryReport(task, devices, peaks, variables):
     peaks: memory_profile.DevicePeaks of the step, or None (no events).
     variables: the tf.Variables the step uses (the task's, the optimizer's):
       memory_profile.DeviceTotals adds them to the peaks.
+    inputs: the batch the step was called with (made before it), added
+      likewise.
   """
   if peaks is None:
     return ('Memory per device: the profile holds no allocator event (on '
             'CPU, set TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow '
             'starts).\n')
   short = memory_profile.ShortDevice
-  measured = memory_profile.DeviceTotals(peaks, variables)
+  measured = memory_profile.DeviceTotals(peaks, variables, inputs)
   # Each device's stages at its worst moment together (DeviceMemory).
   per_device = inspect_lib.TaskStages(task, memory_estimate.DeviceMemory)
   estimate = {short(device): stage.total
@@ -146,7 +148,7 @@ def InspectPipeline(params, logdir=None):
   memory = MemoryReport(
       task, devices,
       memory_profile.Peaks(events, placement) if events else None,
-      variables)
+      variables, batch)
   if out:
     timeline.WritePictures(out)
     writer = summary_utils.SummaryWriter(out)

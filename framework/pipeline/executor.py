@@ -61,7 +61,7 @@ A re-run waits for its output gradients (control dependencies inside the
 cell's backward function), or TF would run it during the forward and keep
 its activations. Measured (bench/gpipe_memory.py, d 256 Transformer, batch
 32, M=8): peak tensor memory of a training step grows by 10 MiB per layer
-with W=1 (K=1 and K=4), 33 MiB unpipelined.
+with W=1 (1 and 4 stages), 33 MiB unpipelined.
 
 Each cell is traced once (cell_program.CellProgram) and called per action;
 `trace_actions` inlines a copy per call instead, named in the action's scope

@@ -34,7 +34,7 @@ bench/gpipe_memory.py: per device from the allocator's events
 
 How many micro-batches' activations a cell keeps at its worst tick (W =
 backward_window, in flight = schedules.InFlight: M for GPipe,
-min(K-i, M) for 1F1B; KeptMicroBatches, and per tick `Moments`):
+min(S-i, M) for 1F1B with S stages; KeptMicroBatches, and per tick `Moments`):
 
   remat 'never':       in flight;
   remat 'selective':   in flight, but only `act_weights` bytes of each (the
@@ -180,7 +180,7 @@ def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
   and the most in flight (whose outputs wait for the backward).
 
   Returns:
-    (kept activations, kept outputs): two lists of K ints.
+    (kept activations, kept outputs): two lists of S ints, one a stage.
   """
   memory = NestedMap(schedule=schedule, remat=remat,
                      num_micro_batches=num_micro_batches,
@@ -217,7 +217,7 @@ def Moments(memory, params, slots, grads=None):
 
   Args:
     memory: NestedMap(schedule (a registered name, or None: unpipelined),
-      remat, num_micro_batches, backward_window, cells=K NestedMaps(act:
+      remat, num_micro_batches, backward_window, cells=S NestedMaps(act:
       bytes a micro-batch's backward reads, act_weights: of them, those
       remat 'selective' keeps, residuals: what W reads after a split B
       (read only by schedules that split it), out: bytes of its output,
@@ -229,13 +229,13 @@ def Moments(memory, params, slots, grads=None):
       schedule_table (a 'table' schedule's text) and input (bytes of one
       micro-batch of the pipeline's inputs, default 0), as a task's
       FPropMeta gives it.
-    params: K ints, bytes of each stage's variables.
-    slots: K ints, bytes of each stage's optimizer slots.
-    grads: K ints, bytes of the trained variables' gradients (default:
+    params: S ints, bytes of each stage's variables.
+    slots: S ints, bytes of each stage's optimizer slots.
+    grads: S ints, bytes of the trained variables' gradients (default:
       params).
 
   Returns:
-    A list of moments, each a list of K `Stage`s.
+    A list of moments, each a list of S `Stage`s.
   """
   cells = memory.cells
   grads = params if grads is None else grads

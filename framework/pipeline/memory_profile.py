@@ -11,7 +11,7 @@ host that share one allocator (whose own peak is only the sum at the
 process's worst moment).
 
 Buffers allocated before the profiled call (variables, the inputs) are not
-in it; add the variables' bytes per device. Ops the placed graphs do not
+in it; `DeviceTotals` adds their bytes per device. Ops the placed graphs do not
 name (inside a function the step calls without inlining it) count as
 `UNATTRIBUTED`: build pipelines with `trace_actions` to measure them per
 device.
@@ -147,18 +147,23 @@ def ShortDevice(device):
                                                               1)[-1]
 
 
-def DeviceTotals(peaks, variables):
+def DeviceTotals(peaks, variables, inputs=()):
   """Per device ('CPU:1'; UNATTRIBUTED kept): its measured peak (Peaks) plus
-  the bytes of its variables (the buffers a step's profile does not see).
+  the bytes of the buffers a step's profile does not see: its variables,
+  and its inputs made before the profiled call.
 
   Args:
     peaks: {device: bytes} (Peaks, DevicePeaks).
     variables: the tf.Variables the step uses (the model's, the
       optimizer's).
+    inputs: a nest of the eager tensors the step is called with (its
+      batch), each on its own device.
   """
   totals = collections.Counter()
   for v in variables:
     totals[ShortDevice(v.device)] += v.shape.num_elements() * v.dtype.size
+  for t in tf.nest.flatten(inputs):
+    totals[ShortDevice(t.device)] += t.shape.num_elements() * t.dtype.size
   for device, size in peaks.items():
     totals[device if device == UNATTRIBUTED else ShortDevice(device)] += size
   return dict(totals)

@@ -21,7 +21,7 @@ reads a trainable tf.Variable not passed in theta is rejected with a
 ValueError (it would silently get no gradient); pass the layer's theta.
 Non-trainable variables (counters) may be read or updated.
 
-`StackedRecurrent` (K cells on K devices as a pipeline wavefront) lives in
+`StackedRecurrent` (S cells on S devices as a pipeline wavefront) lives in
 the pipeline executor (`executor.py`) and is re-exported here.
 
 Example:

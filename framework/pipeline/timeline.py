@@ -23,8 +23,8 @@ s % D of the model split):
 
 The measured bubble is the idle share of all devices' time in the span,
 next to the ideal: the bubble of the schedule's own action lists when every
-action takes the same time (`schedules.Schedule.Bubble`; (K-1)/(M+K-1) for
-GPipe and 1F1B). The chart (framework/pipeline/timeline_chart.py) draws each
+action takes the same time (`schedules.Schedule.Bubble`; (S-1)/(M+S-1) for
+GPipe and 1F1B over S stages). The chart (framework/pipeline/timeline_chart.py) draws each
 action's blocks on its device's row, the other ops on a row of their own;
 `SpanTable` lists every action's exact times.
 
@@ -138,8 +138,8 @@ class Timeline:
     devices: the model split's devices.
     schedule: the `schedules.Schedule` that ran, or its registered name
       (built for the profile's stages, devices and micro-batches): where
-      each stage ran and the ideal bubble come from its action lists; None: stage s ran on devices[s % D], ideal
-      (K-1)/(M+K-1).
+      each stage ran and the ideal bubble come from its action lists; None:
+      stage s ran on devices[s % K], ideal (S-1)/(M+S-1).
     join: seconds; an action's ops closer than this form one block (default:
       a 250th of the pipeline's span: 4 pixels of a 1000-pixel chart).
 

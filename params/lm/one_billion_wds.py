@@ -90,7 +90,7 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
   WORKER_SPLIT_SIZE = SPLITS   # One device per pipeline stage.
   NUM_MICRO_BATCHES = 32
   # A registered pipeline schedule (framework/pipeline/schedules.py): GPipe
-  # by default; 1f1b holds the activations of K micro-batches, not M.
+  # by default; 1f1b holds the activations of S micro-batches, not M.
   SCHEDULE = schedules.DEFAULT
   REMAT = 'except_last'       # 'never' with '1f1b': no re-run forwards.
   SOFTMAX_MAX_ALLOC = 128 * 1024 * 1024   # logits computed at once

@@ -24,6 +24,13 @@ class PeaksTest(tf.test.TestCase):
                            memory_profile.UNATTRIBUTED: 5}, [v]))
     self.assertEqual({'d0': 130, 'd1': 50, memory_profile.UNATTRIBUTED: 5},
                      memory_profile.Peaks(events, placement))
+    # The batch the step is called with, made before it: on its device.
+    with tf.device(_CPU0):
+      batch = dict(x=tf.zeros([4, 3], tf.float32), y=tf.zeros([4], tf.int64))
+    self.assertEqual({'CPU:0': 7 + 4 * 3 * 4 + 4 * 8, 'CPU:1': 40 + 9},
+                     memory_profile.DeviceTotals(
+                         {'/device:CPU:0': 7, '/device:CPU:1': 9}, [v],
+                         batch))
 
   def testRealStep(self):
     # Known buffers on two logical CPUs: on CPU:1, x and y (1 MiB each) are
