@@ -32,47 +32,12 @@ from cadence.framework import cluster as cluster_lib
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.framework import validation
+from cadence.framework.pipeline import partition
 from cadence.layers import combinators
 
 NestedMap = base_layer.NestedMap
+BalancedPartition = partition.BalancedPartition
 COSTS = ('flops', 'measured')
-
-
-def BalancedPartition(costs, num_parts):
-  """Optimal contiguous partition of `costs` into `num_parts` parts.
-
-  Minimises the largest part's sum (dynamic programming, O(K * L^2)); every
-  part is non-empty.
-
-  Args:
-    costs: list of L non-negative numbers.
-    num_parts: K, 1 <= K <= L.
-
-  Returns:
-    K + 1 boundaries [0, b_1, ..., L]: part i is costs[b_i:b_{i+1}].
-  """
-  n = len(costs)
-  if not 1 <= num_parts <= n:
-    raise ValueError(f'BalancedPartition: num_parts={num_parts} must be in '
-                     f'[1, {n}] (the number of items).')
-  prefix = [0]
-  for c in costs:
-    prefix.append(prefix[-1] + c)
-  inf = float('inf')
-  # best[k][j]: min max-part of costs[:j] in k parts; cut[k][j]: last start.
-  best = [[inf] * (n + 1) for _ in range(num_parts + 1)]
-  cut = [[0] * (n + 1) for _ in range(num_parts + 1)]
-  best[0][0] = 0
-  for k in range(1, num_parts + 1):
-    for j in range(k, n - (num_parts - k) + 1):
-      for s in range(k - 1, j):
-        v = max(best[k - 1][s], prefix[j] - prefix[s])
-        if v < best[k][j]:
-          best[k][j], cut[k][j] = v, s
-  bounds = [n]
-  for k in range(num_parts, 0, -1):
-    bounds.append(cut[k][bounds[-1]])
-  return bounds[::-1]
 
 
 def SplitBoundaries(owner, splits, costs, items, int_rule):

@@ -9,6 +9,7 @@ when. It imports only the core.
   remat_policy    which forward tensors a backward keeps or recomputes.
   recurrent       Recurrent: one cell over the steps of a sequence.
   microbatch      cutting a batch into micro-batches and stitching it back.
+  partition       the optimal contiguous cut of costs into stages.
   schedules       schedules as data: actions per device, one registry.
   executor        the one executor that runs any schedule's actions, with
                   the loss outside (StackedRecurrent) or inside

@@ -79,6 +79,7 @@ import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import partition
 from cadence.framework.pipeline import schedules
 from cadence.framework.pipeline import timeline_chart
 from cadence.framework.planning import calibration
@@ -88,7 +89,6 @@ from cadence.framework.planning import plan_measure
 from cadence.framework.planning import plan_model
 from cadence.framework.planning import plan_report
 from cadence.framework.planning import step_model
-from cadence.layers import gpipe_partition
 
 Layout = plan_model.Layout
 # Cheapest first: each re-runs more of the forward than the one before.
@@ -224,7 +224,7 @@ class Planner:
     times = [c.rerun + c.once + c.loss + c.backward +
              (c.rerun if layout.remat != 'never' else 0.0)
              for c in self.Items(mb)]
-    return gpipe_partition.BalancedPartition(times, layout.stages)
+    return partition.BalancedPartition(times, layout.stages)
 
   def Memory(self, layout, schedule=None):
     """The layout's pipeline plan (cached; `schedule`: its Schedule, if
