@@ -16,8 +16,8 @@ it is filled by the decorators at import time and read through the
 functions below.
 
 `ScanKeys` lists the keys without importing anything: it reads the
-decorators in the source of params/ with `ast` (about 10 ms; importing the
-experiments imports TensorFlow, seconds), so the trainer answers a
+decorators in the source of params/ with `ast` (milliseconds; importing
+the experiments imports TensorFlow, seconds), so the trainer answers a
 misspelt --model before TensorFlow loads (`CheckKey`). This module imports
 no TensorFlow.
 """

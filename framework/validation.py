@@ -71,7 +71,9 @@ def Owner(obj, name=None):
 
 def ShortRepr(value, limit=160):
   """repr of a params value for one line: layer params as `Class.Params()`,
-  anything longer than `limit` characters cut with '...'."""
+  anything longer than `limit` characters cut with '...': a string in its
+  middle (a path keeps its start and its file's name), anything else at
+  its end."""
   if isinstance(value, hyperparams.InstantiableParams):
     return f'{getattr(value.cls, "__name__", value.cls)}.Params()'
   if isinstance(value, (list, tuple)) and value and all(
@@ -80,7 +82,12 @@ def ShortRepr(value, limit=160):
     text = f'[{inner}]' if isinstance(value, list) else f'({inner})'
   else:
     text = repr(value)
-  return text if len(text) <= limit else text[:limit - 3] + '...'
+  if len(text) <= limit:
+    return text
+  if isinstance(value, str):
+    head = (limit - 3) // 2
+    return text[:head] + '...' + text[len(text) - (limit - 3 - head):]
+  return text[:limit - 3] + '...'
 
 
 def Error(owner, field, value, rule, error_cls=ValueError):

@@ -279,8 +279,7 @@ def Plan(cls, p, *input_shapes):
 
   def _Costs(size):
     # Once per micro-batch size: the planner re-plans every layout of a
-    # size (of the 1.7B LM on h100x8, re-costing the units took 84% of the
-    # search's time).
+    # size, and re-costing the units was most of a search's time.
     if size not in costed:
       units, outs, first = UnitCosts(
           cls, p, tuple(s.WithDim(0, size) for s in shapes_in))

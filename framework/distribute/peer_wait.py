@@ -13,10 +13,10 @@ the distribution option waits here first, where Python runs:
     interface, SO_REUSEADDR), accepting and closing each probe, since its
     peers wait for it too; the socket is closed when the wait ends, right
     before TensorFlow's server binds the port. A peer's probe that lands
-    between the two is refused and retried (measured here: in a two-worker
-    start the port refused connections for 7 ms between the close and
-    MultiWorkerMirroredStrategy's bind; TensorFlow's server binds a port
-    that still holds the TIME_WAIT socket of an accepted probe);
+    between the two is refused and retried (milliseconds, in a two-worker
+    start, between the close and MultiWorkerMirroredStrategy's bind;
+    TensorFlow's server binds a port that still holds the TIME_WAIT socket
+    of an accepted probe);
   * a log line names the peers not seen yet (job, index, address) after
     1 s and then every 10 s;
   * after `timeout_s` (--peer_timeout_s; 0: no limit) a `WaitError` names

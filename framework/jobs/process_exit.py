@@ -3,13 +3,10 @@
 When `main` returns, CPython tears the interpreter down: it joins the
 non-daemon threads, runs the atexit handlers, then frees every module's
 objects with full garbage collections over TensorFlow's objects, graphs
-and functions. Measured here (TensorFlow 2.21): 1.2 s of CPU after
-KerasMlpTiny's last line with 2 replicas, 1.4-1.8 s per full collection in
-a tiny MultiWorkerMirroredStrategy script (13 s from its end to its exit);
-on a loaded machine (load 9-27 on 2 cores) the teardown took 7-80 s of
-wall time between the trainer's last line and its exit, and in a multi-host
+and functions: seconds of CPU, and on a loaded machine tens of seconds of
+wall time between the trainer's last line and its exit; in a multi-host
 job the hosts' teardowns raced the coordination service's heartbeats
-(framework/distribute/coordinated_exit.py). The teardown writes nothing the
+(framework/distribute/coordinated_exit.py) (figures: the README, "Measured on the development machine"). The teardown writes nothing the
 trainer needs: checkpoints are whole when saved, summaries are flushed at
 each write, params.txt and the decoder's output are closed files by then.
 

@@ -59,9 +59,8 @@ Memory (rematerialisation) by `remat`, what F(s, j) keeps for B(s, j):
     'weights'; eagerly it keeps all, as 'never').
 A re-run waits for its output gradients (control dependencies inside the
 cell's backward function), or TF would run it during the forward and keep
-its activations. Measured (bench/gpipe_memory.py, d 256 Transformer, batch
-32, M=8): peak tensor memory of a training step grows by 10 MiB per layer
-with W=1 (1 and 4 stages), 33 MiB unpipelined.
+its activations: with W=1 a step's peak grows by about a third of what
+the unpipelined step's does per layer (bench/gpipe_memory.py prints it).
 
 Each cell is traced once (cell_program.CellProgram) and called per action;
 `trace_actions` inlines a copy per call instead, named in the action's scope

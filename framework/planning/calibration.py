@@ -167,12 +167,8 @@ def FitSplitOverhead(planner, steps):
   """Seconds a split backward adds per layer of each micro-batch (>= 0):
   the mean over the one-device layouts of `steps` whose schedule splits
   it of (measured - predicted without it) / (M x layers). 0 without such
-  layouts.
-
-  Measured on this machine (bench-style interleaved steps, 10 a sample):
-  the Tiny LM on one device at M=8 took 163 ms with zb_h1 against 140 ms
-  with gpipe, and on 2 devices 135 ms against 1f1b's 117 ms, all actions
-  and FLOPs alike but for the cut."""
+  layouts. A cut backward costs more than the fused one with the same
+  actions and FLOPs (figures: the README, "Measured on the development machine")."""
   return _MeanExcess(
       planner, _OneDevice(steps, split=True),
       planner.overheads._replace(split=0.0),
@@ -202,12 +198,10 @@ def FitConcurrency(planner, steps, highest=None):
   much two of them gain together depends on the work: a chain of small
   ops (a pipeline's actions on micro-batches) leaves cores idle that a
   second device's actions fill, which a probe of one layer's forward and
-  backward (plan_measure.Concurrency) does not see. On this machine the
-  probe measured 1.13-1.25; the real 2-device steps of the Tiny LM fitted
-  1.5-1.6, of the bench Transformer 1.7 (bench/planner_bench.py). The gain
-  depends on the micro-batch too: an action on more examples keeps more
-  of the cores busy alone (the Tiny LM's 2-device layouts at 8 examples a
-  micro-batch were predicted 10-31% fast from a fit at 4 examples).
+  backward (plan_measure.Concurrency) does not see: the real steps fit a
+  higher gain than the probe measures. The gain depends on the micro-batch
+  too: an action on more examples keeps more of the cores busy alone
+  (figures: the README, "Measured on the development machine").
   """
   hw = planner.hw
   two = [(l, t) for l, t in steps.items()
@@ -262,11 +256,8 @@ def FitReplicaConcurrency(planner, steps):
   apart), or a host whose devices do not share compute.
 
   Replicas are independent streams of work, a pipeline's devices are
-  not: the pipelined ResNet's 2-device pipeline at 16 examples a
-  micro-batch fitted a concurrency of 1.02, but its 2 replicas of 16
-  examples, one device each, stepped in 36.9 ms where that concurrency
-  predicted 49.5 ms (its step on one device of 32 examples took 36.0
-  ms: 2 replicas gained 1.3-1.4x, as the host's probe said)."""
+  not: two replicas gain from a shared host about what its probe says,
+  a 2-device pipeline on the same examples far less (figures: the README, "Measured on the development machine")."""
   hw = planner.hw
   many = [(l, t) for l, t in steps.items()
           if l.replicas > 1 and l.replicas * l.devices <= hw.devices_per_host]

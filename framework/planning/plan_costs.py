@@ -122,10 +122,9 @@ fused backward (FitSplitOverhead); `action`, what each action pays
 whatever its layers (FitOverheads: the executor's call, the hand-over
 between stages).
 
-Per layer, not per action: on this machine the Tiny LM's step grows from
-1 to 8 micro-batches far beyond its layers' measured costs, but 2 devices
-holding 2 cells each (interleaved, 32 actions) step as fast as holding
-one (1F1B, 16 actions)."""
+Per layer, not per action: a step grows with the micro-batches far beyond
+its layers' measured costs, but doubling the actions at the same layers
+(interleaved stages) does not (figures: the README, "Measured on the development machine")."""
 
 
 class MeasuredCosts:

@@ -26,10 +26,9 @@ micro-batch shapes (int inputs, e.g. token ids, uniform below their
 in a chain (each copy's float inputs depend on the previous copy's
 result, so none runs early and none is merged with another), less that
 of one copy, over `copies`. A call of its own would add the call's
-dispatch and the fetch of its results, a fixed ~2-3 ms on this host's
-CPU that a step's actions do not pay: timed alone, a Transformer layer
-of the Tiny LM on 4 examples seemed to cost 5.5 ms, in a chain 3.0 ms;
-on 32 examples 20.0 and 18.5 ms. And of the optimizer update of a layer's
+dispatch and the fetch of its results, a fixed cost a step's actions do
+not pay, which on small units is most of what a lone call measures
+(figures: the README, "Measured on the development machine"). And of the optimizer update of a layer's
 weights (`MeasureUpdate`). Like PartitionSequentialLayers(cost='measured')
 (layers/gpipe_partition.py), which times forward + backward together; the
 planner needs the forward alone too (a re-run costs a forward).
@@ -46,13 +45,12 @@ Timings on a shared machine are noisy: every figure is a median of `runs`.
 
 The process's allocator: with TensorFlow's default CPU allocator (malloc
 per tensor) a compiled step's speed depends on what the process built and
-ran before it. Measured on this machine (Tiny LM, one device, M=8; medians
-of 15 steps): 152 ms alone, 190-250 ms once one more step of another
-layout had been built in the process (even one never run again), and it
-stayed there after that one was freed. With the BFC allocator
+ran before it: a step slowed by a quarter or more once a step of another
+layout had been built in the process (even one never run again), and
+stayed slow after that one was freed. With the BFC allocator
 (TF_CPU_ALLOCATOR_USE_BFC=true; `trainer.py --mode=plan --plan_measure`
-sets it unless the environment does) the same step took 144-161 ms
-throughout, as a trainer running one layout pays. The planner measures
+sets it unless the environment does) the same step ran as fast
+throughout, as a trainer running one layout does (figures: the README, "Measured on the development machine"). The planner measures
 many functions in one process, so it asks for BFC.
 
 Example:
@@ -234,9 +232,8 @@ def SteadySeconds(run, steps, min_seconds=0.0):
   over `steps` steps, or as many more as take about `min_seconds` (as the
   untimed step took), after one untimed step: the first step after another
   layout's pays for the switch, which a trainer running one layout step
-  after step does not (the Tiny LM at M=8 on one device: 150 ms against
-  138 ms). A short window reads the shared host's jitter: 3 steps of the
-  Tiny LM (0.3 s) spread 87-155 ms on one layout within a run."""
+  after step does not. A short window reads the shared host's jitter
+  (figures: the README, "Measured on the development machine")."""
   first = run(1)
   if min_seconds > 0 and first > 0:
     steps = max(steps, math.ceil(min_seconds / first))

@@ -26,9 +26,8 @@ What an action costs (`StageCost`, seconds, given per stage):
            step's (`accumulate`, from the second micro-batch on);
   W(s, j)  the weight gradients (`W_SHARE` of `backward`) and their sum,
            plus `split`: what cutting the backward in two adds (B's
-           residuals returned and W's call; measured, the Tiny LM's
-           zero-bubble steps took 15-17% more than the same steps with a
-           fused backward, on one device and on two);
+           residuals returned and W's call: measured, zero-bubble steps
+           take more than the same steps with a fused backward);
 and each action `overhead`: what the executor adds to the work it runs
 (its call, the split of a micro-batch, the control edges ordering it),
 which measured layer costs leave out (calibration.FitOverheads fits it).
@@ -55,19 +54,14 @@ gives the host's throughput with 1, 2, 4, ... replicas each running one
 action: then each replica's n actions run at throughput(n) x that / the
 replicas on the host. Replicas are independent streams of work (the
 strategy runs each in its own thread), which fill a shared host's cores
-better than a pipeline's dependent actions do: the pipelined ResNet's two
-replicas of 16 examples stepped in 36.9 ms where its 2-device pipeline's
-concurrency at 16 examples (1.02) predicted 49.5 ms
+better than a pipeline's dependent actions do
 (calibration.FitReplicaConcurrency).
 
 A device runs one action at a time here, as the executor chains them; a
-re-run costs about one forward (the Tiny LM on one logical CPU, M=4,
-measured in the trainer's loop: 'except_last' added 29 ms to 'never' for 3
-re-runs, 'always' 43 ms for 4). On one device at a few micro-batches the
-simulation predicts high ('never' and 'except_last' alike, M=4: +16% to
-+28%, bench/planner_bench.py): the executor's overhead per layer of an
-action is fitted to one and to 8 micro-batches (calibration.FitOverheads) and
-is not linear in between.
+re-run costs about one forward. On one device at a few micro-batches the
+simulation predicts high: the executor's overhead per layer of an action
+is fitted to one and to 8 micro-batches (calibration.FitOverheads) and is
+not linear in between (figures: the README, "Measured on the development machine").
 
 Example:
   schedule = schedules.Build('1f1b', 2, 2, 4)

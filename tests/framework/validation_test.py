@@ -84,6 +84,13 @@ class ChecksTest(tf.test.TestCase):
     text = validation.ShortRepr(list(range(1000)), limit=20)
     self.assertLen(text, 20)
     self.assertTrue(text.endswith('...'))
+    # A long path keeps its start and its file's name.
+    path = '/tmp/' + 'x' * 300 + '/blank.txt'
+    text = validation.ShortRepr(path, limit=40)
+    self.assertLen(text, 40)
+    self.assertEqual(text, repr(path)[:18] + '...' + repr(path)[-19:])
+    self.assertTrue(text.startswith("'/tmp/x"))
+    self.assertTrue(text.endswith("/blank.txt'"))
     error = validation.Error('o', 'f', 'v', 'rule.', error_cls=KeyError)
     self.assertIsInstance(error, KeyError)
 
