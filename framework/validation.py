@@ -69,11 +69,12 @@ def Owner(obj, name=None):
   return (f'{label} {name!r}' if name else label) + where
 
 
-def ShortRepr(value, limit=160):
+def ShortRepr(value, limit=160, string_limit=1000):
   """repr of a params value for one line: layer params as `Class.Params()`,
-  anything longer than `limit` characters cut with '...': a string in its
-  middle (a path keeps its start and its file's name), anything else at
-  its end."""
+  anything longer than `limit` characters cut at its end with '...'. A
+  string (a path, a file pattern: what the user must see to fix it) is
+  kept whole up to `string_limit` characters, and a longer one cut in its
+  middle, so that it keeps its start and its file's name."""
   if isinstance(value, hyperparams.InstantiableParams):
     return f'{getattr(value.cls, "__name__", value.cls)}.Params()'
   if isinstance(value, (list, tuple)) and value and all(
@@ -82,12 +83,12 @@ def ShortRepr(value, limit=160):
     text = f'[{inner}]' if isinstance(value, list) else f'({inner})'
   else:
     text = repr(value)
-  if len(text) <= limit:
-    return text
   if isinstance(value, str):
-    head = (limit - 3) // 2
-    return text[:head] + '...' + text[len(text) - (limit - 3 - head):]
-  return text[:limit - 3] + '...'
+    if len(text) <= string_limit:
+      return text
+    head = (string_limit - 3) // 2
+    return text[:head] + '...' + text[len(text) - (string_limit - 3 - head):]
+  return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def Error(owner, field, value, rule, error_cls=ValueError):

@@ -114,9 +114,9 @@ class RegressionInput(base_input_generator.BaseInputGenerator):
                f'has {len(values)} value(s)')
       raise base_input_generator.InputError(
           f'{type(self).__name__} {p.name!r}: line 1 of {path!r} '
-          f'({validation.ShortRepr(line, 60)}) {found}; each line must be '
-          f'input_dim + 1 = {p.input_dim + 1} comma-separated numbers '
-          '(x_0,...,x_{d-1},y).')
+          f'({validation.ShortRepr(line, string_limit=60)}) {found}; each '
+          f'line must be input_dim + 1 = {p.input_dim + 1} comma-separated '
+          'numbers (x_0,...,x_{d-1},y).')
 
   @classmethod
   def _CheckParams(cls, p, owner):

@@ -84,9 +84,11 @@ class ChecksTest(tf.test.TestCase):
     text = validation.ShortRepr(list(range(1000)), limit=20)
     self.assertLen(text, 20)
     self.assertTrue(text.endswith('...'))
-    # A long path keeps its start and its file's name.
+    # A path is kept whole up to string_limit; longer, it keeps its start
+    # and its file's name.
     path = '/tmp/' + 'x' * 300 + '/blank.txt'
-    text = validation.ShortRepr(path, limit=40)
+    self.assertEqual(repr(path), validation.ShortRepr(path))
+    text = validation.ShortRepr(path, string_limit=40)
     self.assertLen(text, 40)
     self.assertEqual(text, repr(path)[:18] + '...' + repr(path)[-19:])
     self.assertTrue(text.startswith("'/tmp/x"))
