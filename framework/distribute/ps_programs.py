@@ -55,7 +55,6 @@ Example (on the chief; setup from distribution.Create under TF_CONFIG):
                            num_workers=2, num_ps=2)
   program.Run()
 """
-import functools
 import math
 import time
 
@@ -122,9 +121,10 @@ def PsTrainProgram(model_params, logdir, strategy, num_workers, num_ps,
       task = model_params.Instantiate().task
       # One replica per worker: the program sees a single host.
       program = programs.TrainProgram(
-          [task], logdir, strategy, runner=functools.partial(
-              PsRunner, coordinator=coordinator, num_ps_workers=num_workers,
-              placement=placement), **kwargs)
+          [task], logdir, strategy, runner=PsRunner,
+          runner_args=dict(coordinator=coordinator,
+                           num_ps_workers=num_workers, placement=placement),
+          **kwargs)
   logging.info('Parameter servers: %s', placement.Report())
   return program
 

@@ -69,8 +69,6 @@ class Preempted(Exception):
   """Training stopped on request (a signal) after checkpointing its step."""
 
 
-
-
 class TrainProgram:
   """Trains one task; see the module docstring.
 
@@ -100,7 +98,9 @@ class TrainProgram:
     clock: () -> seconds, the loop's clock for its rates and the progress
       lines by time (default `time.perf_counter`; tests pass a fake one).
     runner: the step's runner class (framework/train/runners.py; default
-      `runners.SyncRunner`), or a factory taking its arguments.
+      `runners.SyncRunner`).
+    runner_args: a dict of the runner's own arguments beyond SyncRunner's
+      (e.g. ps_programs.PsRunner's coordinator).
 
   Example:
     tasks = replicas.BuildReplicas(model_params, cluster)
@@ -110,21 +110,21 @@ class TrainProgram:
   def __init__(self, tasks, logdir, strategy=None, peak_flops=None,
                on_checkpoint=(), start_time=None, cluster=None, num_workers=1,
                worker_index=0, steps_per_loop=0, watcher=None, xla=False,
-               clock=None, runner=runners.SyncRunner):
+               clock=None, runner=runners.SyncRunner, runner_args=None):
     watcher = self._watcher = watcher or preemption.Watcher(signals=())
     self._clock = clock or time.perf_counter
     tasks = list(tasks) if isinstance(tasks, (list, tuple)) else [tasks]
     task = tasks[0]
     self._p = task.params.train
     strategy = strategy or tf.distribute.get_strategy()
-    cluster = self._cluster = cluster or cluster_lib.Cluster.Current()
+    cluster = cluster or cluster_lib.Cluster.Current()
     self._is_chief = worker_index == 0
     # Several hosts call the loop with the same step counts (its
     # collectives, the agreed stop flag read at each call): their own
     # clocks would cut it differently, so they log by steps only.
     self._timer = progress_timer.ProgressTimer(
         self._p.log_interval_secs if num_workers == 1 else 0)
-    local = getattr(runner, 'func', runner).TaskCopies(strategy, num_workers)
+    local = runner.TaskCopies(strategy, num_workers)
     if len(tasks) != local:
       raise ValueError(
           f'TrainProgram: got {len(tasks)} task copies for the '
@@ -153,7 +153,7 @@ class TrainProgram:
                          input_generator=self.input_generator,
                          num_workers=num_workers,
                          steps_per_loop=steps_per_loop, watcher=watcher,
-                         xla=xla)
+                         xla=xla, **(runner_args or {}))
     self._num_devices = self.runner.num_step_devices
     self.train_loop = tf.function(self._TrainLoop, autograph=False)
     self._shapes_checked = False

@@ -65,7 +65,7 @@ from cadence.framework.train import train_report
 from cadence.framework.train import xla_step
 
 
-def Reduce(strategy, op, value):
+def _Reduce(strategy, op, value):
   """`value` (per replica) reduced over the replicas by `op`."""
   return strategy.reduce(op, value, axis=None)
 
@@ -217,9 +217,9 @@ class SyncRunner:
     self._Combine(state.on_write, per_replica.synced,
                   per_replica.synced_before)
     s, total = self.strategy, tf.distribute.ReduceOp.SUM
-    return state.CountStep(stats, Reduce(s, total, per_replica.examples),
+    return state.CountStep(stats, _Reduce(s, total, per_replica.examples),
                            per_replica.metrics.Transform(
-                               lambda x: Reduce(s, total, x)))
+                               lambda x: _Reduce(s, total, x)))
 
   def _ReplicaStep(self, batch, step):
     """Forward and backward on one replica: its loss, metrics, gradients,
@@ -252,7 +252,7 @@ class SyncRunner:
     else:
       grads = self.reducer.Mean(
           s, per_replica.grads, [k for k, _ in learners[0].trainable])
-      loss = Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss)
+      loss = _Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss)
     stats = None
     for learner, replica_grads in zip(learners, grads):
       replica_stats = learner.ApplyGradients(

@@ -23,8 +23,8 @@ def _Program(logdir, **kw):
 
 
 class _CountingRunner(runners.SyncRunner):
-  """The synchronous step, plus the examples it stepped over and the steps
-  it skipped in variables of its own (what an option adds to a step)."""
+  """The synchronous step, plus the examples it stepped over in a variable
+  of its own (what an option adds to a step), and the loop's calls."""
 
   def __init__(self, state, **kwargs):
     super().__init__(state, **kwargs)
