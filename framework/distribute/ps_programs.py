@@ -105,8 +105,9 @@ def PsTrainProgram(model_params, logdir, strategy, num_workers, num_ps,
       the next boundary; the workers' loops do not read it).
 
   Returns:
-    A programs.TrainProgram whose runner is a PsRunner (its `placement`:
-    the PsPlacement that placed the variables, bytes per server).
+    A programs.TrainProgram whose runner is a PsRunner
+    (`program.runner.placement`: the PsPlacement that placed the
+    variables, bytes per server).
   """
   policy = validation.CheckOneOf(
       'task.train', 'ps_placement', model_params.task.train.ps_placement,
