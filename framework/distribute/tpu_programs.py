@@ -103,12 +103,8 @@ class TpuRunner(runners.SyncRunner):
       if hosts > 1:
         p.Set(num_input_shards=hosts, input_shard_index=ctx.input_pipeline_id)
       local = ctx.num_replicas_in_sync // hosts
-      host_batches = p.Instantiate().Dataset(start_batch=start,
-                                             num_replicas=local)
-      if local == 1:
-        return host_batches
-      return host_batches.map(lambda batch: NestedMap(batch).Transform(
-          lambda x: tf.stack(tf.split(x, local)))).unbatch()
+      return runners.ReplicaBatches(p.Instantiate().Dataset(
+          start_batch=start, num_replicas=local), local)
 
     return iter(self.strategy.distribute_datasets_from_function(
         _HostDataset))

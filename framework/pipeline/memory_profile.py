@@ -160,9 +160,7 @@ def DeviceTotals(peaks, variables, inputs=()):
       batch), each on its own device.
   """
   totals = collections.Counter()
-  for v in variables:
-    totals[ShortDevice(v.device)] += v.shape.num_elements() * v.dtype.size
-  for t in tf.nest.flatten(inputs):
+  for t in list(variables) + tf.nest.flatten(inputs):
     totals[ShortDevice(t.device)] += t.shape.num_elements() * t.dtype.size
   for device, size in peaks.items():
     totals[device if device == UNATTRIBUTED else ShortDevice(device)] += size

@@ -70,6 +70,16 @@ def _Reduce(strategy, op, value):
   return strategy.reduce(op, value, axis=None)
 
 
+def ReplicaBatches(host_batches, num_local):
+  """`host_batches` (each of num_local x batch_size rows) cut into
+  consecutive per-replica batches, one element each, in the order
+  tf.distribute hands them to the local replicas."""
+  if num_local == 1:
+    return host_batches
+  return host_batches.map(lambda batch: NestedMap(batch).Transform(
+      lambda x: tf.stack(tf.split(x, num_local)))).unbatch()
+
+
 def _FirstLeaf(batch):
   return NestedMap(batch).Flatten()[0]
 
@@ -165,12 +175,8 @@ class SyncRunner:
     resuming at a step is exact.
     """
     local = len(self.state.tasks)
-    dataset = self.input_generator.Dataset(start_batch=start,
-                                           num_replicas=local)
-    if local == 1:
-      return dataset
-    return dataset.map(lambda batch: NestedMap(batch).Transform(
-        lambda x: tf.stack(tf.split(x, local)))).unbatch()
+    return ReplicaBatches(self.input_generator.Dataset(
+        start_batch=start, num_replicas=local), local)
 
   def Iterator(self, dataset, start):
     """The compiled loop's iterator over `dataset` (`Batches(start)`) for
