@@ -1,6 +1,7 @@
-"""Pipeline actions: the units a schedule orders, and what each needs.
+"""Pipeline actions: the units a schedule orders, their kinds, and needs.
 
-An `Action` names its kind, its stage and its micro-batch:
+An `Action` names its kind, its stage and its micro-batch. A kind is a
+`Kind` record in a small registry (`Register`); the built-in ones are
 
   F(s, j)  forward of stage s on micro-batch j;
   B(s, j)  backward: the gradient of stage s's input on micro-batch j (what
@@ -9,11 +10,37 @@ An `Action` names its kind, its stage and its micro-batch:
   W(s, j)  the weight gradient of stage s on micro-batch j, from what its
            B kept (a schedule with any W has one for every B).
 
-`Needs` says what an action depends on: F(s, j) needs F(s-1, j); B(s, j)
-needs F(s, j) and B(s+1, j); W(s, j) needs B(s, j). Cells that carry state
-from micro-batch to micro-batch (`recurrent`, as StackedRecurrent allows)
-add F(s, j-1) and B(s, j+1). When the loss runs outside the pipeline (on
-the whole batch, after every forward), B(S-1, j) needs every F(S-1, .).
+These three are also the *work* every action is made of: a kind declares
+the work it does, in order (`Kind.does`: F does F's work; a fused forward
+and backward would do (F, B)). Everything that reads a schedule learns a
+kind from that declaration, not from its letter:
+
+  needs        the needs of its work, less the work it does itself
+               (`Needs`; a schedule resolves each to the action doing it);
+  the checker  every (stage, micro-batch) gets the forward and backward
+               work exactly once, and the weight work when any action does
+               it (schedules.Check);
+  phase        a kind whose work is all forward runs in the forward phase,
+               any other in the backward one (`IsForward`: a schedule with
+               the loss outside puts a device's forward-phase actions first);
+  memory       F's work starts keeping a micro-batch's activations, B's ends
+               that (and keeps what a later W reads), W's ends that
+               (memory_estimate.py);
+  cost, data   the sum of its work's costs (step_model.ActionCost); what
+               crosses between stages s and s+1 is stage s's output or its
+               gradient, whatever the kinds (step_model.SimulateStep);
+  timeline     its name and colours (timeline_chart.py).
+
+The executor runs a kind by its handler (executor.RegisterHandler). So a
+new kind is its `Kind` here, the schedule builder that uses it, and its
+executor handler; tests/framework/pipeline/actions_test.py adds one.
+
+`Needs` says what an action's work depends on: F(s, j) needs F(s-1, j);
+B(s, j) needs F(s, j) and B(s+1, j); W(s, j) needs B(s, j). Cells that
+carry state from micro-batch to micro-batch (`recurrent`, as
+StackedRecurrent allows) add F(s, j-1) and B(s, j+1). When the loss runs
+outside the pipeline (on the whole batch, after every forward), B(S-1, j)
+needs every F(S-1, .).
 
 An executor names the ops of an action by `Action.scope`, so a profile of a
 step says which action each op belonged to (`ActionOfOp`).
@@ -21,22 +48,108 @@ step says which action each op belonged to (`ActionOfOp`).
 Example:
   Action(FORWARD, 1, 3)                 # F(1, 3)
   Needs(Action(BACKWARD, 0, 3), 2, 4)   # [F(0, 3), B(1, 3)]
+  Register(Kind('P', 'forward and backward', does=(FORWARD, BACKWARD),
+                colours=((150, 90, 200), (190, 150, 230))))
 """
 import collections
+import dataclasses
 import re
 
 FORWARD = 'F'
 BACKWARD = 'B'
 WEIGHT = 'W'
-KINDS = (FORWARD, BACKWARD, WEIGHT)
+WORK = (FORWARD, BACKWARD, WEIGHT)
 # The name scope an executor gives the ops of an action.
 _SCOPE = 'pipeline_action'
-_SCOPE_RE = re.compile(_SCOPE + r'_([FBW])_(\d+)_(\d+)(?:_\d+)?/')
+_SCOPE_RE = re.compile(_SCOPE + r'_([A-Z])_(\d+)_(\d+)(?:_\d+)?/')
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """An action kind.
+
+  Attributes:
+    letter: its one upper-case letter: `F(1, 3)`, 'F1:3' in a table.
+    name: what a legend calls it, e.g. 'weight gradient'.
+    does: the work it does, in order: a non-empty tuple of distinct WORK
+      letters.
+    colours: two RGB triples, for even and odd micro-batches in a chart.
+  """
+  letter: str
+  name: str
+  does: tuple
+  colours: tuple
+
+  def __post_init__(self):
+    if not re.fullmatch('[A-Z]', str(self.letter)):
+      raise ValueError(f'Kind(letter={self.letter!r}): the letter must be '
+                       'one upper-case letter.')
+    does = tuple(self.does)
+    if (not does or len(set(does)) != len(does) or
+        any(w not in WORK for w in does)):
+      raise ValueError(f'Kind {self.letter!r}: does={self.does!r} must be '
+                       f'distinct work of {WORK}, at least one.')
+    object.__setattr__(self, 'does', does)
+
+
+_KINDS = {}   # letter -> Kind, in registration order.
+
+
+def Register(kind):
+  """Adds `kind` (a `Kind`) to the registry; returns it."""
+  if kind.letter in _KINDS:
+    raise ValueError(f'Action kind {kind.letter!r} is registered twice.')
+  _KINDS[kind.letter] = kind
+  return kind
+
+
+def Unregister(letter):
+  """Removes kind `letter` (for tests)."""
+  del _KINDS[letter]
+
+
+def Letters():
+  """The registered kinds' letters, in registration order ('F', 'B', 'W'
+  first)."""
+  return tuple(_KINDS)
+
+
+def KindOf(letter):
+  """The registered `Kind` of `letter`.
+
+  Raises:
+    KeyError: for an unregistered letter.
+  """
+  if letter not in _KINDS:
+    raise KeyError(f'action kind {letter!r}; expected one of '
+                   f'{list(Letters())}.')
+  return _KINDS[letter]
+
+
+def Does(action):
+  """The work `action` does: its kind's `does`."""
+  return KindOf(action.kind).does
+
+
+def IsForward(action):
+  """Whether `action` belongs to the forward phase: all its work is F."""
+  return Does(action) == (FORWARD,)
+
+
+Register(Kind(FORWARD, 'forward', (FORWARD,),
+              ((66, 133, 244), (120, 170, 250))))
+Register(Kind(BACKWARD, 'backward', (BACKWARD,),
+              ((234, 134, 0), (246, 178, 90))))
+Register(Kind(WEIGHT, 'weight gradient', (WEIGHT,),
+              ((52, 168, 83), (129, 201, 149))))
+# The built-in kinds, as the schedules and their tests name them.
+KINDS = Letters()
 
 
 class Action(collections.namedtuple('Action',
                                     ['kind', 'stage', 'micro_batch'])):
-  """One unit of pipeline work: F, B or W of (stage, micro-batch)."""
+  """One unit of pipeline work: a kind (F, B, W, ...) of (stage,
+  micro-batch)."""
   __slots__ = ()
 
   def __str__(self):
@@ -48,6 +161,11 @@ class Action(collections.namedtuple('Action',
   def scope(self):
     """The name scope of this action's ops, e.g. 'pipeline_action_F_0_3'."""
     return f'{_SCOPE}_{self.kind}_{self.stage}_{self.micro_batch}'
+
+  def Work(self):
+    """The work this action does, as actions of the WORK kinds: e.g. [F(1,
+    3), B(1, 3)] for a kind that does (F, B)."""
+    return [Action(w, self.stage, self.micro_batch) for w in Does(self)]
 
 
 def ActionOfOp(op_name):
@@ -70,23 +188,33 @@ def ActionOfOp(op_name):
   return Action(kind, int(stage), int(micro_batch))
 
 
-def Needs(action, num_stages, num_micro_batches, recurrent=False,
-          loss_inside=True):
-  """The actions `action` depends on (inside the S x M grid)."""
-  kind, s, j = action
-  last = num_stages - 1
+def _WorkNeeds(work, num_stages, num_micro_batches, recurrent, loss_inside):
+  """What one piece of work (an action of a WORK kind) needs."""
+  kind, s, j = work
   if kind == FORWARD:
     needs = [Action(FORWARD, s - 1, j)]
     if recurrent:
       needs.append(Action(FORWARD, s, j - 1))
-  elif kind == BACKWARD:
+    return needs
+  if kind == BACKWARD:
     needs = [Action(FORWARD, s, j), Action(BACKWARD, s + 1, j)]
     if recurrent:
       needs.append(Action(BACKWARD, s, j + 1))
-    if s == last and not loss_inside:
+    if s == num_stages - 1 and not loss_inside:
       needs += [Action(FORWARD, s, i) for i in range(num_micro_batches)]
-  else:
-    needs = [Action(BACKWARD, s, j)]
+    return needs
+  return [Action(BACKWARD, s, j)]
+
+
+def Needs(action, num_stages, num_micro_batches, recurrent=False,
+          loss_inside=True):
+  """The work `action` depends on (inside the S x M grid), as actions of the
+  WORK kinds: the needs of each piece of its work, less the work it does
+  itself. A schedule resolves them to the actions doing that work
+  (schedules.Schedule.Needs)."""
+  own = action.Work()
+  needs = [n for w in own for n in _WorkNeeds(
+      w, num_stages, num_micro_batches, recurrent, loss_inside)]
   return [a for a in dict.fromkeys(needs)
-          if 0 <= a.stage < num_stages and 0 <= a.micro_batch <
-          num_micro_batches]
+          if a not in own and 0 <= a.stage < num_stages and
+          0 <= a.micro_batch < num_micro_batches]

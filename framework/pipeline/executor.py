@@ -22,11 +22,14 @@ action each device runs in which order; `_Run` runs actions:
            the gradients of their outputs); W computes and accumulates the
            weight gradients later. B and W together run the ops of one
            backward, each once: the gradients are the unsplit ones.
+A kind of one's own (actions.Kind) runs by the handler registered for it
+(`RegisterHandler`), from these three.
 
 Two front doors, one engine:
   `StackedRecurrent`: the loss is outside the pipeline. A tf.custom_gradient
-    whose forward runs the schedule's F actions and whose gradient function
-    runs its B actions (each device's list must put its forwards first:
+    whose forward runs the schedule's forward-phase actions (actions.
+    IsForward) and whose gradient function the others (each device's list
+    must put its forwards first:
     `schedule.loss_inside` False, e.g. GPipe).
   `PipelineLoss`: the last stage ends in a per-micro-batch loss, so a
     backward can start as soon as its micro-batch leaves the last stage:
@@ -159,6 +162,7 @@ def BuildSchedule(owner, name, stage_devices, num_micro_batches,
           f'{placed} and {num_micro_batches}.')
     if recurrent:
       schedules.Check(name, recurrent=True)
+    _CheckHandlers(owner, name)
     return name, unique
   try:
     schedule = schedules.Build(
@@ -168,6 +172,7 @@ def BuildSchedule(owner, name, stage_devices, num_micro_batches,
   except (KeyError, ValueError) as e:
     message = e.args[0] if isinstance(e, KeyError) else str(e)
     raise ValueError(f'{owner}: {message}') from None
+  _CheckHandlers(owner, schedule)
   return schedule, unique
 
 
@@ -340,6 +345,7 @@ class _Run:
     self.out = [[None] * m for _ in range(pipe.k)]   # [stage][mb] leaves.
     self._kept = {}   # (stage, mb) -> gradient function of kept activations.
     self._after = {}   # (stage, mb) -> control inputs of its forward.
+    self._loss_index = None   # RunActions' loss_index.
     self.StartBackward()
 
   def StartBackward(self):
@@ -371,7 +377,8 @@ class _Run:
 
   def Forward(self, i, j, after=()):
     """F(i, j): runs stage i on micro-batch j, keeping its activations as
-    `Keep(j)` says; returns ops that mark it done (in a graph).
+    `Keep(j)` says; returns ops that mark it done (in a graph). With the
+    loss inside, the last stage's seeds d loss_j / d loss_j = 1.
 
     `after`: ops the micro-batch's inputs wait for (in a graph), here and
     in a re-run.
@@ -387,6 +394,10 @@ class _Run:
           *self._Args(i, j), policy=policy, split=self.pipe.split)
     else:
       self.out[i][j] = program.Forward(*self._Args(i, j))
+    if self._loss_index is not None and i == self.pipe.k - 1:
+      with cluster_lib.DeviceScope(self.pipe.devices[i]):
+        out = self.out[i][j][self._loss_index]
+        self.Add(i, j, self._loss_index, tf.ones_like(out))
     if not graph:
       return []
     with cluster_lib.DeviceScope(self.pipe.devices[i]):
@@ -537,10 +548,11 @@ class _Run:
 
   def RunActions(self, actions, loss_index=None):
     """Runs `actions` (in an order that respects their needs), each device's
-    chained as the module docstring says.
+    chained as the module docstring says, each by its kind's handler
+    (`RegisterHandler`).
 
     Args:
-      actions: `schedules.Action`s of F and B kinds.
+      actions: `schedules.Action`s.
       loss_index: with the loss inside, the flat index of the last stage's
         `loss` leaf: its gradient is seeded with 1 right after the forward.
     """
@@ -548,23 +560,55 @@ class _Run:
     window = pipe.backward_window
     stage_devices = pipe.schedule.stage_devices
     marks = {}   # Device index -> the marks of each action it ran.
-    last = pipe.k - 1
+    self._loss_index = loss_index
     for action in actions:
       i, j = action.stage, action.micro_batch
       ran = marks.setdefault(stage_devices[i], [])
       after = ran[-window] if window and len(ran) >= window else ()
       with tf.name_scope(action.scope):   # Profiles name each op's action.
-        if action.kind == schedules.FORWARD:
-          mark = self.Forward(i, j, after=after)
-          if loss_index is not None and i == last:
-            out = self.out[i][j][loss_index]   # d loss_j / d loss_j = 1.
-            with cluster_lib.DeviceScope(pipe.devices[i]):
-              self.Add(i, j, loss_index, tf.ones_like(out))
-        else:
-          run = self.Backward if action.kind == schedules.BACKWARD else (
-              self.Weight)
-          mark = run(i, j, after=after) or (ran[-1] if ran else [])
-      ran.append(mark)
+        mark = _HANDLERS[action.kind](self, i, j, after=after)
+      ran.append(mark or (ran[-1] if ran else []))
+
+
+# How the executor runs each action kind: fn(run, stage, micro_batch,
+# after=ops) -> ops that mark the action done (in a graph; [] or None: none
+# of its own), `run` a `_Run`.
+_HANDLERS = {schedules.FORWARD: _Run.Forward,
+             schedules.BACKWARD: _Run.Backward,
+             schedules.WEIGHT: _Run.Weight}
+
+
+def RegisterHandler(letter, fn):
+  """Makes `fn(run, stage, micro_batch, after=ops) -> marks` the executor's
+  handler of action kind `letter` (actions.Kind). `run` offers what the
+  built-in kinds' handlers are: `run.Forward`, `run.Backward` and
+  `run.Weight`, each `(stage, micro_batch, after=ops) -> marks`.
+
+  Example (a kind that does a stage's forward, then its backward):
+    def RunForwardBackward(run, i, j, after=()):
+      run.Forward(i, j, after=after)
+      return run.Backward(i, j)
+    RegisterHandler('P', RunForwardBackward)
+  """
+  if letter in _HANDLERS:
+    raise ValueError(f'Action kind {letter!r} has an executor handler '
+                     'already.')
+  _HANDLERS[letter] = fn
+
+
+def UnregisterHandler(letter):
+  """Removes the handler of kind `letter` (for tests)."""
+  del _HANDLERS[letter]
+
+
+def _CheckHandlers(owner, schedule):
+  """Raises ValueError naming a kind of `schedule` the executor cannot run."""
+  missing = sorted({a.kind for device in schedule.actions for a in device}
+                   - set(_HANDLERS))
+  if missing:
+    raise ValueError(f'{owner}: schedule {schedule.name!r} has actions of '
+                     f'kind(s) {missing}, which the executor has no handler '
+                     'for (executor.RegisterHandler).')
 
 
 def _InOrder(schedule):
@@ -582,12 +626,12 @@ def _RunForwardThenBackward(pipe, args):
   """
   order = _InOrder(pipe.schedule)
   run = _Run(pipe, args)
-  run.RunActions([a for a in order if a.kind == schedules.FORWARD])
+  run.RunActions([a for a in order if schedules.IsForward(a)])
 
   def _Grad(*dys, variables=None):
     run.StartBackward()
     run.AddResultGradients(dys)
-    run.RunActions([a for a in order if a.kind != schedules.FORWARD])
+    run.RunActions([a for a in order if not schedules.IsForward(a)])
     if variables:
       return run.GradientResults(), [None] * len(variables)
     return run.GradientResults()

@@ -146,8 +146,11 @@ def _Counts(memory):
   ticks = table.Ticks()
   kept = _KeptRule(table.loss_inside, memory.remat, m, memory.backward_window)
   split = table.splits_backward
+  # The work each tick does (actions.Kind.does): a kind's memory is that
+  # of its work.
+  ticks = [[w for a in tick for w in a.Work()] for tick in ticks]
   last_forward = max(t for t, tick in enumerate(ticks)
-                     if any(a.kind == schedules.FORWARD for a in tick))
+                     if any(w.kind == schedules.FORWARD for w in tick))
   live, waiting, done = [0] * num_cells, [0] * num_cells, [0] * num_cells
   last = [False] * num_cells
   for t, tick in enumerate(ticks):

@@ -340,16 +340,17 @@ def ZeroBubbleV(stage_devices, num_devices, num_micro_batches):
 
 # --- schedules written as text -----------------------------------------------
 
-_TOKEN = re.compile(r'^([FBWfbw])(\d+):(\d+)$')
+_TOKEN = re.compile(r'^([A-Za-z])(\d+):(\d+)$')
 
 
 def ParseTable(text):
   """D device lists of a schedule written as text.
 
   One line per device (in device order), its actions in order, separated by
-  spaces: kind, stage, ':', micro-batch, e.g. `F0:0 F0:1 B0:0 W0:0`; '|'
-  also ends a device's line (one line of text on a command line:
-  `F0:0 B0:0 | F1:0 B1:0`). Blank lines and text after '#' are ignored.
+  spaces: kind (a registered letter, actions.Letters), stage, ':',
+  micro-batch, e.g. `F0:0 F0:1 B0:0 W0:0`; '|' also ends a device's line
+  (one line of text on a command line: `F0:0 B0:0 | F1:0 B1:0`). Blank
+  lines and text after '#' are ignored.
 
   Raises:
     ValueError: naming the device, the column and the token that is not an
@@ -363,7 +364,7 @@ def ParseTable(text):
     device = []
     for column, token in enumerate(line.split(), 1):
       found = _TOKEN.match(token)
-      if not found:
+      if not found or found.group(1).upper() not in actions.Letters():
         raise ValueError(f'device {len(lists)}, action {column}: {token!r} '
                          'is not an action written kind stage:micro_batch '
                          "(e.g. 'F0:3', 'B1:0', 'W1:0').")

@@ -3,10 +3,11 @@
 A pipeline cuts a model into S *stages* (stage s runs its *cell*, a group of
 layers, on the micro-batches of a batch) placed on D devices, and runs M
 *micro-batches* through them. A schedule says, for each device, the order
-of the actions it runs (actions.py: F, B and W of (stage, micro-batch), and
-what each needs). Stage s runs on device `stage_devices[s]`, so two stages
-on one device (interleaved, V-shaped schedules) are just data. A device
-runs its actions one at a time, in order. A schedule whose backwards start
+of the actions it runs (actions.py: F, B and W of (stage, micro-batch), or
+a kind of one's own, and what each needs). Stage s runs on device
+`stage_devices[s]`, so two stages on one device (interleaved, V-shaped
+schedules) are just data. A device runs its actions one at a time, in
+order. A schedule whose backwards start
 before the forward ends (`loss_inside`) needs the per-micro-batch loss
 inside the pipeline; the others put all of a device's forwards before its
 backwards, and the loss may run after the pipeline on the whole batch.
@@ -52,6 +53,7 @@ from cadence.framework.pipeline import schedule_builders
 # The units, re-exported: a schedule's reader needs them with it.
 Action = actions.Action
 ActionOfOp = actions.ActionOfOp
+IsForward = actions.IsForward
 FORWARD, BACKWARD, WEIGHT = actions.FORWARD, actions.BACKWARD, actions.WEIGHT
 KINDS = actions.KINDS
 Looped = schedule_builders.Looped
@@ -86,6 +88,8 @@ class Schedule:
     self.actions = tuple(tuple(Action(*a) for a in device)
                          for device in actions)
     self.loss_inside = loss_inside
+    self._doers = None
+    self._needs = {}   # (action, recurrent) -> Needs.
 
   @property
   def num_devices(self):
@@ -94,16 +98,34 @@ class Schedule:
   @property
   def splits_backward(self):
     """Whether B computes only input gradients and W the weights'."""
-    return any(a.kind == WEIGHT for device in self.actions for a in device)
+    return any(WEIGHT in actions.Does(a) for device in self.actions
+               for a in device)
+
+  @property
+  def doers(self):
+    """{work: the action of this schedule that does it}, e.g. {F(1, 3):
+    F(1, 3)}, or {F(1, 3): P(1, 3), B(1, 3): P(1, 3)} for a kind that does
+    both (actions.Kind.does)."""
+    if self._doers is None:
+      self._doers = {w: a for device in self.actions for a in device
+                     for w in a.Work()}
+    return self._doers
 
   def Stages(self, device):
     """The stages placed on device index `device`, in stage order."""
     return [s for s, d in enumerate(self.stage_devices) if d == device]
 
   def Needs(self, action, recurrent=False):
-    """The actions `action` depends on; see the module docstring."""
-    return actions.Needs(action, self.num_stages, self.num_micro_batches,
-                         recurrent=recurrent, loss_inside=self.loss_inside)
+    """The actions `action` depends on: those of this schedule that do
+    the work it needs (actions.Needs; work no action does stays as it is)."""
+    key = (action, recurrent)
+    if key not in self._needs:   # Simulations ask for them again and again.
+      doers = self.doers
+      needs = (doers.get(n, n) for n in actions.Needs(
+          action, self.num_stages, self.num_micro_batches,
+          recurrent=recurrent, loss_inside=self.loss_inside))
+      self._needs[key] = [n for n in dict.fromkeys(needs) if n != action]
+    return list(self._needs[key])
 
   def Ticks(self, recurrent=False):
     """The schedule run with unit-time actions: a list of ticks, each the
@@ -123,12 +145,13 @@ class Schedule:
     live = [0] * self.num_stages
     peak = [0] * self.num_stages
     for tick in self.Ticks():
-      for kind, s, _ in tick:
-        if kind == FORWARD:
-          live[s] += 1
-          peak[s] = max(peak[s], live[s])
-        elif kind == BACKWARD:
-          live[s] -= 1
+      for a in tick:
+        for kind in actions.Does(a):
+          if kind == FORWARD:
+            live[a.stage] += 1
+            peak[a.stage] = max(peak[a.stage], live[a.stage])
+          elif kind == BACKWARD:
+            live[a.stage] -= 1
     return peak
 
   def Bubble(self, cost=None, latency=None):
@@ -221,10 +244,11 @@ def Check(schedule, recurrent=False):
     ValueError: naming the device, the tick (its position in the device's
       list) and the action of the first broken rule: an unknown kind or a
       (stage, micro-batch) outside S x M, a stage on the wrong device, an
-      action run twice, a micro-batch never finished (its F or B missing),
-      a weight gradient never applied (a B without its W in a schedule that
-      splits the backward), a forward after a backward where the loss runs
-      outside, or an action without its inputs (deadlock).
+      action run twice (or two actions doing the same work: actions.Kind),
+      a micro-batch never finished (its F or B missing), a weight gradient
+      never applied (a B without its W in a schedule that splits the
+      backward), a forward after a backward where the loss runs outside,
+      or an action without its inputs (deadlock).
   """
   name = schedule.name
   s_count, m_count = schedule.num_stages, schedule.num_micro_batches
@@ -237,23 +261,29 @@ def Check(schedule, recurrent=False):
         f'Schedule {name!r}: stage_devices={list(schedule.stage_devices)} '
         f'must give each of the {s_count} stages a device index < '
         f'{schedule.num_devices}.')
-  where = {}
+  where = {}   # Work -> (device, tick) of the action doing it.
   for d, device in enumerate(schedule.actions):
     seen_backward = None
     for t, a in enumerate(device):
       at = f'Schedule {name!r}, device {d}, tick {t}: {a}'
-      if (a.kind not in KINDS or not 0 <= a.stage < s_count or
+      kinds = actions.Letters()
+      if (a.kind not in kinds or not 0 <= a.stage < s_count or
           not 0 <= a.micro_batch < m_count):
-        raise ValueError(f'{at} is not an action of kinds {KINDS} with '
+        raise ValueError(f'{at} is not an action of kinds {kinds} with '
                          f'stage < {s_count} and micro-batch < {m_count}.')
       if schedule.stage_devices[a.stage] != d:
         raise ValueError(f'{at}: stage {a.stage} runs on device '
                          f'{schedule.stage_devices[a.stage]}, not {d}.')
-      if a in where:
-        raise ValueError(f'{at} runs twice (first at device {where[a][0]}, '
-                         f'tick {where[a][1]}).')
-      where[a] = (d, t)
-      if a.kind != FORWARD:
+      for w in a.Work():
+        if w in where:
+          (d0, t0), first = where[w], schedule.actions[where[w][0]][where[w][1]]
+          if first == a:
+            raise ValueError(f'{at} runs twice (first at device {d0}, tick '
+                             f'{t0}).')
+          raise ValueError(f'{at} does the work of {w}, which {first} at '
+                           f'device {d0}, tick {t0} does already.')
+        where[w] = (d, t)
+      if not actions.IsForward(a):
         seen_backward = seen_backward or (t, a)
       elif seen_backward and not schedule.loss_inside:
         raise ValueError(
@@ -272,7 +302,7 @@ def Check(schedule, recurrent=False):
         if kind == WEIGHT:
           raise ValueError(
               f'Schedule {name!r}, device {d}: the weight gradient of '
-              f'{Action(BACKWARD, s, j)} (tick '
+              f'{schedule.doers[Action(BACKWARD, s, j)]} (tick '
               f'{where[Action(BACKWARD, s, j)][1]}) is never applied: '
               f'{a} is missing.')
         raise ValueError(f'Schedule {name!r}, device {d}: micro-batch {j} '
@@ -361,9 +391,11 @@ def LossInside(name, table=None):
 
 
 def _Interleaves(device):
+  """Whether a device's list does forward work after other work (a kind
+  that does F and B, twice, interleaves)."""
   seen_backward = False
-  for a in device:
-    if a.kind != FORWARD:
+  for w in (w for a in device for w in a.Work()):
+    if w.kind != FORWARD:
       seen_backward = True
     elif seen_backward:
       return True

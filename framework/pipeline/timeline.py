@@ -216,10 +216,11 @@ class Timeline:
     for r in range(len(self.rows)):
       mine = [(a, iv) for a, ivs in self.segments.items() if self.Row(a) == r
               for iv in ivs]
-      times = {name: _Length([iv for a, iv in mine if a.kind in kinds])
-               for name, kinds in (('forward', (schedules.FORWARD,)),
-                                   ('backward', (schedules.BACKWARD,
-                                                 schedules.WEIGHT)))}
+      # A kind whose work is all forward counts as forward; any other
+      # (B, W, a fused forward and backward) as backward.
+      times = {name: _Length([iv for a, iv in mine
+                              if schedules.IsForward(a) == forward])
+               for name, forward in (('forward', True), ('backward', False))}
       times['idle'] = self.span - _Length([iv for _, iv in mine])
       out.append(times)
     return out

@@ -33,17 +33,15 @@ import math
 
 import numpy as np
 
+from cadence.framework.pipeline import actions
 from cadence.framework.pipeline import schedules
 
-# Colours of forward and backward boxes (SVG and image), by micro-batch
-# parity so that neighbours differ; the ops outside every action.
-COLOURS = {schedules.FORWARD: ((66, 133, 244), (120, 170, 250)),
-           schedules.BACKWARD: ((234, 134, 0), (246, 178, 90)),
-           schedules.WEIGHT: ((52, 168, 83), (129, 201, 149))}
+# The ops outside every action.
 OTHER_COLOUR = (160, 160, 160)
 # Bands after the actions, in turn (a light grey, apart from the outside
 # ops' grey).
 AFTER_COLOURS = ((205, 205, 205), (230, 230, 230))
+
 _FONT_SIZE = 11
 _SMALL_FONT = 9       # A label that fits its box only at this size.
 _CHAR_WIDTH = 6.6     # Pixels per character of an 11 px sans-serif label
@@ -70,6 +68,12 @@ Chart = collections.namedtuple('Chart', ['boxes', 'labels', 'rows', 'width',
 # A row of the chart: its name, top y, height, number of lanes, and the
 # height of its strip of marks (0: none).
 Row = collections.namedtuple('Row', ['name', 'y', 'h', 'lanes', 'marks'])
+
+
+def _Colour(action):
+  """An action's box colour (SVG and image): its kind's (actions.Kind.
+  colours), by micro-batch parity so that neighbours differ."""
+  return actions.KindOf(action.kind).colours[action.micro_batch % 2]
 
 
 def LabelWidth(text, size=_FONT_SIZE):
@@ -225,13 +229,13 @@ def Layout(timeline, width=960, left=150, top=44, lane_height=18, strip=14,
     for a, s, e in thin:
       boxes.append(Box(a, x_of(s), lanes_y + num_lanes * lane_height,
                        max((e - s) * scale, 1.0), marks - 1,
-                       COLOURS[a.kind][a.micro_batch % 2], s, e))
+                       _Colour(a), s, e))
     for a in mine:
       lane_y = lanes_y + lane_of[a] * lane_height
       for s, e in laned[a]:
         boxes.append(Box(a, x_of(s), lane_y, max((e - s) * scale, 1.0),
                          lane_height - 2,
-                         COLOURS[a.kind][a.micro_batch % 2], s, e))
+                         _Colour(a), s, e))
       for b in laned[a] if labels else ():
         main, centre = b == timeline.actions[a], x_of(sum(b) / 2)
         if (a, b) in tiers:
@@ -372,11 +376,10 @@ def Svg(timeline, width=960, title=None, after=(), idle=None):
              f'last; bubble {timeline.measured_bubble:.2f} (ideal '
              f'{timeline.ideal_bubble:.2f})')
   titles = _Wrap(title, width - 8)
-  kinds = {a.kind for a in timeline.actions}
-  items = [(COLOURS[schedules.FORWARD][0], 'forward'),
-           (COLOURS[schedules.BACKWARD][0], 'backward')]
-  if schedules.WEIGHT in kinds:
-    items.append((COLOURS[schedules.WEIGHT][0], 'weight gradient'))
+  used = {a.kind for a in timeline.actions} | {schedules.FORWARD,
+                                                schedules.BACKWARD}
+  items = [(kind.colours[0], kind.name) for kind in map(
+      actions.KindOf, actions.Letters()) if kind.letter in used]
   if timeline.other:
     items.append((OTHER_COLOUR, 'ops outside the actions'))
   items += [(AFTER_COLOURS[i % 2], name)

@@ -74,6 +74,7 @@ Example:
 """
 import collections
 
+from cadence.framework.pipeline import actions
 from cadence.framework.pipeline import schedules
 from cadence.framework.planning import hardware as hardware_lib
 
@@ -220,29 +221,33 @@ def ReRuns(remat, micro_batch, num_micro_batches):
 
 
 def ActionCost(action, stage, splits_backward, remat, num_micro_batches):
-  """Seconds `action` takes alone, from its stage's `StageCost`."""
-  kind, _, j = action
-  if kind == schedules.FORWARD:
-    return stage.forward + stage.overhead
+  """Seconds `action` takes alone, from its stage's `StageCost`: the
+  action's overhead once, plus the cost of each piece of work its kind does
+  (actions.Kind.does)."""
+  j = action.micro_batch
   accumulate = stage.accumulate if j else 0.0
-  if kind == schedules.WEIGHT:
-    return (W_SHARE * stage.backward + accumulate + stage.split +
-            stage.overhead)
-  cost = stage.backward * ((1 - W_SHARE) if splits_backward else 1.0)
-  if ReRuns(remat, j, num_micro_batches):
-    cost += stage.recompute
-  return cost + (0.0 if splits_backward else accumulate) + stage.overhead
+  cost = 0.0
+  for work in actions.Does(action):
+    if work == schedules.FORWARD:
+      cost += stage.forward
+    elif work == schedules.WEIGHT:
+      cost += W_SHARE * stage.backward + accumulate + stage.split
+    else:
+      cost += stage.backward * ((1 - W_SHARE) if splits_backward else 1.0)
+      if ReRuns(remat, j, num_micro_batches):
+        cost += stage.recompute
+      cost += 0.0 if splits_backward else accumulate
+  return cost + stage.overhead
 
 
 def _TransferBytes(need, action, stages):
-  """Bytes `action` receives from `need` on another device: a forward
-  gets the previous stage's output; a backward the gradient of its own
-  output (the same size); nothing else crosses."""
-  if need.kind == action.kind == schedules.FORWARD:
-    return stages[need.stage].out_bytes
-  if need.kind == action.kind == schedules.BACKWARD:
-    return stages[action.stage].out_bytes
-  return 0
+  """Bytes `action` receives from `need` on another stage: what crosses
+  between stages s and s+1 is stage s's output (forward) or its gradient
+  (backward), the same size, whatever kinds the two actions are; nothing
+  crosses within a stage."""
+  if need.stage == action.stage:
+    return 0
+  return stages[min(need.stage, action.stage)].out_bytes
 
 
 def AllReduceTime(num_bytes, num_replicas, bandwidth, latency):
