@@ -674,7 +674,7 @@ def _Print(results):
           f'here: '
           f'{", ".join(res["calibration"]) or "none"}): '
           f'{1000 * o["layer"]:.3f} ms a layer of an action, '
-          f'{1000 * o["split"]:.3f} ms a layer of a split backward, '
+          f'{1000 * o["defer_w"]:.3f} ms a layer of a deferred W, '
           f'{1000 * o["step"]:.1f} ms a step, {1000 * o["replica"]:.1f} ms '
           f'a replica beyond the first; concurrency probed '
           f'{"/".join(f"{c:.2f}" for c in res["probe"])} (above), the '

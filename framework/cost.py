@@ -18,9 +18,9 @@ Fields (ints; None where a dim is unknown):
   act_weights  of them, what remat 'selective' keeps: the outputs of the
                products with a weight (the 'weights' policy); the rest is
                recomputed in the backward.
-  residuals    bytes a split backward's W (zero-bubble schedules) reads
+  residuals    bytes a deferred W (zero-bubble schedules) reads
                after B: the inputs of the weight products and their output
-               gradients (framework/pipeline/backward_split.py).
+               gradients (framework/pipeline/deferred_w.py).
   transient    bytes the backward allocates beyond what it keeps, at its
                peak (the gradients in flight, temporaries).
   weight_bytes bytes of the layer's variables.

@@ -350,7 +350,8 @@ class PipeliningLayer(SeqLayer):
              'cells.')
     p.Define('schedule_table', '', "With schedule='table': the action lists "
              'as text, one line per device, e.g. "F0:0 F0:1 B0:0 B0:1" '
-             '(kind F, B or W, stage:micro_batch; W splits the backward); '
+             '(kind F, B or W, stage:micro_batch; W: a deferred weight '
+             'gradient); '
              'checked before the first step.')
     return p
 
@@ -614,7 +615,7 @@ class PipeliningLayer(SeqLayer):
     specs = self._StateSpecs(cells, state, size)
     dtype = self.StateDtype(p, leaves[0].dtype)
     with cluster_lib.DeviceScope(self._devices[0]):
-      parts = microbatch.Split(
+      parts = microbatch.Slice(
           state.Transform(lambda x: tf.cast(x, dtype)), m, bd)
     return m, specs, parts
 
@@ -751,8 +752,8 @@ class PipeliningLayer(SeqLayer):
 
       def _Losses(theta, outputs, side):
         m = self.MicroBatching(p, outputs.Flatten()[0].shape[bd])[0]
-        parts = zip(microbatch.Split(outputs, m, bd),
-                    microbatch.Split(side, m, bd))
+        parts = zip(microbatch.Slice(outputs, m, bd),
+                    microbatch.Slice(side, m, bd))
         return self._Combine([loss_fn(
             theta if step_seed is None else base_layer.WithStepSeed(
                 theta, step_seed_lib.MicroBatchSeed(step_seed, j)),
@@ -763,7 +764,7 @@ class PipeliningLayer(SeqLayer):
                                   side_inputs)
     m, specs, mb_inputs = self._MicroBatches(cells, inputs)
     with cluster_lib.DeviceScope(self._devices[0]):
-      side_parts = microbatch.Split(side_inputs, m, bd)
+      side_parts = microbatch.Slice(side_inputs, m, bd)
     dtype = specs[0].Flatten()[0].dtype
     last, last_fn = cells[-1], self._CellFn(cells[-1], dtype)
     thetas = [_StripSeed(c.theta) for c in cells[:-1]] + [NestedMap(

@@ -27,7 +27,7 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
   compute dtype (float32, or float64; float32 for bfloat16 too), that the
   backward reads (beside [..., 1] inverse deviations, left out);
   act_weights: the input alone, in fprop_dtype (remat_policy 'weights'
-  recomputes the norm from it); residuals (what W reads after a split B):
+  recomputes the norm from it); residuals (what a deferred W reads):
   the normalised input and the output gradient, both in the compute dtype,
   for the scale's gradient."""
   cls.CheckParams(p, validation.Owner(p))

@@ -246,7 +246,7 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     copy of `w` cast to it that the product's gradient reads;
     act_weights: the inputs and the logits (remat_policy 'weights'
     recomputes the rest, the cast copy of `w` too, from them).
-    residuals (what W reads after a split B): the inputs and the
+    residuals (what a deferred W reads): the inputs and the
     logits' gradient in fprop_dtype; chunked, the weights' gradients
     (the chunked gradient computes them with the inputs' in one loop, B).
     transient: the logits' gradient, [N, num_classes] float32.

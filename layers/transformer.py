@@ -25,7 +25,7 @@ from cadence.layers import normalization
 
 NestedMap = base_layer.NestedMap
 # The cost.Cost field of each remat policy's bytes (ActBytes' `policy`;
-# 'residuals', what W reads after a split B, is not a remat policy).
+# 'residuals', what a deferred W reads, is not a remat policy).
 _POLICY_FIELDS = {'all': 'act', 'weights': 'act_weights',
                   'residuals': 'residuals'}
 
@@ -183,7 +183,7 @@ class TransformerLayer(base_layer.BaseLayer):
     six products cast to it (4 d*d + 2 d*f), which their gradients read.
     'weights' (the products with a weight): 5 b*t*d (q, k, v, the two
     output projections) + b*t*f (the first feed-forward product).
-    'residuals' (what W reads after a split B, not a remat policy): in
+    'residuals' (what a deferred W reads, not a remat policy): in
     fprop_dtype the inputs of the six products, 3 b*t*d + b*t*f (2 b*t*f
     with a feed-forward dropout: the activation before and after it), and
     the gradients of their outputs, 5 b*t*d + b*t*f; in the norms'
@@ -384,8 +384,8 @@ class TransformerStack(base_layer.BaseLayer):
   def LayersActBytes(cls, p, inputs, num_layers, final_ln, policy='all'):
     """Bytes the backward of `num_layers` layers (+ the final norm if
     `final_ln`) of stack params `p` needs kept on inputs [batch, time, dim],
-    by remat_policy `policy` ('all' or 'weights'), or what their W reads
-    after a split B ('residuals'): the cost.Cost fields act, act_weights,
+    by remat_policy `policy` ('all' or 'weights'), or what their deferred
+    W reads ('residuals'): the cost.Cost fields act, act_weights,
     residuals."""
     shape = shapes.AsShape(inputs)
     tpl = base_layer.InheritParams(p, p.transformer_tpl)

@@ -32,7 +32,7 @@ import tensorflow as tf
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import backward_split
+from cadence.framework.pipeline import deferred_w
 from cadence.framework.pipeline import remat_policy
 
 # Op types that draw random numbers from hidden state (kernel or resource).
@@ -195,7 +195,8 @@ class CellProgram:
     self._bwd_mask = None   # [bool] per (theta, state, inputs) float leaf.
     self._keep = {}   # policy -> (forward, backward, grad mask) or None.
     self._traces = {}   # policy -> (traced fwd+bwd, feeds of its backward).
-    self._splits = {}   # policy (None: re-run) -> the split backward.
+    # policy (None: re-run) -> B and a deferred W (deferred_w.py).
+    self._cut_backwards = {}
 
   # --- structure helpers ---------------------------------------------------
 
@@ -414,7 +415,7 @@ class CellProgram:
     return self._keep[policy]
 
   def ForwardKeep(self, theta, state, inputs, seed=None, policy='all',
-                  split=False):
+                  defer_w=False):
     """One step that keeps activations; returns (grad_fn, new state).
 
     `grad_fn(d_out)` (once) gives what `Backward` gives, computed from the
@@ -422,19 +423,19 @@ class CellProgram:
     them (policy 'all'), or those remat_policy.KeptTensors' `policy` picks,
     the backward recomputing the rest. Eagerly (or for a cell that cannot
     be cut, see `_KeepFunctions`) a GradientTape keeps all of them. With
-    `split` the backward will be split (`Backward`'s `split`), so even an
-    inlined cell keeps its activations in a graph that can be cut.
+    `defer_w` the backward will defer its W (`Backward`'s `defer_w`), so
+    even an inlined cell keeps its activations in a graph that can be cut.
     """
     eager = tf.executing_eagerly() or (
-        self._inline and policy == 'all' and not split)
+        self._inline and policy == 'all' and not defer_w)
     keep = None if eager else self._KeepFunctions(policy)
     if keep is None:
       with cluster_lib.DeviceScope(self._device):
         grads_fn, out = self.TapeForward(theta, state, inputs, seed)
 
-      def _GradFn(d_out, split=False):
+      def _GradFn(d_out, defer_w=False):
         with cluster_lib.DeviceScope(self._device):
-          return self._Deferred(self._Unpack(grads_fn(d_out)), split)
+          return self._Deferred(self._Unpack(grads_fn(d_out)), defer_w)
 
       return _GradFn, out
     fwd, bwd, mask, _ = keep
@@ -446,8 +447,8 @@ class CellProgram:
       res = fwd(*args)
     out, kept = list(res[:n_out]), list(res[n_out:])
 
-    def _GradFnKept(d_out, split=False):
-      if split:
+    def _GradFnKept(d_out, defer_w=False):
+      if defer_w:
         return self._SplitCall(policy, args + kept, d_out)
       with cluster_lib.DeviceScope(self._device):
         got = iter(bwd(*(args + kept + list(d_out))))
@@ -470,7 +471,7 @@ class CellProgram:
     parts = self._Unpack([True if m else None for m in self._bwd_mask])
     return tuple([m is True for m in part] for part in parts)
 
-  def Backward(self, theta, state, inputs, seed, d_out, split=False):
+  def Backward(self, theta, state, inputs, seed, d_out, defer_w=False):
     """Re-runs the step and returns its gradients (rematerialisation).
 
     Args:
@@ -478,19 +479,19 @@ class CellProgram:
       seed: the step's seed (or None without seeds).
       d_out: gradients of the float leaves of the new state, in order.
         The re-run starts only once they are computed.
-      split: compute only the input gradients now (B), and the weight
-        gradients when asked (W; backward_split.py).
+      defer_w: compute only the input gradients now (B), and the weight
+        gradients when asked (W; deferred_w.py).
 
     Returns:
       (d_theta, d_state, d_inputs): flat lists matching theta, state and
       inputs; None for integer leaves and for leaves the output does not
-      depend on. With `split`, d_theta is a function `weights(after=())`
+      depend on. With `defer_w`, d_theta is a function `weights(after=())`
       that computes it (after the ops `after`, in a graph).
     """
     args = list(theta) + list(state) + list(inputs)
     if self._has_seed:
       args.append(seed)
-    if split and not tf.executing_eagerly():
+    if defer_w and not tf.executing_eagerly():
       return self._SplitCall(None, args, d_out)
     if tf.executing_eagerly() or self._inline:
       with cluster_lib.DeviceScope(self._device):
@@ -500,32 +501,32 @@ class CellProgram:
                    if IsDifferentiable(x)]
         grads = [(g if g is not None else tf.zeros_like(x)) if m else None
                  for g, m, x in zip(grads, self._bwd_mask, sources)]
-      return self._Deferred(self._Unpack(grads), split)
+      return self._Deferred(self._Unpack(grads), defer_w)
     self._EnsureBackward()
     with cluster_lib.DeviceScope(self._device):
       got = iter(self._bwd(*(args + list(d_out))))
     grads = [next(got) if m else None for m in self._bwd_mask]
     return self._Unpack(grads)
 
-  # --- the backward split into B and W ---------------------------------------
+  # --- the backward cut into B and a deferred W -------------------------------
 
   @staticmethod
-  def _Deferred(grads, split):
-    """(d_theta, d_state, d_inputs), d_theta as a function with `split`:
+  def _Deferred(grads, defer_w):
+    """(d_theta, d_state, d_inputs), d_theta as a function with `defer_w`:
     eagerly the whole backward runs at once and W hands over its part."""
-    if not split:
+    if not defer_w:
       return grads
     d_theta, d_state, d_inputs = grads
     return (lambda after=(): d_theta), d_state, d_inputs
 
   def _SplitFunctions(self, policy):
     """(b, w, cut, grad mask) of the backward cut into B and W
-    (backward_split.Split): of a re-run of the whole cell (policy None) or
+    (deferred_w.CutBackward): of a re-run of the whole cell (policy None) or
     of what remat policy `policy` kept (`_KeepFunctions`). b takes the
     cut's feeds (the step's args, the kept tensors, d_out) and returns the
     input gradients and the residuals B computes; w takes the residuals."""
-    if policy in self._splits:
-      return self._splits[policy]
+    if policy in self._cut_backwards:
+      return self._cut_backwards[policy]
     if policy is None:
       mask = []
       n_in = len(self._specs)
@@ -544,7 +545,7 @@ class CellProgram:
     else:
       traced, feeds, grads, mask = self._traces[policy]
     n_theta = sum(mask[:sum(map(IsDifferentiable, self._theta_flat))])
-    cut = backward_split.Split(traced, feeds, grads[:n_theta],
+    cut = deferred_w.CutBackward(traced, feeds, grads[:n_theta],
                                grads[n_theta:])
     if self._inline:
       b = lambda *a: _BuildInCallerGraph(cut.b, a)
@@ -553,8 +554,8 @@ class CellProgram:
       b = self._Function(lambda *a: cut.b(*a), [_Spec(t) for t in feeds])
       w = self._Function(lambda *a: cut.w(*a),
                          [_Spec(t) for t in cut.residuals])
-    self._splits[policy] = (b, w, cut, list(mask))
-    return self._splits[policy]
+    self._cut_backwards[policy] = (b, w, cut, list(mask))
+    return self._cut_backwards[policy]
 
   def _SplitCall(self, policy, args, d_out):
     """B now: (weights(after=()) -> d_theta, d_state, d_inputs).
@@ -564,7 +565,7 @@ class CellProgram:
     """
     b, w, cut, mask = self._SplitFunctions(policy)
     n_theta = sum(map(IsDifferentiable, self._theta_flat))
-    feeds = backward_split.Hold(args, d_out) + list(d_out)
+    feeds = deferred_w.Hold(args, d_out) + list(d_out)
     with cluster_lib.DeviceScope(self._device):
       outs = list(b(*feeds))
     got = iter(outs[:cut.num_input_grads])
@@ -572,7 +573,7 @@ class CellProgram:
         [None] * n_theta + [next(got) if m else None for m in mask[n_theta:]])
 
     def _Weights(after=()):
-      residuals = backward_split.Hold(cut.WeightArgs(feeds, outs), after)
+      residuals = deferred_w.Hold(cut.WeightArgs(feeds, outs), after)
       with cluster_lib.DeviceScope(self._device):
         got = iter(w(*residuals))
       return self._Unpack([next(got) if m else None for m in mask[:n_theta]]

@@ -16,12 +16,12 @@ action each device runs in which order; `_Run` runs actions:
            through the cell (from the kept activations or by re-running it)
            and hands the gradients on to (s, j-1) and (s-1, j); the weight
            gradients accumulate per stage on its device;
-  W(s, j)  in a schedule that splits the backward (zero bubble), B computes
+  W(s, j)  in a schedule that defers W (zero bubble), B computes
            only the input gradients and keeps what the weight gradients
-           need (backward_split.py: the inputs of the weight products and
+           need (deferred_w.py: the inputs of the weight products and
            the gradients of their outputs); W computes and accumulates the
            weight gradients later. B and W together run the ops of one
-           backward, each once: the gradients are the unsplit ones.
+           backward, each once: the gradients are those of the whole backward.
 A kind of one's own (actions.Kind) runs by the handler registered for it
 (`RegisterHandler`), from these three.
 
@@ -210,7 +210,7 @@ class Pipeline:
     self.remat = remat
     self.backward_window = backward_window
     # B computes the input gradients, W later the weights' (zero bubble).
-    self.split = schedule.splits_backward
+    self.defer_w = schedule.defers_w
     self.seeds = [None if seed is None else
                   step_seed_lib.MicroBatchSeed(seed, j) for j in range(self.m)]
     self._init_states = init_states
@@ -355,7 +355,7 @@ class _Run:
     forward's activations serve the first walk; later ones re-run.)"""
     pipe = self.pipe
     self._pending = {}   # (stage, mb, leaf) -> [gradient terms]
-    self._weights = {}   # (stage, mb) -> its W, after a split B.
+    self._weights = {}   # (stage, mb) -> its deferred W, after its B.
     self._d_thetas = [[None] * n for n in pipe.nts]
     self._d_inits = [[None] * n for n in pipe.nss]
     self._d_inputs = [[None] * pipe.nx for _ in range(pipe.m)]
@@ -391,7 +391,7 @@ class _Run:
     policy = self.pipe.Keep(j)
     if policy:
       self._kept[(i, j)], self.out[i][j] = program.ForwardKeep(
-          *self._Args(i, j), policy=policy, split=self.pipe.split)
+          *self._Args(i, j), policy=policy, defer_w=self.pipe.defer_w)
     else:
       self.out[i][j] = program.Forward(*self._Args(i, j))
     if self._loss_index is not None and i == self.pipe.k - 1:
@@ -405,12 +405,12 @@ class _Run:
 
   def _CellGradients(self, i, j, d_out):
     """(d_theta, d_state, d_inputs) of F(i, j) given its output's d_out;
-    with a split backward d_theta is the W still to run (a function)."""
-    split = self.pipe.split
+    with a deferred W d_theta is the W still to run (a function)."""
+    defer_w = self.pipe.defer_w
     if (i, j) in self._kept:
-      return self._kept.pop((i, j))(d_out, split=split)
+      return self._kept.pop((i, j))(d_out, defer_w=defer_w)
     return self.pipe.programs[i].Backward(*self._Args(i, j), d_out,
-                                          split=split)
+                                          defer_w=defer_w)
 
   def ForwardResults(self):
     """The flat results (see `Pipeline`); stacks on the last device."""
@@ -484,7 +484,7 @@ class _Run:
       return []   # Nothing flows back into this (stage, micro-batch).
     g_th, g_s, g_x = self._CellGradients(i, j, d_out)
     g_x = g_x[:self.pipe.NumInputs(i)]   # Side inputs get no gradient.
-    if self.pipe.split:
+    if self.pipe.defer_w:
       self._weights[(i, j)], g_th = g_th, []
     done = []
     with cluster_lib.DeviceScope(device):
@@ -518,7 +518,7 @@ class _Run:
 
   def Weight(self, i, j, after=()):
     """W(i, j): the weight gradients of stage i on micro-batch j, from what
-    its split B kept; returns ops that mark it done (in a graph)."""
+    its B kept; returns ops that mark it done (in a graph)."""
     weights = self._weights.pop((i, j), None)
     if weights is None:
       return []   # No gradient flowed back into (i, j).

@@ -14,7 +14,7 @@ schedule):
                TF's gradient reads, not every forward tensor), for as many
                micro-batches as the schedule and `remat` keep at once, plus
                the cell's outputs (`out` bytes a micro-batch) that wait for
-               the backward; with the backward split (zero-bubble
+               the backward; with W deferred (zero-bubble
                schedules), `residuals` bytes (the cost record's `residuals`:
                what W reads) per micro-batch between its B and its W;
   transient:   the temporaries of one micro-batch's backward (the gradients
@@ -69,7 +69,7 @@ import collections
 import tensorflow as tf
 
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import backward_split
+from cadence.framework.pipeline import deferred_w
 from cadence.framework.pipeline import remat_policy
 from cadence.framework.pipeline import schedules
 
@@ -113,7 +113,7 @@ class _Count(collections.namedtuple('_Count', [
     'kept', 'live', 'waiting', 'done', 'backward'])):
   """A stage at one tick: micro-batches whose activations it keeps; in
   flight (forwarded, not back-propagated: their outputs wait); waiting for
-  their W after a split B (what W reads stays); backwards (or W's)
+  their deferred W after B (what W reads stays); backwards (or W's)
   finished before; whether it runs a backward (B or W) then."""
   __slots__ = ()
 
@@ -145,7 +145,7 @@ def _Counts(memory):
   num_cells, m = table.num_stages, table.num_micro_batches
   ticks = table.Ticks()
   kept = _KeptRule(table.loss_inside, memory.remat, m, memory.backward_window)
-  split = table.splits_backward
+  defer_w = table.defers_w
   # The work each tick does (actions.Kind.does): a kind's memory is that
   # of its work.
   ticks = [[w for a in tick for w in a.Work()] for tick in ticks]
@@ -165,7 +165,7 @@ def _Counts(memory):
            for i in range(num_cells)], False
     for i in backward:
       live[i] -= 1
-      if split:
+      if defer_w:
         waiting[i] += 1
       else:
         done[i] += 1
@@ -202,9 +202,9 @@ def Moments(memory, params, slots, grads=None):
   A moment is a tick of the schedule (schedules), plus, for a schedule
   whose loss runs outside the pipeline (GPipe), the one between its
   phases. At a tick a stage holds its params and slots; its gradients' sum
-  once it runs or has run a backward (a split one: its first W); the
+  once it runs or has run a backward (with W deferred: its first W); the
   activations it keeps (KeptMicroBatches' rule at that tick) and the
-  outputs of the micro-batches in flight; after a split B, until its W,
+  outputs of the micro-batches in flight; after B, until its deferred W,
   what W reads (`residuals`: the inputs of the weight products and the
   gradients of their outputs, ResidualBytes); and, while it runs a
   backward or a W, one layer's transient
@@ -222,7 +222,7 @@ def Moments(memory, params, slots, grads=None):
     memory: NestedMap(schedule (a registered name, or None: unpipelined),
       remat, num_micro_batches, backward_window, cells=S NestedMaps(act:
       bytes a micro-batch's backward reads, act_weights: of them, those
-      remat 'selective' keeps, residuals: what W reads after a split B
+      remat 'selective' keeps, residuals: what a deferred W reads
       (read only by schedules that split it), out: bytes of its output,
       transient: its backward's temporaries, act_outputs (optional, default
       0): of act, the bytes of its output, outside: bytes of what runs on
@@ -349,7 +349,7 @@ def SavedBytes(fn, input_specs, theta_specs=(), policy='all'):
 
 
 def ResidualBytes(fn, input_specs, theta_specs=()):
-  """Bytes of what W reads after a split B (backward_split.Split, as
+  """Bytes of what a deferred W reads (deferred_w.CutBackward, as
   zero-bubble schedules run it): the inputs of the weight products and the
   gradients of their outputs that B computed, the forward tensors and the
   output gradients W needs; theta not. What a stage holds per micro-batch
@@ -382,7 +382,7 @@ def ResidualBytes(fn, input_specs, theta_specs=()):
   traced = tf.compat.v1.wrap_function(_Grads, specs + d_specs)
   grads = list(traced.outputs)
   n_input_grads = sum(s.dtype.is_floating for s in input_specs)
-  cut = backward_split.Split(traced, traced.inputs,
+  cut = deferred_w.CutBackward(traced, traced.inputs,
                              grads[n_input_grads:], grads[:n_input_grads])
   weights = [t.op for t in traced.inputs[len(input_specs):len(specs)]]
   return _Bytes(cut.residuals, weights)

@@ -2,12 +2,12 @@
 
 A pipeline runs a batch of B examples as M micro-batches of B / M examples
 each, cut along the batch dimension of every input (`batch_dim`, 0 for
-batch-major inputs, 1 for time-major ones). `Split` and `Concat` are exact
+batch-major inputs, 1 for time-major ones). `Slice` and `Concat` are exact
 inverses: the outputs come back in the inputs' order and layout.
 
 Example:
   m, size = Count('pipe', batch=32, num_micro_batches=4)      # (4, 8)
-  parts = Split(NestedMap(x=x, p=paddings), m, batch_dim=0)   # 4 x [8, ...]
+  parts = Slice(NestedMap(x=x, p=paddings), m, batch_dim=0)   # 4 x [8, ...]
   whole = Concat(parts, batch_dim=0)                          # [32, ...]
 """
 import tensorflow as tf
@@ -56,7 +56,7 @@ def Count(owner, batch, num_micro_batches=None, micro_batch_size=None,
   return m, size
 
 
-def Split(state, num_micro_batches, batch_dim=0):
+def Slice(state, num_micro_batches, batch_dim=0):
   """Cuts every leaf of a NestedMap into M equal parts along `batch_dim`.
 
   Returns:
@@ -70,7 +70,7 @@ def Split(state, num_micro_batches, batch_dim=0):
 
 
 def Concat(parts, batch_dim=0):
-  """The inverse of `Split`: concatenates NestedMaps leaf by leaf."""
+  """The inverse of `Slice`: concatenates NestedMaps leaf by leaf."""
   if len(parts) == 1:
     return parts[0]
   flat = [p.Flatten() for p in parts]

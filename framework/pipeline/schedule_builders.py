@@ -19,7 +19,7 @@ The registry (schedules.py) names them and checks what they return.
                    stage takes 1/v of the time, for M >= D (M < D: see
                    `InterleavedBubble`).
   ZeroBubbleH1     ZB-H1 (Qi et al., 2024, "Zero Bubble Pipeline
-                   Parallelism", arXiv:2401.10241): the backward split into
+                   Parallelism", arXiv:2401.10241): the backward cut into
                    B (input gradient) and W (weight gradient); 1F1B's order
                    of F and B with stage s running its W's s micro-batches
                    late, so W fills the bubbles: (S-1)/(3M+S-1) of the step

@@ -96,7 +96,7 @@ class Schedule:
     return len(self.actions)
 
   @property
-  def splits_backward(self):
+  def defers_w(self):
     """Whether B computes only input gradients and W the weights'."""
     return any(WEIGHT in actions.Does(a) for device in self.actions
                for a in device)
@@ -291,10 +291,10 @@ def Check(schedule, recurrent=False):
             f'{seen_backward[0]}; with the loss outside the pipeline every '
             'forward of a device comes before its backwards (a schedule '
             'that interleaves them runs the loss inside: loss_inside).')
-  split = schedule.splits_backward
+  defer_w = schedule.defers_w
   for s in range(s_count):
     for j in range(m_count):
-      for kind in (FORWARD, BACKWARD) + ((WEIGHT,) if split else ()):
+      for kind in (FORWARD, BACKWARD) + ((WEIGHT,) if defer_w else ()):
         a = Action(kind, s, j)
         if a in where:
           continue

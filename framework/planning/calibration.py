@@ -1,7 +1,7 @@
 """The planner's model fitted to real steps of this host (--plan_measure).
 
 Unit costs timed alone leave out what a whole step adds: the executor's
-work per unit and action, a split backward's extra call, the step's
+work per unit and action, a deferred W's extra call, the step's
 fixed cost, what replicas add, and how much devices that share the
 host's cores gain by running at once. The planner times real steps of the
 trainer's loop for a few layouts (CalibrationLayouts) and fits each of
@@ -9,7 +9,7 @@ these to them, in order (each fit uses the ones before):
 
   FitOverheads           per unit of an action, per action, per step;
   FitScales              the units' times per micro-batch size;
-  FitSplitOverhead       a split backward's extra per unit;
+  FitDeferWOverhead       a deferred W's extra per unit;
   FitConcurrency         the host's gain with 2 actions at once, per
                          micro-batch size;
   FitReplicaConcurrency  the gain of replicas on one host;
@@ -31,17 +31,17 @@ from cadence.framework.pipeline import schedules
 from cadence.framework.planning import plan_costs
 from cadence.framework.planning import plan_model
 
-SPLIT_CALIBRATION = 'zb_h1'
+DEFER_W_CALIBRATION = 'zb_h1'
 
 
 def CalibrationLayouts(model, num_devices=1):
   """The layouts whose real steps fit the Overheads and the concurrency:
   the model on one device, as one micro-batch and as the most
   micro-batches m up to 8 that divide the batch (gpipe, no remat), at
-  that M with its backward split (SPLIT_CALIBRATION) and at that M cut in
+  that M with its W deferred (DEFER_W_CALIBRATION) and at that M cut in
   2 stages (twice the actions: plan_costs.Overheads.action); and, with
   2 devices or more, 2 stages on 2 devices at m, m / 2 and 2 micro-batches
-  (1f1b, no remat) and at one (SPLIT_CALIBRATION): the concurrency from
+  (1f1b, no remat) and at one (DEFER_W_CALIBRATION): the concurrency from
   the smallest micro-batch to the whole batch; and 2 replicas of one
   device (one micro-batch).
 
@@ -53,34 +53,35 @@ def CalibrationLayouts(model, num_devices=1):
   m = [n for n in plan_model.MicroBatchCounts(model.batch_size) if n <= 8][-1]
   out = [plan_model.Layout(1, 1, 1, n, 'gpipe', 'never', None)
          for n in sorted({1, m})]
-  out.append(plan_model.Layout(1, 1, 1, m, SPLIT_CALIBRATION, 'never', None))
+  out.append(plan_model.Layout(1, 1, 1, m, DEFER_W_CALIBRATION, 'never', None))
   if model.num_units >= 2:   # Twice the actions of the same layers.
     out.append(plan_model.Layout(1, 1, 2, m, 'gpipe', 'never', None))
   if num_devices >= 2 and model.num_units >= 2:
     out += [plan_model.Layout(1, 2, 2, n, '1f1b', 'never', None)
             for n in sorted({m, m // 2, 2}, reverse=True)
             if n >= 2 and model.batch_size % n == 0]
-    # The whole batch as one micro-batch, where a split backward's W beside
+    # The whole batch as one micro-batch, where a deferred W beside
     # the other stage's B is the only overlap: actions that alone keep the
     # cores busy gain least from a second device.
-    out.append(plan_model.Layout(1, 2, 2, 1, SPLIT_CALIBRATION, 'never', None))
+    out.append(plan_model.Layout(1, 2, 2, 1, DEFER_W_CALIBRATION, 'never',
+                                 None))
   if num_devices >= 2 and model.batch_size % 2 == 0:
     out.append(plan_model.Layout(2, 1, 1, 1, 'gpipe', 'never', None))
   return out
 
 
-def _SplitsBackward(layout):
+def _DefersW(layout):
   return schedules.Build(layout.schedule, layout.stages, layout.devices,
-                         layout.micro_batches).splits_backward
+                         layout.micro_batches).defers_w
 
 
-def _OneDevice(steps, split, stages=1):
+def _OneDevice(steps, defer_w, stages=1):
   """The (layout, seconds) of `steps` of one stage (default) on one device
-  (K = 1, R = 1) whose schedule splits the backward or not; stages=None:
+  (K = 1, R = 1) whose schedule defers W or not; stages=None:
   more than one stage."""
   return [(l, t) for l, t in steps.items()
           if l.devices == 1 and l.replicas == 1 and
-          _SplitsBackward(l) == split and
+          _DefersW(l) == defer_w and
           (l.stages == 1 if stages == 1 else l.stages > 1)]
 
 
@@ -100,7 +101,7 @@ def FitScales(planner, steps):
   additive fit (FitOverheads: a cost per action and one per step, each
   >= 0) came out zero and left its one-micro-batch step 6% short."""
   out = {}
-  for layout, seconds in _OneDevice(steps, split=False):
+  for layout, seconds in _OneDevice(steps, defer_w=False):
     once = planner.Predict(layout, scale=1.0).step.time
     work = planner.Predict(layout, scale=2.0).step.time - once
     if work > 0:
@@ -127,11 +128,11 @@ def FitOverheads(planner, steps):
   Args:
     planner: a Planner (its own overheads are not used).
     steps: {Layout: measured seconds}; those on one device (K = 1, R = 1)
-      whose schedule does not split the backward count.
+      whose schedule does not defer W count.
   """
   rows, excess = [], []
-  for layout, seconds in (_OneDevice(steps, split=False) +
-                          _OneDevice(steps, split=False, stages=None)):
+  for layout, seconds in (_OneDevice(steps, defer_w=False) +
+                          _OneDevice(steps, defer_w=False, stages=None)):
     p = planner.Predict(layout, overheads=plan_costs.Overheads())
     actions = sum(len(a) for a in schedules.Build(
         layout.schedule, layout.stages, 1, layout.micro_batches).actions)
@@ -163,15 +164,16 @@ def _MeanExcess(planner, steps, overheads, per):
   return max(0.0, statistics.mean(rows)) if rows else 0.0
 
 
-def FitSplitOverhead(planner, steps):
-  """Seconds a split backward adds per layer of each micro-batch (>= 0):
-  the mean over the one-device layouts of `steps` whose schedule splits
-  it of (measured - predicted without it) / (M x layers). 0 without such
+def FitDeferWOverhead(planner, steps):
+  """Seconds a deferred W adds per layer of each micro-batch (>= 0):
+  the mean over the one-device layouts of `steps` whose schedule defers
+  W of (measured - predicted without it) / (M x layers). 0 without such
   layouts. A cut backward costs more than the fused one with the same
-  actions and FLOPs (figures: the README, "Measured on the development machine")."""
+  actions and FLOPs (figures: the README, "Measured on the development
+  machine")."""
   return _MeanExcess(
-      planner, _OneDevice(steps, split=True),
-      planner.overheads._replace(split=0.0),
+      planner, _OneDevice(steps, defer_w=True),
+      planner.overheads._replace(defer_w=0.0),
       lambda l: l.micro_batches * planner.model.num_units)
 
 

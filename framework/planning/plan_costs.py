@@ -106,7 +106,7 @@ class FlopsCosts:
 
 
 Overheads = collections.namedtuple('Overheads', ['layer', 'step',
-                                                'replica', 'split', 'action'],
+                                                'replica', 'defer_w', 'action'],
                                    defaults=[0.0, 0.0, 0.0, 0.0, 0.0])
 
 
@@ -116,9 +116,9 @@ of a stage of n layers pays n x layer: its ops, and its weights' gradient
 sums, are per layer and micro-batch); `step`, what a step pays once
 (FitOverheads); `replica`, what each replica beyond the first adds to a
 step (FitReplicaOverhead: the strategy's work beyond the simulated
-all-reduce and updates); `split`, what a backward cut in B and W
+all-reduce and updates); `defer_w`, what a backward cut in B and W
 (zero-bubble schedules) adds per layer of each micro-batch beyond the
-fused backward (FitSplitOverhead); `action`, what each action pays
+fused backward (FitDeferWOverhead); `action`, what each action pays
 whatever its layers (FitOverheads: the executor's call, the hand-over
 between stages).
 
@@ -281,7 +281,7 @@ def _UnitKind(unit):
 
 
 def StageCosts(model, layout, items, memory, hw, update_rate=None,
-               overhead=0.0, split=0.0, action=0.0):
+               overhead=0.0, defer_w=0.0, action=0.0):
   """The step_model.StageCost of each stage of `layout` from its layers'
   ItemCosts on one micro-batch and the FPropMeta `memory` of the layout.
 
@@ -289,8 +289,8 @@ def StageCosts(model, layout, items, memory, hw, update_rate=None,
   share of the activation bytes it does not keep (1 - act_weights / act).
   `overhead`: seconds each action pays per layer of its stage beyond the
   layers' costs (Overheads.layer); `action`: what each action pays
-  whatever its layers (Overheads.action); `split`: what a split backward
-  adds per layer (Overheads.split).
+  whatever its layers (Overheads.action); `defer_w`: what a deferred W
+  adds per layer (Overheads.defer_w).
   """
   inside = schedules.LossInside(layout.schedule)
   weights = model.StageWeights(model.Bounds(layout))
@@ -311,7 +311,7 @@ def StageCosts(model, layout, items, memory, hw, update_rate=None,
         backward=sum(c.backward for c in mine), recompute=rerun,
         out_bytes=cell.out, grad_bytes=g, update=update,
         accumulate=3 * g / hw.memory_bandwidth,
-        overhead=overhead * (b - a) + action, split=split * (b - a)))
+        overhead=overhead * (b - a) + action, defer_w=defer_w * (b - a)))
   return out
 
 

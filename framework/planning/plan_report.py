@@ -79,8 +79,8 @@ def _OverheadsText(costs, o, concurrency, scales=None,
       f'{f:.3f} at {b} examples a micro-batch'
       for b, f in sorted(scales.items()))) if scales else ''
   return (f'; fitted to real steps ({steps}): {_Ms(o.layer)} ms a unit '
-          f'of an action, {_Ms(o.action)} ms an action, {_Ms(o.split)} ms '
-          f'a unit of a micro-batch\'s split backward, {_Ms(o.step)} ms a '
+          f'of an action, {_Ms(o.action)} ms an action, {_Ms(o.defer_w)} ms '
+          f'a unit of a micro-batch\'s deferred W, {_Ms(o.step)} ms a '
           f'step, {_Ms(o.replica)} ms a replica beyond the first{fitted}')
 
 

@@ -23,7 +23,7 @@ replicas take batch_size / R each). How:
            the planner also times real steps of the trainer's loop for a
            few layouts and fits to them what unit costs leave out
            (calibration.py: the executor's cost per unit and micro-batch,
-           what a split backward adds, the step's fixed cost, each extra
+           what a deferred W adds, the step's fixed cost, each extra
            replica's, a factor of the units' times per micro-batch size,
            and the host's concurrency at each micro-batch size from the
            smallest to the whole batch, and of replicas);
@@ -95,7 +95,7 @@ Layout = plan_model.Layout
 REMATS = ('never', 'selective', 'except_last', 'always')
 _SKIP_SCHEDULES = ('table',)   # Written by hand, not searched.
 MAX_PER_DEVICE = 4             # v: cells per device.
-# The schedule whose one-device step measures what a split backward costs.
+# The schedule whose one-device step measures what a deferred W costs.
 
 
 Prediction = collections.namedtuple('Prediction', [
@@ -175,7 +175,7 @@ class Planner:
       self.scales = calibration.FitScales(self, costs.steps)
       self._items.clear()
       self.overheads = self.overheads._replace(
-          split=calibration.FitSplitOverhead(self, costs.steps))
+          defer_w=calibration.FitDeferWOverhead(self, costs.steps))
       self.concurrency = calibration.FitConcurrency(self, costs.steps)
       self.replica_concurrency = calibration.FitReplicaConcurrency(
           self, costs.steps)
@@ -249,7 +249,7 @@ class Planner:
     overheads = overheads or self.overheads
     stages = plan_costs.StageCosts(
         model, layout, self.Items(mb, scale), memory, hw,
-        self.costs.update_rate, overheads.layer, overheads.split,
+        self.costs.update_rate, overheads.layer, overheads.defer_w,
         overheads.action)
     step = step_model.SimulateStep(
         schedule, stages, hw, layout.remat, layout.replicas,

@@ -18,18 +18,18 @@ What an action costs (`StageCost`, seconds, given per stage):
 
   F(s, j)  forward;
   B(s, j)  backward: input and weight gradients (`backward`), or only the
-           input gradients when the schedule splits off W (`W_SHARE` of
+           input gradients when the schedule defers W (`W_SHARE` of
            the backward is the weights'); plus `recompute` when remat
            re-runs the forward of micro-batch j ('always'; 'except_last'
            for every micro-batch but the last; 'selective': the part it
            does not keep); plus the sum of the weight gradients into the
            step's (`accumulate`, from the second micro-batch on);
   W(s, j)  the weight gradients (`W_SHARE` of `backward`) and their sum,
-           plus `split`: what cutting the backward in two adds (B's
+           plus `defer_w`: what cutting the backward in two adds (B's
            residuals returned and W's call: measured, zero-bubble steps
            take more than the same steps with a fused backward);
 and each action `overhead`: what the executor adds to the work it runs
-(its call, the split of a micro-batch, the control edges ordering it),
+(its call, the slice of a micro-batch, the control edges ordering it),
 which measured layer costs leave out (calibration.FitOverheads fits it).
 A step also pays a `fixed` cost once (the loop, the gradients' norm and
 clipping, what the update costs beyond its per-device share).
@@ -84,7 +84,7 @@ _EPS = 1e-12
 
 class StageCost(collections.namedtuple('StageCost', [
     'forward', 'backward', 'recompute', 'out_bytes', 'grad_bytes',
-    'update', 'accumulate', 'overhead', 'split'], defaults=[0.0, 0.0])):
+    'update', 'accumulate', 'overhead', 'defer_w'], defaults=[0.0, 0.0])):
   """Per stage, seconds (alone on its device) and bytes; see the module
   docstring.
 
@@ -98,7 +98,7 @@ class StageCost(collections.namedtuple('StageCost', [
     update: the optimizer update of its weights.
     accumulate: adding one micro-batch's weight gradients to the step's.
     overhead: what the executor adds to each action of the stage.
-    split: what a split backward adds to each micro-batch's B and W of
+    defer_w: what a deferred W adds to each micro-batch's B and W of
       the stage together (charged to W).
   """
   __slots__ = ()
@@ -220,7 +220,7 @@ def ReRuns(remat, micro_batch, num_micro_batches):
   return False
 
 
-def ActionCost(action, stage, splits_backward, remat, num_micro_batches):
+def ActionCost(action, stage, defers_w, remat, num_micro_batches):
   """Seconds `action` takes alone, from its stage's `StageCost`: the
   action's overhead once, plus the cost of each piece of work its kind does
   (actions.Kind.does)."""
@@ -231,12 +231,12 @@ def ActionCost(action, stage, splits_backward, remat, num_micro_batches):
     if work == schedules.FORWARD:
       cost += stage.forward
     elif work == schedules.WEIGHT:
-      cost += W_SHARE * stage.backward + accumulate + stage.split
+      cost += W_SHARE * stage.backward + accumulate + stage.defer_w
     else:
-      cost += stage.backward * ((1 - W_SHARE) if splits_backward else 1.0)
+      cost += stage.backward * ((1 - W_SHARE) if defers_w else 1.0)
       if ReRuns(remat, j, num_micro_batches):
         cost += stage.recompute
-      cost += 0.0 if splits_backward else accumulate
+      cost += 0.0 if defers_w else accumulate
   return cost + stage.overhead
 
 
@@ -279,13 +279,13 @@ def SimulateStep(schedule, stages, hardware, remat, num_replicas=1,
     A `Step`.
   """
   d_count, m = schedule.num_devices, schedule.num_micro_batches
-  split = schedule.splits_backward
+  defer_w = schedule.defers_w
   glob = lambda d: first_device + d  # pylint: disable=unnecessary-lambda-assignment
   lists, cost, needs = {}, {}, {}
   for d, device in enumerate(schedule.actions):
     lists[d] = list(device)
     for a in device:
-      cost[a] = ActionCost(a, stages[a.stage], split, remat, m)
+      cost[a] = ActionCost(a, stages[a.stage], defer_w, remat, m)
       needs[a] = [
           (n, hardware.Transfer(_TransferBytes(n, a, stages),
                                 glob(schedule.stage_devices[n.stage]),

@@ -104,7 +104,8 @@ class PipelinedResNetTest(tf.test.TestCase):
     # The transparency grid of the schedules for the ResNet's stages: the
     # loss of each micro-batch inside the pipeline (1F1B, zero-bubble,
     # interleaved) or after it (GPipe), its BN statistics out through the
-    # loss; compiled, so a split backward (B, W) runs as in training.
+    # loss; compiled, so a backward with a deferred W (B, W) runs as in
+    # training.
     m = 4
     ref, ref_logits, ref_grads, ref_moving = self._Reference(m)
     del ref, ref_logits

@@ -145,7 +145,7 @@ class PipelineLossTest(tf.test.TestCase):
 
   def testZeroBubbleInFunction(self):
     # In a graph B and W run the two halves of the cut backward
-    # (backward_split.py), for every remat policy.
+    # (deferred_w.py), for every remat policy.
     for schedule, k, v, m, remat in (('zb_h1', 2, 1, 4, 'never'),
                                      ('zb_h1', 2, 1, 4, 'always'),
                                      ('zb_v', 2, 2, 4, 'except_last'),

@@ -56,7 +56,7 @@ class SplitConcatTest(tf.test.TestCase):
       pads = rng.integers(0, 2, size=[8, 8]).astype(np.float32)
       state = NestedMap(x=tf.constant(x), nested=NestedMap(p=tf.constant(
           pads)))
-      parts = microbatch.Split(state, m, batch_dim)
+      parts = microbatch.Slice(state, m, batch_dim)
       self.assertLen(parts, m)
       size = 8 // m
       for j, part in enumerate(parts):

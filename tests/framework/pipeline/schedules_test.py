@@ -168,8 +168,8 @@ class OneFOneBTest(tf.test.TestCase):
 
 def _PeakHeld(schedule):
   """Per device, the most stage-micro-batches forwarded and not yet done
-  with (their W run, or their B when the backward is not split)."""
-  done_kind = W if schedule.splits_backward else B
+  with (their W run, or their B when W is not deferred)."""
+  done_kind = W if schedule.defers_w else B
   live, peak = [0] * schedule.num_devices, [0] * schedule.num_devices
   for tick in schedule.Ticks():
     for x in tick:
@@ -309,7 +309,7 @@ class ZeroBubbleTest(tf.test.TestCase):
     for k, m in itertools.product(range(1, 6), range(1, 9)):
       with self.subTest(k=k, m=m):
         schedule = ps.Build('zb_h1', k, k, m)
-        self.assertTrue(schedule.splits_backward)
+        self.assertTrue(schedule.defers_w)
         # 1F1B's activations (F to B) and peak (F to W: S on every stage).
         self.assertEqual([min(k - i, m) for i in range(k)],
                          schedule.InFlight())
@@ -329,7 +329,7 @@ class ZeroBubbleTest(tf.test.TestCase):
         self.assertEqual(
             tuple(s if s < d else 2 * d - 1 - s for s in range(2 * d)),
             schedule.stage_devices)
-        self.assertTrue(schedule.splits_backward)
+        self.assertTrue(schedule.defers_w)
         # 1F1B's first stage: d micro-batches of a stage twice as large,
         # from F to B; one more until W.
         self.assertLessEqual(max(_PeakHeld(schedule)), 2 * min(d, m) + 1)
@@ -361,7 +361,7 @@ class TableTest(tf.test.TestCase):
         got = ps.Build(ps.TABLE, k, d, m, table=text)
         self.assertEqual(want.actions, got.actions)
         self.assertEqual(want.stage_devices, got.stage_devices)
-        self.assertEqual(want.splits_backward, got.splits_backward)
+        self.assertEqual(want.defers_w, got.defers_w)
         self.assertTrue(got.loss_inside)
     gpipe = ps.Build('gpipe', 2, 2, 2)
     self.assertFalse(ps.LossInside(ps.TABLE, gpipe.Text()))
@@ -451,7 +451,7 @@ class CheckTest(tf.test.TestCase):
       ps.Check(_Schedule(lists, loss_inside=False))
 
   def testWeightGradientsAfterTheirBackward(self):
-    # Each backward split into B and W, W deferred: valid; W before its B
+    # Each backward cut into B and W, W deferred: valid; W before its B
     # is not.
     lists = [[a(F, 0, 0), a(F, 0, 1), a(B, 0, 0), a(B, 0, 1), a(W, 0, 0),
               a(W, 0, 1)],
@@ -459,7 +459,7 @@ class CheckTest(tf.test.TestCase):
               a(W, 1, 1)]]
     schedule = _Schedule(lists)
     ps.Check(schedule)
-    self.assertTrue(schedule.splits_backward)
+    self.assertTrue(schedule.defers_w)
     lists[1][4], lists[1][1] = lists[1][1], lists[1][4]
     with self.assertRaisesRegex(
         ValueError, r'device 1 at tick 1: W\(1, 0\) waits for B\(1, 0\)'):

@@ -274,7 +274,7 @@ class PlannerTest(tf.test.TestCase):
 
   def testCalibrationRecoversKnownOverheadsAndConcurrency(self):
     """Real steps made by a planner with known overheads and a known
-    throughput of 2 devices at once (1.8, and 1.95 of 4), a split backward
+    throughput of 2 devices at once (1.8, and 1.95 of 4), a deferred W
     among them: a planner of the same layer costs with none and a probe's
     1.2 and 1.3 fits them back
     from the calibration layouts' steps (4 at once keeps its ratio to 2),
@@ -282,7 +282,8 @@ class PlannerTest(tf.test.TestCase):
     model = self.model
     truth_hw = hardware.Parse('cpu,devices=4,tflops=0.2,memory_gbps=20,'
                               'concurrency=1/1.8/1.95')
-    known = plan_costs.Overheads(0.002, 0.03, 0.01, split=0.004, action=0.003)
+    known = plan_costs.Overheads(0.002, 0.03, 0.01, defer_w=0.004,
+                                 action=0.003)
     truth = planner.Planner(model, truth_hw,
                             plan_costs.FlopsCosts(model, truth_hw), known)
     layouts = calibration.CalibrationLayouts(model, 4)
@@ -316,7 +317,7 @@ class PlannerTest(tf.test.TestCase):
     none = planner.Planner(model, self.hw,
                            plan_costs.FlopsCosts(model, self.hw))
     split = planner.Planner(model, self.hw, none.costs,
-                            plan_costs.Overheads(split=0.005))
+                            plan_costs.Overheads(defer_w=0.005))
     zb = Layout(1, 1, 1, 4, 'zb_h1', 'never', None)
     fused = Layout(1, 1, 1, 4, 'gpipe', 'never', None)
     self.assertAllClose(

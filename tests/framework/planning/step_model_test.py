@@ -83,7 +83,7 @@ class AgreesWithSchedulesSimulateTest(unittest.TestCase):
           continue
         stages = [_Stage(forward=1 + 0.3 * i, backward=2.5 - 0.2 * i)
                   for i in range(s)]
-        split = schedule.splits_backward
+        split = schedule.defers_w
         cost = lambda a, split=split, stages=stages: step_model.ActionCost(
             a, stages[a.stage], split, 'never', m)
         want = schedules.Simulate(schedule, cost=cost)
@@ -204,7 +204,7 @@ class CostsTest(unittest.TestCase):
     self.assertAlmostEqual(2.0, step.pipeline)
 
   def testOverheadsPerActionAndStep(self):
-    """Each action pays its stage's overhead (F, B and a split-off W), the
+    """Each action pays its stage's overhead (F, B and a deferred W), the
     step its fixed cost once: gpipe, one stage, M=3, F=1, B=2, overhead
     0.25: 3 (1 + 0.25) + 3 (2 + 0.25) + fixed 0.5 = 11."""
     stage = step_model.StageCost(1.0, 2.0, 0.0, 0, 0, 0.0, 0.0,
@@ -231,7 +231,7 @@ class CostsTest(unittest.TestCase):
   def testSplitCostIsChargedToW(self):
     """A stage's `split` (what cutting the backward adds) lands on W
     only; a fused backward and F never pay it."""
-    stage = _Stage(1.0, 2.0, accumulate=0.1)._replace(split=0.3)
+    stage = _Stage(1.0, 2.0, accumulate=0.1)._replace(defer_w=0.3)
     for kind, splits, cost in (('W', True, 1.4), ('B', True, 1.0),
                                ('B', False, 2.1), ('F', True, 1.0)):
       with self.subTest(kind=kind, splits=splits):

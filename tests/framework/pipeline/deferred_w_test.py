@@ -1,9 +1,9 @@
-"""Tests for cadence.framework.pipeline.backward_split: B and W of a cell."""
+"""Tests for cadence.framework.pipeline.deferred_w: B and W of a cell."""
 import numpy as np
 import tensorflow as tf
 
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import backward_split
+from cadence.framework.pipeline import deferred_w
 from cadence.framework.pipeline import cell_program
 
 _B, _D, _H = 4, 8, 16
@@ -47,13 +47,13 @@ class BackwardSplitTest(tf.test.TestCase):
       if policy is None:
         whole = program.Backward(theta, state, inputs, None, d_out)
         weights, d_s, d_x = program.Backward(theta, state, inputs, None,
-                                             d_out, split=True)
+                                             d_out, defer_w=True)
       else:
         grad_fn, _ = program.ForwardKeep(theta, state, inputs, None,
-                                         policy=policy, split=True)
+                                         policy=policy, defer_w=True)
         whole = program.ForwardKeep(theta, state, inputs, None,
                                     policy=policy)[0](d_out)
-        weights, d_s, d_x = grad_fn(d_out, split=True)
+        weights, d_s, d_x = grad_fn(d_out, defer_w=True)
       return whole, (weights(), d_s, d_x)
 
     for policy in (None, 'all', 'weights'):
@@ -71,7 +71,7 @@ class BackwardSplitTest(tf.test.TestCase):
         program._KeepFunctions(policy)  # pylint: disable=protected-access
       _, _, cut, _ = program._SplitFunctions(policy)  # pylint: disable=protected-access
       with self.subTest(policy=policy):
-        ops = backward_split.WeightOps(cut)
+        ops = deferred_w.WeightOps(cut)
         self.assertNotIn('Tanh', ops)
         self.assertIn('MatMul', ops)
         self.assertLessEqual(set(ops), {'MatMul', 'Sum', 'Const', 'Reshape',
@@ -81,7 +81,7 @@ class BackwardSplitTest(tf.test.TestCase):
     program, (theta, state, inputs), d_out = _Program()
     whole = program.Backward(theta, state, inputs, None, d_out)
     weights, d_s, d_x = program.Backward(theta, state, inputs, None, d_out,
-                                         split=True)
+                                         defer_w=True)
     self.assertAllClose(_Flat(whole), _Flat((weights(), d_s, d_x)))
 
 

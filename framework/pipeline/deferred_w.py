@@ -7,14 +7,14 @@ nobody waits for, so it can fill a bubble later. For a product y = x w,
 B computes dx = dy w^T and W computes dw = x^T dy: W reads x (a forward
 tensor) and dy (a gradient B computed on the way to dx).
 
-`Split` cuts one traced gradient graph (a `tf.compat.v1.wrap_function`
+`CutBackward` cuts one traced gradient graph (a `tf.compat.v1.wrap_function`
 whose outputs are the gradients, in `cell_program.CellProgram`'s backward)
 exactly in two: every op the input gradients need goes to B; the ops only
 the weight gradients need go to W. The *residuals* are the tensors W reads
 that B computes or that are fed to the graph (forward tensors, kept
 activations, the output gradients): B returns them and W takes them. Sum
 of the two: the same ops as the whole backward, each run once, so the
-gradients are bit-identical to the unsplit backward.
+gradients are bit-identical to the whole backward.
 
 What B and W recompute or keep, by remat policy (executor.py): B does what
 the whole backward did before its weight-gradient products (re-runs the
@@ -25,12 +25,13 @@ runs the weight-gradient products and their reductions (bias gradients).
 
 Example:
   traced = tf.compat.v1.wrap_function(fwd_and_grads, specs)
-  b, w, residuals = Split(traced, traced.inputs, traced.outputs, num_weights)
+  b, w, residuals = CutBackward(traced, traced.inputs, traced.outputs,
+                                num_weights)
   input_grads_and_residuals = b(*args)   # X + the residuals B computes
 """
 import tensorflow as tf
 
-# Ops W recomputes rather than reads from B (see Split).
+# Ops W recomputes rather than reads from B (see CutBackward).
 _SHAPE_OPS = frozenset(['Shape', 'ShapeN', 'Size', 'Rank'])
 
 
@@ -48,7 +49,7 @@ def _Ancestors(tensors, stop):
 
 
 class Cut:
-  """The two halves of a split backward.
+  """The two halves of a deferred W.
 
   Attributes:
     b: the pruned function feeds -> input gradients + `inner` residuals.
@@ -73,7 +74,7 @@ class Cut:
             for i in self.fed]
 
 
-def Split(traced, feeds, weight_grads, input_grads):
+def CutBackward(traced, feeds, weight_grads, input_grads):
   """Cuts `traced`'s gradient graph in two; see the module docstring.
 
   Args:
