@@ -115,6 +115,11 @@ class Learner:
              'all.')
     p.Define('bprop_variable_exclusion', None, 'Regex (re.search on the '
              'variable path); matching variables do not train. None: none.')
+    p.Define('shard_optimizer_state', False, 'Shard the optimizer slots over '
+             'the data-parallel replicas of each pipeline stage (ZeRO-1): '
+             'each replica keeps and updates 1/R of every slot; gradients '
+             'are reduce-scattered and the updated weights all-gathered '
+             '(framework/train/sharded_update.py). SGD, Momentum or Adam.')
     return p
 
   def __init__(self, params, var_map):
@@ -166,6 +171,15 @@ class Learner:
                lr_schedule_lib.BaseSchedule)
     for field in ('bprop_variable_filter', 'bprop_variable_exclusion'):
       _Regex(owner, field, p.Get(field))
+    validation.CheckBool(owner, 'shard_optimizer_state',
+                         p.shard_optimizer_state)
+    cls = p.optimizer.cls
+    if p.shard_optimizer_state and not cls.ELEMENTWISE:
+      raise validation.Error(
+          owner, 'shard_optimizer_state', True,
+          f'needs an optimizer that updates each element on its own (SGD, '
+          f'Momentum or Adam); {cls.__name__} reads whole rows, columns or '
+          'variables, which a shard does not hold.')
 
   def _Compile(self, field):
     return _Regex(validation.Owner(self), field, self._params.Get(field))
@@ -197,10 +211,13 @@ class Learner:
     """NestedMap of the trained variables (`vars` restricted to them)."""
     return self._var_map
 
-  def Build(self):
+  def Build(self, num_shards=1, shard_index=0):
     """Creates the optimizer slots; eagerly, before any tf.function traces,
-    under `strategy.scope()` when distributed."""
-    self._optimizer.Build(self._trainable)
+    under `strategy.scope()` when distributed. With `num_shards` R > 1 (and
+    shard_optimizer_state) the slots are this copy's shard `shard_index`
+    of each (optimizer.BaseOptimizer.Build)."""
+    self._optimizer.Build(self._trainable, num_shards=num_shards,
+                          shard_index=shard_index)
 
   def LearningRate(self, step):
     """`learning_rate * lr_schedule.Value(step)`, a float32 scalar."""
@@ -260,13 +277,7 @@ class Learner:
     else:
       grad_norm = tf.constant(0.0, tf.float32)
     p = self._params
-    if skip is None:
-      skip = tf.logical_not(tf.math.is_finite(grad_norm))
-      if loss is not None:
-        skip = tf.logical_or(skip, tf.logical_not(
-            tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32)))))
-      if p.grad_norm_to_clip_to_zero:
-        skip = tf.logical_or(skip, grad_norm > p.grad_norm_to_clip_to_zero)
+    skip = self._Skip(grad_norm, loss, skip)
     if p.clip_gradient_norm_to_value and grad_list:
       grad_list, _ = tf.clip_by_global_norm(
           grad_list, p.clip_gradient_norm_to_value, use_norm=grad_norm)
@@ -274,6 +285,47 @@ class Learner:
     self._optimizer.Apply(
         lr, zip(grad_list, [v for _, v in self._trainable]), skip=skip)
     return NestedMap(grad_norm=grad_norm, skipped=skip, learning_rate=lr)
+
+  def _Skip(self, grad_norm, loss, skip):
+    """The skip decision: `skip` if given, else a non-finite norm or loss,
+    or a norm above grad_norm_to_clip_to_zero."""
+    if skip is not None:
+      return skip
+    skip = tf.logical_not(tf.math.is_finite(grad_norm))
+    if loss is not None:
+      skip = tf.logical_or(skip, tf.logical_not(
+          tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32)))))
+    limit = self._params.grad_norm_to_clip_to_zero
+    if limit:
+      skip = tf.logical_or(skip, grad_norm > limit)
+    return skip
+
+  def ApplyShards(self, step, items, grad_norm, loss=None, skip=None):
+    """`ApplyGradients` on this copy's shards (shard_optimizer_state).
+
+    Args:
+      step: the global step.
+      items: per trained variable, in `trainable` order, (gradient shard,
+        weight shard, variable): flat shards of the replicas' mean
+        gradient and of the current value (sharded_update.py).
+      grad_norm: the global norm of the whole mean gradient (every
+        replica's shards summed).
+      loss, skip: as ApplyGradients'.
+
+    Returns:
+      (the new weight shards, NestedMap(grad_norm, skipped, learning_rate)).
+    """
+    p = self._params
+    skip = self._Skip(grad_norm, loss, skip)
+    clip = p.clip_gradient_norm_to_value
+    if clip:
+      # tf.clip_by_global_norm's scale, from the whole gradient's norm.
+      scale = clip * tf.minimum(1.0 / grad_norm, 1.0 / clip)
+      items = [(g * tf.cast(scale, g.dtype), w, v) for g, w, v in items]
+    lr = self.LearningRate(step)
+    shards = self._optimizer.ApplyShards(lr, items, skip)
+    return shards, NestedMap(grad_norm=grad_norm, skipped=skip,
+                             learning_rate=lr)
 
   def Apply(self, step, tape, loss):
     """`ApplyGradients(step, ComputeGradients(tape, loss), loss)`."""

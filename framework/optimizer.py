@@ -24,6 +24,14 @@ where Keras's Adam is the baseline). The machinery that applies a rule:
     the variables, not the slots, not the update counter.
   * `checkpointables` is a trackable holding the slots and the update counter,
     keyed by variable path: `tf.train.Checkpoint(opt=o.checkpointables)`.
+  * Sharded (ZeRO-1, framework/train/sharded_update.py): `Build(variables,
+    num_shards=R, shard_index=r)` gives each variable's slots as its shard
+    r of R: flat, ceil(N / R) elements of the variable's N (the last shard
+    zero-padded); `ApplyShards` updates such shards of the weights and
+    slots by the rule as pure ops (`_Update`) and returns the new weight
+    shards. Only rules that update every element on its own can run on a
+    shard (`ELEMENTWISE`: SGD, Momentum, Adam; Adafactor reads whole rows,
+    columns and the variable's RMS).
 
 Why not the Keras optimizers: Keras 3 does update raw tf.Variables, but its
 `apply_gradients` does a `merge_call` under tf.distribute, which cannot sit
@@ -66,6 +74,10 @@ class _OptimizerState(tf.Module):
 class BaseOptimizer:
   """Applies a per-variable update rule; subclasses define the rule."""
 
+  # Whether the rule updates each element of a variable from that element
+  # alone (and its slots' elements): then it can run on a shard.
+  ELEMENTWISE = False
+
   @classmethod
   def Params(cls):
     p = hyperparams.InstantiableParams(cls)
@@ -78,6 +90,7 @@ class BaseOptimizer:
     self._Validate()
     self.checkpointables = _OptimizerState(self._params.name)
     self._path_by_ref = {}
+    self.num_shards, self.shard_index = 1, 0   # Build's.
 
   @property
   def params(self):
@@ -143,6 +156,10 @@ class BaseOptimizer:
     """{slot name: tf.Variable} of a built variable."""
     return self.checkpointables.slots[self._Path(var)]
 
+  def Path(self, var):
+    """The path that names a built variable's slots in checkpoints."""
+    return self._Path(var)
+
   def _Path(self, var):
     path = self._path_by_ref.get(var.ref())
     if path is None:
@@ -152,13 +169,25 @@ class BaseOptimizer:
           'before the first Apply (and before any tf.function traces)')
     return path
 
-  def Build(self, variables):
+  def Build(self, variables, num_shards=None, shard_index=None):
     """Creates the slots of `variables` eagerly; built ones are kept.
 
     Args:
       variables: tf.Variables, or (path, tf.Variable) pairs; the path names
         the slots in checkpoints (default: the variable's name).
+      num_shards: R > 1: each slot is this optimizer's shard of it, flat,
+        ShardSize(N, R) elements (an ELEMENTWISE rule only); None: as
+        built before (1 at first).
+      shard_index: which shard, in [0, R).
     """
+    num_shards = self.num_shards if num_shards is None else num_shards
+    shard_index = self.shard_index if shard_index is None else shard_index
+    if num_shards > 1 and not self.ELEMENTWISE:
+      raise ValueError(f'{type(self).__name__} {self._params.name!r}: its '
+                       'update reads more than each element (rows, columns '
+                       'or the whole variable), so its slots cannot be '
+                       'sharded; use SGD, Momentum or Adam.')
+    self.num_shards, self.shard_index = num_shards, shard_index
     state = self.checkpointables
     with tf.init_scope():
       if state.num_updates is None:
@@ -175,6 +204,8 @@ class BaseOptimizer:
         slots = {}
         with cluster_lib.BesideVariable(var):
           for slot_name, shape in self._SlotShapes(var.shape).items():
+            if num_shards > 1:
+              shape = [ShardSize(var.shape.num_elements(), num_shards)]
             slots[slot_name] = tf.Variable(
                 tf.zeros(shape, var.dtype), trainable=False,
                 name=_VarName(f'{self._params.name}/{path}/{slot_name}'))
@@ -247,6 +278,52 @@ class BaseOptimizer:
                     [slots[k].assign(new_slots[k]) for k in slots])
 
 
+  def ApplyShards(self, lr, items, skip):
+    """Updates this optimizer's slot shards; returns the new weight shards.
+
+    Args:
+      lr: the learning rate, a float scalar.
+      items: (gradient shard, weight shard, variable) triples: the shards
+        (flat, this optimizer's `shard_index`) of each built variable's
+        gradient and current value.
+      skip: bool scalar tensor; true leaves the slots and the update counter
+        unchanged, and the returned shards are the weight shards given.
+
+    Returns:
+      The new weight shards, in `items`' order.
+    """
+    lr = tf.cast(lr, tf.float32)
+    skip = tf.cast(skip, tf.bool)
+    t = self.num_updates + 1
+    scalars, out, assigns = {}, [], []
+    for grad, weight, var in items:
+      slots = self.Slots(var)
+      with tf.device(var.device):
+        key = (var.device, var.dtype)
+        if key not in scalars:
+          scalars[key] = self._StepScalars(tf.cast(lr, var.dtype),
+                                           tf.cast(t, var.dtype))
+        grad = tf.cast(grad, var.dtype)
+        old = {k: v.value() for k, v in slots.items()}
+        new_weight, new_slots = self._Update(weight, grad, old,
+                                             scalars[key])
+        out.append(tf.where(skip, weight, new_weight))
+        assigns += [slots[k].assign(tf.where(skip, old[k], new_slots[k]))
+                    for k in slots]
+    with tf.control_dependencies(assigns):
+      self.num_updates.assign_add(tf.cast(~skip, tf.int64))
+      return [tf.identity(w) for w in out]
+
+
+def ShardSize(num_elements, num_shards):
+  """Elements of each of `num_shards` equal shards of a flat variable of
+  `num_elements`: ceil(N / R). Shards are equal so that the collectives
+  that scatter and gather them (all-to-all, all-gather) take one shape from
+  every replica; the last one is zero-padded, and a zero weight with a zero
+  gradient and zero slots stays zero under every ELEMENTWISE rule."""
+  return -(-int(num_elements) // int(num_shards))
+
+
 class SGD(BaseOptimizer):
   """Plain gradient descent: `var -= lr * grad`.
 
@@ -254,10 +331,16 @@ class SGD(BaseOptimizer):
     opt = SGD.Params().Instantiate()
   """
 
+  ELEMENTWISE = True
+
   def _Fused(self, var, grad, slots, step):
     del slots  # Unused: SGD keeps none.
     return tf.raw_ops.ResourceApplyGradientDescent(
         var=var.handle, alpha=step.lr, delta=grad)
+
+  def _Update(self, var, grad, slots, step):
+    del slots  # Unused: SGD keeps none.
+    return var - step.lr * grad, {}
 
 
 class Momentum(BaseOptimizer):
@@ -289,11 +372,20 @@ class Momentum(BaseOptimizer):
     scalars.alpha = tf.cast(self._params.alpha, lr.dtype)
     return scalars
 
+  ELEMENTWISE = True
+
   def _Fused(self, var, grad, slots, step):
     return tf.raw_ops.ResourceApplyMomentum(
         var=var.handle, accum=slots['momentum'].handle, lr=step.lr,
         grad=grad, momentum=step.alpha,
         use_nesterov=self._params.use_nesterov)
+
+  def _Update(self, var, grad, slots, step):
+    # The fused kernel's arithmetic, in its order.
+    m = slots['momentum'] * step.alpha + grad
+    if self._params.use_nesterov:
+      return var - (grad * step.lr + m * step.alpha * step.lr), {'momentum': m}
+    return var - step.lr * m, {'momentum': m}
 
 
 class Adam(BaseOptimizer):
@@ -332,6 +424,8 @@ class Adam(BaseOptimizer):
     s.epsilon = tf.cast(p.epsilon, lr.dtype)
     return s
 
+  ELEMENTWISE = True
+
   def _Fused(self, var, grad, slots, step):
     # The kernel's lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t), and its moment
     # updates m += (g - m)(1 - b1), v += (g^2 - v)(1 - b2): the rule above.
@@ -339,6 +433,13 @@ class Adam(BaseOptimizer):
         var=var.handle, m=slots['m'].handle, v=slots['v'].handle,
         beta1_power=step.b1_t, beta2_power=step.b2_t, lr=step.lr,
         beta1=step.b1, beta2=step.b2, epsilon=step.epsilon, grad=grad)
+
+  def _Update(self, var, grad, slots, step):
+    # The fused kernel's arithmetic, in its order.
+    lr_t = step.lr * tf.sqrt(1 - step.b2_t) / (1 - step.b1_t)
+    m = slots['m'] + (grad - slots['m']) * (1 - step.b1)
+    v = slots['v'] + (tf.square(grad) - slots['v']) * (1 - step.b2)
+    return var - m * lr_t / (tf.sqrt(v) + step.epsilon), {'m': m, 'v': v}
 
 
 class Adafactor(BaseOptimizer):

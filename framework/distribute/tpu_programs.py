@@ -86,6 +86,13 @@ class TpuRunner(runners.SyncRunner):
     del strategy, num_workers  # One task; the strategy mirrors it.
     return 1
 
+  @classmethod
+  def Shards(cls, task, strategy, num_workers, worker_index):
+    del strategy, num_workers, worker_index  # Unused: no shards.
+    return runners.NoShards(
+        task, 'is not built for TPUs: TPUStrategy mirrors one task, whose '
+        'slots are whole on every core; train without it there.')
+
   def Batches(self, start):
     """The batches of one host's input (`Iterator` builds each host's
     itself); the static-shape check reads their spec."""

@@ -142,7 +142,8 @@ class TrainProgram:
     if num_workers > 1:  # Each host reads its own share of the batches.
       input_p.Set(num_input_shards=num_workers, input_shard_index=worker_index)
     self.input_generator = input_p.Instantiate()
-    self.state = train_state.TrainState(tasks)
+    self.state = train_state.TrainState(
+        tasks, *runner.Shards(task, strategy, num_workers, worker_index))
     # Every host restores from logdir/train; the chief alone writes there.
     self._checkpointer = checkpointer_lib.Checkpointer(
         self._train_dir, self.state.CheckpointObjects(),

@@ -260,12 +260,13 @@ class StageAllReduce:
     return out
 
 
-def CopyFromFirst(tasks, learners):
+def CopyFromFirst(tasks, learners, slots=True):
   """Sets every replica's variables and optimizer state to replica 0's.
 
   Checkpoints hold one copy (replica 0's); after a restore this makes the
   other copies equal to it again. Eager; each assignment runs on the
-  destination variable's device.
+  destination variable's device. `slots` False: the slots are each
+  copy's own shards (sharded_update.py), left as they are.
   """
   first = dict(tasks[0].vars.FlattenItems())
   first_state = learners[0].checkpointables
@@ -273,8 +274,8 @@ def CopyFromFirst(tasks, learners):
     for path, var in task.vars.FlattenItems():
       var.assign(first[path])
     state = learner.checkpointables
-    for path, slots in state.slots.items():
-      for name, slot in slots.items():
+    for path, named in state.slots.items() if slots else ():
+      for name, slot in named.items():
         slot.assign(first_state.slots[path][name])
     state.num_updates.assign(first_state.num_updates)
 

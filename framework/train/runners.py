@@ -9,6 +9,10 @@ differ. Its interface:
   TaskCopies(strategy, num_workers)
                       classmethod: the task copies a host builds (one per
                       local replica; one where the strategy mirrors a task);
+  Shards(task, strategy, num_workers, worker_index)
+                      classmethod: (R, this host's first shard) of sharded
+                      optimizer state (learner.shard_optimizer_state), or a
+                      ValueError for a runner that cannot shard it;
   Batches(start)      this host's batches from step `start`;
   Iterator(dataset, start)
                       the compiled loop's iterator over them;
@@ -39,6 +43,9 @@ differ. Its interface:
   grads = all-reduced stage by stage (framework/train/replicas.py)
   every learner_r.ApplyGradients(grads)   the same update, the same skip
 
+(with learner.shard_optimizer_state: the gradients reduce-scattered, each
+copy updating its shard, the weights all-gathered: sharded_update.py)
+
 (one replica: no all-reduce; replica r > 0 draws its dropout with
 MicroBatchSeed(seed, r)). An option whose step runs differently derives
 from it and overrides what differs: tpu_programs.TpuRunner (the whole step
@@ -60,7 +67,9 @@ from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import step_seed
+from cadence.framework import validation
 from cadence.framework.train import replicas
+from cadence.framework.train import sharded_update
 from cadence.framework.train import train_report
 from cadence.framework.train import xla_step
 
@@ -95,6 +104,15 @@ def _OnDevice(grad, device):
     return tf.identity(grad)
 
 
+def NoShards(task, why):
+  """`Shards` of a runner that cannot shard optimizer state: (1, 0), or a
+  ValueError naming the knob and `why`."""
+  if task.params.train.learner.shard_optimizer_state:
+    raise validation.Error(f"{task.path}'s train.learner",
+                           'shard_optimizer_state', True, why)
+  return 1, 0
+
+
 class SyncRunner:
   """Synchronous replicas on a tf.distribute strategy; see the module
   docstring.
@@ -125,22 +143,35 @@ class SyncRunner:
     task = state.task
     self._p = task.params.train
     self.reducer = None
+    self.sharded = None
     local = len(state.tasks)
     if local * num_workers > 1:
       device_type = tf.DeviceSpec.from_string(cluster.devices[0]).device_type
       replicas.CheckAllReduce(self._p.allreduce,
                               self._p.allreduce_bytes_per_pack, num_workers,
                               device_type, f"{task.path}'s train")
+      if state.sharded and self._p.allreduce in ('one_device',
+                                                 'hierarchical_copy'):
+        raise validation.Error(
+            f"{task.path}'s train", 'allreduce', self._p.allreduce,
+            'cannot reduce-scatter: learner.shard_optimizer_state needs '
+            'collectives (auto, ring or nccl).')
       self.reducer = replicas.StageAllReduce(
           cluster, state.tasks,
           [k for k, _ in state.learner.trainable + state.on_write +
            state.on_read],
           self._p.allreduce, self._p.allreduce_bytes_per_pack, num_workers,
           strategy=strategy)
+      if state.sharded:
+        self.sharded = sharded_update.ShardedUpdate(
+            state, strategy, cluster, self._p.allreduce_bytes_per_pack,
+            self.reducer.mode)
       logging.info('%d replica(s) (%d on this host) x %d stage(s); '
-                   'gradients all-reduced by %s stage by stage (%s bytes a '
+                   'gradients %s by %s stage by stage (%s bytes a '
                    'stage).', local * num_workers, local,
-                   cluster.num_devices_per_split, self.reducer.mode,
+                   cluster.num_devices_per_split,
+                   'reduce-scattered, optimizer state sharded,' if
+                   self.sharded else 'all-reduced', self.reducer.mode,
                    ', '.join(f'{b:,}' for b in self.reducer.stage_bytes))
     # ON_READ variables: their value at the last combine, beside them.
     self._on_read_base = []
@@ -162,6 +193,17 @@ class SyncRunner:
   def TaskCopies(cls, strategy, num_workers):
     """The task copies a host needs: one per local replica."""
     return strategy.num_replicas_in_sync // num_workers
+
+  @classmethod
+  def Shards(cls, task, strategy, num_workers, worker_index):
+    """(R, first shard) of the train state's optimizer slots: every
+    replica of every host holds one shard with the learner's
+    shard_optimizer_state, else (1, 0)."""
+    if not task.params.train.learner.shard_optimizer_state:
+      return 1, 0
+    return (sharded_update.NumShards(strategy),
+            worker_index * cls.TaskCopies(strategy, num_workers))
+
 
   # --- the input ---------------------------------------------------------------
 
@@ -252,6 +294,10 @@ class SyncRunner:
       together (on the replicas' mean loss).
     """
     s, learners = self.strategy, self.state.learners
+    if self.sharded is not None:
+      return self.sharded.Apply(
+          step, per_replica.grads,
+          _Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss))
     if self.reducer is None:
       grads = [per_replica.grads]
       loss = per_replica.loss
@@ -281,10 +327,13 @@ class SyncRunner:
           var.assign(value)
 
   def CombineOnRead(self):
-    """Combines the ON_READ variables' copies (every host: it all-reduces);
-    nothing with one copy."""
+    """Before a checkpoint, on every host: combines the ON_READ
+    variables' copies (it all-reduces; nothing with one copy) and gathers
+    sharded slots for the chief's save (several hosts)."""
     if self.state.on_read and self.reducer is not None:
       self._combine_on_read()
+    if self.sharded is not None:
+      self.sharded.GatherForSave()
 
   def _CombineOnRead(self):
     state = self.state

@@ -31,6 +31,7 @@ from cadence.framework import cluster as cluster_lib
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.train import checkpointer as checkpointer_lib
 from cadence.framework.train import replicas
+from cadence.framework.train import sharded_update
 
 
 def _Counter(name):
@@ -43,16 +44,28 @@ class TrainState:
 
   Args:
     tasks: the task copies, one per local replica (a list, >= 1).
+    num_shards: R, the replicas of every host: with the learner's
+      shard_optimizer_state and R > 1, copy r holds shard first_shard + r
+      of R of every slot (framework/train/sharded_update.py).
+    first_shard: the first local copy's shard (host index x local copies).
   """
 
-  def __init__(self, tasks):
+  def __init__(self, tasks, num_shards=1, first_shard=0):
     self.tasks = list(tasks)
     self.task = self.tasks[0]
     self._p = self.task.params.train
     self.learners = [t.InstantiateLearner() for t in self.tasks]
-    for learner in self.learners:
-      learner.Build()
+    self.sharded = bool(num_shards > 1 and self.learners[0].params
+                        .shard_optimizer_state)
+    self.num_shards = num_shards if self.sharded else 1
+    self.first_shard = first_shard if self.sharded else 0
+    for r, learner in enumerate(self.learners):
+      learner.Build(self.num_shards, self.first_shard + r)
     self.learner = self.learners[0]
+    # What a checkpoint holds of sharded learners: whole slots.
+    self.sharded_state = sharded_update.ShardedOptimizerState(
+        self.learners, self.first_shard, self.num_shards) if (
+            self.sharded) else None
     self.on_write = replicas.SyncedVariables(self.task, on_read=False)
     self.on_read = replicas.SyncedVariables(self.task, on_read=True)
     self.global_step = _Counter('global_step')
@@ -72,7 +85,8 @@ class TrainState:
     keyed by path, its optimizer state, the counters and the EMA."""
     objects = dict(model=checkpointer_lib.KeyedVariables(
         checkpointer_lib.TaskVariables(self.task)),
-                   optimizer=self.learner.checkpointables,
+                   optimizer=self.sharded_state or
+                   self.learner.checkpointables,
                    global_step=self.global_step,
                    input_position=self.input_position,
                    skipped_steps=self.skipped_total)
@@ -83,8 +97,10 @@ class TrainState:
 
   def CopyFromFirst(self):
     """Sets every copy's variables and optimizer state to the first's (a
-    checkpoint holds one copy)."""
-    replicas.CopyFromFirst(self.tasks, self.learners)
+    checkpoint holds one copy; sharded slots are restored into every
+    copy's shard already)."""
+    replicas.CopyFromFirst(self.tasks, self.learners,
+                           slots=not self.sharded)
 
   def CopyVariables(self, local, synced):
     """Copy `local`'s variables of `synced` ([(path, variable)])."""

@@ -218,6 +218,17 @@ class LearnerTest(tf.test.TestCase):
     with self.assertRaisesRegex(AttributeError, r"did you mean "
                                 r"'learning_rate'"):
       learner.Learner.Params().Set(learning_rat=0.1)
+    p = _SGDParams(shard_optimizer_state=True)
+    p.optimizer = optimizer.Adafactor.Params()
+    with self.assertRaisesRegex(
+        ValueError, r"Learner 'learner': shard_optimizer_state=True needs an "
+        r'optimizer that updates each element on its own \(SGD, Momentum or '
+        r'Adam\); Adafactor reads whole rows, columns or variables'):
+      p.Instantiate(var_map=vm)
+    with self.assertRaisesRegex(
+        ValueError, r"Learner 'learner': shard_optimizer_state='yes' must be "
+        'True or False'):
+      _SGDParams(shard_optimizer_state='yes').Instantiate(var_map=vm)
 
   def testOptimizerAndScheduleMustBeOfTheirKind(self):
     vm = _VarMap(self.rng)

@@ -323,5 +323,82 @@ class OptimizerTest(tf.test.TestCase):
       optimizer.Adam.Params().Set(betta1=0.5)
 
 
+class ShardTest(tf.test.TestCase):
+  """Sharded slots (ZeRO-1): R optimizers, each holding shard r of every
+  slot, update the weights as one whole optimizer does."""
+
+  def _Shards(self, p, init, grads, num_shards):
+    """The whole variable after `grads`, by `num_shards` optimizers each
+    updating its shard (the weights re-assembled from their shards after
+    every step, as the all-gather does); and each one's slots."""
+    n = init.size
+    c = optimizer.ShardSize(n, num_shards)
+    opts, copies = [], []
+    for r in range(num_shards):
+      copies.append(tf.Variable(init))
+      opts.append(p.Instantiate())
+      opts[-1].Build([('w', copies[-1])], num_shards=num_shards,
+                     shard_index=r)
+
+    @tf.function
+    def Step(g, lr, skip):
+      flat_g = tf.pad(tf.reshape(g, [-1]), [[0, c * num_shards - n]])
+      new = []
+      for r, (opt, v) in enumerate(zip(opts, copies)):
+        flat_w = tf.pad(tf.reshape(v, [-1]), [[0, c * num_shards - n]])
+        new += opt.ApplyShards(lr, [(flat_g[r * c:(r + 1) * c],
+                                     flat_w[r * c:(r + 1) * c], v)], skip)
+      whole = tf.reshape(tf.concat(new, 0)[:n], init.shape)
+      for v in copies:
+        v.assign(whole)
+
+    for i, (g, lr) in enumerate(zip(grads, _LRS)):
+      Step(tf.constant(g), tf.constant(lr), tf.constant(i == 1))
+    return copies[0].numpy(), opts
+
+  def testShardsEqualTheWholeUpdate(self):
+    # 7 x 5 = 35 elements: 3 shards of 12, the last padded by one.
+    rng = np.random.RandomState(5)
+    init = rng.randn(7, 5).astype(np.float32)
+    grads = [g[0] for g in _Grads(rng, [(7, 5)])]
+    for p in (optimizer.SGD.Params(),
+              optimizer.Momentum.Params().Set(alpha=0.9),
+              optimizer.Momentum.Params().Set(alpha=0.9, use_nesterov=True),
+              optimizer.Adam.Params().Set(beta1=0.8, beta2=0.99,
+                                          epsilon=1e-7)):
+      with self.subTest(optimizer=p.cls.__name__,
+                        nesterov=p.Get('use_nesterov') if
+                        'use_nesterov' in p else None):
+        whole_v = tf.Variable(init)
+        whole = p.Instantiate()
+        whole.Build([('w', whole_v)])
+        for i, (g, lr) in enumerate(zip(grads, _LRS)):
+          whole.Apply(lr, [(tf.constant(g), whole_v)],
+                      skip=tf.constant(i == 1))
+        got, opts = self._Shards(p, init, grads, 3)
+        self.assertAllClose(whole_v.numpy(), got, rtol=1e-6, atol=1e-7)
+        for name, slot in whole.Slots(whole_v).items():
+          shards = [o.checkpointables.slots['w'][name] for o in opts]
+          self.assertEqual([(12,)] * 3, [tuple(x.shape) for x in shards])
+          flat = np.concatenate([x.numpy() for x in shards])
+          self.assertAllClose(slot.numpy().ravel(), flat[:35], rtol=1e-6,
+                              atol=1e-7)
+          self.assertAllEqual(np.zeros(1), flat[35:])   # The padding.
+        # The skipped step (the second) counted nowhere.
+        self.assertEqual([2, 2, 2], [int(o.num_updates.numpy())
+                                     for o in opts])
+
+  def testShardSize(self):
+    self.assertEqual([4, 3, 1, 5], [optimizer.ShardSize(n, r) for n, r in
+                                    ((8, 2), (7, 3), (1, 4), (9, 2))])
+
+  def testAdafactorCannotShard(self):
+    opt = optimizer.Adafactor.Params().Instantiate()
+    with self.assertRaisesRegex(
+        ValueError, r"Adafactor 'adafactor': its update reads more than "
+        r'each element .* cannot be sharded; use SGD, Momentum or Adam'):
+      opt.Build([('w', tf.Variable(tf.ones([4, 4])))], num_shards=2)
+
+
 if __name__ == '__main__':
   tf.test.main()

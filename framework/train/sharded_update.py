@@ -1,0 +1,348 @@
+"""Optimizer state sharded over the replicas of each stage (ZeRO-1).
+
+With `learner.shard_optimizer_state`, each of the R data-parallel replicas
+(of every host) keeps 1/R of every optimizer slot instead of a whole copy:
+replica r holds shard r of each trained variable's slots, flat, c =
+ceil(N / R) of its N elements (optimizer.ShardSize; the last shard is
+zero-padded, so every replica's collectives take one shape). The weights
+stay whole on every replica. One step, per pipeline stage (its device in
+every replica forms one collective group, as for the all-reduce,
+replicas.py), in the cross-replica context:
+
+  1. pack: each trained variable's gradient, flat and zero-padded to R x c,
+     is a [R, c] block; a pack is the stage's blocks side by side, [R, C]
+     (train.allreduce_bytes_per_pack cuts a stage into several packs);
+  2. reduce-scatter: an all-to-all sends row q to replica q; what a replica
+     receives, summed over the senders and divided by R, is its shard of
+     the mean gradient. (TensorFlow has no CPU kernel for its
+     reduce-scatter collective; all-to-all and a sum is the same reduction,
+     with the same bytes on the wire.)
+  3. the global norm: each replica's sum of squares over its shards,
+     all-reduced; clipping and the skip read it, as unsharded;
+  4. update: each replica applies the rule to its shard of the weights and
+     its slot shards (learner.ApplyShards; a skipped step changes nothing);
+  5. all-gather: the stage's updated shards, gathered, are every replica's
+     new weights.
+
+What a device holds beyond the unsharded step: its pack's [R, C] block
+and the received one during the reduce-scatter, and the gathered [R, C]
+during the all-gather (a stage's gradients' size each, once), against
+(R-1)/R of its slots saved.
+
+Checkpoints hold whole slots, under the keys an unsharded run writes
+(`ShardedSlot`): a checkpoint written with R replicas resumes with any
+other R, sharded or not, and export reads it unchanged. On one host every
+shard is local, and a save concatenates them; across hosts the chief
+writes, so before a save every host gathers the slots (`GatherForSave`,
+which the runner's CombineOnRead runs on every host before a checkpoint).
+
+Example:
+  update = ShardedUpdate(state, strategy, cluster)
+  stats = update.Apply(step, per_replica_grads, loss)   # cross-replica
+"""
+import tensorflow as tf
+# The collective launcher tf.distribute's all-reduce runs on; the sharded
+# step needs its all-to-all and all-gather too (replicas.py says why these
+# internals).
+from tensorflow.python.distribute import collective_util  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
+
+from cadence.framework import optimizer as optimizer_lib
+from cadence.framework.train import replicas
+
+_GROUP_KEY_START = 20000   # Without a strategy's key allocator.
+
+
+class _Launcher(cross_device_utils.CollectiveReplicaLauncher):
+  """tf.distribute's launcher of one device's collectives, with the
+  all-to-all and the equal-shape all-gather the sharded step needs."""
+
+  def AllToAll(self, x):
+    """Row q of `x` ([R, ...]) goes to the group's rank q; row q of the
+    result came from rank q."""
+    key = self._next_instance_key()
+    with tf.device(self._device):
+      return collective_ops.all_to_all_v2(
+          x, self._group_size, self._group_key, key,
+          communication_hint=self._options.implementation.value,
+          timeout=self._options.timeout_seconds,
+          ordering_token=self._get_ordering_token())
+
+  def AllGather(self, x):
+    """The ranks' `x` (one shape on every rank) concatenated on axis 0."""
+    return self._all_gather(x, None)
+
+
+def _DeviceOrder(device):
+  """The order TensorFlow ranks a collective group's devices in."""
+  spec = tf.DeviceSpec.from_string(device)
+  return (spec.job or '', spec.replica or 0, spec.task or 0,
+          spec.device_type or '', spec.device_index or 0)
+
+
+def NumShards(strategy):
+  """R: the replicas a sharded slot is cut over (every host's)."""
+  return strategy.num_replicas_in_sync
+
+
+class ShardedSlot(trackable_base.Trackable):
+  """One slot of one variable, held as this host's shards, checkpointed
+  whole under the key of an unsharded slot variable.
+
+  Args:
+    shards: the local replicas' shard variables (flat, c elements each).
+    indices: their shard indices.
+    num_shards: R.
+    shape: the variable's (and the whole slot's) shape.
+  """
+
+  def __init__(self, shards, indices, num_shards, shape):
+    self.shards = list(shards)
+    self.indices = list(indices)
+    self.num_shards = num_shards
+    self.shape = tf.TensorShape(shape)
+    # The whole slot gathered from every host before a save (several hosts).
+    self.gathered = None
+
+  def Whole(self):
+    """The whole slot from the local shards (all R of them local)."""
+    order = sorted(range(len(self.shards)), key=self.indices.__getitem__)
+    flat = tf.concat([self.shards[i].read_value() for i in order], 0)
+    return tf.reshape(flat[:self.shape.num_elements()], self.shape)
+
+  def _serialize_to_tensors(self):
+    if len(self.shards) == self.num_shards:
+      whole = self.Whole()
+    elif self.gathered is not None:
+      whole = self.gathered
+    else:
+      raise RuntimeError('ShardedSlot: this host holds '
+                         f'{len(self.shards)} of {self.num_shards} shards; '
+                         'GatherForSave must run on every host first.')
+    return {trackable_base.VARIABLE_VALUE_KEY: whole}
+
+  def _restore_from_tensors(self, restored_tensors):
+    whole = tf.reshape(restored_tensors[trackable_base.VARIABLE_VALUE_KEY],
+                       [-1])
+    c = self.shards[0].shape[0]
+    whole = tf.pad(whole, [[0, c * self.num_shards - whole.shape[0]]])
+    return tf.group([s.assign(tf.cast(whole[i * c:(i + 1) * c], s.dtype))
+                     for s, i in zip(self.shards, self.indices)])
+
+
+class ShardedOptimizerState(tf.Module):
+  """What a checkpoint holds of sharded learners: the slots by variable
+  path, each a ShardedSlot, and the update counter; the same keys as one
+  learner's unsharded state (optimizer._OptimizerState)."""
+
+  def __init__(self, learners, first_index, num_shards):
+    super().__init__(name=learners[0].optimizer.params.name)
+    optimizers = [learner.optimizer for learner in learners]
+    self.num_updates = optimizers[0].num_updates
+    self.slots = {}
+    for i, (_, var) in enumerate(learners[0].trainable):
+      copies = [learner.trainable[i][1] for learner in learners]
+      first = optimizers[0].Slots(var)
+      self.slots[optimizers[0].Path(var)] = {
+          name: ShardedSlot(
+              [opt.Slots(v)[name] for opt, v in zip(optimizers, copies)],
+              [first_index + r for r in range(len(learners))], num_shards,
+              var.shape) for name in first}
+
+  @property
+  def variables(self):
+    """The update counter and every local shard variable (the checkpoint's
+    finite check reads them; they are not the checkpoint's own keys)."""
+    return (self.num_updates,) + tuple(
+        shard for named in self.slots.values() for slot in named.values()
+        for shard in slot.shards)
+
+
+class ShardedUpdate:
+  """The sharded step's all-reduce and update; see the module docstring.
+
+  Args:
+    state: the program's train_state.TrainState, sharded (its num_shards
+      and first_shard say which shards this host's copies hold).
+    strategy: the strategy running the replicas.
+    cluster: the Cluster the replicas were built on.
+    bytes_per_pack: train.allreduce_bytes_per_pack (0: one pack a stage).
+    mode: train.allreduce: 'ring' or 'auto' (collectives; the others do
+      not all-to-all).
+  """
+
+  def __init__(self, state, strategy, cluster, bytes_per_pack=0,
+               mode='auto'):
+    self._state = state
+    self._strategy = strategy
+    self._learners = state.learners
+    num_local = len(self._learners)
+    self.num_shards = state.num_shards
+    self._first = state.first_shard
+    first = self._learners[0]
+    self._sizes = [v.shape.num_elements() for _, v in first.trainable]
+    self._shard = [optimizer_lib.ShardSize(n, self.num_shards)
+                   for n in self._sizes]
+    stage_of = [replicas.StageOfVariable(cluster, 0, v)
+                for _, v in first.trainable]
+    keys = getattr(getattr(strategy, 'extended', None), '_collective_keys',
+                   None) or cross_device_utils.CollectiveKeys(
+                       group_key_start=_GROUP_KEY_START)
+    implementation = (
+        collective_util.CommunicationImplementation.RING if mode == 'ring'
+        else collective_util.CommunicationImplementation.AUTO)
+    options = collective_util.Options(implementation=implementation)
+    self._gather_slots = None   # GatherForSave's function.
+    self._stages = []   # Per stage: (devices, launchers, packs).
+    for s in range(cluster.num_devices_per_split):
+      devices = [cluster.DevicesInModelSplit(r)[s] for r in range(num_local)]
+      if sorted(devices, key=_DeviceOrder) != devices:
+        raise ValueError(
+            f'shard_optimizer_state: stage {s}\'s devices {devices} are not '
+            'in the order TensorFlow ranks a collective group in, so a '
+            'replica would update another\'s shard.')
+      group = keys.get_group_key(devices)
+      launchers = [_Launcher(group, self.num_shards, keys, d, options)
+                   for d in devices]
+      mine = [i for i, st in enumerate(stage_of) if st == s]
+      self._stages.append((devices, launchers,
+                           self._Packs(mine, first, bytes_per_pack)))
+
+  @staticmethod
+  def _Packs(indices, learner, bytes_per_pack):
+    """The stage's variable indices cut into packs of about
+    `bytes_per_pack` bytes (0: one pack)."""
+    if not indices:
+      return []
+    if not bytes_per_pack:
+      return [indices]
+    packs, size = [[]], 0
+    for i in indices:
+      var = learner.trainable[i][1]
+      if packs[-1] and size >= bytes_per_pack:
+        packs.append([])
+        size = 0
+      packs[-1].append(i)
+      size += var.shape.num_elements() * var.dtype.size
+    return packs
+
+  def _Block(self, grad, i):
+    """Variable i's gradient as [R, c]: flat, zero-padded."""
+    r, c = self.num_shards, self._shard[i]
+    flat = tf.reshape(grad, [-1])
+    return tf.reshape(tf.pad(flat, [[0, r * c - self._sizes[i]]]), [r, c])
+
+  def Apply(self, step, grads, loss):
+    """Reduce-scatters `grads`, updates every local copy's shards, gathers
+    the new weights; in the cross-replica context.
+
+    Args:
+      step: the global step.
+      grads: per trained variable (learner.trainable order), the replicas'
+        gradients (per-replica values; plain tensors with one local
+        replica).
+      loss: the replicas' mean loss (the skip reads it).
+
+    Returns:
+      The first copy's learner stats (the same on every copy).
+    """
+    r_count = self.num_shards
+    local = [self._strategy.experimental_local_results(g) for g in grads]
+    num_local = len(self._learners)
+    shards = [[None] * len(grads) for _ in range(num_local)]
+    for devices, launchers, packs in self._stages:
+      for pack in packs:
+        for r in range(num_local):
+          with tf.device(devices[r]):
+            rows = tf.concat([self._Block(local[i][r], i) for i in pack], 1)
+          received = launchers[r].AllToAll(rows)
+          with tf.device(devices[r]):
+            mean = tf.reduce_sum(received, 0) / r_count
+            for i, part in zip(pack, tf.split(
+                mean, [self._shard[i] for i in pack])):
+              shards[r][i] = part
+    norms = self._GlobalNorms(shards)
+    stats, new = None, []
+    for r, learner in enumerate(self._learners):
+      items = []
+      for i, (_, var) in enumerate(learner.trainable):
+        with tf.device(var.device), tf.control_dependencies([shards[r][i]]):
+          c = self._shard[i]
+          start = (self._first + r) * c
+          weight = self._Block(var.value(), i)
+          weight = tf.reshape(weight, [-1])[start:start + c]
+        items.append((shards[r][i], weight, var))
+      shard_values, replica_stats = learner.ApplyShards(
+          step, items, norms[r], loss=loss,
+          skip=None if stats is None else stats.skipped)
+      stats = stats or replica_stats
+      new.append(shard_values)
+    self._Gather(new)
+    return stats
+
+  def _GlobalNorms(self, shards):
+    """Per local replica: the global norm of the whole mean gradient, from
+    every replica's shards (a sum of squares all-reduced over stage 0's
+    group)."""
+    devices, launchers, _ = self._stages[0]
+    out = []
+    for r in range(len(self._learners)):
+      squares = []
+      for stage_devices, _, packs in self._stages:
+        mine = [shards[r][i] for pack in packs for i in pack]
+        if mine:
+          with tf.device(stage_devices[r]):
+            squares.append(tf.add_n([tf.reduce_sum(tf.square(
+                tf.cast(g, tf.float32))) for g in mine]))
+      with tf.device(devices[r]):
+        total = launchers[r].all_reduce(tf.add_n(squares) if squares else
+                                        tf.constant(0.0))
+        out.append(tf.sqrt(total))
+    return out
+
+  def GatherForSave(self):
+    """On every host before a checkpoint: each sharded slot gathered whole
+    for the chief's save (`ShardedSlot.gathered`); nothing on one host,
+    where a save concatenates the local shards."""
+    if self.num_shards == len(self._learners):
+      return
+    if self._gather_slots is None:
+      self._gather_slots = tf.function(self._GatherSlots, autograph=False)
+    slots = [slot for named in self._state.sharded_state.slots.values()
+             for slot in named.values()]
+    for slot, whole in zip(slots, self._gather_slots()):
+      slot.gathered = whole
+
+  def _GatherSlots(self):
+    stage_of = {}
+    for s, (_, _, packs) in enumerate(self._stages):
+      for pack in packs:
+        for i in pack:
+          stage_of[i] = s
+    out = []
+    for i, named in enumerate(self._state.sharded_state.slots.values()):
+      devices, launchers, _ = self._stages[stage_of[i]]
+      for slot in named.values():
+        gathered = [launchers[r].AllGather(shard.read_value())
+                    for r, shard in enumerate(slot.shards)]
+        with tf.device(devices[0]):
+          out.append(tf.reshape(gathered[0][:self._sizes[i]], slot.shape))
+    return out
+
+  def _Gather(self, new):
+    """Every copy's variables from the replicas' new shards."""
+    for devices, launchers, packs in self._stages:
+      for pack in packs:
+        for r, learner in enumerate(self._learners):
+          with tf.device(devices[r]):
+            mine = tf.concat([new[r][i] for i in pack], 0)
+          gathered = launchers[r].AllGather(mine)
+          with tf.device(devices[r]):
+            rows = tf.reshape(gathered, [self.num_shards, -1])
+            for i, block in zip(pack, tf.split(
+                rows, [self._shard[i] for i in pack], axis=1)):
+              var = learner.trainable[i][1]
+              whole = tf.reshape(block, [-1])[:self._sizes[i]]
+              var.assign(tf.reshape(whole, var.shape))
