@@ -6,7 +6,10 @@
 
 The flags are defined here; each mode's own are declared once, in its
 module, and defined here from it (framework/jobs/mode_registry.py; e.g.
-`--plan_*` in framework/jobs/plan_mode.py). Everything else lives in
+`--plan_*` in framework/jobs/plan_mode.py), and so are each distribution
+option's own (framework/distribute/distribution.py; e.g. `--tpu*` in
+framework/distribute/tpu_option.py, `--worker_gpus` in local.py,
+`--peer_timeout_s` in multi_worker.py). Everything else lives in
 `framework/jobs/trainer_lib.py` (set-up, jobs, logs),
 `framework/train/programs.py` (the train loop) and
 `framework/train/eval_programs.py` (eval and decode). Exit codes: 0 done (also
@@ -39,7 +42,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 # None imports TensorFlow: the flags are checked before it loads.
-from cadence.framework.distribute import peer_wait  # pylint: disable=g-import-not-at-top
+from cadence.framework.distribute import distribution  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import command_line  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import install_check  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import mode_registry  # pylint: disable=g-import-not-at-top
@@ -70,8 +73,6 @@ flags.DEFINE_integer('worker_split_size', None, 'Devices per replica (its '
                      'pipeline stages); default: the experiment\'s '
                      'WORKER_SPLIT_SIZE. On cpu, worker_replicas x '
                      'worker_split_size logical CPUs are created.')
-flags.DEFINE_integer('worker_gpus', 0, 'GPUs to use with --run_locally=gpu '
-                     '(0: all visible).')
 flags.DEFINE_integer('steps_per_loop', 0, 'At most this many train steps per '
                      'call of the compiled loop (0: up to the next summary, '
                      'log or checkpoint).')
@@ -82,13 +83,6 @@ flags.DEFINE_string('task_type', 'worker', 'This host\'s job in '
                     '--cluster_spec.')
 flags.DEFINE_integer('task_index', 0, 'This host\'s index in its '
                      '--cluster_spec job.')
-flags.DEFINE_float('peer_timeout_s', peer_wait.DEFAULT_TIMEOUT_S, 'With '
-                   'TF_CONFIG (or --cluster_spec): before TensorFlow starts, '
-                   'a chief or worker of a multi-host job (and a '
-                   'parameter-server chief) waits until every task it needs '
-                   'accepts a connection, logging the missing ones every '
-                   '10 s; after this many seconds it stops with exit code 2 '
-                   'naming them (0: no limit).')
 flags.DEFINE_float('eval_timeout_s', 0.0, 'evaler_<dataset>/decoder_'
                    '<dataset>: stop after this many seconds without a new '
                    'checkpoint (0: wait until max_steps or the end the '
@@ -102,15 +96,6 @@ flags.DEFINE_float('device_memory_gib', 0.0, 'Memory per device in GiB: the '
                    'the trainer\'s start-up log) says whether each stage '
                    'fits; 0: no check.')
 
-flags.DEFINE_string('tpu', '', 'Train on this Cloud TPU: local (this TPU '
-                    'VM\'s), its name (the tpu extra; with '
-                    '--tpu_zone/--tpu_project off its VM) or grpc://host:port; '
-                    'replicas of --worker_split_size cores, pipeline stage s '
-                    'on logical core s.')
-flags.DEFINE_string('tpu_zone', '', 'GCE zone of the --tpu name (default: '
-                    'this VM\'s).')
-flags.DEFINE_string('tpu_project', '', 'GCP project of the --tpu name '
-                    '(default: this VM\'s).')
 flags.DEFINE_bool('xla', False, 'Compile each replica\'s forward and '
                   'backward pass with XLA (tf.function(jit_compile=True)); '
                   'needs static shapes and --worker_split_size=1 off a TPU.')
@@ -122,6 +107,11 @@ flags.DEFINE_bool('graph_optimizer', True, 'Run TensorFlow\'s graph '
                   '(framework/jobs/graph_optimizer.py).')
 
 mode_registry.DefineFlags(flags)   # Each mode's own, from its FLAGS.
+# Each distribution option's own (--tpu, --worker_gpus, --peer_timeout_s...),
+# from its FLAGS; listed by --help with the flags above.
+distribution.DefineFlags(flags)
+for _name in distribution.FlagNames():
+  flags.declare_key_flag(_name)
 flags.DEFINE_bool('tf_log', False, 'Show TensorFlow\'s and gRPC\'s own C++ '
                   'log lines (oneDNN, CPU features, tf.data, gRPC); hidden '
                   'by default (framework/jobs/tf_log.py).')
@@ -169,15 +159,14 @@ def main(argv):
       model_params_file_override=FLAGS.model_params_file_override,
       max_steps=FLAGS.max_steps, worker_replicas=FLAGS.worker_replicas,
       worker_split_size=FLAGS.worker_split_size,
-      worker_gpus=FLAGS.worker_gpus, steps_per_loop=FLAGS.steps_per_loop,
+      steps_per_loop=FLAGS.steps_per_loop,
       cluster_spec=FLAGS.cluster_spec, task_type=FLAGS.task_type,
-      task_index=FLAGS.task_index, peer_timeout_s=FLAGS.peer_timeout_s,
-      peak_tflops=FLAGS.peak_tflops,
+      task_index=FLAGS.task_index, peak_tflops=FLAGS.peak_tflops,
       device_memory_gib=FLAGS.device_memory_gib,
       eval_timeout_s=FLAGS.eval_timeout_s, start_time=_START_TIME,
-      tpu=FLAGS.tpu, tpu_zone=FLAGS.tpu_zone, tpu_project=FLAGS.tpu_project,
       xla=FLAGS.xla, graph_optimizer=FLAGS.graph_optimizer,
-      mode_flags=mode_registry.FlagValues(FLAGS))
+      mode_flags=mode_registry.FlagValues(FLAGS),
+      option_flags=distribution.FlagValues(FLAGS))
   return trainer_lib.Main(options)
 
 

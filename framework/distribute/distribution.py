@@ -1,17 +1,27 @@
 """The trainer's devices, cluster and strategy: the registry of options.
 
-Lingvo's flags say how a job spreads over devices:
+Lingvo's flags say how a job spreads over devices. Every option reads
+these (option.Flags):
 
+  --run_locally         cpu or gpu;
   --worker_replicas     data-parallel replicas on this host;
   --worker_split_size   devices per replica (its pipeline stages; default:
                         the experiment's WORKER_SPLIT_SIZE);
-  --worker_gpus         GPUs of this host to use (--run_locally=gpu; 0: all);
   TF_CONFIG             several hosts (or --cluster_spec, --task_type and
                         --task_index, which say the same; checked by
                         framework/distribute/tf_config.py);
+
+and each option declares its own, once, in its module (its FLAGS):
+
+  --tpu                 a Cloud TPU (with --tpu_zone, --tpu_project):
+                        tpu_option.TpuFlags;
+  --worker_gpus         GPUs of this host to use (--run_locally=gpu; 0:
+                        all): local.LocalFlags, read by the multi-host
+                        options too;
   --peer_timeout_s      with TF_CONFIG, the longest wait for the peer
-                        tasks before the strategy starts (peer_wait.py);
-  --tpu                 a Cloud TPU (with --tpu_zone, --tpu_project).
+                        tasks before the strategy starts (peer_wait.py):
+                        multi_worker.MultiHostFlags, which parameter_server
+                        shares.
 
 A *distribution option* turns them into devices, a cluster and a
 tf.distribute strategy, and says how the trainer runs on them (its train
@@ -22,7 +32,8 @@ order they are tried; `Create` runs the first whose `Applies(flags)` holds:
 
   tpu               --tpu=<name or address>: TPUStrategy over the TPU's
                     cores, replicas of worker_split_size cores each, stage
-                    s on logical core s (tpu.py, tpu_programs.py);
+                    s on logical core s (tpu_option.py; tpu.py connects,
+                    tpu_programs.py trains);
   parameter_server  a TF_CONFIG with a "ps" job: the 'chief' runs
                     ParameterServerStrategy and its coordinator, 'worker'
                     and 'ps' tasks serve (parameter_server.py,
@@ -41,13 +52,33 @@ Adding an option is one module and one registry line: a Setup subclass
 with its name, `Applies` and `Create` (and whatever it runs differently:
 `TrainProgram`, `CheckJob`, `Serve`...; the base class's defaults are
 synchronous data parallelism), and a `Register` line below, before the
-options it must win over. A toy: one replica on this host's first CPU,
-under the default strategy and the plain train program, chosen instead of
-`local` when the flags ask for one device (tests/framework/distribute/
-distribution_test.py registers and trains it):
+options it must win over. Its own flags are its FLAGS, a dataclass of
+`flag_fields.Flag(default, help)` fields, declared nowhere else: trainer.py
+defines every registered option's (`DefineFlags`; a flag's help starts
+with its options), hands their values over as one mapping
+(`FlagValues` -> TrainerOptions.option_flags -> `Create(**option_flags)`),
+and checks them before TensorFlow loads (the option's `CheckFlags`); the
+option reads them with `FlagsOf(flags)`. Adding a flag to an option is one
+field of its FLAGS, read where the option uses it. Two options that read the same flag share its declaration (a FLAGS
+that subclasses the other's, or the same class); `Register` refuses a flag
+declared twice or named like a common one. The modules of the options
+import TensorFlow only inside the methods that use it, since trainer.py
+reads the registry before TensorFlow loads.
+
+A toy: one replica on one CPU of this host (its own flag
+--one_device_cpu says which), under the default strategy and the plain
+train program, chosen instead of `local` when the flags ask for one
+device (tests/framework/distribute/distribution_test.py registers it,
+parses its flag and trains it):
+
+  @dataclasses.dataclass
+  class OneDeviceFlags:
+    one_device_cpu: int = flag_fields.Flag(
+        0, 'The CPU of this host the one_device option trains on.')
 
   class OneDeviceSetup(option.Setup):
     name = 'one_device'
+    FLAGS = OneDeviceFlags   # --one_device_cpu
 
     @classmethod
     def Applies(cls, flags):
@@ -57,32 +88,41 @@ distribution_test.py registers and trains it):
 
     @classmethod
     def Create(cls, flags):
+      cpu = cls.FlagsOf(flags).one_device_cpu
       cluster = cluster_lib.Cluster.Params().Set(
-          device_type='CPU', num_devices=1).Instantiate()
+          devices=[f'/device:CPU:{cpu}']).Instantiate()
       return cls(cluster=cluster, strategy=tf.distribute.get_strategy())
 
   Register(OneDeviceSetup, before='local')
+  Create(one_device_cpu=1)   # OneDeviceSetup on /device:CPU:1
+
+(`flags.tpu` reads the tpu option's flag: Flags made here hold every
+registered option's flags as attributes too.)
 
 Example (two hosts, the same command on each):
   TF_CONFIG='{"cluster": {"worker": ["h0:2222", "h1:2222"]},
               "task": {"type": "worker", "index": 0}}' \\
     python trainer.py --model=... --logdir=/shared/run --job=trainer
 """
+import dataclasses
+
+from cadence.framework.distribute import flag_fields
 from cadence.framework.distribute import local
 from cadence.framework.distribute import multi_worker
 from cadence.framework.distribute import option
 from cadence.framework.distribute import parameter_server
 from cadence.framework.distribute import peer_wait
 from cadence.framework.distribute import tf_config
-from cadence.framework.distribute import tpu
+from cadence.framework.distribute import tpu_option
 
 TF_CONFIG = tf_config.TF_CONFIG
-Flags = option.Flags
 Setup = option.Setup
 SetupError = option.SetupError
 # SIGTERM/SIGINT while a host waited for its peers; nothing was built.
 Stopped = peer_wait.Stopped
 PEER_TIMEOUT_S = peer_wait.DEFAULT_TIMEOUT_S
+# The flags every option reads (option.Flags' fields), not any one's own.
+_COMMON = tuple(f.name for f in dataclasses.fields(option.Flags))
 
 
 def ParseClusterSpec(spec, task_type, task_index):
@@ -122,12 +162,33 @@ def Register(setup_cls, before=None):
   """Adds the option `setup_cls` (a Setup subclass) to the registry.
 
   Args:
-    setup_cls: the option; its `name` must be new.
+    setup_cls: the option; its `name` must be new, and its FLAGS' fields
+      new flags (or fields it shares with another option's FLAGS, by
+      subclassing that dataclass or naming it: declared once).
     before: the name of an option it is tried before (None: after all).
+
+  Raises:
+    ValueError: an empty or taken name, or a flag declared again.
+    KeyError: `before` is not registered.
   """
   if not setup_cls.name or setup_cls.name in Names():
     raise ValueError(f'Distribution option {setup_cls.__name__}: name '
                      f'{setup_cls.name!r} is empty or registered already.')
+  if not dataclasses.is_dataclass(setup_cls.FLAGS):
+    raise ValueError(f'Distribution option {setup_cls.__name__}: FLAGS='
+                     f'{setup_cls.FLAGS!r} must be a dataclass of Flag '
+                     'fields.')
+  taken = _Fields()
+  for f in dataclasses.fields(setup_cls.FLAGS):
+    if f.name in _COMMON:
+      raise ValueError(f'Distribution option {setup_cls.__name__}: the flag '
+                       f'--{f.name} is common to every option '
+                       '(option.Flags); give its own flag another name.')
+    if f.name in taken and taken[f.name][0] is not f:
+      raise ValueError(
+          f'Distribution option {setup_cls.__name__}: the flag --{f.name} '
+          f'is option {taken[f.name][1][0]!r}\'s already; declare it once '
+          '(a FLAGS that subclasses that option\'s shares it).')
   _OPTIONS.insert(len(_OPTIONS) if before is None else _Index(before),
                   setup_cls)
 
@@ -149,6 +210,79 @@ def Names():
   return tuple(cls.name for cls in _OPTIONS)
 
 
+def _Fields():
+  """{flag name: (its dataclasses.Field, [names of the options it is
+  declared for])} of every registered option's own flags, in registry
+  order."""
+  out = {}
+  for setup_cls in _OPTIONS:
+    for f in dataclasses.fields(setup_cls.FLAGS):
+      out.setdefault(f.name, (f, []))[1].append(setup_cls.name)
+  return out
+
+
+def FlagNames():
+  """The names of the registered options' own flags (each once)."""
+  return tuple(_Fields())
+
+
+def DefineFlags(flags_module, flag_values=None):
+  """Defines the registered options' own flags in absl (`flags_module`:
+  absl's `flags`), each once, from its FLAGS field: its help line starts
+  with the option(s) it is for."""
+  for name, (f, names) in _Fields().items():
+    options = f'Option{"s" if len(names) > 1 else ""} {", ".join(names)}'
+    flag_fields.Define(flags_module, f, name,
+                       f'{options}: {f.metadata["help"]}', flag_values,
+                       module_name=__name__)
+
+
+def FlagValues(flag_values):
+  """{flag name: value} of the registered options' own flags in absl's
+  parsed `flag_values` (or any object with them as attributes; a flag it
+  lacks has its default): what trainer.py hands trainer_lib
+  (TrainerOptions.option_flags), and `Create` takes as keywords."""
+  return {name: getattr(flag_values, name, f.default)
+          for name, (f, _) in _Fields().items()}
+
+
+def CheckFlags(option_flags):
+  """Runs every registered option's `CheckFlags` on its own flags, before
+  TensorFlow loads (command_line.Check).
+
+  Args:
+    option_flags: {flag name: value} (`FlagValues`); a flag not there has
+      its default.
+
+  Raises:
+    SetupError: naming the flag, the value and the rule.
+  """
+  for setup_cls in _OPTIONS:
+    setup_cls.CheckFlags(setup_cls.FlagsOf(option_flags))
+
+
+def Flags(run_locally='cpu', worker_replicas=1, worker_split_size=1,
+          tf_config=None, **option_flags):
+  """The option.Flags of these values, with every registered option's own
+  flags: `option_flags` (e.g. tpu='my-tpu'), the others at their defaults.
+
+  Raises:
+    TypeError: a keyword that is no registered option's flag.
+  """
+  fields = _Fields()
+  unknown = sorted(set(option_flags) - set(fields))
+  if unknown:
+    raise TypeError(f'Flags() got {", ".join(unknown)}: not a flag of the '
+                    f'options {", ".join(Names())} (their flags: '
+                    f'{", ".join(fields)}).')
+  values = {name: option_flags.get(name, f.default)
+            for name, (f, _) in fields.items()}
+  return option.Flags(run_locally=run_locally,
+                      worker_replicas=worker_replicas,
+                      worker_split_size=worker_split_size,
+                      tf_config=tf_config, options=values)
+
+
 def Choose(flags):
   """The option (Setup subclass) that runs `flags`: the first that applies.
 
@@ -163,27 +297,27 @@ def Choose(flags):
 
 
 # The options, in the order they are tried: one line each.
-Register(tpu.TpuSetup)
+Register(tpu_option.TpuSetup)
 Register(parameter_server.ParameterServerSetup)
 Register(multi_worker.MultiWorkerSetup)
 Register(local.LocalSetup)
 
 
 def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
-           worker_gpus=0, tf_config=None, tpu='', tpu_zone='', tpu_project='',
-           peer_timeout_s=peer_wait.DEFAULT_TIMEOUT_S):
+           tf_config=None, **option_flags):
   """Configures devices and creates the strategy; call before any TF op.
 
   Args:
     run_locally: 'cpu' or 'gpu'.
     worker_replicas: replicas on this host, an int >= 1.
     worker_split_size: devices per replica, an int >= 1.
-    worker_gpus: GPUs to use (0: all visible).
     tf_config: the multi-host configuration (`ReadTfConfig`), or None.
-    tpu: a TPU's name or grpc address ('': no TPU); with tpu_zone and
-      tpu_project (framework/distribute/tpu.py).
-    peer_timeout_s: with tf_config, the longest wait for the peers the
-      strategy needs before it starts (peer_wait.py); 0: no limit.
+    **option_flags: the options' own flags by name (`FlagNames`; each
+      declared in its option's FLAGS): e.g. tpu='my-tpu' with tpu_zone and
+      tpu_project (tpu_option.py), worker_gpus=2 (local.py: 0 is all
+      visible), peer_timeout_s=60 (multi_worker.py: with tf_config, the
+      longest wait for the peers; 0: no limit). Those not given have their
+      defaults.
 
   Returns:
     The Setup of the option that applies (`Choose`).
@@ -192,13 +326,13 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     SetupError: a flag value this machine or cluster cannot run, or a peer
       that never accepted a connection within peer_timeout_s.
     Stopped: SIGTERM or SIGINT while waiting for the peers.
+    TypeError: a keyword that is no option's flag.
   """
   for flag, value in (('worker_replicas', worker_replicas),
                       ('worker_split_size', worker_split_size)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
   flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
-                worker_split_size=worker_split_size, worker_gpus=worker_gpus,
-                tf_config=tf_config, tpu=tpu, tpu_zone=tpu_zone,
-                tpu_project=tpu_project, peer_timeout_s=peer_timeout_s)
+                worker_split_size=worker_split_size, tf_config=tf_config,
+                **option_flags)
   return Choose(flags).Create(flags)

@@ -9,16 +9,29 @@ of it on device r * S + s (`cluster.Cluster`). The strategy:
   several          MirroredStrategy over each replica's first device.
 
 It applies when no other option does (no --tpu, no TF_CONFIG): the last
-line of the registry.
+line of the registry. Its flag, --worker_gpus (`LocalFlags`), is read by
+the multi-host options too, which make each host's devices as this one
+does (`LocalDevices`): their FLAGS extend LocalFlags
+(multi_worker.MultiHostFlags).
+
+TensorFlow is imported by the functions that use it, not with the module:
+the registry and the options' flags are read before it loads (trainer.py).
 
 Example:
   setup = LocalSetup.Create(option.Flags(worker_replicas=2))
   setup.strategy   # MirroredStrategy over /cpu:0 and /cpu:1
 """
-import tensorflow as tf
+import dataclasses
 
-from cadence.framework import cluster as cluster_lib
+from cadence.framework.distribute import flag_fields
 from cadence.framework.distribute import option
+
+
+@dataclasses.dataclass
+class LocalFlags:
+  """The `local` option's own flags (the multi-host options' too)."""
+  worker_gpus: int = flag_fields.Flag(
+      0, 'GPUs to use with --run_locally=gpu (0: all visible).')
 
 
 def LocalDevices(run_locally, worker_replicas, worker_split_size,
@@ -28,6 +41,7 @@ def LocalDevices(run_locally, worker_replicas, worker_split_size,
   Raises:
     option.SetupError: the devices are not there.
   """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   need = worker_replicas * worker_split_size
   if run_locally == 'cpu':
     if need > 1:
@@ -62,6 +76,7 @@ def LocalCluster(device_type, num_devices, worker_split_size):
   Raises:
     option.SetupError: the devices do not cut into such replicas.
   """
+  from cadence.framework import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
   try:
     return cluster_lib.Cluster.Params().Set(
         device_type=device_type, num_devices=num_devices,
@@ -73,6 +88,7 @@ def LocalCluster(device_type, num_devices, worker_split_size):
 def LocalStrategy(cluster):
   """The default strategy for one replica, else MirroredStrategy over each
   replica's first device."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if cluster.num_splits == 1:
     return tf.distribute.get_strategy()
   return tf.distribute.MirroredStrategy(
@@ -83,15 +99,21 @@ class LocalSetup(option.Setup):
   """Replicas on this host alone; see the module docstring."""
 
   name = 'local'
+  FLAGS = LocalFlags
+
+  @classmethod
+  def CheckFlags(cls, own):
+    option.CheckNumber('worker_gpus', own.worker_gpus, 0,
+                       'GPUs to use; 0: all visible', integer=True)
 
   @classmethod
   def Applies(cls, flags):
-    return not flags.tpu and flags.tf_config is None
+    return flags.tf_config is None   # After tpu: no --tpu.
 
   @classmethod
   def Create(cls, flags):
     device_type, num_devices = LocalDevices(
         flags.run_locally, flags.worker_replicas, flags.worker_split_size,
-        flags.worker_gpus)
+        cls.FlagsOf(flags).worker_gpus)
     cluster = LocalCluster(device_type, num_devices, flags.worker_split_size)
     return cls(cluster=cluster, strategy=LocalStrategy(cluster))

@@ -5,6 +5,12 @@ A distribution option is one way of spreading a run over devices and hosts
 `Setup` that says:
 
   name                the option's one spelling, in the registry;
+  FLAGS               a dataclass of its own flags, declared once (fields
+                      `flag_fields.Flag(default, help)`: --<field name>),
+                      which trainer.py defines in absl; the option reads
+                      their values with `FlagsOf(flags)`, and
+                      `CheckFlags` checks them before TensorFlow loads
+                      (raise SetupError; none by default);
   Applies(flags)      whether the trainer's `Flags` (and TF_CONFIG) ask for
                       it: the registry (distribution.py) runs the first
                       option that applies;
@@ -32,50 +38,68 @@ them all); an option overrides what differs:
   PeerFailed(...)     the line of a job whose peer task failed;
   is_chief, num_local_replicas, str(setup).
 
+No TensorFlow at import: the registry and the options' flags are read
+before it loads (trainer.py); the methods that need it import it.
+
 Example (an option's instance, as the registry creates it):
   setup = distribution.Create(worker_replicas=2)   # local.LocalSetup
   with setup.cluster:
     setup.TrainProgram(model_params, '/tmp/run').Run()
 """
 import dataclasses
+import math
 
-from cadence.framework import cluster as cluster_lib
-from cadence.framework.distribute import peer_wait
-from cadence.framework.train import preemption
-from cadence.framework.train import programs
-from cadence.framework.train import replicas
+from cadence.framework.distribute import flag_fields
 
 
 class SetupError(ValueError):
   """A device or cluster flag that cannot work; the trainer exits 2."""
 
 
+def CheckNumber(name, value, low, meaning, integer=False):
+  """Raises SetupError unless the flag --name's `value` is an int (with
+  `integer`) or a finite number, >= `low`; the line says what it means, e.g.
+  --worker_gpus=-1 must be an int >= 0 (GPUs to use; 0: all visible)."""
+  kinds = int if integer else (int, float)
+  if (isinstance(value, kinds) and not isinstance(value, bool) and
+      value >= low and (integer or math.isfinite(value))):
+    return
+  raise SetupError(f'--{name}={value!r} must be '
+                   f'{"an int" if integer else "a number"} >= {low} '
+                   f'({meaning}).')
+
+
 @dataclasses.dataclass(frozen=True)
 class Flags:
   """The trainer's flags that choose and configure a distribution option.
+
+  The flags every option reads are fields; each option's own flags (its
+  FLAGS: --tpu, --worker_gpus, --peer_timeout_s...) are in `options`, and
+  read as attributes too (`flags.tpu`). `distribution.Flags(...)` makes
+  one with every registered option's flags, at their defaults unless
+  given; an option reads its own with `FlagsOf`, which gives the default
+  of any flag `options` lacks.
 
   Attributes:
     run_locally: 'cpu' or 'gpu'.
     worker_replicas: replicas on this host, an int >= 1.
     worker_split_size: devices per replica, an int >= 1.
-    worker_gpus: GPUs to use (0: all visible).
     tf_config: the multi-host configuration (distribution.ReadTfConfig: a
       checked TF_CONFIG dict), or None.
-    tpu: a TPU's name or grpc address ('': no TPU); with tpu_zone and
-      tpu_project (framework/distribute/tpu.py).
-    peer_timeout_s: with tf_config, the longest wait in seconds for the
-      peers this task's strategy needs to accept a connection before it
-      starts (framework/distribute/peer_wait.py); 0: no limit.
+    options: {flag name: value} of the options' own flags.
   """
   run_locally: str = 'cpu'
   worker_replicas: int = 1
   worker_split_size: int = 1
-  worker_gpus: int = 0
   tf_config: dict = None
-  tpu: str = ''
-  tpu_zone: str = ''
-  tpu_project: str = ''
-  peer_timeout_s: float = peer_wait.DEFAULT_TIMEOUT_S
+  options: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    for name, value in self.options.items():
+      if hasattr(self, name):
+        raise ValueError(f'Flags: the option flag {name!r} would hide '
+                         f'Flags.{name}.')
+      object.__setattr__(self, name, value)   # flags.tpu, as before.
 
 
 @dataclasses.dataclass
@@ -91,13 +115,26 @@ class Setup:
     task_type: 'worker' (or 'chief'), or 'ps', 'evaluator' from TF_CONFIG;
       '' for a local run.
   """
-  cluster: cluster_lib.Cluster
+  cluster: object   # A cluster.Cluster.
   strategy: object
   num_workers: int = 1
   worker_index: int = 0
   task_type: str = ''
 
   name = ''   # The option's registry name; each subclass sets it.
+  FLAGS = flag_fields.NoFlags   # A dataclass of its own flags (`Flag`s).
+
+  @classmethod
+  def FlagsOf(cls, flags):
+    """This option's FLAGS with their values in `flags` (a Flags, or a dict
+    {flag name: value}); a flag not there has its default."""
+    return flag_fields.Read(cls.FLAGS, getattr(flags, 'options', flags))
+
+  @classmethod
+  def CheckFlags(cls, own):
+    """Checks this option's own flags (`own`: its FLAGS) before TensorFlow
+    loads, whether or not the option is chosen; raises SetupError naming
+    the flag and the value. None by default."""
 
   @classmethod
   def Applies(cls, flags):
@@ -158,6 +195,8 @@ class Setup:
     Returns:
       A `programs.TrainProgram`; its `tasks` are the task copies built.
     """
+    from cadence.framework.train import programs  # pylint: disable=g-import-not-at-top
+    from cadence.framework.train import replicas  # pylint: disable=g-import-not-at-top
     tasks = replicas.BuildReplicas(model_params, self.cluster)
     return programs.TrainProgram(
         tasks, logdir, self.strategy, cluster=self.cluster,
@@ -167,6 +206,7 @@ class Setup:
   def Agreement(self):
     """The preemption agreement of the hosts: on several, all-reduced stop
     flags, so every host stops at the same step; None for one."""
+    from cadence.framework.train import preemption  # pylint: disable=g-import-not-at-top
     if self.num_workers == 1:
       return None
     return preemption.AllReduceAgreement(self.strategy)

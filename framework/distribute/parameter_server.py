@@ -14,6 +14,10 @@ without --xla; a signal stops the chief at its next boundary (the workers
 do not stop by themselves), and a failed task stops the chief with one
 line (exit 4) while the others keep serving.
 
+Its flags are the multi_worker option's (--worker_gpus, --peer_timeout_s:
+multi_worker.MultiHostFlags, declared there). TensorFlow is imported where
+it is used: the options' flags are read before it loads.
+
 Example (on each task, the same TF_CONFIG cluster, its own task):
   TF_CONFIG='{"cluster": {"chief": ["h0:2222"], "ps": ["h1:2222"],
               "worker": ["h2:2222"]}, "task": {"type": "ps", "index": 0}}' \\
@@ -21,12 +25,10 @@ Example (on each task, the same TF_CONFIG cluster, its own task):
 """
 import dataclasses
 
-import tensorflow as tf
-
 from cadence.framework.distribute import local
+from cadence.framework.distribute import multi_worker
 from cadence.framework.distribute import option
 from cadence.framework.distribute import peer_wait
-from cadence.framework.distribute import ps_programs
 
 
 @dataclasses.dataclass
@@ -42,14 +44,21 @@ class ParameterServerSetup(option.Setup):
   server: object = None
 
   name = 'parameter_server'
+  FLAGS = multi_worker.MultiHostFlags   # Shared: declared once, there.
 
   @classmethod
-  def Applies(cls, flags):
-    return (not flags.tpu and flags.tf_config is not None and
+  def CheckFlags(cls, own):
+    multi_worker.MultiWorkerSetup.CheckFlags(own)
+
+  @classmethod
+  def Applies(cls, flags):   # After tpu: no --tpu.
+    return (flags.tf_config is not None and
             'ps' in flags.tf_config['cluster'])
 
   @classmethod
   def Create(cls, flags):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    own = cls.FlagsOf(flags)
     jobs = flags.tf_config['cluster']
     task_type = flags.tf_config['task'].get('type', '')
     index = int(flags.tf_config['task'].get('index', 0))
@@ -73,7 +82,7 @@ class ParameterServerSetup(option.Setup):
           'train on several hosts with MultiWorkerMirroredStrategy '
           '(TF_CONFIG without "ps").')
     device_type, num_devices = local.LocalDevices(flags.run_locally, 1, 1,
-                                                  flags.worker_gpus)
+                                                  own.worker_gpus)
     spec = tf.train.ClusterSpec(jobs)
     server = strategy = None
     if task_type == 'chief':
@@ -82,7 +91,7 @@ class ParameterServerSetup(option.Setup):
       # start at once and wait for nobody, so the chief need not listen.
       try:
         peer_wait.WaitForTasks(flags.tf_config, ('ps', 'worker'),
-                               flags.peer_timeout_s, listen=False)
+                               own.peer_timeout_s, listen=False)
       except peer_wait.WaitError as e:
         raise option.SetupError(str(e)) from None
       strategy = tf.distribute.experimental.ParameterServerStrategy(
@@ -121,6 +130,7 @@ class ParameterServerSetup(option.Setup):
           'uncompiled steps; drop --xla or the "ps" job.')
 
   def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
+    from cadence.framework.distribute import ps_programs  # pylint: disable=g-import-not-at-top
     self.CheckJob('trainer', trains=True, xla=xla)
     return ps_programs.PsTrainProgram(
         model_params, logdir, self.strategy, num_workers=self.num_workers,
@@ -130,6 +140,7 @@ class ParameterServerSetup(option.Setup):
     return None   # The chief stops the run; the workers do not.
 
   def Serve(self, finished, should_stop):
+    from cadence.framework.distribute import ps_programs  # pylint: disable=g-import-not-at-top
     ps_programs.Serve(self, finished, should_stop=should_stop)
 
   def PeerFailed(self, error, latest):

@@ -23,10 +23,11 @@ all replicas. `cluster.DeviceScope` turns such a device into
 variables of the stage on core s of every replica and, inside the compiled
 step, places its ops there.
 
-This module is also the `tpu` distribution option (`TpuSetup`): it
-applies whenever --tpu is given, and trains with
-tpu_programs.TpuTrainProgram. A failure to resolve, connect or initialise
-is a `TpuError` (the trainer exits 2 with its one line). A TPU name needs
+The `tpu` distribution option, which applies whenever --tpu is given and
+trains with tpu_programs.TpuTrainProgram, is tpu_option.py (with its
+flags, read before TensorFlow loads, which this module imports). A failure
+to resolve, connect or initialise is a `TpuError` (the trainer exits 2
+with its one line). A TPU name needs
 the Cloud TPU API's client (setup.py's `tpu` extra: google-api-python-client
 >= 2); without it the trainer says so before trying. Left to itself,
 TensorFlow's resolver builds the API object with oauth2client (deprecated)
@@ -51,8 +52,6 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
-from cadence.framework.distribute import option
-from cadence.framework.distribute import tpu_programs
 
 
 class TpuError(ValueError):
@@ -220,48 +219,3 @@ def Connect(tpu, zone=None, project=None, worker_split_size=1):
   strategy = tf.distribute.TPUStrategy(
       resolver, experimental_device_assignment=assignment)
   return strategy, [LogicalCore(s) for s in range(worker_split_size)]
-
-
-class TpuSetup(option.Setup):
-  """The `tpu` option: a TPUStrategy over a Cloud TPU's cores (--tpu).
-
-  One model split (a replica's logical cores) that the strategy replicates
-  over all replicas: `num_local_replicas` is the strategy's.
-  """
-
-  name = 'tpu'
-
-  @classmethod
-  def Applies(cls, flags):
-    return bool(flags.tpu)
-
-  @classmethod
-  def Create(cls, flags):
-    tpu = flags.tpu
-    if flags.tf_config is not None:
-      raise option.SetupError(
-          f'--tpu={tpu!r} with $TF_CONFIG or --cluster_spec: a TPU run takes '
-          'its hosts from the TPU; drop one.')
-    if flags.worker_replicas != 1:
-      raise option.SetupError(
-          f'--tpu={tpu!r} with --worker_replicas={flags.worker_replicas}: on '
-          'a TPU the replicas are its cores / --worker_split_size; leave '
-          '--worker_replicas at 1.')
-    try:
-      strategy, devices = Connect(tpu, flags.tpu_zone, flags.tpu_project,
-                                  flags.worker_split_size)
-    except TpuError as e:
-      raise option.SetupError(str(e)) from None
-    cluster = cluster_lib.Cluster.Params().Set(
-        devices=devices, device_type='TPU',
-        worker_split_size=flags.worker_split_size).Instantiate()
-    return cls(cluster=cluster, strategy=strategy)
-
-  @property
-  def num_local_replicas(self):
-    return self.strategy.num_replicas_in_sync
-
-  def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
-    return tpu_programs.TpuTrainProgram(
-        model_params, logdir, self.strategy, xla=xla, cluster=self.cluster,
-        **kwargs)

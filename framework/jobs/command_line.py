@@ -30,6 +30,7 @@ import os
 import re
 
 from cadence.framework import model_registry
+from cadence.framework.distribute import distribution
 from cadence.framework.distribute import tf_config
 from cadence.framework.jobs import mode_registry
 from cadence.framework.jobs import modes
@@ -49,7 +50,6 @@ _INT_FLAGS = (
     ('max_steps', 0, True, 'overrides task.train.max_steps'),
     ('worker_replicas', 1, False, 'data-parallel replicas on this host'),
     ('worker_split_size', 1, True, 'devices per replica'),
-    ('worker_gpus', 0, False, 'GPUs to use; 0: all visible'),
     ('steps_per_loop', 0, False, '0: up to the next summary, log or '
      'checkpoint'),
     ('task_index', 0, False, "this host's index in its --cluster_spec job"),
@@ -59,8 +59,6 @@ _NUMBER_FLAGS = (
     ('eval_timeout_s', 'seconds without a new checkpoint; 0: no timeout'),
     ('peak_tflops', 'TFLOP/s of one device; 0: measure it'),
     ('device_memory_gib', 'GiB of memory per device; 0: no check'),
-    ('peer_timeout_s', 'seconds to wait for the peer hosts of a TF_CONFIG '
-     'job; 0: no limit'),
 )
 
 
@@ -128,6 +126,15 @@ def _CheckNumbers(options):
                       f'({meaning}).')
 
 
+def OptionFlags(options):
+  """{flag name: value} of the distribution options' own flags in
+  `options`: a TrainerOptions' `option_flags`, or the attributes of absl's
+  FLAGS (or of any object with the trainer's flags)."""
+  values = getattr(options, 'option_flags', None)
+  return values if isinstance(values, dict) else distribution.FlagValues(
+      options)
+
+
 def Check(options):
   """Checks every value of the trainer's command line; no TensorFlow.
 
@@ -158,15 +165,15 @@ def Check(options):
     raise UserError(user_error.NotOneOf('run_locally', options.run_locally,
                               RUN_LOCALLY))
   _CheckNumbers(options)
+  try:   # Each distribution option's own (e.g. --tpu_zone needs --tpu).
+    distribution.CheckFlags(OptionFlags(options))
+  except distribution.SetupError as e:
+    raise UserError(str(e)) from None
   mode_registry.CheckModeFlags(options)
   for name in ('xla', 'graph_optimizer'):
     if not isinstance(getattr(options, name), bool):
       raise UserError(f'--{name}={getattr(options, name)!r} must be True or '
                       'False.')
-  for name in ('tpu_zone', 'tpu_project'):
-    if getattr(options, name) and not options.tpu:
-      raise UserError(f'--{name}={getattr(options, name)!r} needs --tpu '
-                      "(the TPU's name); without --tpu the run is local.")
   if options.model_params_file_override:
     _CheckParamsFile(options.model_params_file_override)
   if options.model_params_override:

@@ -6,7 +6,9 @@ A mode module declares a `Mode` subclass, which `modes.py` registers
   NAME, HELP    its --mode value and one line of what it does;
   FLAGS         a dataclass of its own flags, declared once: each field is
                 the flag `PREFIX + field name`, its default the field's,
-                its kind and help from `Flag`;
+                its kind and help from `Flag` (framework/distribute/
+                flag_fields.py: the distribution options declare theirs
+                with it too, distribution.py);
   Check         its checks of the command line, run before TensorFlow loads
                 (raise command_line.UserError: one line);
   Environment   what TensorFlow must see in the environment as it loads;
@@ -18,8 +20,9 @@ A mode module declares a `Mode` subclass, which `modes.py` registers
 them (a new mode is its module plus one line there); `trainer.py` defines
 the registered modes' flags from their FLAGS (`DefineFlags`) and
 `trainer_lib.Main` runs the mode `--mode` names. A flag of one mode given
-with another is refused by `CheckModeFlags`. No TensorFlow here: the mode
-modules import what needs it inside `Run`.
+with another is refused by `CheckModeFlags`. A new mode flag is one field
+of its mode's FLAGS. No TensorFlow here: the mode modules import what
+needs it inside `Run`.
 
 Example (a mode of one's own, registered from a test):
   @dataclasses.dataclass
@@ -35,35 +38,21 @@ Example (a mode of one's own, registered from a test):
 """
 import dataclasses
 
+from cadence.framework.distribute import flag_fields
 from cadence.framework.jobs import user_error
 
-_KINDS = ('string', 'bool', 'integer', 'float')
 _REGISTRY = {}   # NAME: the Mode subclass, in registration order.
-
-
-def Flag(default, help_text, kind=None):
-  """A field of a mode's FLAGS: its default, its help, and its absl kind
-  ('string', 'bool', 'integer' or 'float'; default: from the default's
-  type, which a default of None cannot give)."""
-  if kind is None:
-    kind = {str: 'string', bool: 'bool', int: 'integer',
-            float: 'float'}.get(type(default))
-  if kind not in _KINDS:
-    raise ValueError(f'Flag(default={default!r}): kind={kind!r} must be one '
-                     f'of {", ".join(_KINDS)} (give it for a default of '
-                     'None).')
-  return dataclasses.field(default=default,
-                           metadata=dict(help=help_text, kind=kind))
+# A field of a mode's FLAGS: Flag(default, help_text, kind=None); the kind
+# ('string', 'bool', 'integer' or 'float') comes from the default unless
+# given (framework/distribute/flag_fields.py, shared with the distribution
+# options' flags).
+Flag = flag_fields.Flag
+NoFlags = flag_fields.NoFlags   # The FLAGS of a mode without flags of its own.
 
 
 class Stopped(Exception):
   """A mode stopped by a signal before it wrote anything: the trainer exits
   with code 4 and this one line (rerun the command)."""
-
-
-@dataclasses.dataclass
-class NoFlags:
-  """The FLAGS of a mode without flags of its own."""
 
 
 @dataclasses.dataclass
@@ -145,7 +134,7 @@ def Get(name):
 
 def FlagNames(mode_cls):
   """The flag names of a Mode subclass, in its FLAGS' field order."""
-  return [mode_cls.PREFIX + f.name for f in dataclasses.fields(mode_cls.FLAGS)]
+  return flag_fields.Names(mode_cls.FLAGS, mode_cls.PREFIX)
 
 
 def FlagsOf(mode_cls, options):
@@ -153,14 +142,9 @@ def FlagsOf(mode_cls, options):
   object with the flags as attributes, or a TrainerOptions (its
   `mode_flags`: {flag name: value}); a flag it lacks has its default."""
   values = getattr(options, 'mode_flags', None)
-  if not isinstance(values, dict):
-    values = None
-  out = {}
-  for f in dataclasses.fields(mode_cls.FLAGS):
-    name = mode_cls.PREFIX + f.name
-    out[f.name] = (values.get(name, f.default) if values is not None else
-                   getattr(options, name, f.default))
-  return mode_cls.FLAGS(**out)
+  return flag_fields.Read(mode_cls.FLAGS,
+                          values if isinstance(values, dict) else options,
+                          mode_cls.PREFIX)
 
 
 def FlagValues(flag_values):
@@ -174,14 +158,11 @@ def FlagValues(flag_values):
 def DefineFlags(flags_module, flag_values=None):
   """Defines every registered mode's flags in absl (`flags_module`: absl's
   `flags`), each help line starting with its mode."""
-  if flag_values is None:
-    flag_values = flags_module.FLAGS
   for m in _REGISTRY.values():
     for f in dataclasses.fields(m.FLAGS):
-      define = getattr(flags_module, f'DEFINE_{f.metadata["kind"]}')
-      define(m.PREFIX + f.name, f.default,
-             f'--mode={m.NAME}: {f.metadata["help"]}',
-             flag_values=flag_values)
+      flag_fields.Define(flags_module, f, m.PREFIX + f.name,
+                         f'--mode={m.NAME}: {f.metadata["help"]}',
+                         flag_values, module_name=__name__)
 
 
 def CheckModeFlags(options):
@@ -193,9 +174,7 @@ def CheckModeFlags(options):
   for m in _REGISTRY.values():
     if m.NAME == options.mode:
       continue
-    flags = FlagsOf(m, options)
-    given = [f'--{m.PREFIX}{f.name}' for f in dataclasses.fields(flags)
-             if getattr(flags, f.name) != f.default]
+    given = flag_fields.Given(FlagsOf(m, options), m.PREFIX)
     if given:
       raise user_error.UserError(
           f'{", ".join(given)} need(s) --mode={m.NAME} (now '

@@ -115,24 +115,23 @@ class TrainerOptions:
   max_steps: int = None
   worker_replicas: int = 1
   worker_split_size: int = None   # None: the experiment's WORKER_SPLIT_SIZE.
-  worker_gpus: int = 0
   steps_per_loop: int = 0
   cluster_spec: str = ''
   task_type: str = ''
   task_index: int = 0
-  peer_timeout_s: float = distribution.PEER_TIMEOUT_S
   peak_tflops: float = 0.0
   device_memory_gib: float = 0.0
   eval_timeout_s: float = 0.0
   start_time: float = None
-  tpu: str = ''
-  tpu_zone: str = ''
-  tpu_project: str = ''
   xla: bool = False
   graph_optimizer: bool = True    # Grappler on the job's steps.
   # {flag name: value} of the modes' own flags (mode_registry.FlagValues;
   # e.g. 'export_dir', 'plan_cluster'); a flag not given has its default.
   mode_flags: dict = dataclasses.field(default_factory=dict)
+  # {flag name: value} of the distribution options' own flags
+  # (distribution.FlagValues; e.g. 'tpu', 'worker_gpus', 'peer_timeout_s');
+  # a flag not given has its default.
+  option_flags: dict = dataclasses.field(default_factory=dict)
 
 
 # --- logs ---------------------------------------------------------------------
@@ -219,11 +218,8 @@ def ConfigureDevices(options):
     return distribution.Create(
         run_locally=options.run_locally,
         worker_replicas=options.worker_replicas,
-        worker_split_size=WorkerSplitSize(options),
-        worker_gpus=options.worker_gpus, tf_config=tf_config,
-        tpu=options.tpu, tpu_zone=options.tpu_zone,
-        tpu_project=options.tpu_project,
-        peer_timeout_s=options.peer_timeout_s)
+        worker_split_size=WorkerSplitSize(options), tf_config=tf_config,
+        **options.option_flags)
   except distribution.SetupError as e:
     raise UserError(str(e)) from None
 

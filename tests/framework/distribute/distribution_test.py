@@ -2,12 +2,15 @@
 
 The registry chooses the first option that applies to the flags, and an
 option registered from outside (the module docstring's toy) runs through
-the trainer exactly as the default path does. Of the flags and TF_CONFIG
+the trainer exactly as the default path does; its own flag, declared once
+in its FLAGS dataclass, is defined, parsed and handed to it as the built-in
+options' are. Of the flags and TF_CONFIG
 that cannot run (SetupErrors), only the checks that fail before TensorFlow
 is touched run here (a strategy or a server changes the process for good);
 the clusters that work are tests/trainer_multihost_test.py and
 tests/trainer_ps_test.py.
 """
+import dataclasses
 import io
 import os
 import re
@@ -16,10 +19,12 @@ import sys
 import time
 from unittest import mock
 
+from absl import flags as absl_flags
 import tensorflow as tf
 
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.distribute import distribution
+from cadence.framework.distribute import flag_fields
 from cadence.framework.distribute import local
 from cadence.framework.distribute import option
 from cadence.framework.jobs import trainer_lib
@@ -76,9 +81,16 @@ class ParameterServerSetupTest(tf.test.TestCase):
     self.assertEqual({'type': 'ps', 'index': 1}, config['task'])
 
 
+@dataclasses.dataclass
+class OneDeviceFlags:
+  one_device_cpu: int = flag_fields.Flag(
+      0, 'The CPU of this host the one_device option trains on.')
+
+
 class OneDeviceSetup(option.Setup):
   """The module docstring's toy option, as written there."""
   name = 'one_device'
+  FLAGS = OneDeviceFlags   # --one_device_cpu
 
   @classmethod
   def Applies(cls, flags):
@@ -88,8 +100,9 @@ class OneDeviceSetup(option.Setup):
 
   @classmethod
   def Create(cls, flags):
+    cpu = cls.FlagsOf(flags).one_device_cpu
     cluster = cluster_lib.Cluster.Params().Set(
-        device_type='CPU', num_devices=1).Instantiate()
+        devices=[f'/device:CPU:{cpu}']).Instantiate()
     return cls(cluster=cluster, strategy=tf.distribute.get_strategy())
 
 
@@ -185,6 +198,91 @@ class RegistryTest(tf.test.TestCase):
     self.assertNotEmpty(weights)
     for key in default:
       self.assertAllEqual(default[key], toy[key], msg=key)
+
+
+class OptionFlagsTest(tf.test.TestCase):
+  """An option's own flags are its FLAGS dataclass: one declaration, which
+  the registry defines in absl, reads back and hands to the option."""
+
+  def setUp(self):
+    super().setUp()
+    distribution.Register(OneDeviceSetup, before='local')
+    self.addCleanup(distribution.Unregister, 'one_device')
+
+  def testAToyOptionsFlagIsDefinedParsedAndReceived(self):
+    values = absl_flags.FlagValues()   # Not the trainer's global FLAGS.
+    distribution.DefineFlags(absl_flags, values)
+    values(['trainer.py', '--one_device_cpu=1'])
+    # The definition came from the dataclass field.
+    flag = values['one_device_cpu']
+    self.assertEqual('Option one_device: The CPU of this host the '
+                     'one_device option trains on.', flag.help)
+    self.assertEqual('int', flag.parser.flag_type())
+    self.assertEqual(0, flag.default)
+    self.assertEqual(1, values.one_device_cpu)
+    # The values go by one generic path: a mapping of the options' flags.
+    option_flags = distribution.FlagValues(values)
+    self.assertEqual(1, option_flags['one_device_cpu'])
+    self.assertEqual('', option_flags['tpu'])
+    self.assertEqual(OneDeviceFlags(1),
+                     OneDeviceSetup.FlagsOf(distribution.Flags(
+                         **option_flags)))
+    setup = distribution.Create(**option_flags)
+    self.assertIsInstance(setup, OneDeviceSetup)
+    self.assertEqual(['/device:CPU:1'],
+                     setup.cluster.devices)
+    # Through the trainer's options, as trainer.py hands them over.
+    setup = trainer_lib.ConfigureDevices(trainer_lib.TrainerOptions(
+        model='synthetic.linear_regression.RegressionTiny',
+        option_flags=option_flags))
+    self.assertIsInstance(setup, OneDeviceSetup)
+    self.assertEqual(['/device:CPU:1'],
+                     setup.cluster.devices)
+
+  def testTheBuiltInOptionsFlagsComeFromTheirDataclasses(self):
+    values = absl_flags.FlagValues()
+    distribution.DefineFlags(absl_flags, values)
+    values(['trainer.py', '--tpu_zone=us-central2-b', '--worker_gpus=2',
+            '--peer_timeout_s=30'])
+    self.assertEqual("Option tpu: GCE zone of the --tpu name (default: this "
+                     "VM's).", values['tpu_zone'].help)
+    # Declared once (local.LocalFlags), read by three options.
+    self.assertEqual('Options parameter_server, multi_worker, local: GPUs '
+                     'to use with --run_locally=gpu (0: all visible).',
+                     values['worker_gpus'].help)
+    self.assertEqual('float', values['peer_timeout_s'].parser.flag_type())
+    self.assertEqual(dict(tpu='', tpu_zone='us-central2-b', tpu_project='',
+                          worker_gpus=2, peer_timeout_s=30.0,
+                          one_device_cpu=0),
+                     distribution.FlagValues(values))
+    with self.assertRaisesRegex(
+        distribution.SetupError, r"^--tpu_zone='us-central2-b' needs --tpu "
+        r"\(the TPU's name\); without --tpu the run is local\.$"):
+      distribution.CheckFlags(distribution.FlagValues(values))
+
+  def testAFlagIsDeclaredOnce(self):
+    @dataclasses.dataclass
+    class GpuFlags:
+      worker_gpus: int = flag_fields.Flag(1, 'GPUs, declared again.')
+
+    @dataclasses.dataclass
+    class ReplicaFlags:
+      worker_replicas: int = flag_fields.Flag(1, 'A common flag.')
+
+    for flags_cls, regex in (
+        (GpuFlags, r"the flag --worker_gpus is option 'parameter_server'\'s "
+         r'already; declare it once'),
+        (ReplicaFlags, r'the flag --worker_replicas is common to every '
+         r'option')):
+      with self.subTest(flags=flags_cls.__name__):
+        toy = type('ToySetup', (OneDeviceSetup,),
+                   dict(name='toy', FLAGS=flags_cls))
+        with self.assertRaisesRegex(ValueError, regex):
+          distribution.Register(toy)
+        self.assertNotIn('toy', distribution.Names())
+    with self.assertRaisesRegex(TypeError, r'^Flags\(\) got tpu_zon: not a '
+                                r'flag of the options '):
+      distribution.Flags(tpu_zon='x')
 
 
 if __name__ == '__main__':
