@@ -106,8 +106,20 @@ class BaseOptimizer:
 
   def SlotShapes(self, shape):
     """{slot name: shape} of the slots a variable of static `shape` gets
-    (memory estimates read it; nothing is built)."""
-    return self._SlotShapes(shape)
+    (memory estimates read it; nothing is built): whole, or this
+    optimizer's flat shard of each when it holds one of num_shards R > 1
+    (Build's, or `ForShards` for an estimate)."""
+    slots = self._SlotShapes(shape)
+    if self.num_shards > 1:
+      size = ShardSize(tf.TensorShape(shape).num_elements(), self.num_shards)
+      slots = {name: [size] for name in slots}
+    return slots
+
+  def ForShards(self, num_shards):
+    """This optimizer, its `SlotShapes` those of one shard of R (for a
+    memory estimate of sharded slots; 1: whole); returns it."""
+    self.num_shards = num_shards
+    return self
 
   # -- rule (subclasses) --
   def _SlotShapes(self, shape):

@@ -30,6 +30,7 @@ from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import cost
 from cadence.framework.pipeline import memory_estimate
+from cadence.framework.train import sharded_update
 from cadence.framework import validation
 from cadence.layers import gpipe_units
 
@@ -139,7 +140,7 @@ def StageWeights(rows, plan, stage_devices, optimizer, unit_of=None):
   first_on = {}
   for i, device in enumerate(stage_devices):
     first_on.setdefault(_Short(device), i)
-  out = [[0, 0, 0, 0] for _ in range(plan.num_stages)]
+  out = [[0] * _COLUMNS for _ in range(plan.num_stages)]
   for path, shape, dtype, device, trainable in rows:
     if path in unit_of:
       stage = stage_of_unit[unit_of[path]]
@@ -149,9 +150,25 @@ def StageWeights(rows, plan, stage_devices, optimizer, unit_of=None):
   return out
 
 
+# A stage's weights row: [parameters, bytes, gradient bytes, slot bytes,
+# update bytes (sharded slots: the reduce-scatter's blocks)].
+_COLUMNS = 5
+
+
+def LearnerOptimizer(train_p, num_shards=1):
+  """The optimizer of task train params `train_p`, for an estimate: its
+  slots one shard of `num_shards` (the replicas of every host) with
+  learner.shard_optimizer_state."""
+  optimizer = train_p.learner.optimizer.Instantiate()
+  if train_p.learner.shard_optimizer_state:
+    optimizer.ForShards(num_shards)
+  return optimizer
+
+
 def _AddVariable(row, shape, dtype, trainable, optimizer):
-  """Adds a variable to a stage's [parameters, bytes, gradient bytes, slot
-  bytes] (a trainable float one has a gradient and `optimizer`'s slots)."""
+  """Adds a variable to a stage's weights row (a trainable float one has a
+  gradient and `optimizer`'s slots, and with sharded slots the update's
+  blocks)."""
   n = _Count(shape)
   row[0] += n
   row[1] += n * dtype.size
@@ -159,6 +176,7 @@ def _AddVariable(row, shape, dtype, trainable, optimizer):
     row[2] += n * dtype.size
     row[3] += sum(_Count(s) for s in optimizer.SlotShapes(shape).values()
                   ) * dtype.size
+    row[4] += sharded_update.BufferBytes(n, dtype.size, optimizer.num_shards)
 
 
 def TaskWeights(plan, rows, stage_devices, optimizer, unit_of=None):
@@ -172,7 +190,7 @@ def TaskWeights(plan, rows, stage_devices, optimizer, unit_of=None):
   if planned is None:
     return weights, 0
   rest = [sum(w[i] for w in weights) - sum(w[i] for w in planned)
-          for i in range(4)]
+          for i in range(_COLUMNS)]
   planned[0] = [a + max(b, 0) for a, b in zip(planned[0], rest)]
   return planned, max(rest[0], 0)
 
@@ -182,7 +200,7 @@ def PlanStageWeights(plan, optimizer):
   the plan alone: each unit's variables (plan.Unit.Variables, built
   without weights) in its stage, what runs before the pipeline in the
   first, the loss's in the last; None when a unit does not say them."""
-  out = [[0, 0, 0, 0] for _ in range(plan.num_stages)]
+  out = [[0] * _COLUMNS for _ in range(plan.num_stages)]
   parts = [(u, s) for s in range(plan.num_stages) for u in plan.StageUnits(s)]
   parts += [(u, 0) for u in plan.before]
   if plan.loss is not None:
@@ -198,9 +216,12 @@ def PlanStageWeights(plan, optimizer):
 
 def PlanStages(plan, weights, estimate=memory_estimate.StageMemory):
   """memory_estimate's `estimate` of `plan` with per-stage `weights`
-  ([parameters, bytes, gradient bytes, slot bytes], StageWeights)."""
+  (rows of [parameters, bytes, gradient bytes, slot bytes, update bytes],
+  StageWeights; the update's moment only when it holds more)."""
+  update = [w[4] for w in weights]
   return estimate(plan, [w[1] for w in weights], [w[3] for w in weights],
-                  grads=[w[2] for w in weights])
+                  grads=[w[2] for w in weights],
+                  update=update if any(update) else None)
 
 
 _Stages = PlanStages
@@ -329,12 +350,12 @@ def TaskMeta(task):
   return _Meta(type(task), p, batch)
 
 
-def _TaskArgs(task):
+def _TaskArgs(task, num_shards=1):
   """(meta, rows, optimizer, devices, unit_of) of a built task for
-  StageReport."""
+  StageReport; `num_shards`: LearnerOptimizer's."""
   p = task.params
   return (TaskMeta(task), _VarRows(task),
-          p.train.learner.optimizer.Instantiate(),
+          LearnerOptimizer(p.train, num_shards),
           cluster_lib.Cluster.Current().DevicesInModelSplit(0),
           gpipe_units.UnitOfVariables(task))
 
@@ -347,11 +368,12 @@ def TaskStageReport(task, device_memory_gib=None):
                      unit_of)
 
 
-def TaskStages(task, estimate=memory_estimate.StageMemory):
+def TaskStages(task, estimate=memory_estimate.StageMemory, num_shards=1):
   """The memory estimate of a built task (as TaskStageReport): `estimate`
   (memory_estimate.StageMemory: a Stage per stage, or SharedMemory: one
-  Stage for all together) of its plan, None without one."""
-  meta, rows, optimizer, devices, unit_of = _TaskArgs(task)
+  Stage for all together) of its plan, None without one; `num_shards`:
+  the replicas sharded slots are cut over (LearnerOptimizer)."""
+  meta, rows, optimizer, devices, unit_of = _TaskArgs(task, num_shards)
   plan = TaskPlan(meta, devices)
   if plan is None:
     return None

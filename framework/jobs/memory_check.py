@@ -58,7 +58,7 @@ def _Parts(stage):
 
 
 def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
-          host_memory=None):
+          host_memory=None, num_shards=1):
   """Whether a training step of built `task` fits; see the module
   docstring.
 
@@ -71,24 +71,27 @@ def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
     device_memory_gib: --device_memory_gib (0: not given).
     host_memory: the host's memory in bytes (default:
       cluster_lib.HostMemoryBytes()).
+    num_shards: the replicas of every host (sharded optimizer slots are
+      cut over them: learner.shard_optimizer_state).
 
   Returns:
     A Verdict (fits, text: the estimate and the limit, in words), or None
     when there is no check (no estimate for the task, or no known limit).
   """
-  stages = inspect_lib.TaskStages(task)
+  stages = inspect_lib.TaskStages(task, num_shards=num_shards)
   if stages is None:
     logging.debug('No memory check: %s has no FPropMeta memory estimate. '
                   '(Its FPropMeta has no pipeline `plan`.)',
                   type(task).__name__)
     return None
   return _Verdict(
-      lambda estimate: inspect_lib.TaskStages(task, estimate), device_type,
+      lambda estimate: inspect_lib.TaskStages(task, estimate, num_shards),
+      device_type,
       num_local_replicas, device_memory_gib, host_memory)
 
 
 def CheckParams(params, devices, device_type, num_local_replicas,
-                device_memory_gib=0.0, host_memory=None):
+                device_memory_gib=0.0, host_memory=None, num_shards=1):
   """Check's verdict from model `params` alone, nothing built: the task's
   plan (framework/pipeline/plan.py) on the model split's `devices`, its
   units' weights (plan.Unit.Variables). None when the task has no plan,
@@ -102,7 +105,7 @@ def CheckParams(params, devices, device_type, num_local_replicas,
                   task.cls.__name__)
     return None
   weights = inspect_lib.PlanStageWeights(
-      plan, task.train.learner.optimizer.Instantiate())
+      plan, inspect_lib.LearnerOptimizer(task.train, num_shards))
   if weights is None:
     return None
   return _Verdict(lambda estimate: inspect_lib.PlanStages(

@@ -196,7 +196,7 @@ def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
   return act, out
 
 
-def Moments(memory, params, slots, grads=None):
+def Moments(memory, params, slots, grads=None, update=None):
   """Each stage's bytes at every moment of a training step.
 
   A moment is a tick of the schedule (schedules), plus, for a schedule
@@ -216,7 +216,10 @@ def Moments(memory, params, slots, grads=None):
   the loss on the whole batch keeps for its backward) holds them and its
   backward's temporaries (`outside_transient`, default `outside`) on top
   of what its forward kept. An unpipelined model has one moment, where its
-  backward starts: no gradients yet.
+  backward starts: no gradients yet. With `update`, a last moment: the
+  update after the backward, each stage holding its params, slots and
+  gradients and `update` more (sharded slots: the reduce-scatter's
+  blocks), no activations.
 
   Args:
     memory: NestedMap(schedule (a registered name, or None: unpipelined),
@@ -236,15 +239,20 @@ def Moments(memory, params, slots, grads=None):
     slots: S ints, bytes of each stage's optimizer slots.
     grads: S ints, bytes of the trained variables' gradients (default:
       params).
+    update: S ints, bytes each stage's update holds beyond its gradients
+      (sharded_update.BufferBytes), or None: no update moment.
 
   Returns:
     A list of moments, each a list of S `Stage`s.
   """
   cells = memory.cells
   grads = params if grads is None else grads
+  last = [] if update is None else [[
+      Stage(params[i], slots[i], grads[i], 0, update[i])
+      for i in range(len(cells))]]
   if memory.schedule is None:
     return [[Stage(params[i], slots[i], 0, c.act, c.transient)
-             for i, c in enumerate(cells)]]
+             for i, c in enumerate(cells)]] + last
   selective = memory.remat == 'selective'
   m, micro_input = memory.num_micro_batches, getattr(memory, 'input', 0)
   moments = []
@@ -272,17 +280,18 @@ def Moments(memory, params, slots, grads=None):
         transient = c.get('outside_transient', c.outside)
       moment.append(Stage(params[i], slots[i], g, held, transient))
     moments.append(moment)
-  return moments
+  return moments + last
 
 
-def DeviceMemory(memory, params, slots, grads=None, moments=None):
+def DeviceMemory(memory, params, slots, grads=None, moments=None,
+                 update=None):
   """Per device, the `Stage` sums of its stages at its own worst moment:
   what each device must hold when stages share devices (interleaved, V
   schedules); StageMemory when each stage has its own device. `moments`:
   Moments of these arguments, if computed already."""
   stage_devices = (_Table(memory).stage_devices if memory.schedule else
                    [0] * len(memory.cells))
-  moments = moments or Moments(memory, params, slots, grads)
+  moments = moments or Moments(memory, params, slots, grads, update)
   out = []
   for d in range(max(stage_devices) + 1):
     mine = [i for i, sd in enumerate(stage_devices) if sd == d]
@@ -291,21 +300,22 @@ def DeviceMemory(memory, params, slots, grads=None, moments=None):
   return out
 
 
-def StageMemory(memory, params, slots, grads=None):
+def StageMemory(memory, params, slots, grads=None, update=None):
   """The `Stage` of each cell's device at its own worst moment (Moments):
   what each device must hold when every stage has its own memory."""
-  moments = Moments(memory, params, slots, grads)
+  moments = Moments(memory, params, slots, grads, update)
   return [max((moment[i] for moment in moments), key=lambda s: s.total)
           for i in range(len(memory.cells))]
 
 
-def SharedMemory(memory, params, slots, grads=None, moments=None):
+def SharedMemory(memory, params, slots, grads=None, moments=None,
+                 update=None):
   """What all stages hold together at the step's worst moment (Moments), as
   one `Stage` (the sums): the need of one memory that holds every stage
   (logical devices of one host, a split onto one accelerator). At most the
   sum of StageMemory: stages peak at different moments. `moments`: as
   DeviceMemory's."""
-  moments = moments or Moments(memory, params, slots, grads)
+  moments = moments or Moments(memory, params, slots, grads, update)
   worst = max(moments, key=lambda moment: sum(s.total for s in moment))
   return Stage(*map(sum, zip(*worst)))
 

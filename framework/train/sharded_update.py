@@ -87,6 +87,17 @@ def NumShards(strategy):
   return strategy.num_replicas_in_sync
 
 
+def BufferBytes(num_elements, dtype_size, num_shards):
+  """Bytes a variable of `num_elements` adds to its stage's device at the
+  sharded update (R > 1): its [R, c] block of the packed gradients and the
+  block the all-to-all returns, at once (the all-gather's [R, c] comes
+  after both are freed); 0 unsharded."""
+  if num_shards <= 1:
+    return 0
+  return 2 * num_shards * optimizer_lib.ShardSize(num_elements, num_shards) * (
+      dtype_size)
+
+
 class ShardedSlot(trackable_base.Trackable):
   """One slot of one variable, held as this host's shards, checkpointed
   whole under the key of an unsharded slot variable.
