@@ -8,8 +8,12 @@ RegressionTiny (whose input builds its batches with tf.data: the same
 mechanism, framework/base_input_generator.py); both hosts finish without a
 log line that reads as a crash. Killing one worker makes the other stop on
 its own with exit code 4 and one line; the same command on both then
-resumes from the latest checkpoint.
+resumes from the latest checkpoint. Sharded optimizer state
+(learner.shard_optimizer_state): a checkpoint one host writes with 2
+replicas resumes on 2 hosts of one replica each (the slots gathered across
+them for the chief's saves), to the weights and slots of an unsharded run.
 """
+import shutil
 import os
 import time
 
@@ -68,12 +72,23 @@ def _RegressionRuns(tmp):
           task=('worker', i)) for i in range(2)]
 
 
+def _ShardedRun(logdir, max_steps, *flags, cluster=None, index=0,
+                shard=True):
+  """examples.pipelined_mlp.PipelinedMlp, 2 stages a replica, its
+  optimizer state sharded (or not)."""
+  return test_utils.TrainerRun(
+      '--model=examples.pipelined_mlp.PipelinedMlp', '--job=trainer',
+      f'--max_steps={max_steps}', f'--logdir={logdir}',
+      '--worker_split_size=2', '--model_params_override=task.train.learner.'
+      f'shard_optimizer_state={shard};task.train.save_interval_steps=3',
+      *flags, script=True, cluster=cluster, task=('worker', index))
+
 
 class MultiHostTest(tf.test.TestCase):
 
-  def _AssertSameWeights(self, one, two, atol):
-    want = checkpointer.ReadValues(one)
-    got = checkpointer.ReadValues(two)
+  def _AssertSameWeights(self, one, two, atol, prefix='model/'):
+    want = checkpointer.ReadValues(one, prefix)
+    got = checkpointer.ReadValues(two, prefix)
     self.assertCountEqual(want, got)
     for key in want:
       self.assertAllClose(want[key], got[key], atol=atol, msg=key)
@@ -81,6 +96,9 @@ class MultiHostTest(tf.test.TestCase):
   def testTwoHostsEqualOneHostThenSurviveAPeerDeath(self):
     tmp = self.get_temp_dir()
     regression = _RegressionRuns(tmp)
+    sharded = [_ShardedRun(f'{tmp}/shard_half', 3, '--worker_replicas=2'),
+               _ShardedRun(f'{tmp}/plain_whole', 6, '--worker_replicas=2',
+                           shard=False)]
     _MakeCorpus(tmp)
     one_host = _Trainer(os.path.join(tmp, 'one'), 6, '--worker_replicas=2')
     workers = _Workers(os.path.join(tmp, 'two'), 6)
@@ -89,6 +107,13 @@ class MultiHostTest(tf.test.TestCase):
       self.assertEqual(0, code, err[-3000:])
     self._AssertSameWeights(f'{tmp}/reg_one/train/ckpt-20',
                             f'{tmp}/reg_two/train/ckpt-20', atol=1e-6)
+    for run in sharded:
+      code, _, err = run.Finish()
+      self.assertEqual(0, code, err[-3000:])
+    shutil.copytree(f'{tmp}/shard_half', f'{tmp}/shard_two')
+    cluster = test_utils.LocalCluster(worker=2)
+    sharded = [_ShardedRun(f'{tmp}/shard_two', 6, cluster=cluster, index=i)
+               for i in range(2)]
     code, _, err = one_host.Finish()
     self.assertEqual(0, code, err[-3000:])
     for i, run in enumerate(workers):
@@ -101,6 +126,14 @@ class MultiHostTest(tf.test.TestCase):
     self._AssertSameWeights(os.path.join(tmp, 'one', 'train', 'ckpt-6'),
                             os.path.join(tmp, 'two', 'train', 'ckpt-6'),
                             atol=1e-5)
+    for run in sharded:
+      code, _, err = run.Finish()
+      self.assertEqual(0, code, err[-3000:])
+      self.assertIn('shard_two/train/ckpt-3: global step 3', err)
+    # Weights and slots (whole, under the unsharded keys) as unsharded.
+    self._AssertSameWeights(f'{tmp}/plain_whole/train/ckpt-6',
+                            f'{tmp}/shard_two/train/ckpt-6', atol=1e-6,
+                            prefix=('model/', 'optimizer/'))
 
     # A peer dies after the first checkpoint: the survivor stops on its own.
     logdir = os.path.join(tmp, 'killed')

@@ -129,9 +129,11 @@ class ShardedSlot(trackable_base.Trackable):
     elif self.gathered is not None:
       whole = self.gathered
     else:
-      raise RuntimeError('ShardedSlot: this host holds '
-                         f'{len(self.shards)} of {self.num_shards} shards; '
-                         'GatherForSave must run on every host first.')
+      # A host without every shard that has not gathered them: a restore,
+      # which reads only the shape and dtype of what it would save. (The
+      # chief saves after GatherForSave, which the runner's CombineOnRead
+      # runs on every host before each checkpoint; the others never save.)
+      whole = tf.zeros(self.shape, self.shards[0].dtype)
     return {trackable_base.VARIABLE_VALUE_KEY: whole}
 
   def _restore_from_tensors(self, restored_tensors):

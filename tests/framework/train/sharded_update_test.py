@@ -206,14 +206,23 @@ class ShardedSlotTest(tf.test.TestCase):
     self.assertAllEqual([[0, 2, 4, 6, 8], [10, 12, 14, 16, 18]],
                         whole.m.numpy())
 
-  def testAHostWithoutEveryShardMustGatherFirst(self):
+  def testAHostOfSomeShardsRestoresItsOwnAndSavesTheGathered(self):
+    whole = tf.Module()
+    whole.m = tf.Variable([1.0, 2.0, 3.0, 4.0, 5.0])
+    path = tf.train.Checkpoint(opt=whole).write(
+        os.path.join(self.get_temp_dir(), 'whole'))
+    # The second host of two: shard 1 of 2 (3 elements, one padding).
     module = tf.Module()
-    module.m = sharded_update.ShardedSlot([tf.Variable(tf.zeros([2]))], [1],
-                                          2, [4])
-    with self.assertRaisesRegex(RuntimeError, r'holds 1 of 2 shards; '
-                                'GatherForSave must run on every host'):
-      tf.train.Checkpoint(opt=module).write(
-          os.path.join(self.get_temp_dir(), 'x'))
+    module.m = sharded_update.ShardedSlot([tf.Variable(tf.zeros([3]))], [1],
+                                          2, [5])
+    tf.train.Checkpoint(opt=module).read(path).assert_consumed()
+    self.assertAllEqual([4, 5, 0], module.m.shards[0].numpy())
+    # What GatherForSave gathered from every host is what it saves.
+    module.m.gathered = tf.constant([6.0, 7.0, 8.0, 9.0, 10.0])
+    path = tf.train.Checkpoint(opt=module).write(
+        os.path.join(self.get_temp_dir(), 'gathered'))
+    tf.train.Checkpoint(opt=whole).read(path).assert_consumed()
+    self.assertAllEqual([6, 7, 8, 9, 10], whole.m.numpy())
 
 
 if __name__ == '__main__':
