@@ -91,6 +91,11 @@ class BaseOptimizer:
     self.checkpointables = _OptimizerState(self._params.name)
     self._path_by_ref = {}
     self.num_shards, self.shard_index = 1, 0   # Build's.
+    # The rule on a shard, compiled: XLA fuses its elementwise ops into one
+    # pass over the shard and writes the slots in place (as the fused
+    # kernels do), where TF's ops run one pass and one buffer each.
+    self._shard_rule = tf.function(self._ShardRule, jit_compile=True,
+                                   autograph=False)
 
   @property
   def params(self):
@@ -316,15 +321,22 @@ class BaseOptimizer:
           scalars[key] = self._StepScalars(tf.cast(lr, var.dtype),
                                            tf.cast(t, var.dtype))
         grad = tf.cast(grad, var.dtype)
-        old = {k: v.value() for k, v in slots.items()}
-        new_weight, new_slots = self._Update(weight, grad, old,
-                                             scalars[key])
-        out.append(tf.where(skip, weight, new_weight))
-        assigns += [slots[k].assign(tf.where(skip, old[k], new_slots[k]))
-                    for k in slots]
+        new_weight = self._shard_rule(weight, grad, slots, scalars[key], skip)
+        out.append(new_weight)
+        assigns.append(new_weight)
     with tf.control_dependencies(assigns):
       self.num_updates.assign_add(tf.cast(~skip, tf.int64))
       return [tf.identity(w) for w in out]
+
+
+  def _ShardRule(self, weight, grad, slots, step, skip):
+    """The rule on one shard: updates the slot variables `slots` in place
+    and returns the new weight shard (the old values when `skip`)."""
+    old = {k: v.read_value() for k, v in slots.items()}
+    new_weight, new_slots = self._Update(weight, grad, old, step)
+    for k, v in slots.items():
+      v.assign(tf.where(skip, old[k], new_slots[k]))
+    return tf.where(skip, weight, new_weight)
 
 
 def ShardSize(num_elements, num_shards):

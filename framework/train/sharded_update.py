@@ -10,8 +10,10 @@ every replica forms one collective group, as for the all-reduce,
 replicas.py), in the cross-replica context:
 
   1. pack: each trained variable's gradient, flat and zero-padded to R x c,
-     is a [R, c] block; a pack is the stage's blocks side by side, [R, C]
-     (train.allreduce_bytes_per_pack cuts a stage into several packs);
+     is a [R, c] block (a view when R divides its size); with
+     train.allreduce_bytes_per_pack a pack is several variables' blocks
+     side by side, [R, C], one collective (a copy: the concatenation);
+     without, each variable's block is scattered on its own;
   2. reduce-scatter: an all-to-all sends row q to replica q; what a replica
      receives, summed over the senders and divided by R, is its shard of
      the mean gradient. (TensorFlow has no CPU kernel for its
@@ -24,10 +26,13 @@ replicas.py), in the cross-replica context:
   5. all-gather: the stage's updated shards, gathered, are every replica's
      new weights.
 
-What a device holds beyond the unsharded step: its pack's [R, C] block
-and the received one during the reduce-scatter, and the gathered [R, C]
-during the all-gather (a stage's gradients' size each, once), against
-(R-1)/R of its slots saved.
+What a device holds at the update: each variable's [R, c] block the
+all-to-all returns (its gradient's size; a pack's concatenation adds one
+more), then the gathered [R, c]; the rule runs compiled (XLA fuses it into
+one pass, writing the slots in place, as the fused kernels do) and returns
+the new weight shard. The unsharded all-reduce holds its pack's
+concatenation and its result, so the sharded step's update needs no more
+than it, and (R-1)/R of the slots less all the time.
 
 Checkpoints hold whole slots, under the keys an unsharded run writes
 (`ShardedSlot`): a checkpoint written with R replicas resumes with any
@@ -89,12 +94,14 @@ def NumShards(strategy):
 
 def BufferBytes(num_elements, dtype_size, num_shards):
   """Bytes a variable of `num_elements` adds to its stage's device at the
-  sharded update (R > 1): its [R, c] block of the packed gradients and the
-  block the all-to-all returns, at once (the all-gather's [R, c] comes
-  after both are freed); 0 unsharded."""
+  sharded update (R > 1): the [R, c] block the all-to-all returns (its
+  gradient's size; the block sent is a view of the gradient, and the
+  all-gather's comes once the received one is summed). With
+  train.allreduce_bytes_per_pack a pack's concatenation is one more such
+  block, which this does not count. 0 unsharded."""
   if num_shards <= 1:
     return 0
-  return 2 * num_shards * optimizer_lib.ShardSize(num_elements, num_shards) * (
+  return num_shards * optimizer_lib.ShardSize(num_elements, num_shards) * (
       dtype_size)
 
 
@@ -226,11 +233,12 @@ class ShardedUpdate:
   @staticmethod
   def _Packs(indices, learner, bytes_per_pack):
     """The stage's variable indices cut into packs of about
-    `bytes_per_pack` bytes (0: one pack)."""
+    `bytes_per_pack` bytes (0: one a pack: each variable's gradient is
+    scattered as it is, without the copy a pack's concatenation makes)."""
     if not indices:
       return []
     if not bytes_per_pack:
-      return [indices]
+      return [[i] for i in indices]
     packs, size = [[]], 0
     for i in indices:
       var = learner.trainable[i][1]
@@ -241,11 +249,24 @@ class ShardedUpdate:
       size += var.shape.num_elements() * var.dtype.size
     return packs
 
-  def _Block(self, grad, i):
-    """Variable i's gradient as [R, c]: flat, zero-padded."""
+  def _Block(self, value, i):
+    """Variable i's `value` (its gradient) as [R, c]: flat, zero-padded
+    (a view of it when R divides its size, else a padded copy)."""
     r, c = self.num_shards, self._shard[i]
-    flat = tf.reshape(grad, [-1])
-    return tf.reshape(tf.pad(flat, [[0, r * c - self._sizes[i]]]), [r, c])
+    flat = tf.reshape(value, [-1])
+    if r * c != self._sizes[i]:
+      flat = tf.pad(flat, [[0, r * c - self._sizes[i]]])
+    return tf.reshape(flat, [r, c])
+
+  def _Shard(self, value, i, index):
+    """Shard `index` of variable i's `value`: c elements, the last zero-
+    padded; a slice of it (not a padded copy of the whole)."""
+    c, n = self._shard[i], self._sizes[i]
+    start = min(index * c, n)
+    part = tf.reshape(value, [-1])[start:min(start + c, n)]
+    if (index + 1) * c > n:
+      part = tf.pad(part, [[0, c - (min(start + c, n) - start)]])
+    return part
 
   def Apply(self, step, grads, loss):
     """Reduce-scatters `grads`, updates every local copy's shards, gathers
@@ -269,7 +290,8 @@ class ShardedUpdate:
       for pack in packs:
         for r in range(num_local):
           with tf.device(devices[r]):
-            rows = tf.concat([self._Block(local[i][r], i) for i in pack], 1)
+            blocks = [self._Block(local[i][r], i) for i in pack]
+            rows = blocks[0] if len(blocks) == 1 else tf.concat(blocks, 1)
           received = launchers[r].AllToAll(rows)
           with tf.device(devices[r]):
             mean = tf.reduce_sum(received, 0) / r_count
@@ -281,11 +303,10 @@ class ShardedUpdate:
     for r, learner in enumerate(self._learners):
       items = []
       for i, (_, var) in enumerate(learner.trainable):
+        # Read once its gradient shard exists (as the optimizer reads its
+        # state): read at the step's start, it would be held through it.
         with tf.device(var.device), tf.control_dependencies([shards[r][i]]):
-          c = self._shard[i]
-          start = (self._first + r) * c
-          weight = self._Block(var.value(), i)
-          weight = tf.reshape(weight, [-1])[start:start + c]
+          weight = self._Shard(var.value(), i, self._first + r)
         items.append((shards[r][i], weight, var))
       shard_values, replica_stats = learner.ApplyShards(
           step, items, norms[r], loss=loss,
@@ -350,7 +371,8 @@ class ShardedUpdate:
       for pack in packs:
         for r, learner in enumerate(self._learners):
           with tf.device(devices[r]):
-            mine = tf.concat([new[r][i] for i in pack], 0)
+            parts = [new[r][i] for i in pack]
+            mine = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
           gathered = launchers[r].AllGather(mine)
           with tf.device(devices[r]):
             rows = tf.reshape(gathered, [self.num_shards, -1])
