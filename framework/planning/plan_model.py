@@ -44,7 +44,7 @@ from cadence.layers import gpipe_units
 
 class Layout(collections.namedtuple('Layout', [
     'replicas', 'devices', 'stages', 'micro_batches', 'schedule', 'remat',
-    'bounds'])):
+    'bounds', 'shard'], defaults=[False])):
   """One way to run the model.
 
   Attributes:
@@ -56,6 +56,8 @@ class Layout(collections.namedtuple('Layout', [
     remat: a remat mode (executor.REMAT_MODES).
     bounds: the cut, S + 1 layer indices [0, b_1, ..., L]; None: the
       stack's even cut (splits=S).
+    shard: the optimizer slots sharded over the R replicas
+      (learner.shard_optimizer_state).
   """
   __slots__ = ()
 
@@ -68,7 +70,11 @@ class Layout(collections.namedtuple('Layout', [
         str(b - a) for a, b in zip(self.bounds, self.bounds[1:]))
     return (f'R={self.replicas} K={self.devices} v={self.per_device} '
             f'M={self.micro_batches} {self.schedule} {self.remat} '
-            f'cut={cut}')
+            f'cut={cut}' + (' sharded' if self.shard else ''))
+
+
+# The learner's knob that shards the optimizer slots over the replicas.
+SHARD_KEY = 'task.train.learner.shard_optimizer_state'
 
 
 class NotPlannable(ValueError):
@@ -223,6 +229,9 @@ class PlanModel:
       out.insert(3, (f'{self.pipeline_key}.stages_per_device', per_device))
     if layout.replicas > 1:
       out.append(('input.batch_size', self.PerReplicaBatch(layout)))
+    if bool(layout.shard) != bool(self.params.task.train.learner.
+                                  shard_optimizer_state):
+      out.append((SHARD_KEY, bool(layout.shard)))
     return out
 
   def LayoutParams(self, layout):
@@ -280,13 +289,19 @@ class PlanModel:
     replica's devices together at the step's worst moment).
 
     A device holding several stages holds their sum at each moment
-    (memory_estimate.DeviceMemory, over the schedule's ticks).
+    (memory_estimate.DeviceMemory, over the schedule's ticks). Sharded
+    slots (layout.shard): 1/R of each stage's, and at the update the
+    block the reduce-scatter returns, the stage's gradients' size
+    (framework/train/sharded_update.py).
     """
     memory = memory or self.LayoutPlan(layout)
     weights = self.StageWeights(self.Bounds(layout))
-    args = (memory, [w[0] for w in weights], [w[2] for w in weights],
-            [w[1] for w in weights])
-    moments = memory_estimate.Moments(*args)   # Once for both.
+    slots, update = [w[2] for w in weights], None
+    if layout.shard and layout.replicas > 1:
+      slots = [-(-s // layout.replicas) for s in slots]
+      update = [w[1] for w in weights]
+    args = (memory, [w[0] for w in weights], slots, [w[1] for w in weights])
+    moments = memory_estimate.Moments(*args, update=update)  # Once for both.
     return ([d.total for d in memory_estimate.DeviceMemory(
         *args, moments=moments)],
             memory_estimate.SharedMemory(*args, moments=moments).total)

@@ -112,13 +112,14 @@ def _Row(rank, p, tie=''):
           f' {lay.micro_batches:>3}  {lay.schedule:<16} {lay.remat:<12}'
           f'{cut:<12}{_Ms(p.step.time):>10}{p.examples_per_sec:>11.1f}'
           f'{100 * p.mfu:>7.1f}%{p.step.bubble:>7.2f}'
-          f'{fmt(max(p.memory)):>13}{fits:>5}{tie:>5}')
+          f'{fmt(max(p.memory)):>13}{"1/R" if lay.shard else "whole":>7}'
+          f'{fits:>5}{tie:>5}')
 
 
 _HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
            f'{"schedule":<16} {"remat":<12}{"cut":<12}{"step ms":>10}'
            f'{"examples/s":>11}{"MFU":>8}{"bubble":>7}{"memory/dev":>13}'
-           f'{"fits":>5}{"tie":>5}')
+           f'{"slots":>7}{"fits":>5}{"tie":>5}')
 
 
 def Sureness(ranked, calibration, hw=None):

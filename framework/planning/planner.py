@@ -9,6 +9,9 @@ before anything trains, for every layout that fits the devices:
   except 'table'; sizes a schedule refuses are skipped) x remat
   x the cut of the layers into stages (the stack's even cut, and the cut
   that balances the predicted stage times, BalancedPartition)
+  x with R > 1, the optimizer slots whole or sharded over the replicas
+  (learner.shard_optimizer_state; an optimizer that updates each element
+  on its own)
 
 the step time, examples/s, MFU, bubble and memory per device, and ranks
 them by step time (the global batch stays the input's batch_size: R
@@ -42,7 +45,8 @@ of a long search how far it got, the best layout yet and the time left.
 
 A layout whose remat is slower than another fitting remat of the same
 layout (never < selective < except_last < always: each re-runs more) is
-dominated and left out; one that does not fit is ranked after those that
+dominated and left out; a layout is tried with sharded slots only when
+it does not fit with whole ones (sharding buys memory, not speed); one that does not fit is ranked after those that
 do. Step times within `plan_report.TIE` (2%) of each other are a tie,
 well inside the cost model's error (bench/planner_bench.py): a tie goes to
 the layout on fewer devices, then with fewer micro-batches and stages
@@ -159,6 +163,8 @@ class Planner:
 
   def __init__(self, model, hw, costs, overheads=None):
     self.model, self.hw, self.costs = model, hw, costs
+    # Whether its optimizer's slots can be sharded over the replicas.
+    self._can_shard = model.params.task.train.learner.optimizer.cls.ELEMENTWISE
     self._items = {}
     self._memory = {}
     self.overheads = overheads or plan_costs.Overheads()
@@ -251,6 +257,11 @@ class Planner:
         model, layout, self.Items(mb, scale), memory, hw,
         self.costs.update_rate, overheads.layer, overheads.defer_w,
         overheads.action)
+    if layout.shard and layout.replicas > 1:
+      # Each replica updates 1/R of its stage's weights; the reduce-scatter
+      # and the all-gather move the bytes of the all-reduce they replace.
+      stages = [s._replace(update=s.update / layout.replicas)
+                for s in stages]
     step = step_model.SimulateStep(
         schedule, stages, hw, layout.remat, layout.replicas,
         fixed=overheads.step + (layout.replicas - 1) * overheads.replica,
@@ -313,9 +324,16 @@ class Planner:
           if found:
             dominated += 1
             continue
-          p = self.Predict(Layout(r, k, s, m, name, remat, bounds), schedule)
-          out.append(p)
-          found = p.fits is not False
+          # Sharded slots (R > 1) buy memory: tried when the layout does
+          # not fit with whole ones.
+          for shard in (False, True) if r > 1 and self._can_shard else (
+              False,):
+            p = self.Predict(Layout(r, k, s, m, name, remat, bounds, shard),
+                             schedule)
+            out.append(p)
+            found = p.fits is not False
+            if found:
+              break
     return plan_report.Rank(out), dict(dominated=dominated, refused=refused,
                                        same=same)
 

@@ -114,6 +114,32 @@ class PlanModelTest(tf.test.TestCase):
     per_device, together = model.DeviceMemory(layout)
     self.assertEqual([together], per_device)
 
+  def testShardedLayoutHoldsOneRthOfTheSlots(self):
+    # Sharded over 2 replicas: each device's peak is the estimate of the
+    # task built with that layout (its slots' shards, the update's blocks).
+    model = self.model
+    layout = Layout(2, 2, 2, 4, 'gpipe', 'never', None, True)
+    params = model.LayoutParams(layout)
+    self.assertTrue(params.task.train.learner.shard_optimizer_state)
+    self.assertIn('task.train.learner.shard_optimizer_state=True',
+                  model.Flags(layout, _TINY))
+    self.assertEqual('R=2 K=2 v=1 M=4 gpipe never cut=even sharded',
+                     layout.Name())
+    cluster = cluster_lib.Cluster.Params().Set(
+        job='plan', num_devices=2, worker_split_size=2).Instantiate()
+    with cluster:
+      task, _ = base_model.BuildSymbolically(params)
+      want = [s.total for s in inspect_lib.TaskStages(task.task,
+                                                       num_shards=2)]
+    per_device, _ = model.DeviceMemory(layout)
+    # Padding aside (a shard of each variable, not of the stage's sum).
+    self.assertAllClose(want, per_device, rtol=1e-3)
+    whole, _ = model.DeviceMemory(layout._replace(shard=False))
+    slots = [w[2] for w in model.StageWeights(model.Bounds(layout))]
+    for d in range(2):
+      self.assertLess(per_device[d], whole[d])
+      self.assertGreaterEqual(whole[d] - per_device[d], slots[d] // 4)
+
   def testNoPipeline(self):
     params = model_registry.GetParams(
         'synthetic.linear_regression.RegressionTiny', 'Train')
@@ -134,6 +160,24 @@ class PlannerTest(tf.test.TestCase):
     cls.hw = hardware.Parse(_FLAT_H100)
     cls.planner = planner.Planner(cls.model, cls.hw,
                                   plan_costs.FlopsCosts(cls.model, cls.hw))
+
+  def testShardsTheSlotsOnlyWhereWholeOnesDoNotFit(self):
+    layout = Layout(2, 2, 2, 4, 'gpipe', 'always', None)
+    whole = max(self.model.DeviceMemory(layout)[0])
+    sharded = max(self.model.DeviceMemory(layout._replace(shard=True))[0])
+    self.assertLess(sharded, whole)
+    hw = self.hw._replace(memory=(whole + sharded) // 2)
+    search = planner.Planner(self.model, hw, plan_costs.FlopsCosts(
+        self.model, hw))
+    predictions, _ = search.Search(progress_secs=1e9)
+    found = {p.layout: p for p in predictions}
+    self.assertIs(found[layout].fits, False)
+    self.assertTrue(found[layout._replace(shard=True)].fits)
+    # Sharding is tried only where whole slots do not fit, never at R=1.
+    for p in predictions:
+      if p.layout.shard:
+        self.assertGreater(p.layout.replicas, 1)
+        self.assertIs(found[p.layout._replace(shard=False)].fits, False)
 
   def testRematsAreTheExecutors(self):
     self.assertCountEqual(executor.REMAT_MODES, planner.REMATS)

@@ -5,6 +5,8 @@ import os
 import tensorflow as tf
 
 from cadence.framework import model_registry
+from cadence.framework.distribute import ps_programs
+from cadence.framework.distribute import tpu_programs
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.train import checkpointer
 from cadence.framework.train import programs
@@ -100,6 +102,21 @@ class RunnerTest(tf.test.TestCase):
     self.assertEqual(int(state.consecutive.numpy()), 0)
     self.assertEqual(float(stats.grad_norm), 3.0)
     self.assertEqual(float(stats.metrics.loss.vw), 16.0)
+
+  def testRunnersThatCannotShardSayWhy(self):
+    p = model_registry.GetParams(_KEY, 'Train')
+    p.task.train.learner.shard_optimizer_state = True
+    task = p.Instantiate().task
+    with self.assertRaisesRegex(
+        ValueError, r"shard_optimizer_state=True does not apply to "
+        r'parameter servers: they hold each slot once already'):
+      ps_programs.PsRunner.Shards(task, None, 2, 0)
+    with self.assertRaisesRegex(
+        ValueError, r'shard_optimizer_state=True is not built for TPUs'):
+      tpu_programs.TpuRunner.Shards(task, None, 1, 0)
+    p.task.train.learner.shard_optimizer_state = False
+    self.assertEqual((1, 0), ps_programs.PsRunner.Shards(
+        p.Instantiate().task, None, 2, 0))
 
   def testTaskCopiesMustMatchTheStrategysReplicas(self):
     p = model_registry.GetParams(_KEY, 'Train')
