@@ -188,9 +188,11 @@ class ShardedUpdate:
       and first_shard say which shards this host's copies hold).
     strategy: the strategy running the replicas.
     cluster: the Cluster the replicas were built on.
-    bytes_per_pack: train.allreduce_bytes_per_pack (0: one pack a stage).
-    mode: train.allreduce: 'ring' or 'auto' (collectives; the others do
-      not all-to-all).
+    bytes_per_pack: train.allreduce_bytes_per_pack (0: each variable's
+      gradient scattered on its own, no pack).
+    mode: train.allreduce, resolved: 'ring' runs the collectives as a
+      ring, 'nccl' and the others TensorFlow's choice (the runner refuses
+      the modes that are not collectives).
   """
 
   def __init__(self, state, strategy, cluster, bytes_per_pack=0,
