@@ -106,9 +106,12 @@ _SCRIPT = textwrap.dedent("""
           int(v['optimizer/num_updates/.ATTRIBUTES/VARIABLE_VALUE'])
           for v in (want, got)]
     if R == 2:
-      # R=1: the knob changes nothing; bf16 activations shard as float32.
-      out['one'] = Worst(Train(1, 2, 'gpipe', True, f'{ROOT}/1_shard'),
-                         Train(1, 2, 'gpipe', False, f'{ROOT}/1_plain'))
+      # R=1 (the default strategy, beside R=2's): the knob changes nothing.
+      out['one'] = max(
+          Worst(Train(1, k, schedule, True, f'{ROOT}/1_{k}_{schedule}_s'),
+                Train(1, k, schedule, False, f'{ROOT}/1_{k}_{schedule}_p'))
+          for k, schedule in cases)
+      # bf16 activations: the slots and weights stay float32.
       bf16 = dict(fprop_dtype=tf.bfloat16)
       out['bf16'] = Worst(
           Train(2, 2, 'gpipe', True, f'{ROOT}/bf16_shard', task=bf16),
