@@ -312,7 +312,7 @@ class BaseOptimizer:
     lr = tf.cast(lr, tf.float32)
     skip = tf.cast(skip, tf.bool)
     t = self.num_updates + 1
-    scalars, out, assigns = {}, [], []
+    scalars, out = {}, []
     for grad, weight, var in items:
       slots = self.Slots(var)
       with tf.device(var.device):
@@ -321,10 +321,9 @@ class BaseOptimizer:
           scalars[key] = self._StepScalars(tf.cast(lr, var.dtype),
                                            tf.cast(t, var.dtype))
         grad = tf.cast(grad, var.dtype)
-        new_weight = self._shard_rule(weight, grad, slots, scalars[key], skip)
-        out.append(new_weight)
-        assigns.append(new_weight)
-    with tf.control_dependencies(assigns):
+        # Its slots are written in the compiled call that returns it.
+        out.append(self._shard_rule(weight, grad, slots, scalars[key], skip))
+    with tf.control_dependencies(out):
       self.num_updates.assign_add(tf.cast(~skip, tf.int64))
       return [tf.identity(w) for w in out]
 

@@ -524,6 +524,22 @@ _MODEL = [
              r"train\.allreduce='rign' must be one of 'auto', 'ring', 'nccl', "
              r"'hierarchical_copy', 'one_device'\. Did you mean 'ring'\?$",
              prepare=_PreviousRun),
+    BadInput('shard_optimizer_state_adafactor', _Lm(
+        '--model_params_override=task.train.learner.shard_optimizer_state='
+        "True;task.train.learner.optimizer.cls=type('cadence.framework."
+        "optimizer.Adafactor')"),
+             r"\(params 'task\.train\.learner'\): shard_optimizer_state=True "
+             r'needs an optimizer that updates each element on its own '
+             r'\(SGD, Momentum or Adam\); Adafactor reads whole rows, columns '
+             r'or variables, which a shard does not hold\.$'),
+    BadInput('shard_optimizer_state_one_device', _Lm(
+        '--worker_replicas=2', '--worker_split_size=1',
+        '--model_params_override=task.train.learner.'
+        "shard_optimizer_state=True;task.train.allreduce='one_device'"),
+             r"^Error: Bad params: lm's train: allreduce='one_device' cannot "
+             r'reduce-scatter: '
+             r'learner\.shard_optimizer_state needs collectives \(auto, ring '
+             r'or nccl\)\.$'),
     BadInput('allreduce_bytes_per_pack_negative', _Lm(
         '--model_params_override=task.train.allreduce_bytes_per_pack=-1'),
              r"\(params 'task'\): train\.allreduce_bytes_per_pack=-1 must be "

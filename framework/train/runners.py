@@ -204,7 +204,6 @@ class SyncRunner:
     return (sharded_update.NumShards(strategy),
             worker_index * cls.TaskCopies(strategy, num_workers))
 
-
   # --- the input ---------------------------------------------------------------
 
   def Batches(self, start):
