@@ -142,12 +142,8 @@ class PsRunner(runners.SyncRunner):
     **kwargs: runners.SyncRunner's other arguments.
   """
 
-  @classmethod
-  def Shards(cls, task, strategy, num_workers, worker_index):
-    del strategy, num_workers, worker_index  # Unused: no shards.
-    return runners.NoShards(
-        task, 'does not apply to parameter servers: they hold each slot '
-        'once already, on the servers.')
+  NO_SHARDS = ('does not apply to parameter servers: they hold each slot '
+               'once already, on the servers.')
 
   def __init__(self, state, coordinator, num_ps_workers, placement,
                **kwargs):

@@ -74,6 +74,9 @@ class TpuRunner(runners.SyncRunner):
   """The whole step of each replica inside `strategy.run`; see the module
   docstring. Args: runners.SyncRunner's."""
 
+  NO_SHARDS = ('is not built for TPUs: TPUStrategy mirrors one task, whose '
+               'slots are whole on every core; train without it there.')
+
   def __init__(self, state, **kwargs):
     super().__init__(state, **kwargs)
     # A TPU compiles the whole replicated step; --xla compiles it off one.
@@ -85,13 +88,6 @@ class TpuRunner(runners.SyncRunner):
   def TaskCopies(cls, strategy, num_workers):
     del strategy, num_workers  # One task; the strategy mirrors it.
     return 1
-
-  @classmethod
-  def Shards(cls, task, strategy, num_workers, worker_index):
-    del strategy, num_workers, worker_index  # Unused: no shards.
-    return runners.NoShards(
-        task, 'is not built for TPUs: TPUStrategy mirrors one task, whose '
-        'slots are whole on every core; train without it there.')
 
   def Batches(self, start):
     """The batches of one host's input (`Iterator` builds each host's

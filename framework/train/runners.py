@@ -11,8 +11,9 @@ differ. Its interface:
                       local replica; one where the strategy mirrors a task);
   Shards(task, strategy, num_workers, worker_index)
                       classmethod: (R, this host's first shard) of sharded
-                      optimizer state (learner.shard_optimizer_state), or a
-                      ValueError for a runner that cannot shard it;
+                      optimizer state (learner.shard_optimizer_state); a
+                      runner that cannot shard it says why in NO_SHARDS,
+                      and the knob is refused with that line;
   Batches(start)      this host's batches from step `start`;
   Iterator(dataset, start)
                       the compiled loop's iterator over them;
@@ -104,15 +105,6 @@ def _OnDevice(grad, device):
     return tf.identity(grad)
 
 
-def NoShards(task, why):
-  """`Shards` of a runner that cannot shard optimizer state: (1, 0), or a
-  ValueError naming the knob and `why`."""
-  if task.params.train.learner.shard_optimizer_state:
-    raise validation.Error(f"{task.path}'s train.learner",
-                           'shard_optimizer_state', True, why)
-  return 1, 0
-
-
 class SyncRunner:
   """Synchronous replicas on a tf.distribute strategy; see the module
   docstring.
@@ -128,6 +120,10 @@ class SyncRunner:
     watcher: the program's preemption.Watcher.
     xla: compile each copy's forward and backward with XLA.
   """
+
+  # Why a runner cannot shard optimizer state (its rule for refusing
+  # learner.shard_optimizer_state), or None: it can.
+  NO_SHARDS = None
 
   def __init__(self, state, strategy, cluster, input_generator,
                num_workers=1, steps_per_loop=0, watcher=None, xla=False):
@@ -201,6 +197,9 @@ class SyncRunner:
     shard_optimizer_state, else (1, 0)."""
     if not task.params.train.learner.shard_optimizer_state:
       return 1, 0
+    if cls.NO_SHARDS:
+      raise validation.Error(f"{task.path}'s train.learner",
+                             'shard_optimizer_state', True, cls.NO_SHARDS)
     return (sharded_update.NumShards(strategy),
             worker_index * cls.TaskCopies(strategy, num_workers))
 
