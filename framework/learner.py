@@ -81,6 +81,35 @@ def _Regex(owner, field, pattern):
                            f'is not a valid regex: {e}') from None
 
 
+def SquaredSum(grad, dtype=tf.float64):
+  """The sum of squares of `grad`'s dense value, accumulated in `dtype`.
+
+  An IndexedSlices' rows of one index are summed first
+  (tf.linalg.global_norm squares each row on its own, which is not the
+  gradient's norm when an embedding row is gathered more than once),
+  without densifying it. Accumulated in float64, the sum does not depend
+  on how the gradient is cut (whole, or into the shards of sharded
+  optimizer state): another order moves its float64 bits, not the float32
+  norm clipping reads, so sharded and unsharded runs clip alike.
+  """
+  if isinstance(grad, tf.IndexedSlices):
+    unique, position = tf.unique(grad.indices)
+    grad = tf.math.unsorted_segment_sum(grad.values, position,
+                                        tf.size(unique))
+  return tf.reduce_sum(tf.square(tf.cast(grad, dtype)))
+
+
+def GlobalNorm(grads, dtype=tf.float64):
+  """The float32 L2 norm of `grads` (tensors or IndexedSlices) taken
+  together, their squares accumulated in `dtype` (SquaredSum; float32
+  where the device has no float64, a TPU): what clipping and the skip
+  read."""
+  if not grads:
+    return tf.constant(0.0, tf.float32)
+  return tf.cast(tf.sqrt(tf.add_n([SquaredSum(g, dtype) for g in grads])),
+                 tf.float32)
+
+
 class Learner:
   """Turns a loss into variable updates.
 
@@ -117,9 +146,10 @@ class Learner:
              'variable path); matching variables do not train. None: none.')
     p.Define('shard_optimizer_state', False, 'Shard the optimizer slots over '
              'the data-parallel replicas of each pipeline stage (ZeRO-1): '
-             'each replica keeps and updates 1/R of every slot; gradients '
-             'are reduce-scattered and the updated weights all-gathered '
-             '(framework/train/sharded_update.py). SGD, Momentum or Adam.')
+             'each replica keeps and updates 1/R of every slot from the '
+             'all-reduced gradients, and the updated weights are '
+             'all-gathered (framework/train/sharded_update.py); the same '
+             'training as unsharded, bit for bit. SGD, Momentum or Adam.')
     return p
 
   def __init__(self, params, var_map):
@@ -250,7 +280,8 @@ class Learner:
       grads = [g + tf.cast(w, g.dtype) * v for g, v in zip(grads, variables)]
     return self._var_map.Pack(grads)
 
-  def ApplyGradients(self, step, grads, loss=None, skip=None):
+  def ApplyGradients(self, step, grads, loss=None, skip=None,
+                     norm_dtype=tf.float64):
     """Clips and applies `grads`, or skips the step; returns stats.
 
     Args:
@@ -260,6 +291,7 @@ class Learner:
       loss: optional scalar loss; a non-finite loss also skips the step.
       skip: optional bool scalar: the skip decision, taken elsewhere (the
         first replica's), instead of this learner's own.
+      norm_dtype: what the global norm's squares are summed in (GlobalNorm).
 
     Returns:
       NestedMap(grad_norm=float32 global norm before clipping,
@@ -271,11 +303,7 @@ class Learner:
       raise ValueError(f'Learner {self._params.name!r}: gradient keys '
                        f'{got} do not match the trained variables {want}')
     grad_list = grads.Flatten()
-    if grad_list:
-      grad_norm = tf.linalg.global_norm(
-          [tf.cast(g, tf.float32) for g in grad_list])
-    else:
-      grad_norm = tf.constant(0.0, tf.float32)
+    grad_norm = GlobalNorm(grad_list, norm_dtype)
     p = self._params
     skip = self._Skip(grad_norm, loss, skip)
     if p.clip_gradient_norm_to_value and grad_list:

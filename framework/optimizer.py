@@ -91,11 +91,6 @@ class BaseOptimizer:
     self.checkpointables = _OptimizerState(self._params.name)
     self._path_by_ref = {}
     self.num_shards, self.shard_index = 1, 0   # Build's.
-    # The rule on a shard, compiled: XLA fuses its elementwise ops into one
-    # pass over the shard and writes the slots in place (as the fused
-    # kernels do), where TF's ops run one pass and one buffer each.
-    self._shard_rule = tf.function(self._ShardRule, jit_compile=True,
-                                   autograph=False)
 
   @property
   def params(self):
@@ -321,16 +316,24 @@ class BaseOptimizer:
           scalars[key] = self._StepScalars(tf.cast(lr, var.dtype),
                                            tf.cast(t, var.dtype))
         grad = tf.cast(grad, var.dtype)
-        # Its slots are written in the compiled call that returns it.
-        out.append(self._shard_rule(weight, grad, slots, scalars[key], skip))
+        out.append(self._ShardRule(weight, grad, slots, scalars[key], skip))
     with tf.control_dependencies(out):
       self.num_updates.assign_add(tf.cast(~skip, tf.int64))
       return [tf.identity(w) for w in out]
 
 
   def _ShardRule(self, weight, grad, slots, step, skip):
-    """The rule on one shard: updates the slot variables `slots` in place
-    and returns the new weight shard (the old values when `skip`)."""
+    """The rule on one shard: updates the slot variables `slots` and
+    returns the new weight shard (the old values when `skip`).
+
+    TensorFlow's ops, not XLA: they round as the fused kernels do, bit for
+    bit, so a sharded step equals the unsharded one. XLA fuses the rule
+    into one pass but contracts its products and sums into fused
+    multiply-adds, which round once: Adam's moments then differ in the
+    last bit, and with a small epsilon Adam turns that into a different
+    sign of an update wherever a gradient is near zero (the LM drifted
+    apart by 1e-4 relative in 5 steps).
+    """
     old = {k: v.read_value() for k, v in slots.items()}
     new_weight, new_slots = self._Update(weight, grad, old, step)
     for k, v in slots.items():
@@ -340,9 +343,8 @@ class BaseOptimizer:
 
 def ShardSize(num_elements, num_shards):
   """Elements of each of `num_shards` equal shards of a flat variable of
-  `num_elements`: ceil(N / R). Shards are equal so that the collectives
-  that scatter and gather them (all-to-all, all-gather) take one shape from
-  every replica; the last one is zero-padded, and a zero weight with a zero
+  `num_elements`: ceil(N / R). Shards are equal so that the all-gather
+  of the new weight shards takes one shape from every replica; the last one is zero-padded, and a zero weight with a zero
   gradient and zero slots stays zero under every ELEMENTWISE rule."""
   return -(-int(num_elements) // int(num_shards))
 

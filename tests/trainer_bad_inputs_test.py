@@ -537,9 +537,8 @@ _MODEL = [
         '--model_params_override=task.train.learner.'
         "shard_optimizer_state=True;task.train.allreduce='one_device'"),
              r"^Error: Bad params: lm's train: allreduce='one_device' cannot "
-             r'reduce-scatter: '
-             r'learner\.shard_optimizer_state needs collectives \(auto, ring '
-             r'or nccl\)\.$'),
+             r'gather shards: learner\.shard_optimizer_state gathers the '
+             r'updated weights with collectives \(auto, ring or nccl\)\.$'),
     BadInput('allreduce_bytes_per_pack_negative', _Lm(
         '--model_params_override=task.train.allreduce_bytes_per_pack=-1'),
              r"\(params 'task'\): train\.allreduce_bytes_per_pack=-1 must be "

@@ -151,7 +151,7 @@ def StageWeights(rows, plan, stage_devices, optimizer, unit_of=None):
 
 
 # A stage's weights row: [parameters, bytes, gradient bytes, slot bytes,
-# update bytes (sharded slots: the reduce-scatter's blocks)].
+# update bytes (sharded slots: the all-gather's blocks)].
 _COLUMNS = 5
 
 

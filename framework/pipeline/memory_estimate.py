@@ -218,7 +218,7 @@ def Moments(memory, params, slots, grads=None, update=None):
   of what its forward kept. An unpipelined model has one moment, where its
   backward starts: no gradients yet. With `update`, a last moment: the
   update after the backward, each stage holding its params, slots and
-  gradients and `update` more (sharded slots: the reduce-scatter's
+  gradients and `update` more (sharded slots: the all-gather's
   blocks), no activations.
 
   Args:

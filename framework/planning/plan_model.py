@@ -291,7 +291,7 @@ class PlanModel:
     A device holding several stages holds their sum at each moment
     (memory_estimate.DeviceMemory, over the schedule's ticks). Sharded
     slots (layout.shard): 1/R of each stage's, and at the update the
-    block the reduce-scatter returns, the stage's gradients' size
+    gathered blocks of the new weights, the stage's weights' size
     (framework/train/sharded_update.py).
     """
     memory = memory or self.LayoutPlan(layout)

@@ -258,10 +258,11 @@ class Planner:
         self.costs.update_rate, overheads.layer, overheads.defer_w,
         overheads.action)
     if layout.shard and layout.replicas > 1:
-      # Each replica updates 1/R of its stage's weights; the reduce-scatter
-      # and the all-gather move the bytes of the all-reduce they replace.
-      stages = [s._replace(update=s.update / layout.replicas)
-                for s in stages]
+      # Each replica updates 1/R of its stage's weights, after the
+      # all-reduce of the unsharded step (sharded_update.py: exact); the
+      # all-gather of the new weights moves half an all-reduce's bytes.
+      stages = [s._replace(update=s.update / layout.replicas,
+                           grad_bytes=1.5 * s.grad_bytes) for s in stages]
     step = step_model.SimulateStep(
         schedule, stages, hw, layout.remat, layout.replicas,
         fixed=overheads.step + (layout.replicas - 1) * overheads.replica,

@@ -44,8 +44,8 @@ differ. Its interface:
   grads = all-reduced stage by stage (framework/train/replicas.py)
   every learner_r.ApplyGradients(grads)   the same update, the same skip
 
-(with learner.shard_optimizer_state: the gradients reduce-scattered, each
-copy updating its shard, the weights all-gathered: sharded_update.py)
+(with learner.shard_optimizer_state: each copy updates its shard of the
+all-reduced gradients, the weights all-gathered: sharded_update.py)
 
 (one replica: no all-reduce; replica r > 0 draws its dropout with
 MicroBatchSeed(seed, r)). An option whose step runs differently derives
@@ -95,14 +95,16 @@ def _FirstLeaf(batch):
 
 
 def _OnDevice(grad, device):
-  """`grad` (a tensor or IndexedSlices) as an op on `device`: the output of
-  a function call reports the caller's device, and tf.distribute batches
-  (and packs) an all-reduce only when the values say they share devices."""
+  """`grad` as a dense op on `device`: the output of a function call
+  reports the caller's device, and tf.distribute batches (and packs) an
+  all-reduce only when the values say they share devices. A sparse
+  gradient (an embedding's IndexedSlices) is summed into its dense form
+  first, as the optimizer reads it: tf.distribute would all-gather its
+  rows, and their sum would then round in another order than the sharded
+  step's dense shards (sharded_update.py), so sharded and unsharded runs
+  would drift apart."""
   with tf.device(device):
-    if isinstance(grad, tf.IndexedSlices):
-      return tf.IndexedSlices(tf.identity(grad.values),
-                              tf.identity(grad.indices), grad.dense_shape)
-    return tf.identity(grad)
+    return tf.identity(tf.convert_to_tensor(grad))
 
 
 class SyncRunner:
@@ -150,8 +152,8 @@ class SyncRunner:
                                                  'hierarchical_copy'):
         raise validation.Error(
             f"{task.path}'s train", 'allreduce', self._p.allreduce,
-            'cannot reduce-scatter: learner.shard_optimizer_state needs '
-            'collectives (auto, ring or nccl).')
+            'cannot gather shards: learner.shard_optimizer_state gathers '
+            'the updated weights with collectives (auto, ring or nccl).')
       self.reducer = replicas.StageAllReduce(
           cluster, state.tasks,
           [k for k, _ in state.learner.trainable + state.on_write +
@@ -166,7 +168,7 @@ class SyncRunner:
                    'gradients %s by %s stage by stage (%s bytes a '
                    'stage).', local * num_workers, local,
                    cluster.num_devices_per_split,
-                   'reduce-scattered, optimizer state sharded,' if
+                   'all-reduced, optimizer state sharded,' if
                    self.sharded else 'all-reduced', self.reducer.mode,
                    ', '.join(f'{b:,}' for b in self.reducer.stage_bytes))
     # ON_READ variables: their value at the last combine, beside them.
@@ -294,7 +296,8 @@ class SyncRunner:
     s, learners = self.strategy, self.state.learners
     if self.sharded is not None:
       return self.sharded.Apply(
-          step, per_replica.grads,
+          step, self.reducer.Mean(s, per_replica.grads,
+                                  [k for k, _ in learners[0].trainable]),
           _Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss))
     if self.reducer is None:
       grads = [per_replica.grads]

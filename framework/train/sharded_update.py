@@ -9,30 +9,37 @@ stay whole on every replica. One step, per pipeline stage (its device in
 every replica forms one collective group, as for the all-reduce,
 replicas.py), in the cross-replica context:
 
-  1. pack: each trained variable's gradient, flat and zero-padded to R x c,
-     is a [R, c] block (a view when R divides its size); with
-     train.allreduce_bytes_per_pack a pack is several variables' blocks
-     side by side, [R, C], one collective (a copy: the concatenation);
-     without, each variable's block is scattered on its own;
-  2. reduce-scatter: an all-to-all sends row q to replica q; what a replica
-     receives, summed over the senders and divided by R, is its shard of
-     the mean gradient. (TensorFlow has no CPU kernel for its
-     reduce-scatter collective; all-to-all and a sum is the same reduction,
-     with the same bytes on the wire.)
-  3. the global norm: each replica's sum of squares over its shards,
-     all-reduced; clipping and the skip read it, as unsharded;
+  1. all-reduce: the stage's gradients are mean-reduced by the unsharded
+     step's own all-reduce (replicas.StageAllReduce: its mode, its packs),
+     so the mean gradient has the same bits as unsharded at every R;
+  2. shard: each replica keeps its shard of each variable's mean gradient,
+     c elements of it flat (the last zero-padded);
+  3. the global norm: each replica's sum of squares over its shards (in
+     float64, as learner.GlobalNorm), all-reduced; clipping and the skip
+     read it, as unsharded;
   4. update: each replica applies the rule to its shard of the weights and
      its slot shards (learner.ApplyShards; a skipped step changes nothing);
   5. all-gather: the stage's updated shards, gathered, are every replica's
      new weights.
 
-What a device holds at the update: each variable's [R, c] block the
-all-to-all returns (its gradient's size; a pack's concatenation adds one
-more), then the gathered [R, c]; the rule runs compiled (XLA fuses it into
-one pass, writing the slots in place, as the fused kernels do) and returns
-the new weight shard. The unsharded all-reduce holds its pack's
-concatenation and its result, so the sharded step's update needs no more
-than it, and (R-1)/R of the slots less all the time.
+What a device holds at the update: the all-reduced gradient (as
+unsharded), then the gathered [R, c] of each variable (a pack's
+concatenation adds one more); the rule runs as TensorFlow's ops, which
+round as the unsharded step's fused kernels do (optimizer._ShardRule says
+why not XLA), holding a few shard-sized buffers while it runs, and returns
+the new weight shard. So the update needs about what the unsharded one
+needs, and (R-1)/R of the slots less all the time.
+
+Exact: a sharded step's weights and slots equal the unsharded step's bit
+for bit (the same mean gradient, the same norm, the same rule's rounding;
+an embedding's sparse gradient is summed dense before the all-reduce,
+runners._OnDevice). The price is the wire: an all-reduce sends 2(R-1)/R
+of the gradient where a reduce-scatter would send (R-1)/R, so a step moves
+3(R-1)/R of the stage's bytes instead of 2(R-1)/R. A reduce-scatter sums
+each shard's R parts in another order than the all-reduce's ring does,
+and Adam with a small epsilon turns a last-bit difference into a
+different update wherever a gradient is near zero: the Tiny LM with 4
+replicas drifted apart by 1e-4 (relative) within 2 steps.
 
 Checkpoints hold whole slots, under the keys an unsharded run writes
 (`ShardedSlot`): a checkpoint written with R replicas resumes with any
@@ -43,17 +50,18 @@ which the runner's CombineOnRead runs on every host before a checkpoint).
 
 Example:
   update = ShardedUpdate(state, strategy, cluster)
-  stats = update.Apply(step, per_replica_grads, loss)   # cross-replica
+  means = reducer.Mean(strategy, per_replica_grads)     # cross-replica
+  stats = update.Apply(step, means, loss)
 """
 import tensorflow as tf
 # The collective launcher tf.distribute's all-reduce runs on; the sharded
-# step needs its all-to-all and all-gather too (replicas.py says why these
-# internals).
+# step needs its all-gather too (replicas.py says why these internals).
 from tensorflow.python.distribute import collective_util  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
 
+from cadence.framework import learner as learner_lib
 from cadence.framework import optimizer as optimizer_lib
 from cadence.framework.train import replicas
 
@@ -62,18 +70,7 @@ _GROUP_KEY_START = 20000   # Without a strategy's key allocator.
 
 class _Launcher(cross_device_utils.CollectiveReplicaLauncher):
   """tf.distribute's launcher of one device's collectives, with the
-  all-to-all and the equal-shape all-gather the sharded step needs."""
-
-  def AllToAll(self, x):
-    """Row q of `x` ([R, ...]) goes to the group's rank q; row q of the
-    result came from rank q."""
-    key = self._next_instance_key()
-    with tf.device(self._device):
-      return collective_ops.all_to_all_v2(
-          x, self._group_size, self._group_key, key,
-          communication_hint=self._options.implementation.value,
-          timeout=self._options.timeout_seconds,
-          ordering_token=self._get_ordering_token())
+  equal-shape all-gather the sharded step needs."""
 
   def AllGather(self, x):
     """The ranks' `x` (one shape on every rank) concatenated on axis 0."""
@@ -94,9 +91,8 @@ def NumShards(strategy):
 
 def BufferBytes(num_elements, dtype_size, num_shards):
   """Bytes a variable of `num_elements` adds to its stage's device at the
-  sharded update (R > 1): the [R, c] block the all-to-all returns (its
-  gradient's size; the block sent is a view of the gradient, and the
-  all-gather's comes once the received one is summed). With
+  sharded update (R > 1): the gathered [R, c] of its new weight (the mean
+  gradient is the all-reduce's, which an unsharded step holds too). With
   train.allreduce_bytes_per_pack a pack's concatenation is one more such
   block, which this does not count. 0 unsharded."""
   if num_shards <= 1:
@@ -235,8 +231,9 @@ class ShardedUpdate:
   @staticmethod
   def _Packs(indices, learner, bytes_per_pack):
     """The stage's variable indices cut into packs of about
-    `bytes_per_pack` bytes (0: one a pack: each variable's gradient is
-    scattered as it is, without the copy a pack's concatenation makes)."""
+    `bytes_per_pack` bytes, whose new weight shards are gathered together
+    (0: one a pack: each variable's gathered on its own, without the copy
+    a pack's concatenation makes)."""
     if not indices:
       return []
     if not bytes_per_pack:
@@ -251,15 +248,6 @@ class ShardedUpdate:
       size += var.shape.num_elements() * var.dtype.size
     return packs
 
-  def _Block(self, value, i):
-    """Variable i's `value` (its gradient) as [R, c]: flat, zero-padded
-    (a view of it when R divides its size, else a padded copy)."""
-    r, c = self.num_shards, self._shard[i]
-    flat = tf.reshape(value, [-1])
-    if r * c != self._sizes[i]:
-      flat = tf.pad(flat, [[0, r * c - self._sizes[i]]])
-    return tf.reshape(flat, [r, c])
-
   def _Shard(self, value, i, index):
     """Shard `index` of variable i's `value`: c elements, the last zero-
     padded; a slice of it (not a padded copy of the whole)."""
@@ -270,36 +258,27 @@ class ShardedUpdate:
       part = tf.pad(part, [[0, c - (min(start + c, n) - start)]])
     return part
 
-  def Apply(self, step, grads, loss):
-    """Reduce-scatters `grads`, updates every local copy's shards, gathers
+  def Apply(self, step, means, loss):
+    """Updates every local copy's shards from the mean gradient, gathers
     the new weights; in the cross-replica context.
 
     Args:
       step: the global step.
-      grads: per trained variable (learner.trainable order), the replicas'
-        gradients (per-replica values; plain tensors with one local
-        replica).
+      means: per local replica, per trained variable (learner.trainable
+        order), the replicas' mean gradient on the replica's stage device:
+        the all-reduce's (replicas.StageAllReduce.Mean), as unsharded.
       loss: the replicas' mean loss (the skip reads it).
 
     Returns:
       The first copy's learner stats (the same on every copy).
     """
-    r_count = self.num_shards
-    local = [self._strategy.experimental_local_results(g) for g in grads]
-    num_local = len(self._learners)
-    shards = [[None] * len(grads) for _ in range(num_local)]
-    for devices, launchers, packs in self._stages:
-      for pack in packs:
-        for r in range(num_local):
-          with tf.device(devices[r]):
-            blocks = [self._Block(local[i][r], i) for i in pack]
-            rows = blocks[0] if len(blocks) == 1 else tf.concat(blocks, 1)
-          received = launchers[r].AllToAll(rows)
-          with tf.device(devices[r]):
-            mean = tf.reduce_sum(received, 0) / r_count
-            for i, part in zip(pack, tf.split(
-                mean, [self._shard[i] for i in pack])):
-              shards[r][i] = part
+    shards = []
+    for r, (learner, mean) in enumerate(zip(self._learners, means)):
+      mine = []
+      for i, (g, (_, var)) in enumerate(zip(mean, learner.trainable)):
+        with tf.device(var.device):
+          mine.append(self._Shard(g, i, self._first + r))
+      shards.append(mine)
     norms = self._GlobalNorms(shards)
     stats, new = None, []
     for r, learner in enumerate(self._learners):
@@ -320,8 +299,9 @@ class ShardedUpdate:
 
   def _GlobalNorms(self, shards):
     """Per local replica: the global norm of the whole mean gradient, from
-    every replica's shards (a sum of squares all-reduced over stage 0's
-    group)."""
+    every replica's shards (their squares summed in float64, as
+    learner.GlobalNorm sums the whole gradient's, then all-reduced over
+    stage 0's group), so it is the unsharded step's norm."""
     devices, launchers, _ = self._stages[0]
     out = []
     for r in range(len(self._learners)):
@@ -330,12 +310,12 @@ class ShardedUpdate:
         mine = [shards[r][i] for pack in packs for i in pack]
         if mine:
           with tf.device(stage_devices[r]):
-            squares.append(tf.add_n([tf.reduce_sum(tf.square(
-                tf.cast(g, tf.float32))) for g in mine]))
+            squares.append(tf.add_n([learner_lib.SquaredSum(g)
+                                     for g in mine]))
       with tf.device(devices[r]):
-        total = launchers[r].all_reduce(tf.add_n(squares) if squares else
-                                        tf.constant(0.0))
-        out.append(tf.sqrt(total))
+        total = launchers[r].all_reduce(
+            tf.add_n(squares) if squares else tf.constant(0.0, tf.float64))
+        out.append(tf.cast(tf.sqrt(total), tf.float32))
     return out
 
   def GatherForSave(self):

@@ -7,9 +7,9 @@ and 4 replicas x 1 and 2 stages x GPipe and ZB-H1, one step skipped (a NaN
 loss), clipping on; and checkpoints must not depend on the layout.
 MirroredStrategy fixes its collective groups per process, so each replica
 count runs in a subprocess: R=2 (with R=1 beside it, under the default
-strategy) and R=4 on 8 logical CPUs. The learning rate is 1e-3: at 0.05
-five Adam steps amplify the reduction's float order (the ring all-reduce
-and the all-to-all sum in different orders) to a few 1e-6.
+strategy) and R=4 on 8 logical CPUs. (The sharded step is exact, bit for
+bit: tests/trainer_sharded_test.py holds the LM, whose clipping bites and
+whose Adam amplifies a last-bit difference, to that.)
 """
 import json
 import os
