@@ -674,7 +674,7 @@ class PipeliningLayer(SeqLayer):
         mb_inputs, step_seed=step_seed, remat=p.remat,
         backward_window=p.backward_window, name=self.path,
         trace_actions=p.trace_actions,
-        schedule=self.RunSchedule(len(cells), m, schedule))
+        schedule=self.RunSchedule(len(cells), m, schedule), recurrent=False)
     with cluster_lib.DeviceScope(devices[-1]):
       out = microbatch.Concat(acc, p.batch_dim)
     return self._Outputs(out)

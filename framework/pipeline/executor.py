@@ -189,8 +189,11 @@ class Pipeline:
 
   def __init__(self, schedule, devices, cell_fns, thetas, init_states, inputs,
                step_seed, remat, backward_window, owner, side_inputs=None,
-               trace_actions=False):
+               trace_actions=False, recurrent=False):
     self.schedule = schedule
+    # Whether stage s's state before micro-batch j > 0 is its output of
+    # j - 1 (else init_states[s] for every micro-batch).
+    self.recurrent = recurrent
     # Device string of each stage.
     self.devices = [devices[d] for d in schedule.stage_devices]
     self.k = len(self.devices)
@@ -365,7 +368,8 @@ class _Run:
   def _Args(self, i, j):
     """(theta, previous state, inputs, seed) of stage i on micro-batch j."""
     x = self.step_inputs[j] if i == 0 else self.out[i - 1][j]
-    s = self._inits[i] if j == 0 else self.out[i][j - 1]
+    s = (self.out[i][j - 1] if j > 0 and self.pipe.recurrent else
+         self._inits[i])
     if self.side is not None and i == self.pipe.k - 1:
       x = list(x) + self.side[j]
     after = self._after.get((i, j))
@@ -495,10 +499,11 @@ class _Run:
         # outputs of an inlined function call itself would not wait.
         done += [tf.identity(g) for g in g_s + g_x if g is not None]
     for n, g in enumerate(g_s):
-      if j > 0:
+      if j > 0 and self.pipe.recurrent:
         self.Add(i, j - 1, n, g)
-      else:
-        self._d_inits[i][n] = g
+      elif g is not None:   # Every micro-batch starts from init_states.
+        d_init = self._d_inits[i][n]
+        self._d_inits[i][n] = g if d_init is None else d_init + g
     for n, g in enumerate(g_x):
       if i > 0:
         self.Add(i - 1, j, n, g)
@@ -678,7 +683,7 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
                      step_seed=None, remat='except_last',
                      backward_window=1, name='StackedRecurrent',
                      trace_actions=False, schedule=schedules.DEFAULT,
-                     schedule_table=None):
+                     schedule_table=None, recurrent=True):
   """Runs S cells as a pipeline with the loss outside; see the module
   docstring.
 
@@ -704,9 +709,15 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
       by default each call runs the cell's one traced body (a smaller
       graph, faster tracing).
     schedule: a registered schedule whose devices run their forwards
-      first (`schedules.LossInside(name)` False); its dependencies include
-      the cells' state from micro-batch to micro-batch.
+      first (`schedules.LossInside(name)` False), or one built already;
+      with `recurrent` its dependencies include the cells' state from
+      micro-batch to micro-batch.
     schedule_table: the action lists as text, for schedules.TABLE.
+    recurrent: whether a stage's state carries from micro-batch j-1 to j.
+      False (a GPipe stack, whose cells ignore it): every micro-batch
+      starts from `init_states`, so a stage's backward of micro-batch j
+      waits for no other micro-batch's, and a schedule may order them
+      freely (a table in GPipe's order, B(s, 0) first).
 
   Returns:
     (acc_state, final_states): acc_state is the last stage's output per
@@ -719,14 +730,14 @@ def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
             backward_window)
   m, _ = _NumMicroBatches(inputs, owner)
   plan, unique = BuildSchedule(owner, schedule, list(devices), m,
-                               recurrent=True, table=schedule_table)
+                               recurrent=recurrent, table=schedule_table)
   if plan.loss_inside:
     raise ValueError(
         f'{owner}: schedule={schedule!r} starts backwards before the forward '
         'ends, so it needs the loss inside the pipeline (PipelineLoss).')
   pipe = Pipeline(plan, unique, cell_fns, thetas, init_states, inputs,
                   step_seed, remat, backward_window, owner,
-                  trace_actions=trace_actions)
+                  trace_actions=trace_actions, recurrent=recurrent)
 
   @tf.custom_gradient
   def _Call(*args):
