@@ -1,6 +1,7 @@
 """Sharded optimizer state (ZeRO-1) against whole slots, R replicas x K
 stages of a wide residual MLP (examples.pipelined_mlp's blocks, dim 256:
-12 MiB of weights a replica, Adam's slots twice that), in one run:
+12 MiB of weights a replica, Adam's slots twice that), or of a registered
+experiment (--model, its own K and batch), in one run:
 
   memory  each device's measured peak of a training step (TF's BFC
           allocator events, memory_profile, plus its variables and batch),
@@ -17,6 +18,7 @@ load hits both alike).
 
 Run:
   .venv/bin/python bench/sharded_update_bench.py [--replicas 2] [--stages 2]
+  .venv/bin/python bench/sharded_update_bench.py --model=image.shapes_resnet.ShapesResNetTiny
 """
 import argparse
 import json
@@ -35,10 +37,12 @@ _COMMON = textwrap.dedent("""
     import tensorflow as tf
     R, K, DIM = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     PACK = int(os.environ.get('BENCH_PACK', '0'))
+    MODEL = os.environ.get('BENCH_MODEL', '')
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices('CPU')[0],
         [tf.config.LogicalDeviceConfiguration()] * (R * K))
     from cadence.framework import cluster as cluster_lib, optimizer
+    from cadence.framework import model_registry
     from cadence.framework.jobs import inspect_lib, inspect_pipeline
     from cadence.framework.pipeline import memory_estimate, memory_profile
     from cadence.framework.train import programs, replicas
@@ -51,13 +55,17 @@ _COMMON = textwrap.dedent("""
         ['/device:CPU:%d' % (r * K) for r in range(R)])
 
     def Program(shard, trace=False):
-      exp = Wide()
-      p = exp.Model()
-      p.input = exp.Train()
-      p.input.batch_size = 32
-      p.task.net_tpl.splits = K
-      p.task.train.learner.Set(optimizer=optimizer.Adam.Params(),
-                               shard_optimizer_state=shard)
+      if MODEL:   # Its own K, batch and optimizer.
+        p = model_registry.GetParams(MODEL, 'Train')
+        p.task.train.learner.shard_optimizer_state = shard
+      else:
+        exp = Wide()
+        p = exp.Model()
+        p.input = exp.Train()
+        p.input.batch_size = 32
+        p.task.net_tpl.splits = K
+        p.task.train.learner.Set(optimizer=optimizer.Adam.Params(),
+                                 shard_optimizer_state=shard)
       p.task.train.max_steps = 10 ** 6
       p.task.train.allreduce_bytes_per_pack = PACK
       if trace:
@@ -71,7 +79,7 @@ _COMMON = textwrap.dedent("""
         # The estimate of replica 0's stages, on its devices.
         estimate = inspect_lib.TaskStages(tasks[0],
                                           memory_estimate.DeviceMemory,
-                                          num_shards=R)
+                                          num_replicas=R)
       return program, tasks, [s.total for s in estimate]
 """)
 
@@ -137,8 +145,14 @@ def main():
   parser.add_argument('--window', type=int, default=20)
   parser.add_argument('--pack', type=int, default=0,
                       help='train.allreduce_bytes_per_pack, both runs')
+  parser.add_argument('--model', default='',
+                      help='a registered experiment instead of the wide MLP '
+                      '(its own K: --stages must say it, batch and '
+                      'optimizer), e.g. lm.one_billion_wds.'
+                      'OneBWdsGPipeTransformerTiny')
   args = parser.parse_args()
   os.environ['BENCH_PACK'] = str(args.pack)
+  os.environ['BENCH_MODEL'] = args.model
   r, k = args.replicas, args.stages
   memory = {}
   for name in ('plain', 'shard'):
@@ -148,10 +162,11 @@ def main():
                 f'{args.window}...')
   times = _Child(_TIME, r, k, args.dim, args.rounds, args.window)
   mib = 2.0 ** 20
-  print(f'Sharded optimizer state: R={r} replicas x K={k} stages, residual '
-        f'MLP dim {args.dim}, Adam, batch 32 a replica, '
-        f'allreduce_bytes_per_pack={args.pack} (4 logical CPUs share the '
-        'cores).\n')
+  what = (f'{args.model} (its batch and optimizer)' if args.model else
+          f'residual MLP dim {args.dim}, Adam, batch 32 a replica')
+  print(f'Sharded optimizer state: R={r} replicas x K={k} stages, {what}, '
+        f'allreduce_bytes_per_pack={args.pack} ({r * k} logical CPUs share '
+        'the cores).\n')
   plain, shard = memory['plain'], memory['shard']
   devices = r * k
 

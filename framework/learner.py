@@ -328,32 +328,45 @@ class Learner:
       skip = tf.logical_or(skip, grad_norm > limit)
     return skip
 
-  def ApplyShards(self, step, items, grad_norm, loss=None, skip=None):
-    """`ApplyGradients` on this copy's shards (shard_optimizer_state).
+  def ShardStep(self, step, grad_norm, loss=None, skip=None):
+    """What one step of this copy's shards shares (shard_optimizer_state):
+    the skip, the clipping scale and the learning rate, from the global
+    norm of the whole mean gradient (every replica's shards summed).
+    `ApplyShard` then updates each variable's shards with it, and
+    `FinishShards` counts the update.
 
     Args:
       step: the global step.
-      items: per trained variable, in `trainable` order, (gradient shard,
-        weight shard, variable): flat shards of the replicas' mean
-        gradient and of the current value (sharded_update.py).
-      grad_norm: the global norm of the whole mean gradient (every
-        replica's shards summed).
+      grad_norm: the whole mean gradient's global norm.
       loss, skip: as ApplyGradients'.
 
     Returns:
-      (the new weight shards, NestedMap(grad_norm, skipped, learning_rate)).
+      NestedMap(grad_norm, skipped, learning_rate) as ApplyGradients', and
+      clip_scale (None without clipping).
     """
     p = self._params
     skip = self._Skip(grad_norm, loss, skip)
-    clip = p.clip_gradient_norm_to_value
-    if clip:
+    scale = None
+    if p.clip_gradient_norm_to_value:
       # tf.clip_by_global_norm's scale, from the whole gradient's norm.
+      clip = p.clip_gradient_norm_to_value
       scale = clip * tf.minimum(1.0 / grad_norm, 1.0 / clip)
-      items = [(g * tf.cast(scale, g.dtype), w, v) for g, w, v in items]
-    lr = self.LearningRate(step)
-    shards = self._optimizer.ApplyShards(lr, items, skip)
-    return shards, NestedMap(grad_norm=grad_norm, skipped=skip,
-                             learning_rate=lr)
+    return NestedMap(grad_norm=grad_norm, skipped=skip,
+                     learning_rate=self.LearningRate(step), clip_scale=scale)
+
+  def ApplyShard(self, shard_step, grad, weight, var):
+    """Clips one variable's gradient shard as `shard_step` (ShardStep's)
+    says and applies the optimizer to it, its weight shard and its slot
+    shards (written); returns the new weight shard."""
+    if shard_step.clip_scale is not None:
+      grad = grad * tf.cast(shard_step.clip_scale, grad.dtype)
+    return self._optimizer.ApplyShard(shard_step.learning_rate, grad, weight,
+                                      var, shard_step.skipped)
+
+  def FinishShards(self, shard_step):
+    """After every variable's ApplyShard: counts the update (unless
+    skipped)."""
+    return self._optimizer.CountUpdate(shard_step.skipped)
 
   def Apply(self, step, tape, loss):
     """`ApplyGradients(step, ComputeGradients(tape, loss), loss)`."""

@@ -304,23 +304,25 @@ class BaseOptimizer:
     Returns:
       The new weight shards, in `items`' order.
     """
-    lr = tf.cast(lr, tf.float32)
-    skip = tf.cast(skip, tf.bool)
-    t = self.num_updates + 1
-    scalars, out = {}, []
-    for grad, weight, var in items:
-      slots = self.Slots(var)
-      with tf.device(var.device):
-        key = (var.device, var.dtype)
-        if key not in scalars:
-          scalars[key] = self._StepScalars(tf.cast(lr, var.dtype),
-                                           tf.cast(t, var.dtype))
-        grad = tf.cast(grad, var.dtype)
-        out.append(self._ShardRule(weight, grad, slots, scalars[key], skip))
+    out = [self.ApplyShard(lr, g, w, v, skip) for g, w, v in items]
     with tf.control_dependencies(out):
-      self.num_updates.assign_add(tf.cast(~skip, tf.int64))
+      self.CountUpdate(skip)
       return [tf.identity(w) for w in out]
 
+  def ApplyShard(self, lr, grad, weight, var, skip):
+    """The rule on one variable's shards (see ApplyShards): writes its slot
+    shards and returns the new weight shard. After every variable's,
+    CountUpdate once."""
+    with tf.device(var.device):
+      step = self._StepScalars(tf.cast(lr, var.dtype),
+                               tf.cast(self.num_updates + 1, var.dtype))
+      return self._ShardRule(weight, tf.cast(grad, var.dtype),
+                             self.Slots(var), step, tf.cast(skip, tf.bool))
+
+  def CountUpdate(self, skip):
+    """Counts an update of shards (ApplyShard), unless `skip`."""
+    return self.num_updates.assign_add(tf.cast(~tf.cast(skip, tf.bool),
+                                               tf.int64))
 
   def _ShardRule(self, weight, grad, slots, step, skip):
     """The rule on one shard: updates the slot variables `slots` and

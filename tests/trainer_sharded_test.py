@@ -1,10 +1,10 @@
 """Sharded optimizer state (learner.shard_optimizer_state) through the
 trainer's command line, in real subprocesses.
 
-A kill storm: a sharded run of 2 replicas x 2 stages, stopped again and
-again by SIGKILL or SIGTERM at random moments and resumed each time with
-the same command, must end with the weights and slots of an uninterrupted
-run, bit for bit; and --mode=export must read its checkpoint as it reads
+A kill storm: a sharded run of the (shrunk) Tiny LM, 2 replicas x 2
+stages, stopped 12 times at random moments (10 SIGKILLs, 2 SIGTERMs) and
+resumed each time with the same command, must end with the weights and
+slots of an uninterrupted run, bit for bit; and --mode=export must read its checkpoint as it reads
 an unsharded one's. (Sharded equals unsharded, and checkpoints across
 layouts and hosts: tests/framework/train/sharded_update_test.py and
 tests/trainer_multihost_test.py.)
@@ -27,15 +27,21 @@ from cadence.framework.train import checkpointer
 from cadence.framework.train import summary_utils
 from cadence.tests import test_utils
 
-_KEY = 'examples.pipelined_mlp.PipelinedMlp'
-_STEPS = 3000   # About 300 steps a second: the storm ends well before.
-_FLAGS = [f'--model={_KEY}', '--job=trainer', '--peak_tflops=1',
-          '--worker_replicas=2', '--worker_split_size=2',
-          f'--max_steps={_STEPS}',
-          '--model_params_override=task.train.learner.shard_optimizer_state='
-          'True;task.train.save_interval_steps=100;'
+_STEPS = 1500   # Well beyond what the storm's runs train.
+_STORM = [signal.SIGKILL] * 10 + [signal.SIGTERM] * 2   # Shuffled.
+
+
+def _StormFlags(tmp):
+  """The shrunk Tiny LM, 2 replicas x 2 stages, sharded slots."""
+  return [f'--model={test_utils.TINY_LM}', '--job=trainer',
+          '--peak_tflops=1', '--worker_replicas=2', f'--max_steps={_STEPS}',
+          f'--model_params_override={test_utils.SmallLmOverrides(tmp)};'
+          'task.train.learner.shard_optimizer_state=True;'
+          'task.train.save_interval_steps=25;'
           'task.train.log_interval_steps=1000;'
           'task.train.summary_interval_steps=1000']
+
+
 _Run = test_utils.TrainerRun
 _LM_STEPS = 5
 # The step from global step 3 (its summaries' step 4): its loss NaN, so
@@ -56,15 +62,19 @@ class KillStormTest(tf.test.TestCase):
 
   def testKilledAndResumedAgainAndAgainEqualsUninterrupted(self):
     tmp = self.get_temp_dir()
-    whole = _Run(*_FLAGS, f'--logdir={tmp}/whole')
+    flags = _StormFlags(tmp)
+    whole = _Run(*flags, f'--logdir={tmp}/whole')
+    # It writes the corpus the storm's runs read.
+    whole.WaitForLog(r'First step done')
     stormed = f'--logdir={tmp}/stormed'
     rng = random.Random(38)
+    storm = list(_STORM)
+    rng.shuffle(storm)
     signals = []
-    for _ in range(4):
-      run = _Run(*_FLAGS, stormed)
+    for signum in storm:
+      run = _Run(*flags, stormed)
       run.WaitForLog(r'First step done|Global step \d+ >= max_steps')
-      time.sleep(rng.uniform(0.0, 1.5))
-      signum = rng.choice([signal.SIGKILL, signal.SIGTERM])
+      time.sleep(rng.uniform(0.0, 1.0))
       run.Signal(signum)
       code, _, err = run.Finish()
       signals.append((signum.name, code))
@@ -75,7 +85,7 @@ class KillStormTest(tf.test.TestCase):
         self.assertRegex(test_utils.LogLines(err)[-1],
                          r'Stopped by SIGTERM at step \d+: (saved|its '
                          r'checkpoint \S+ was already written)')
-    code, _, err = _Run(*_FLAGS, stormed).Finish()
+    code, _, err = _Run(*flags, stormed).Finish()
     self.assertEqual(code, 0, err[-3000:])
     self.assertRegex(err, r'Restored \S+ckpt-\d+: global step \d+',
                      signals)
@@ -89,7 +99,7 @@ class KillStormTest(tf.test.TestCase):
       np.testing.assert_array_equal(a[key], b[key],
                                     err_msg=f'{key} after {signals}')
     # Export reads the sharded run's checkpoint as any other.
-    code, _, err = _Run(*_FLAGS[:1], f'--logdir={tmp}/stormed',
+    code, _, err = _Run(flags[0], flags[-1], f'--logdir={tmp}/stormed',
                         '--mode=export').Finish()
     self.assertEqual(code, 0, err[-3000:])
     self.assertTrue(os.path.exists(os.path.join(

@@ -30,7 +30,6 @@ from cadence.framework import base_model
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import cost
 from cadence.framework.pipeline import memory_estimate
-from cadence.framework.train import sharded_update
 from cadence.framework import validation
 from cadence.layers import gpipe_units
 
@@ -150,25 +149,23 @@ def StageWeights(rows, plan, stage_devices, optimizer, unit_of=None):
   return out
 
 
-# A stage's weights row: [parameters, bytes, gradient bytes, slot bytes,
-# update bytes (sharded slots: the all-gather's blocks)].
-_COLUMNS = 5
+# A stage's weights row: [parameters, bytes, gradient bytes, slot bytes].
+_COLUMNS = 4
 
 
-def LearnerOptimizer(train_p, num_shards=1):
+def LearnerOptimizer(train_p, num_replicas=1):
   """The optimizer of task train params `train_p`, for an estimate: its
-  slots one shard of `num_shards` (the replicas of every host) with
+  slots one shard of `num_replicas` (the replicas of every host) with
   learner.shard_optimizer_state."""
   optimizer = train_p.learner.optimizer.Instantiate()
   if train_p.learner.shard_optimizer_state:
-    optimizer.ForShards(num_shards)
+    optimizer.ForShards(num_replicas)
   return optimizer
 
 
 def _AddVariable(row, shape, dtype, trainable, optimizer):
   """Adds a variable to a stage's weights row (a trainable float one has a
-  gradient and `optimizer`'s slots, and with sharded slots the update's
-  blocks)."""
+  gradient and `optimizer`'s slots)."""
   n = _Count(shape)
   row[0] += n
   row[1] += n * dtype.size
@@ -176,7 +173,6 @@ def _AddVariable(row, shape, dtype, trainable, optimizer):
     row[2] += n * dtype.size
     row[3] += sum(_Count(s) for s in optimizer.SlotShapes(shape).values()
                   ) * dtype.size
-    row[4] += sharded_update.BufferBytes(n, dtype.size, optimizer.num_shards)
 
 
 def TaskWeights(plan, rows, stage_devices, optimizer, unit_of=None):
@@ -214,14 +210,17 @@ def PlanStageWeights(plan, optimizer):
   return out
 
 
-def PlanStages(plan, weights, estimate=memory_estimate.StageMemory):
+def PlanStages(plan, weights, estimate=memory_estimate.StageMemory,
+               num_replicas=1):
   """memory_estimate's `estimate` of `plan` with per-stage `weights`
-  (rows of [parameters, bytes, gradient bytes, slot bytes, update bytes],
-  StageWeights; the update's moment only when it holds more)."""
-  update = [w[4] for w in weights]
+  (rows of [parameters, bytes, gradient bytes, slot bytes], StageWeights)
+  for one of `num_replicas` replicas (of every host: with more than one,
+  the update's moment holds the all-reduce's buffers,
+  memory_estimate.UpdateBytes)."""
+  grads = [w[2] for w in weights]
   return estimate(plan, [w[1] for w in weights], [w[3] for w in weights],
-                  grads=[w[2] for w in weights],
-                  update=update if any(update) else None)
+                  grads=grads,
+                  update=memory_estimate.UpdateBytes(grads, num_replicas))
 
 
 _Stages = PlanStages
@@ -350,12 +349,12 @@ def TaskMeta(task):
   return _Meta(type(task), p, batch)
 
 
-def _TaskArgs(task, num_shards=1):
+def _TaskArgs(task, num_replicas=1):
   """(meta, rows, optimizer, devices, unit_of) of a built task for
-  StageReport; `num_shards`: LearnerOptimizer's."""
+  StageReport; `num_replicas`: LearnerOptimizer's."""
   p = task.params
   return (TaskMeta(task), _VarRows(task),
-          LearnerOptimizer(p.train, num_shards),
+          LearnerOptimizer(p.train, num_replicas),
           cluster_lib.Cluster.Current().DevicesInModelSplit(0),
           gpipe_units.UnitOfVariables(task))
 
@@ -368,18 +367,19 @@ def TaskStageReport(task, device_memory_gib=None):
                      unit_of)
 
 
-def TaskStages(task, estimate=memory_estimate.StageMemory, num_shards=1):
+def TaskStages(task, estimate=memory_estimate.StageMemory, num_replicas=1):
   """The memory estimate of a built task (as TaskStageReport): `estimate`
   (memory_estimate.StageMemory: a Stage per stage, or SharedMemory: one
-  Stage for all together) of its plan, None without one; `num_shards`:
-  the replicas sharded slots are cut over (LearnerOptimizer)."""
-  meta, rows, optimizer, devices, unit_of = _TaskArgs(task, num_shards)
+  Stage for all together) of its plan, None without one, for one of
+  `num_replicas` replicas of every host (sharded slots are cut over them,
+  LearnerOptimizer; their update's all-reduce, PlanStages)."""
+  meta, rows, optimizer, devices, unit_of = _TaskArgs(task, num_replicas)
   plan = TaskPlan(meta, devices)
   if plan is None:
     return None
   weights, _ = TaskWeights(plan, rows, StageDevices(plan, devices),
                            optimizer, unit_of)
-  return PlanStages(plan, weights, estimate)
+  return PlanStages(plan, weights, estimate, num_replicas)
 
 
 def TaskStageDevices(task):

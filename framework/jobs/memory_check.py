@@ -58,7 +58,7 @@ def _Parts(stage):
 
 
 def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
-          host_memory=None, num_shards=1):
+          host_memory=None, num_replicas=1):
   """Whether a training step of built `task` fits; see the module
   docstring.
 
@@ -71,27 +71,27 @@ def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
     device_memory_gib: --device_memory_gib (0: not given).
     host_memory: the host's memory in bytes (default:
       cluster_lib.HostMemoryBytes()).
-    num_shards: the replicas of every host (sharded optimizer slots are
-      cut over them: learner.shard_optimizer_state).
+    num_replicas: the replicas of every host (their update all-reduces;
+      sharded optimizer slots are cut over them).
 
   Returns:
     A Verdict (fits, text: the estimate and the limit, in words), or None
     when there is no check (no estimate for the task, or no known limit).
   """
-  stages = inspect_lib.TaskStages(task, num_shards=num_shards)
+  stages = inspect_lib.TaskStages(task, num_replicas=num_replicas)
   if stages is None:
     logging.debug('No memory check: %s has no FPropMeta memory estimate. '
                   '(Its FPropMeta has no pipeline `plan`.)',
                   type(task).__name__)
     return None
   return _Verdict(
-      lambda estimate: inspect_lib.TaskStages(task, estimate, num_shards),
+      lambda estimate: inspect_lib.TaskStages(task, estimate, num_replicas),
       device_type,
       num_local_replicas, device_memory_gib, host_memory)
 
 
 def CheckParams(params, devices, device_type, num_local_replicas,
-                device_memory_gib=0.0, host_memory=None, num_shards=1):
+                device_memory_gib=0.0, host_memory=None, num_replicas=1):
   """Check's verdict from model `params` alone, nothing built: the task's
   plan (framework/pipeline/plan.py) on the model split's `devices`, its
   units' weights (plan.Unit.Variables). None when the task has no plan,
@@ -105,11 +105,11 @@ def CheckParams(params, devices, device_type, num_local_replicas,
                   task.cls.__name__)
     return None
   weights = inspect_lib.PlanStageWeights(
-      plan, inspect_lib.LearnerOptimizer(task.train, num_shards))
+      plan, inspect_lib.LearnerOptimizer(task.train, num_replicas))
   if weights is None:
     return None
   return _Verdict(lambda estimate: inspect_lib.PlanStages(
-      plan, weights, estimate), device_type, num_local_replicas,
+      plan, weights, estimate, num_replicas), device_type, num_local_replicas,
                   device_memory_gib, host_memory)
 
 

@@ -476,7 +476,7 @@ def _CheckMemory(options, params, setup):
   verdict = memory_check.CheckParams(
       params, setup.cluster.DevicesInModelSplit(0),
       device.device_type or 'CPU', setup.num_local_replicas,
-      options.device_memory_gib, num_shards=setup.num_replicas)
+      options.device_memory_gib, num_replicas=setup.num_replicas)
   if verdict is not None and not verdict.fits:
     batch = getattr(params.input, 'batch_size', None)
     batch = f'input.batch_size ({batch}), ' if batch else ''

@@ -23,7 +23,9 @@ schedule):
                as it passes);
   input:       the first stage's: the whole batch's input (tf.split's parts
                share its buffer, so all M micro-batches stay while any
-               does) and the input gradients waiting to be joined.
+               does) and the input gradients waiting to be joined; any
+               other stage's: the input gradients it made that the stage
+               before has not back-propagated yet.
 
 StageMemory is each stage's worst moment (what each device must hold);
 SharedMemory the step's worst moment of all stages together (what one
@@ -110,11 +112,13 @@ def _KeptRule(loss_inside, remat, num_micro_batches, backward_window):
 
 
 class _Count(collections.namedtuple('_Count', [
-    'kept', 'live', 'waiting', 'done', 'backward'])):
+    'kept', 'live', 'waiting', 'done', 'backward', 'sent'])):
   """A stage at one tick: micro-batches whose activations it keeps; in
   flight (forwarded, not back-propagated: their outputs wait); waiting for
   their deferred W after B (what W reads stays); backwards (or W's)
-  finished before; whether it runs a backward (B or W) then."""
+  finished before; whether it runs a backward (B or W) then; input
+  gradients its B made that the stage before has not consumed yet (its
+  B of that micro-batch not done)."""
   __slots__ = ()
 
 
@@ -152,6 +156,7 @@ def _Counts(memory):
   last_forward = max(t for t, tick in enumerate(ticks)
                      if any(w.kind == schedules.FORWARD for w in tick))
   live, waiting, done = [0] * num_cells, [0] * num_cells, [0] * num_cells
+  sent = [0] * num_cells
   last = [False] * num_cells
   for t, tick in enumerate(ticks):
     backward = {i for kind, i, _ in tick if kind == schedules.BACKWARD}
@@ -161,7 +166,7 @@ def _Counts(memory):
         live[i] += 1
         last[i] = last[i] or j == m - 1
     yield [_Count(kept(live[i], i in backward, last[i]), live[i], waiting[i],
-                  done[i], i in backward or i in weight)
+                  done[i], i in backward or i in weight, sent[i])
            for i in range(num_cells)], False
     for i in backward:
       live[i] -= 1
@@ -169,12 +174,16 @@ def _Counts(memory):
         waiting[i] += 1
       else:
         done[i] += 1
+      if i > 0:   # Its input gradient, for the stage before.
+        sent[i] += 1
+      if i + 1 < num_cells:   # Consumed what the stage after sent.
+        sent[i + 1] -= 1
     for i in weight:
       waiting[i] -= 1
       done[i] += 1
     if not table.loss_inside and t == last_forward:
       yield [_Count(kept(live[i], False, last[i]), live[i], waiting[i], 0,
-                    False) for i in range(num_cells)], True
+                    False, 0) for i in range(num_cells)], True
 
 
 def KeptMicroBatches(schedule, remat, num_cells, num_micro_batches,
@@ -212,14 +221,16 @@ def Moments(memory, params, slots, grads=None, update=None):
   stage holds the whole batch's input (the micro-batches are slices of one
   buffer) beyond the micro-batches its `act` keeps, and the input
   gradients of the micro-batches back-propagated, until they are joined
-  at the end. Between GPipe's phases, a stage with `outside` bytes (what
+  at the end; any other stage holds the input gradients its backwards
+  made until the stage before has back-propagated those micro-batches
+  (the previous stage's `out` bytes each). Between GPipe's phases, a stage with `outside` bytes (what
   the loss on the whole batch keeps for its backward) holds them and its
   backward's temporaries (`outside_transient`, default `outside`) on top
   of what its forward kept. An unpipelined model has one moment, where its
   backward starts: no gradients yet. With `update`, a last moment: the
   update after the backward, each stage holding its params, slots and
-  gradients and `update` more (sharded slots: the all-gather's
-  blocks), no activations.
+  gradients and `update` more (the all-reduce's buffers, UpdateBytes),
+  no activations.
 
   Args:
     memory: NestedMap(schedule (a registered name, or None: unpipelined),
@@ -240,7 +251,7 @@ def Moments(memory, params, slots, grads=None, update=None):
     grads: S ints, bytes of the trained variables' gradients (default:
       params).
     update: S ints, bytes each stage's update holds beyond its gradients
-      (sharded_update.BufferBytes), or None: no update moment.
+      (UpdateBytes), or None: no update moment.
 
   Returns:
     A list of moments, each a list of S `Stage`s.
@@ -265,7 +276,9 @@ def Moments(memory, params, slots, grads=None, update=None):
       held = (n.kept * (c.act_weights if selective else c.act) +
               n.live * c.out - n.kept * both +
               # Only split schedules have micro-batches waiting for a W.
-              (n.waiting * c.residuals if n.waiting else 0))
+              (n.waiting * c.residuals if n.waiting else 0) +
+              # Input gradients the stage before has yet to take.
+              (n.sent * cells[i - 1].out if i else 0))
       g = grads[i] if n.backward or n.done else 0
       transient = 0
       if n.backward:   # 'selective' first recomputes what it did not keep.
@@ -281,6 +294,21 @@ def Moments(memory, params, slots, grads=None, update=None):
       moment.append(Stage(params[i], slots[i], g, held, transient))
     moments.append(moment)
   return moments + last
+
+
+def UpdateBytes(grads, num_replicas):
+  """Per stage, the bytes its update holds beyond its gradients (`grads`:
+  bytes per stage) with `num_replicas` data-parallel replicas (of every
+  host), or None (one replica: the update runs in place, no moment of its
+  own). The all-reduce packs a stage's gradients into one buffer and
+  returns the mean in another: 2x the gradients, sharded slots or not
+  (a sharded update then holds one variable's shards and gathered block at
+  a time, less than these; framework/train/sharded_update.py). Measured
+  (bench/sharded_update_bench.py): the update is the step's peak of a
+  model whose activations are small beside its weights."""
+  if num_replicas <= 1:
+    return None
+  return [2 * g for g in grads]
 
 
 def DeviceMemory(memory, params, slots, grads=None, moments=None,

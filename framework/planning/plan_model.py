@@ -290,17 +290,17 @@ class PlanModel:
 
     A device holding several stages holds their sum at each moment
     (memory_estimate.DeviceMemory, over the schedule's ticks). Sharded
-    slots (layout.shard): 1/R of each stage's, and at the update the
-    gathered blocks of the new weights, the stage's weights' size
-    (framework/train/sharded_update.py).
+    slots (layout.shard): 1/R of each stage's. With R > 1 the update's
+    all-reduce buffers (memory_estimate.UpdateBytes).
     """
     memory = memory or self.LayoutPlan(layout)
     weights = self.StageWeights(self.Bounds(layout))
-    slots, update = [w[2] for w in weights], None
+    slots = [w[2] for w in weights]
     if layout.shard and layout.replicas > 1:
       slots = [-(-s // layout.replicas) for s in slots]
-      update = [w[1] for w in weights]
-    args = (memory, [w[0] for w in weights], slots, [w[1] for w in weights])
+    grads = [w[1] for w in weights]
+    update = memory_estimate.UpdateBytes(grads, layout.replicas)
+    args = (memory, [w[0] for w in weights], slots, grads)
     moments = memory_estimate.Moments(*args, update=update)  # Once for both.
     return ([d.total for d in memory_estimate.DeviceMemory(
         *args, moments=moments)],

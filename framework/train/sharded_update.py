@@ -18,7 +18,8 @@ replicas.py), in the cross-replica context:
      float64, as learner.GlobalNorm), all-reduced; clipping and the skip
      read it, as unsharded;
   4. update: each replica applies the rule to its shard of the weights and
-     its slot shards (learner.ApplyShards; a skipped step changes nothing);
+     its slot shards (learner.ShardStep, ApplyShard; a skipped step changes
+     nothing), a stage's packs one after the other;
   5. all-gather: the stage's updated shards, gathered, are every replica's
      new weights.
 
@@ -63,6 +64,7 @@ from tensorflow.python.trackable import base as trackable_base  # pylint: disabl
 
 from cadence.framework import learner as learner_lib
 from cadence.framework import optimizer as optimizer_lib
+from cadence.framework.nested_map import NestedMap
 from cadence.framework.train import replicas
 
 _GROUP_KEY_START = 20000   # Without a strategy's key allocator.
@@ -87,18 +89,6 @@ def _DeviceOrder(device):
 def NumShards(strategy):
   """R: the replicas a sharded slot is cut over (every host's)."""
   return strategy.num_replicas_in_sync
-
-
-def BufferBytes(num_elements, dtype_size, num_shards):
-  """Bytes a variable of `num_elements` adds to its stage's device at the
-  sharded update (R > 1): the gathered [R, c] of its new weight (the mean
-  gradient is the all-reduce's, which an unsharded step holds too). With
-  train.allreduce_bytes_per_pack a pack's concatenation is one more such
-  block, which this does not count. 0 unsharded."""
-  if num_shards <= 1:
-    return 0
-  return num_shards * optimizer_lib.ShardSize(num_elements, num_shards) * (
-      dtype_size)
 
 
 class ShardedSlot(trackable_base.Trackable):
@@ -262,6 +252,10 @@ class ShardedUpdate:
     """Updates every local copy's shards from the mean gradient, gathers
     the new weights; in the cross-replica context.
 
+    A stage's packs are updated one after the other (each waits for the
+    previous one's new weights to be written), so the update holds one
+    pack's rule and gathered block at a time, not every variable's.
+
     Args:
       step: the global step.
       means: per local replica, per trained variable (learner.trainable
@@ -280,22 +274,53 @@ class ShardedUpdate:
           mine.append(self._Shard(g, i, self._first + r))
       shards.append(mine)
     norms = self._GlobalNorms(shards)
-    stats, new = None, []
+    steps = []
     for r, learner in enumerate(self._learners):
-      items = []
-      for i, (_, var) in enumerate(learner.trainable):
-        # Read once its gradient shard exists (as the optimizer reads its
-        # state): read at the step's start, it would be held through it.
-        with tf.device(var.device), tf.control_dependencies([shards[r][i]]):
-          weight = self._Shard(var.value(), i, self._first + r)
-        items.append((shards[r][i], weight, var))
-      shard_values, replica_stats = learner.ApplyShards(
-          step, items, norms[r], loss=loss,
-          skip=None if stats is None else stats.skipped)
-      stats = stats or replica_stats
-      new.append(shard_values)
-    self._Gather(new)
-    return stats
+      steps.append(learner.ShardStep(
+          step, norms[r], loss=loss,
+          skip=None if not steps else steps[0].skipped))
+    written = []
+    for devices, launchers, packs in self._stages:
+      done = [[] for _ in self._learners]   # Per replica: the last pack's.
+      for pack in packs:
+        new = []
+        for r, learner in enumerate(self._learners):
+          mine = []
+          for i in pack:
+            var = learner.trainable[i][1]
+            with tf.device(var.device), tf.control_dependencies(done[r]):
+              weight = self._Shard(var.value(), i, self._first + r)
+              mine.append(learner.ApplyShard(steps[r], shards[r][i], weight,
+                                             var))
+          new.append(mine)
+        done = self._GatherPack(pack, new, devices, launchers)
+      written += [op for ops in done for op in ops]
+    with tf.control_dependencies(written):
+      for r, learner in enumerate(self._learners):
+        learner.FinishShards(steps[r])
+    return NestedMap(grad_norm=steps[0].grad_norm,
+                     skipped=steps[0].skipped,
+                     learning_rate=steps[0].learning_rate)
+
+  def _GatherPack(self, pack, new, devices, launchers):
+    """Every local copy's variables of `pack` from the replicas' new
+    shards (`new`: per local replica, per variable of the pack); returns
+    per replica the ops that wrote them."""
+    done = []
+    for r, learner in enumerate(self._learners):
+      with tf.device(devices[r]):
+        mine = new[r][0] if len(pack) == 1 else tf.concat(new[r], 0)
+      gathered = launchers[r].AllGather(mine)
+      ops = []
+      with tf.device(devices[r]):
+        rows = tf.reshape(gathered, [self.num_shards, -1])
+        for i, block in zip(pack, tf.split(
+            rows, [self._shard[i] for i in pack], axis=1)):
+          var = learner.trainable[i][1]
+          whole = tf.reshape(block, [-1])[:self._sizes[i]]
+          ops.append(var.assign(tf.reshape(whole, var.shape)))
+      done.append(ops)
+    return done
 
   def _GlobalNorms(self, shards):
     """Per local replica: the global norm of the whole mean gradient, from
@@ -346,20 +371,3 @@ class ShardedUpdate:
         with tf.device(devices[0]):
           out.append(tf.reshape(gathered[0][:self._sizes[i]], slot.shape))
     return out
-
-  def _Gather(self, new):
-    """Every copy's variables from the replicas' new shards."""
-    for devices, launchers, packs in self._stages:
-      for pack in packs:
-        for r, learner in enumerate(self._learners):
-          with tf.device(devices[r]):
-            parts = [new[r][i] for i in pack]
-            mine = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-          gathered = launchers[r].AllGather(mine)
-          with tf.device(devices[r]):
-            rows = tf.reshape(gathered, [self.num_shards, -1])
-            for i, block in zip(pack, tf.split(
-                rows, [self._shard[i] for i in pack], axis=1)):
-              var = learner.trainable[i][1]
-              whole = tf.reshape(block, [-1])[:self._sizes[i]]
-              var.assign(tf.reshape(whole, var.shape))

@@ -273,7 +273,9 @@ class StageMemoryTest(tf.test.TestCase):
   def testSplitBackwardHoldsWhatWReadsUntilW(self):
     # ZB-H1, K=2, M=2, no remat; ticks [F00] [F01 F10] [B10] [B00 F11]
     # [W00 B11] [B01 W10] [W01 W11]. After a B its residuals (what W
-    # reads) stay until the W; gradients exist from the first B or W on.
+    # reads) stay until the W; gradients exist from the first B or W on;
+    # cell 1 holds B10's input gradient while B00 takes it, B11's while
+    # B01 does (cell 0's out, 10).
     cells = [NestedMap(act=100, act_weights=40, residuals=50, out=10,
                        transient=30, outside=0),
              NestedMap(act=200, act_weights=80, residuals=90, out=20,
@@ -282,8 +284,8 @@ class StageMemoryTest(tf.test.TestCase):
                        backward_window=1, cells=cells)
     moments = memory_estimate.Moments(memory, [1000, 2000], [0, 0])
     self.assertEqual(
-        [[110, 0], [220, 220], [220, 220 + 2050], [220 + 1030, 310],
-         [160 + 1030, 310 + 2050], [110 + 1030, 180 + 2050],
+        [[110, 0], [220, 220], [220, 220 + 2050], [220 + 1030, 310 + 10],
+         [160 + 1030, 310 + 2050], [110 + 1030, 180 + 2050 + 10],
          [50 + 1030, 90 + 2050]],
         [[s.activations + s.grads + s.transient for s in m]
          for m in moments])
@@ -318,20 +320,22 @@ class StageMemoryTest(tf.test.TestCase):
 
   def testMomentsAndSharedMemory(self):
     # GPipe, K=2, M=2, no remat: ticks [F00] [F01 F10] [F11] (between the
-    # phases) [B11] [B01 B10] [B00]; each cell's act 100, out 10.
+    # phases) [B11] [B01 B10] [B00]; each cell's act 100, out 10. Cell 1
+    # holds the input gradient of B11 while B01 takes it, and B10's while
+    # B00 does (10 bytes each).
     cell = NestedMap(act=100, act_weights=100, out=10, transient=30,
                      outside=0)
     memory = NestedMap(schedule='gpipe', remat='never', num_micro_batches=2,
                        backward_window=1, cells=[cell, cell])
     moments = memory_estimate.Moments(memory, [1000, 1000], [0, 0])
     self.assertEqual([[1110, 1000], [1220, 1110], [1220, 1220],
-                      [1220, 1220], [1220, 2250], [2250, 2140],
-                      [2140, 2000]],
+                      [1220, 1220], [1220, 2250], [2250, 2150],
+                      [2140, 2010]],
                      [[s.total for s in m] for m in moments])
     # Each cell's worst moment is a different tick; together, B01 and B10.
     self.assertEqual([memory_estimate.Stage(1000, 0, 1000, 220, 30)] * 2,
                      memory_estimate.StageMemory(memory, [1000] * 2, [0, 0]))
-    self.assertEqual(memory_estimate.Stage(2000, 0, 2000, 330, 60),
+    self.assertEqual(memory_estimate.Stage(2000, 0, 2000, 340, 60),
                      memory_estimate.SharedMemory(memory, [1000] * 2, [0, 0]))
     # One cell: the shared memory is the stage's.
     for schedule in ('gpipe', '1f1b'):

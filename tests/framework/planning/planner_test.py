@@ -130,7 +130,7 @@ class PlanModelTest(tf.test.TestCase):
     with cluster:
       task, _ = base_model.BuildSymbolically(params)
       want = [s.total for s in inspect_lib.TaskStages(task.task,
-                                                       num_shards=2)]
+                                                       num_replicas=2)]
     per_device, _ = model.DeviceMemory(layout)
     # Padding aside (a shard of each variable, not of the stage's sum).
     self.assertAllClose(want, per_device, rtol=1e-3)
