@@ -24,7 +24,9 @@ def cadence_py_library(name, folder, deps = [], exclude = []):
 def cadence_py_tests(folder, deps = [], data = []):
     """One py_test per `folder/**/*_test.py`, run through pytest.
 
-    Every test gets the shared helpers `<folder>/test_utils.py`.
+    Every test gets the shared helpers `<folder>/test_utils.py` and
+    `<folder>/readme_blocks.py`, and conftest.py its plugin
+    `<folder>/slow_test_notice.py`.
 
     Each test runs `<folder>/bazel_pytest_main.py <test file>`; pytest reads
     pyproject.toml (importlib mode) and `<folder>/conftest.py`, which
@@ -39,7 +41,8 @@ def cadence_py_tests(folder, deps = [], data = []):
         native.py_test(
             name = name,
             srcs = [src, main, folder + "/conftest.py",
-                    folder + "/test_utils.py"],
+                    folder + "/test_utils.py", folder + "/readme_blocks.py",
+                    folder + "/slow_test_notice.py"],
             main = main,
             args = ["$(location %s)" % src],
             data = ["pyproject.toml"] + data,

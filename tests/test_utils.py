@@ -306,6 +306,7 @@ _MAINS_DRIVER = """
 import contextlib, io, json, os, sys
 from absl import flags
 from absl import logging
+exec(sys.argv[2])   # The caller's prelude, before trainer.py defines flags.
 from cadence import trainer
 results = []
 for argv, env in json.loads(sys.argv[1]):
@@ -330,28 +331,34 @@ print(json.dumps(results))
 """
 
 
-def StartTrainerMains(argvs, env=None, case_envs=None):
+def StartTrainerMains(argvs, env=None, case_envs=None, prelude=''):
   """Runs `trainer.main` on each argv in turn in ONE subprocess (through
   the trainer's own flag parsing; TensorFlow is imported once, when the
   first case needs it). `case_envs`: per argv, environment variables set
-  for that case only (e.g. TF_CONFIG). Returns the Popen;
-  `FinishTrainerMains` gives [(exit code, stderr and log)] per argv."""
+  for that case only (e.g. TF_CONFIG). `prelude`: Python run first, before
+  trainer.py is imported (e.g. a mode or an option registered). Returns the
+  Popen; `FinishTrainerMains` gives [(exit code, stderr and log)] per
+  argv."""
   env = dict(env or QUIET_ENV)
   env.pop('TF_CONFIG', None)
   cases = list(zip(argvs, case_envs or [{}] * len(argvs)))
   return subprocess.Popen(
-      [sys.executable, '-c', _MAINS_DRIVER, json.dumps(cases)], cwd=ROOT,
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      [sys.executable, '-c', _MAINS_DRIVER, json.dumps(cases), prelude],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
 
 
 def FinishTrainerMains(proc, timeout=600, imports=False, stdout=False):
   """[(exit code, stderr)] per argv of `StartTrainerMains`'s process; with
   `imports`, [(exit code, stderr, whether TensorFlow was imported after
-  that argv's run)]; with `stdout`, [(exit code, stderr, stdout)]."""
+  that argv's run)]; with `stdout`, [(exit code, stderr, stdout)]; with
+  both, [(exit code, stderr, imported, stdout)]."""
   out, err = proc.communicate(timeout=timeout)
   if proc.returncode:
     raise AssertionError(f'trainer driver failed: {err[-3000:]}')
   results = json.loads(out.strip().splitlines()[-1])
+  if stdout and imports:
+    return [tuple(r) for r in results]
   if stdout:
     return [(r[0], r[1], r[3]) for r in results]
   return [r[:3] for r in results] if imports else [r[:2] for r in results]

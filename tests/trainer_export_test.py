@@ -6,7 +6,8 @@ evaluates Dev and decodes it at the end; one process then exports both
 (and tries the bad cases); one process that never imports Cadence loads
 the exports and runs `score`, `sample` and `predict` on the same Dev rows.
 The exports must give the trainer's own eval numbers (1e-5) and the
-decoder job's lines, and the README's loading snippet runs as written.
+decoder job's lines, and the README's loading and sampling snippets run as
+written.
 """
 import json
 import os
@@ -21,6 +22,7 @@ from cadence.framework.jobs import run_params
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import summary_utils
 from cadence.tasks.lm import tokenizers
+from cadence.tests import readme_blocks
 from cadence.tests import test_utils
 
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
@@ -98,11 +100,11 @@ def _PlacedOps(path):
 
 
 def _ReadmeSnippet():
-  """The first python block of the README's export section."""
-  with open(os.path.join(test_utils.ROOT, 'README.md')) as f:
-    text = f.read()
-  section = text[text.index('## Export for serving'):]
-  return re.search(r'```python\n(.*?)```', section, re.S).group(1)
+  """The python blocks of the README's export section, one after the other
+  (the second uses the first's `lm` and `sp`)."""
+  blocks = readme_blocks.Blocks('by tests/trainer_export_test.py')
+  assert [b.section for b in blocks] == ['Export for serving'] * 2, blocks
+  return ''.join(b.code for b in blocks)
 
 
 class TrainerExportTest(tf.test.TestCase):

@@ -65,39 +65,20 @@ declared twice or named like a common one. The modules of the options
 import TensorFlow only inside the methods that use it, since trainer.py
 reads the registry before TensorFlow loads.
 
-A toy: one replica on one CPU of this host (its own flag
---one_device_cpu says which), under the default strategy and the plain
-train program, chosen instead of `local` when the flags ask for one
-device (tests/framework/distribute/distribution_test.py registers it,
-parses its flag and trains it):
+A toy: the README's "A distribution option of one's own" writes one in
+full, `one_device.py` (one replica on the CPU its flag --one_device_cpu
+names, under the default strategy and the plain train program, chosen
+instead of `local` when the flags ask for one device), with its two lines
+here:
 
-  @dataclasses.dataclass
-  class OneDeviceFlags:
-    one_device_cpu: int = flag_fields.Flag(
-        0, 'The CPU of this host the one_device option trains on.')
+  from cadence.framework.distribute import one_device
+  Register(one_device.OneDeviceSetup, before='local')
 
-  class OneDeviceSetup(option.Setup):
-    name = 'one_device'
-    FLAGS = OneDeviceFlags   # --one_device_cpu
-
-    @classmethod
-    def Applies(cls, flags):
-      return (not flags.tpu and flags.tf_config is None and
-              flags.run_locally == 'cpu' and
-              flags.worker_replicas * flags.worker_split_size == 1)
-
-    @classmethod
-    def Create(cls, flags):
-      cpu = cls.FlagsOf(flags).one_device_cpu
-      cluster = cluster_lib.Cluster.Params().Set(
-          devices=[f'/device:CPU:{cpu}']).Instantiate()
-      return cls(cluster=cluster, strategy=tf.distribute.get_strategy())
-
-  Register(OneDeviceSetup, before='local')
-  Create(one_device_cpu=1)   # OneDeviceSetup on /device:CPU:1
-
-(`flags.tpu` reads the tpu option's flag: Flags made here hold every
-registered option's flags as attributes too.)
+tests/readme_test.py trains it through trainer.py, and
+tests/framework/distribute/distribution_test.py registers it, parses its
+flag and trains it through trainer_lib. (An option may read another's
+flag as an attribute, `flags.tpu`: the Flags made here hold every
+registered option's flags.)
 
 Example (two hosts, the same command on each):
   TF_CONFIG='{"cluster": {"worker": ["h0:2222", "h1:2222"]},

@@ -34,6 +34,35 @@ class LocalFlags:
       0, 'GPUs to use with --run_locally=gpu (0: all visible).')
 
 
+def MakeLogicalCpus(need, what):
+  """Cuts this host's CPU into `need` logical CPUs, /device:CPU:0 to
+  /device:CPU:<need - 1>, before TensorFlow makes its devices (one CPU
+  needs nothing). Options that train on chosen CPUs call it from `Create`.
+
+  Args:
+    need: an int >= 1.
+    what: the flags that ask for them, for the error, e.g.
+      '--one_device_cpu=3'.
+
+  Raises:
+    option.SetupError: TensorFlow made its devices already, fewer of them
+      (e.g. in a test process).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if need <= 1:
+    return
+  cpus = tf.config.list_physical_devices('CPU')
+  try:
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration()] * need)
+  except RuntimeError:  # Already initialised (e.g. inside a test).
+    have = len(tf.config.list_logical_devices('CPU'))
+    if have < need:
+      raise option.SetupError(
+          f'{what} needs {need} logical CPUs; TensorFlow already runs with '
+          f'{have}.') from None
+
+
 def LocalDevices(run_locally, worker_replicas, worker_split_size,
                  worker_gpus):
   """(device_type, number of devices) of this host; makes logical CPUs.
@@ -44,18 +73,8 @@ def LocalDevices(run_locally, worker_replicas, worker_split_size,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   need = worker_replicas * worker_split_size
   if run_locally == 'cpu':
-    if need > 1:
-      cpus = tf.config.list_physical_devices('CPU')
-      try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()] * need)
-      except RuntimeError:  # Already initialised (e.g. inside a test).
-        have = len(tf.config.list_logical_devices('CPU'))
-        if have < need:
-          raise option.SetupError(
-              f'--worker_replicas={worker_replicas} x --worker_split_size='
-              f'{worker_split_size} needs {need} logical CPUs; TensorFlow '
-              f'already runs with {have}.') from None
+    MakeLogicalCpus(need, f'--worker_replicas={worker_replicas} x '
+                    f'--worker_split_size={worker_split_size}')
     return 'CPU', need
   if run_locally == 'gpu':
     gpus = len(tf.config.list_physical_devices('GPU'))

@@ -10,7 +10,8 @@ bubble next to the ideal one, and a Gantt chart of what ran when
 (framework/pipeline/timeline_chart.py), written to
 `<logdir>/inspect_pipeline/`: pipeline_timeline.svg, pipeline_timeline.txt
 (every action's exact times) and a TensorBoard image summary
-`pipeline_timeline`. The same
+`pipeline_timeline`, the same chart in pixels with its words
+(framework/pipeline/timeline_image.py). The same
 profile's allocator events give each device's measured memory peak
 (memory_profile), printed next to its stage's estimate (memory_estimate).
 

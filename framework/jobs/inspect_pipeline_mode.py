@@ -1,11 +1,17 @@
 """`--mode=inspect_pipeline`: one training step profiled; its pipeline
 timeline and each device's measured memory printed (and, with --logdir,
-the chart and summary written): framework/jobs/inspect_pipeline.py."""
+the chart and summary written, else a last line saying how to get them):
+framework/jobs/inspect_pipeline.py."""
 import os
 import sys
 
 from cadence.framework.jobs import mode_registry
 from cadence.framework.jobs import user_error
+
+# What a run without --logdir prints last: it wrote nothing, and how to.
+NO_LOGDIR_LINE = ('No chart written: add --logdir=DIR to write the chart '
+                  '(SVG), every action\'s times and a TensorBoard image to '
+                  'DIR/inspect_pipeline.')
 
 
 class InspectPipelineMode(mode_registry.Mode):
@@ -37,4 +43,6 @@ class InspectPipelineMode(mode_registry.Mode):
     if options.logdir:
       sys.stdout.write(f'Chart and summary: '
                        f'{os.path.join(options.logdir, "inspect_pipeline")}\n')
+    else:
+      sys.stdout.write(NO_LOGDIR_LINE + '\n')
     sys.stdout.flush()

@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from cadence.framework.pipeline import schedules
 from cadence.framework.pipeline import timeline_chart
+from cadence.framework.pipeline import timeline_image
 
 
 class NoPipelineError(ValueError):
@@ -272,15 +273,15 @@ class Timeline:
           f'{1000 * self.busy[a]:9.2f}{len(self.blocks[a]):8d}')
     return '\n'.join(lines) + '\n'
 
-  # --- pictures (framework/pipeline/timeline_chart.py) ------------------------
+  # --- pictures (framework/pipeline/timeline_chart.py, timeline_image.py) ----
 
   def Svg(self, width=960):
     """The chart as SVG text (timeline_chart.Svg)."""
     return timeline_chart.Svg(self, width)
 
-  def Image(self, width=480, lane_height=10):
-    """The chart as an RGB uint8 array (timeline_chart.Image)."""
-    return timeline_chart.Image(self, width, lane_height)
+  def Image(self, width=960, lane_height=24):
+    """The chart as an RGB uint8 array, labelled (timeline_image.Image)."""
+    return timeline_image.Image(self, width, lane_height)
 
   def WritePictures(self, logdir, name='pipeline_timeline'):
     """Writes <name>.svg (the chart) and <name>.txt (the SpanTable) to

@@ -20,8 +20,9 @@ tooltip (`<title>`), and `Timeline.SpanTable`, written beside the chart,
 lists them all. Bands after the actions (`after`: e.g. a simulated step's
 all-reduce and update) span the rows; the time axis runs to their end, or
 to the span's, and labels that end time in the chart's right margin.
-`Layout` computes every box and label (pixels), `Svg` and `Image` draw
-them.
+`Layout` computes every box and label (pixels), `Compose` the rest of the
+picture (title, legend, axis, notes); `Svg` writes it, and
+timeline_image.Image draws it in pixels (TensorBoard's image).
 
 Example:
   chart = Layout(timeline, width=960)
@@ -287,13 +288,7 @@ def _Wrap(text, width):
   return lines
 
 
-def _Legend(x, y, rgb, text):
-  return (f'<rect x="{x:.0f}" y="{y - 9}" width="10" height="10" '
-          f'fill="rgb{rgb}" stroke="#888"/><text x="{x + 14:.0f}" y="{y}">'
-          f'{text}</text>', x + 18 + LabelWidth(text))
-
-
-def _Notes(timeline, chart, after, idle):
+def _Notes(timeline, chart, after, idle, tooltips=True):
   """What the chart's colours, bands, marks and labels mean."""
   if idle is None:
     idle = ('no op of a pipeline action ran on the device' +
@@ -313,14 +308,15 @@ def _Notes(timeline, chart, after, idle):
     notes.append(f'Boxes without a label: more narrow boxes side by side '
                  f'than {MAX_TIERS} tiers of labels hold.')
   notes.append('Exact times of every action (its span, first op to last, '
-               'busy ms): a box\'s tooltip, and the .txt table beside this '
-               'chart.')
+               'busy ms): ' + ('a box\'s tooltip, and the .txt table beside '
+                               'this chart.' if tooltips else
+                               'the .txt table beside the SVG chart.'))
   return ' '.join(notes)
 
 
-def _Axis(chart, y):
-  """The time axis under the rows at `y`: a line, ticks at round times and
-  one at its end, labelled with the end time."""
+def _AxisTicks(chart):
+  """[(x, text)] of the time axis: ticks at round times, then one at its
+  end, labelled with the end time."""
   end_x = chart.left + chart.end * chart.scale
   end = f'{FormatMs(chart.end)} ms'
   ticks = [(chart.left + t * chart.scale, f'{1000 * t:g} ms')
@@ -328,47 +324,43 @@ def _Axis(chart, y):
   # The end's label replaces a round tick's that it would overlap.
   ticks = [(x, text) for x, text in ticks
            if end_x - x >= (LabelWidth(end) + LabelWidth(text)) / 2]
-  out = [f'<line x1="{chart.left}" y1="{y}" x2="{end_x:.1f}" y2="{y}" '
-         'stroke="#888"/>']
-  for x, text in ticks + [(end_x, end)]:
-    anchor = ('end' if x + LabelWidth(text) / 2 > chart.width else
-              'middle')
-    out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" '
-               f'stroke="#888"/><text x="{x:.1f}" y="{y + 14}" '
-               f'text-anchor="{anchor}">{text}</text>')
-  return out
+  return ticks + [(end_x, end)]
 
 
-def _BandText(band):
-  """The name of a band inside it: level, or turned up when only that
-  fits; none when neither does (the legend names it)."""
-  cx, cy = band.x + band.w / 2, band.y + band.h / 2
+def AxisAnchor(x, text, width):
+  """Where a tick's label hangs from its x: 'middle', or 'end' where that
+  would cross the chart's right edge `width`."""
+  return 'end' if x + LabelWidth(text) / 2 > width else 'middle'
+
+
+def BandText(band):
+  """How a band's name goes inside it: 'level', 'up' (turned a quarter
+  left) when only that fits, or None when neither does (the legend names
+  it)."""
   if LabelWidth(band.name) <= band.w:
-    return (f'<text x="{cx:.1f}" y="{cy + 4:.1f}" text-anchor="middle">'
-            f'{band.name}</text>')
+    return 'level'
   if band.w >= _FONT_SIZE + 2 and LabelWidth(band.name) <= band.h:
-    return (f'<text x="{cx + 4:.1f}" y="{cy:.1f}" text-anchor="middle" '
-            f'transform="rotate(-90 {cx + 4:.1f} {cy:.1f})">{band.name}'
-            '</text>')
-  return ''
+    return 'up'
+  return None
 
 
-def Svg(timeline, width=960, title=None, after=(), idle=None):
-  """The chart as SVG text (see the module docstring).
+# What a picture of the chart draws, in pixels, apart from its chart's
+# boxes and labels: the title's lines (baselines 14 + 15 i from the top,
+# at x 4); the legend's swatches (10 x 10, top y - 9) and names (at x + 14,
+# baseline y) as (x, y, rgb, name); the key line (x, y, text); the time
+# axis's y and ticks [(x, text)]; the notes' lines under it (baselines
+# axis + 32 + 15 i); its width and height.
+Figure = collections.namedtuple('Figure', [
+    'titles', 'legend', 'key', 'chart', 'axis', 'ticks', 'notes', 'width',
+    'height'])
 
-  Args:
-    timeline: a timeline.Timeline.
-    width: pixels.
-    title: the chart's title (wrapped to the width); None: the profiled
-      step's stages, micro-batches, span and bubble.
-    after: [(name, seconds, what)]: bands after the actions (Layout's
-      `after`); `what` says what each is (the notes, its tooltip).
-    idle: what idle time means (the notes under the time axis); None: a
-      profiled step's.
 
-  Returns:
-    The SVG text.
-  """
+def Compose(timeline, width=960, title=None, after=(), idle=None,
+            lane_height=18, tooltips=True):
+  """Where everything of the chart of `timeline` goes: a Figure, which Svg
+  writes and timeline_image.Image draws (Svg's arguments;
+  `lane_height`: Layout's; `tooltips`: whether the picture has them, as an
+  SVG does, which the notes then point to)."""
   if title is None:
     title = (f'Pipeline step: {timeline.num_cells} stages x '
              f'{timeline.num_steps} micro-batches, '
@@ -391,17 +383,65 @@ def Svg(timeline, width=960, title=None, after=(), idle=None):
   legend_y = 15 * len(titles) + 17
   legend, x = [], 4
   for rgb, text in items:
-    item, x = _Legend(x, legend_y, rgb, text)
-    legend.append(item)
+    legend.append((x, legend_y, rgb, text))
+    x += 18 + LabelWidth(text)
   key_y = legend_y
   if x + LabelWidth(key) > width:
     x, key_y = 4, legend_y + 15
-  legend.append(f'<text x="{x:.0f}" y="{key_y}">{key}</text>')
-  chart = Layout(timeline, width, top=key_y + 12,
+  chart = Layout(timeline, width, top=key_y + 12, lane_height=lane_height,
                  after=[(name, seconds) for name, seconds, _ in after])
-  notes = _Wrap(_Notes(timeline, chart, after, idle), width - 8)
+  notes = _Wrap(_Notes(timeline, chart, after, idle, tooltips), width - 8)
   axis = chart.height - 2
-  height = axis + 30 + 15 * len(notes)
+  return Figure(titles, legend, (x, key_y, key), chart, axis,
+                _AxisTicks(chart), notes, width, axis + 30 + 15 * len(notes))
+
+
+def _SvgAxis(figure):
+  """The time axis: a line, and each tick with its label."""
+  chart, y = figure.chart, figure.axis
+  end_x = chart.left + chart.end * chart.scale
+  out = [f'<line x1="{chart.left}" y1="{y}" x2="{end_x:.1f}" y2="{y}" '
+         'stroke="#888"/>']
+  for x, text in figure.ticks:
+    out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" '
+               f'stroke="#888"/><text x="{x:.1f}" y="{y + 14}" '
+               f'text-anchor="{AxisAnchor(x, text, chart.width)}">{text}'
+               '</text>')
+  return out
+
+
+def _SvgBandText(band):
+  """The name of a band inside it (BandText), or ''."""
+  cx, cy = band.x + band.w / 2, band.y + band.h / 2
+  how = BandText(band)
+  if how == 'level':
+    return (f'<text x="{cx:.1f}" y="{cy + 4:.1f}" text-anchor="middle">'
+            f'{band.name}</text>')
+  if how == 'up':
+    return (f'<text x="{cx + 4:.1f}" y="{cy:.1f}" text-anchor="middle" '
+            f'transform="rotate(-90 {cx + 4:.1f} {cy:.1f})">{band.name}'
+            '</text>')
+  return ''
+
+
+def Svg(timeline, width=960, title=None, after=(), idle=None):
+  """The chart as SVG text (see the module docstring).
+
+  Args:
+    timeline: a timeline.Timeline.
+    width: pixels.
+    title: the chart's title (wrapped to the width); None: the profiled
+      step's stages, micro-batches, span and bubble.
+    after: [(name, seconds, what)]: bands after the actions (Layout's
+      `after`); `what` says what each is (the notes, its tooltip).
+    idle: what idle time means (the notes under the time axis); None: a
+      profiled step's.
+
+  Returns:
+    The SVG text.
+  """
+  figure = Compose(timeline, width, title, after, idle)
+  chart, height = figure.chart, figure.height
   # Times in tooltips: 2 decimals of a ms, more for a step of microseconds.
   places = max(2, 3 - math.floor(math.log10(1000 * chart.end or 1)))
   ms = lambda s: f'{1000 * s:.{places}f}'  # pylint: disable=unnecessary-lambda-assignment
@@ -410,8 +450,12 @@ def Svg(timeline, width=960, title=None, after=(), idle=None):
          f'font-size="{_FONT_SIZE}">',
          f'<rect width="{width}" height="{height:.0f}" fill="white"/>']
   out += [f'<text x="4" y="{14 + 15 * i}">{line}</text>'
-          for i, line in enumerate(titles)]
-  out += legend
+          for i, line in enumerate(figure.titles)]
+  out += [f'<rect x="{x:.0f}" y="{y - 9}" width="10" height="10" '
+          f'fill="rgb{rgb}" stroke="#888"/><text x="{x + 14:.0f}" y="{y}">'
+          f'{text}</text>' for x, y, rgb, text in figure.legend]
+  x, y, key = figure.key
+  out.append(f'<text x="{x:.0f}" y="{y}">{key}</text>')
   for row in chart.rows:
     out.append(f'<text x="4" y="{row.y + row.h / 2 + 4:.0f}">{row.name}'
                '</text>')
@@ -420,7 +464,7 @@ def Svg(timeline, width=960, title=None, after=(), idle=None):
                f'width="{band.w:.1f}" height="{band.h:.1f}" '
                f'fill="rgb{AFTER_COLOURS[i % 2]}"><title>{band.name}: '
                f'{ms(band.start)}-{ms(band.end)} ms: {what}</title></rect>' +
-               _BandText(band))
+               _SvgBandText(band))
   # Leaders first: a box covers a leader that would cross it.
   for label in chart.labels:
     if label.leader:
@@ -440,19 +484,7 @@ def Svg(timeline, width=960, title=None, after=(), idle=None):
     out.append(f'<text x="{label.x + label.w / 2:.1f}" '
                f'y="{label.y + label.h - 3:.1f}" text-anchor="middle"'
                f'{style}>{label.text}</text>')
-  out += _Axis(chart, axis)
-  for i, line in enumerate(notes):
-    out.append(f'<text x="4" y="{axis + 32 + 15 * i}">{line}</text>')
+  out += _SvgAxis(figure)
+  for i, line in enumerate(figure.notes):
+    out.append(f'<text x="4" y="{figure.axis + 32 + 15 * i}">{line}</text>')
   return '\n'.join(out) + '\n</svg>\n'
-
-
-def Image(timeline, width=480, lane_height=10):
-  """The chart as an RGB uint8 array [height, width, 3] (no text)."""
-  chart = Layout(timeline, width, left=0, top=0, lane_height=lane_height,
-                 gap=2, labels=False, right=0)
-  image = np.full([int(chart.height), width, 3], 255, np.uint8)
-  for box in chart.boxes:
-    x0 = int(box.x)
-    x1 = max(x0 + 1, int(box.x + box.w))
-    image[int(box.y):int(box.y + box.h), x0:x1] = box.rgb
-  return image

@@ -6,15 +6,20 @@ one subprocess (the trainer's flag parsing and `main`, case by case):
 --mode=inspect_model (memory per stage), --mode=plan --plan_measure and
 on a described cluster, and training with 1F1B and ZB-H1, which reach the
 same loss (the schedules compute the same gradients); then the export
-of the 1F1B run, whose `predict` equals numpy on the checkpoint's weights.
+of the 1F1B run, whose `predict` equals numpy on the checkpoint's weights,
+also through the README's loading snippet as written.
 """
+import io
 import os
 import re
+import sys
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
 
 from cadence.framework.train import summary_utils
+from cadence.tests import readme_blocks
 from cadence.tests import test_utils
 
 _KEY = 'examples.pipelined_mlp.PipelinedMlp'
@@ -86,21 +91,36 @@ class PipelineYourOwnModelTest(tf.test.TestCase):
     self._CheckExport(export_argv)
 
   def _CheckExport(self, argv):
-    """The export's predict against numpy on the checkpoint's weights."""
+    """The export's predict against numpy on the checkpoint's weights; the
+    README's loading snippet, as written, on the export."""
     flags = dict(a[2:].split('=', 1) for a in argv if '=' in a)
     ckpt = tf.train.latest_checkpoint(os.path.join(flags['logdir'], 'train'))
     reader = tf.train.load_checkpoint(ckpt)
     w = lambda name: reader.get_tensor(  # pylint: disable=g-long-lambda
         f'model/vars/regression..net..{name}/.ATTRIBUTES/VARIABLE_VALUE')
+
+    def Want(x):
+      h = x.astype(np.float64)
+      for i in range(6):
+        h = h + np.maximum(h @ w(f'units[{i}]..w1'), 0) @ w(f'units[{i}]..w2')
+      return (h @ w('units[6]..w') + w('units[6]..b'))[:, 0]
+
     x = np.random.default_rng(3).normal(size=[5, 8]).astype(np.float32)
-    h = x.astype(np.float64)
-    for i in range(6):
-      h = h + np.maximum(h @ w(f'units[{i}]..w1'), 0) @ w(f'units[{i}]..w2')
-    want = (h @ w('units[6]..w') + w('units[6]..b'))[:, 0]
     served = tf.saved_model.load(flags['export_dir'])
     got = served.predict(x=tf.constant(x))['y'].numpy()
     self.assertEqual(got.shape, (5,))
-    self.assertAllClose(got, want, rtol=1e-5, atol=1e-5)
+    self.assertAllClose(got, Want(x), rtol=1e-5, atol=1e-5)
+    _, _, snippet = readme_blocks.Blocks('by tests/params/examples_test.py')
+    self.assertEqual('python', snippet.language)
+    with mock.patch.object(sys, 'stdout', io.StringIO()) as out:
+      readme_blocks.Run(snippet,
+                        {'/tmp/my_pipeline_export': flags['export_dir']})
+    printed = re.fullmatch(r'tf\.Tensor\(\[(.*)\], shape=\(2,\), '
+                           r'dtype=float32\)\n', out.getvalue())
+    self.assertIsNotNone(printed, out.getvalue())
+    self.assertAllClose([float(v) for v in printed.group(1).split()],
+                        Want(np.zeros([2, 8], np.float32)), rtol=1e-5,
+                        atol=1e-5)
 
 
 if __name__ == '__main__':

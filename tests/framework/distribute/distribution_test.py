@@ -1,10 +1,10 @@
 """distribution: the registry of options; flags that cannot run.
 
 The registry chooses the first option that applies to the flags, and an
-option registered from outside (the module docstring's toy) runs through
-the trainer exactly as the default path does; its own flag, declared once
-in its FLAGS dataclass, is defined, parsed and handed to it as the built-in
-options' are. Of the flags and TF_CONFIG
+option registered from outside (the README's toy, its module run from
+there) runs through the trainer exactly as the default path does; its own
+flag, declared once in its FLAGS dataclass, is defined, parsed and handed
+to it as the built-in options' are. Of the flags and TF_CONFIG
 that cannot run (SetupErrors), only the checks that fail before TensorFlow
 is touched run here (a strategy or a server changes the process for good);
 the clusters that work are tests/trainer_multihost_test.py and
@@ -22,13 +22,12 @@ from unittest import mock
 from absl import flags as absl_flags
 import tensorflow as tf
 
-from cadence.framework import cluster as cluster_lib
 from cadence.framework.distribute import distribution
 from cadence.framework.distribute import flag_fields
 from cadence.framework.distribute import local
-from cadence.framework.distribute import option
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
+from cadence.tests import readme_blocks
 from cadence.tests import test_utils
 
 _PS_CLUSTER = {'chief': ['127.0.0.1:1'], 'ps': ['127.0.0.1:2'],
@@ -81,29 +80,11 @@ class ParameterServerSetupTest(tf.test.TestCase):
     self.assertEqual({'type': 'ps', 'index': 1}, config['task'])
 
 
-@dataclasses.dataclass
-class OneDeviceFlags:
-  one_device_cpu: int = flag_fields.Flag(
-      0, 'The CPU of this host the one_device option trains on.')
-
-
-class OneDeviceSetup(option.Setup):
-  """The module docstring's toy option, as written there."""
-  name = 'one_device'
-  FLAGS = OneDeviceFlags   # --one_device_cpu
-
-  @classmethod
-  def Applies(cls, flags):
-    return (not flags.tpu and flags.tf_config is None and
-            flags.run_locally == 'cpu' and
-            flags.worker_replicas * flags.worker_split_size == 1)
-
-  @classmethod
-  def Create(cls, flags):
-    cpu = cls.FlagsOf(flags).one_device_cpu
-    cluster = cluster_lib.Cluster.Params().Set(
-        devices=[f'/device:CPU:{cpu}']).Instantiate()
-    return cls(cluster=cluster, strategy=tf.distribute.get_strategy())
+# The README's toy option (its module "framework/distribute/one_device.py",
+# run from the README as written there).
+_ONE_DEVICE = readme_blocks.Module('cadence.framework.distribute.one_device')
+OneDeviceFlags = _ONE_DEVICE.OneDeviceFlags
+OneDeviceSetup = _ONE_DEVICE.OneDeviceSetup
 
 
 _WORKERS = {'worker': ['127.0.0.1:1', '127.0.0.1:2']}

@@ -143,6 +143,20 @@ class InspectTest(tf.test.TestCase):
     with open(os.path.join(where, 'pipeline_timeline.txt')) as f:
       self.assertLen(f.read().splitlines(), 2 + 16)
     self.assertIn('pipeline_timeline', summary_utils.ReadImages(where))
+    self.assertTrue(out.getvalue().endswith(
+        f'Chart and summary: {where}\n'))
+    # Without --logdir: the same report, and a last line saying that no
+    # chart was written and how to get one.
+    with mock.patch.object(sys, 'stdout', io.StringIO()) as out:
+      code = trainer_lib.Main(trainer_lib.TrainerOptions(
+          model='synthetic.linear_regression.RegressionGPipeTiny',
+          mode='inspect_pipeline', worker_split_size=2))
+    self.assertEqual(code, trainer_lib.EXIT_OK)
+    self.assertIn('Pipeline step: 2 stages x 4 micro-batches', out.getvalue())
+    self.assertTrue(out.getvalue().endswith(
+        '\nNo chart written: add --logdir=DIR to write the chart (SVG), '
+        "every action's times and a TensorBoard image to "
+        'DIR/inspect_pipeline.\n'), out.getvalue()[-300:])
     # A model without a pipeline: a user error.
     with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
       code = trainer_lib.Main(_Options(mode='inspect_pipeline'))

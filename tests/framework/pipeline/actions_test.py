@@ -1,10 +1,12 @@
-"""A pipeline action kind added from a test (actions.Kind).
+"""A pipeline action kind added from outside (actions.Kind): the README's.
 
 The kind P(s, j) does stage s's forward of micro-batch j and then its
 backward, as one action: on the last stage of 1F1B, where F(S-1, j) and
 B(S-1, j) run back to back. Adding it is the kind, the schedule builder
-that uses it and the executor's handler; the checker, the simulator, the
-memory estimate and the timeline learn it from what it does (F, B).
+that uses it and the executor's handler, one module that the README's "An
+action kind of one's own" writes and this test runs from there; the
+checker, the simulator, the memory estimate and the timeline learn it from
+what it does (F, B).
 """
 import numpy as np
 import tensorflow as tf
@@ -19,6 +21,7 @@ from cadence.framework.pipeline import timeline as timeline_lib
 from cadence.framework.pipeline import timeline_chart
 from cadence.framework.planning import hardware
 from cadence.framework.planning import step_model
+from cadence.tests import readme_blocks
 from cadence.tests import test_utils
 
 A = actions.Action
@@ -29,36 +32,10 @@ _DEVICES = ['/device:CPU:0', '/device:CPU:1']
 _B, _D = 2, 3
 
 
-def FusedOneFOneB(stage_devices, num_devices, num_micro_batches):
-  """1F1B, its last stage's F and B of each micro-batch one P action."""
-  lists = schedules.Build('1f1b', len(stage_devices), num_devices,
-                          num_micro_batches,
-                          stage_devices=stage_devices).actions
-  last = len(stage_devices) - 1
-  out = []
-  for device in lists:
-    fused = []
-    for a in device:
-      if (a.kind == B and a.stage == last and fused and
-          fused[-1] == A(F, last, a.micro_batch)):
-        fused[-1] = A(P, last, a.micro_batch)
-      else:
-        fused.append(a)
-    out.append(fused)
-  return out
-
-
-def RunForwardBackward(run, i, j, after=()):
-  """The executor's handler of P: the forward, then its backward."""
-  run.Forward(i, j, after=after)
-  return run.Backward(i, j)
-
-
 def setUpModule():
-  actions.Register(actions.Kind(P, 'forward and backward', (F, B),
-                                ((150, 90, 200), (190, 150, 230))))
-  schedules.Register(_NAME, loss_inside=True)(FusedOneFOneB)
-  executor.RegisterHandler(P, RunForwardBackward)
+  # The README's module ("An action kind of one's own") registers the kind,
+  # its handler and the schedule as it runs.
+  readme_blocks.Module('cadence.framework.pipeline.fused_1f1b')
 
 
 def tearDownModule():
@@ -182,7 +159,9 @@ class ActionKindTest(tf.test.TestCase):
       schedules.Register('unhandled', loss_inside=True)(
           lambda sd, d, m: [[A(a.kind if a.kind != P else 'Q', *a[1:])
                              for a in device]
-                            for device in FusedOneFOneB(sd, d, m)])
+                            for device in schedules.Build(
+                                _NAME, len(sd), d, m, stage_devices=sd
+                            ).actions])
       try:
         with self.assertRaisesRegex(
             ValueError, r"owner: schedule 'unhandled' has actions of "
