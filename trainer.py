@@ -49,8 +49,10 @@ from cadence.framework.jobs import mode_registry  # pylint: disable=g-import-not
 from cadence.framework.jobs import process_exit  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import tf_log  # pylint: disable=g-import-not-at-top
 
-flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
-                    'synthetic.linear_regression.RegressionTiny.')
+flags.DEFINE_string('model', '', 'Registered experiment: a short key of '
+                    'Cadence\'s own, e.g. synthetic.linear_regression.'
+                    'RegressionTiny, or the full path of one of yours, '
+                    'my_pkg.my_module.MyExp.')
 flags.DEFINE_string('logdir', '', 'Folder of checkpoints, summaries and '
                     'params.txt.')
 flags.DEFINE_enum('mode', 'sync', list(mode_registry.Names()), '; '.join(

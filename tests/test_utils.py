@@ -28,6 +28,8 @@ is the package `cadence`; tests/ is not installed).
   LocalCluster(**tasks)        a TF_CONFIG cluster of localhost tasks
   SmallLmOverrides(tmp)        the Tiny GPipe LM (TINY_LM) shrunk, on a
                                small corpus and SentencePiece cache in tmp
+  WriteFiles(root, files)      a package of one's own, written into a
+                               folder
 """
 import glob
 import json
@@ -437,7 +439,7 @@ def AssertStoppedBeforeTraining(test, stderr, logdir, before):
     test.assertEqual(before, _Snapshot(logdir))
 
 
-def RunBadInputs(test, groups, root, timeout=600):
+def RunBadInputs(test, groups, root, timeout=600, env=None):
   """Runs each row through the trainer; asserts what a user error must do.
 
   The rows of each group run through `trainer.py`'s flag parsing and
@@ -453,12 +455,15 @@ def RunBadInputs(test, groups, root, timeout=600):
     groups: {group name: [BadInput]}.
     root: a folder; row r of group g gets the logdir <root>/<g>/<r.name>.
     timeout: seconds per process.
+    env: environment variables of every row (e.g. PYTHONPATH, read as the
+      process starts).
 
   Returns:
     {group name: [(exit code, stderr, TensorFlow imported)] per row}.
   """
   runs = {}
   base = {k: v for k, v in QUIET_ENV.items() if k != 'TF_CONFIG'}
+  base.update(env or {})
   for group, rows in groups.items():
     logdirs = [os.path.join(root, group, row.name) for row in rows]
     befores = []
@@ -469,7 +474,8 @@ def RunBadInputs(test, groups, root, timeout=600):
       befores.append(_Snapshot(logdir) if row.prepare is not None else None)
     argvs = [[a.replace('{logdir}', d) for a in row.argv]
              for row, d in zip(rows, logdirs)]
-    driver = StartTrainerMains(argvs, case_envs=[row.env for row in rows])
+    driver = StartTrainerMains(argvs, env=base,
+                               case_envs=[row.env for row in rows])
     reals = [(i, StartTrainer(argvs[i], env=dict(base, **rows[i].env)))
              for i, row in enumerate(rows) if row.real]
     runs[group] = (rows, logdirs, befores, driver, reals)
@@ -575,3 +581,13 @@ def SmallLmOverrides(tmp):
           'input.synthetic.num_train_shards=2;'
           'input.synthetic.sentences_per_shard=2000;'
           'input.synthetic.num_heldout_sentences=64')
+
+
+def WriteFiles(root, files):
+  """Writes {path below root: text} (folders made); returns root."""
+  for path, text in files.items():
+    path = os.path.join(root, path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+      f.write(text)
+  return root
