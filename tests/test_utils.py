@@ -28,8 +28,8 @@ is the package `cadence`; tests/ is not installed).
   LocalCluster(**tasks)        a TF_CONFIG cluster of localhost tasks
   SmallLmOverrides(tmp)        the Tiny GPipe LM (TINY_LM) shrunk, on a
                                small corpus and SentencePiece cache in tmp
-  WriteFiles(root, files)      a package of one's own, written into a
-                               folder
+  USER_PACKAGE, WriteFiles     a user's own package of experiments (full
+                               keys), written into a folder
 """
 import glob
 import json
@@ -241,6 +241,9 @@ class TrainerRun:
       this many bytes (RLIMIT_FSIZE; a write past it fails).
     cluster: a TF_CONFIG cluster (`LocalCluster`); the process is its task
       `task` = (type, index). None: no TF_CONFIG.
+    command: the trainer's command line before the flags (e.g. an
+      installed `cadence-trainer`) instead of this interpreter's.
+    cwd: the folder it runs in (the checkout by default).
 
   Example:
     run = TrainerRun('--model=...', '--logdir=/tmp/x')
@@ -250,9 +253,9 @@ class TrainerRun:
   """
 
   def __init__(self, *flags, script=False, file_size_limit=None,
-               cluster=None, task=('worker', 0)):
-    cmd = [sys.executable] + (['trainer.py'] if script else
-                              ['-m', 'cadence.trainer'])
+               cluster=None, task=('worker', 0), command=None, cwd=ROOT):
+    cmd = list(command or [sys.executable] + (
+        ['trainer.py'] if script else ['-m', 'cadence.trainer']))
     if file_size_limit:
       cmd = [sys.executable, '-c', _FILE_SIZE_LIMITED,
              str(file_size_limit)] + cmd
@@ -262,7 +265,7 @@ class TrainerRun:
       env['TF_CONFIG'] = json.dumps({'cluster': cluster, 'task': {
           'type': task[0], 'index': task[1]}})
     self._stderr = tempfile.TemporaryFile(mode='w+')
-    self.proc = subprocess.Popen(cmd + list(flags), cwd=ROOT, env=env,
+    self.proc = subprocess.Popen(cmd + list(flags), cwd=cwd, env=env,
                                  stdout=subprocess.PIPE, stderr=self._stderr,
                                  text=True)
 
@@ -581,6 +584,29 @@ def SmallLmOverrides(tmp):
           'input.synthetic.num_train_shards=2;'
           'input.synthetic.sentences_per_shard=2000;'
           'input.synthetic.num_heldout_sentences=64')
+
+
+# A user's own package outside Cadence (WriteFiles it into a folder, run
+# it from there or with the folder on PYTHONPATH): experiments registered
+# by their full keys, `userexps.exps.MyRegression` and `...MyPipelinedMlp`.
+USER_PACKAGE = {
+    'userexps/__init__.py': '',
+    'userexps/exps.py': '''"""A user's experiments, run by their full keys."""
+from cadence.framework import model_registry
+from cadence.params.examples import pipelined_mlp
+from cadence.params.synthetic import linear_regression
+
+
+@model_registry.RegisterSingleTaskModel
+class MyRegression(linear_regression.RegressionTiny):
+  INPUT_DIM = 4
+
+
+@model_registry.RegisterSingleTaskModel
+class MyPipelinedMlp(pipelined_mlp.PipelinedMlp):
+  INPUT_DIM = 6
+''',
+}
 
 
 def WriteFiles(root, files):
