@@ -20,6 +20,10 @@ to be cloud-tpu-client, which pins google-api-python-client 1.8 and, through
 google-api-core 1.x, protobuf < 4: installed into a TensorFlow venv it
 downgraded protobuf and broke `import tensorflow` (tests/setup_test.py
 keeps such packages out of the extras).
+
+A wheel (`pip wheel .`) installs the command `cadence-trainer`, the
+trainer of `trainer.py` (`cadence.trainer:ConsoleMain`; `python -m
+cadence.trainer` is the same).
 """
 import setuptools
 from setuptools.command import build_py
@@ -47,6 +51,9 @@ setuptools.setup(
     package_dir={'cadence': '.'},
     packages=['cadence'] + ['cadence.' + p for p in _SUBPACKAGES],
     cmdclass={'build_py': _BuildPy},
+    entry_points={
+        'console_scripts': ['cadence-trainer = cadence.trainer:ConsoleMain'],
+    },
     install_requires=['numpy', 'absl-py', 'sentencepiece'],
     extras_require={
         'cpu': ['tensorflow-cpu>=2.16'],

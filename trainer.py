@@ -1,8 +1,15 @@
 """Cadence trainer: train, evaluate or decode a registered experiment.
 
-  python -m cadence.trainer --model=synthetic.linear_regression.RegressionTiny \
+  cadence-trainer --model=synthetic.linear_regression.RegressionTiny \
       --logdir=/tmp/reg
+  python -m cadence.trainer --model=my_pkg.my_module.MyExp --logdir=/tmp/my
   python trainer.py --model=... --logdir=... --job=evaler_dev
+
+`cadence-trainer` is the installed command (setup.py's console script,
+`ConsoleMain`); `python -m cadence.trainer` runs the same from any folder,
+and `python trainer.py` from a checkout. --model is a short key of
+Cadence's own experiments (`params/`) or the full dotted path of a
+registered class in the user's own package (framework/model_registry.py).
 
 The flags are defined here; each mode's own are declared once, in its
 module, and defined here from it (framework/jobs/mode_registry.py; e.g.
@@ -49,8 +56,10 @@ from cadence.framework.jobs import mode_registry  # pylint: disable=g-import-not
 from cadence.framework.jobs import process_exit  # pylint: disable=g-import-not-at-top
 from cadence.framework.jobs import tf_log  # pylint: disable=g-import-not-at-top
 
-flags.DEFINE_string('model', '', 'Registered experiment key, e.g. '
-                    'synthetic.linear_regression.RegressionTiny.')
+flags.DEFINE_string('model', '', 'Registered experiment: a short key of '
+                    'Cadence\'s own, e.g. synthetic.linear_regression.'
+                    'RegressionTiny, or the full path of one of yours, '
+                    'my_pkg.my_module.MyExp.')
 flags.DEFINE_string('logdir', '', 'Folder of checkpoints, summaries and '
                     'params.txt.')
 flags.DEFINE_enum('mode', 'sync', list(mode_registry.Names()), '; '.join(
@@ -175,6 +184,20 @@ def _MainThenExit(argv):
   without the interpreter's teardown (framework/jobs/process_exit.py); tests
   call `main` in process instead."""
   process_exit.Exit(main(argv))
+
+
+def ConsoleMain():
+  """The `cadence-trainer` command (setup.py's console script).
+
+  It finds the user's package where `python -m cadence.trainer` does: in
+  the current folder first (Python puts a script's own folder there, the
+  venv's bin/), so `--model=my_pkg.my_module.MyExp` finds
+  ./my_pkg/my_module.py; not under `python -P` or PYTHONSAFEPATH, as
+  with `python -m`.
+  """
+  if not getattr(sys.flags, 'safe_path', False):   # Python 3.11+.
+    sys.path.insert(0, os.getcwd())
+  app.run(_MainThenExit, flags_parser=ParseFlags)
 
 
 if __name__ == '__main__':

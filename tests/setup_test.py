@@ -1,4 +1,5 @@
-"""Tests for setup.py: its extras install together, without breaking TF.
+"""Tests for setup.py: its extras install together, without breaking TF;
+its command `cadence-trainer` is declared and installed.
 
 setup.py's `tpu` extra used to be cloud-tpu-client. Its only release pins
 google-api-python-client 1.8.0, whose google-api-core 1.x pins protobuf < 4
@@ -17,6 +18,8 @@ venvs and `pip check`ed, takes minutes and gigabytes, so it is not run here
 (issue 34 records it).
 """
 import ast
+import importlib
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -37,14 +40,20 @@ _PINS_OLD_PROTOBUF = {
 }
 
 
-def _Extras(path=_SETUP):
-  """setup.py's extras_require, read from its source (nothing is run)."""
+def _SetupArgument(name, path=_SETUP):
+  """The value of setup.py's `name=` argument, read from its source
+  (nothing is run)."""
   with open(path) as f:
     tree = ast.parse(f.read(), path)
   for node in ast.walk(tree):
-    if isinstance(node, ast.keyword) and node.arg == 'extras_require':
+    if isinstance(node, ast.keyword) and node.arg == name:
       return ast.literal_eval(node.value)
-  raise AssertionError(f'{path}: no extras_require= in setuptools.setup()')
+  raise AssertionError(f'{path}: no {name}= in setuptools.setup()')
+
+
+def _Extras(path=_SETUP):
+  """setup.py's extras_require."""
+  return _SetupArgument('extras_require', path)
 
 
 def _Version(text):
@@ -89,6 +98,25 @@ class ExtrasTest(unittest.TestCase):
   def testTheDocumentedExtrasExist(self):
     self.assertLessEqual({'cpu', 'gpu', 'tf', 'test', 'tpu'},
                          set(_Extras()))
+
+
+class EntryPointTest(unittest.TestCase):
+
+  def testTheTrainerCommandIsDeclaredAndResolves(self):
+    scripts = _SetupArgument('entry_points')['console_scripts']
+    self.assertEqual(scripts, ['cadence-trainer = cadence.trainer:ConsoleMain'])
+    module, _, attr = scripts[0].partition('=')[2].strip().partition(':')
+    self.assertTrue(callable(getattr(importlib.import_module(module), attr)))
+
+  def testThisInstallHasTheCommand(self):
+    """The install the README's command made (pip install -e) wrote the
+    script beside the interpreter (else: reinstall, pip install -e .)."""
+    found = [e for e in importlib.metadata.entry_points(
+        group='console_scripts') if e.name == 'cadence-trainer']
+    self.assertEqual([e.value for e in found],
+                     ['cadence.trainer:ConsoleMain'])
+    self.assertTrue(os.path.isfile(os.path.join(
+        os.path.dirname(sys.executable), 'cadence-trainer')))
 
 
 class EnvironmentTest(unittest.TestCase):

@@ -28,6 +28,8 @@ is the package `cadence`; tests/ is not installed).
   LocalCluster(**tasks)        a TF_CONFIG cluster of localhost tasks
   SmallLmOverrides(tmp)        the Tiny GPipe LM (TINY_LM) shrunk, on a
                                small corpus and SentencePiece cache in tmp
+  USER_PACKAGE, WriteFiles     a user's own package of experiments (full
+                               keys), written into a folder
 """
 import glob
 import json
@@ -239,6 +241,9 @@ class TrainerRun:
       this many bytes (RLIMIT_FSIZE; a write past it fails).
     cluster: a TF_CONFIG cluster (`LocalCluster`); the process is its task
       `task` = (type, index). None: no TF_CONFIG.
+    command: the trainer's command line before the flags (e.g. an
+      installed `cadence-trainer`) instead of this interpreter's.
+    cwd: the folder it runs in (the checkout by default).
 
   Example:
     run = TrainerRun('--model=...', '--logdir=/tmp/x')
@@ -248,9 +253,9 @@ class TrainerRun:
   """
 
   def __init__(self, *flags, script=False, file_size_limit=None,
-               cluster=None, task=('worker', 0)):
-    cmd = [sys.executable] + (['trainer.py'] if script else
-                              ['-m', 'cadence.trainer'])
+               cluster=None, task=('worker', 0), command=None, cwd=ROOT):
+    cmd = list(command or [sys.executable] + (
+        ['trainer.py'] if script else ['-m', 'cadence.trainer']))
     if file_size_limit:
       cmd = [sys.executable, '-c', _FILE_SIZE_LIMITED,
              str(file_size_limit)] + cmd
@@ -260,7 +265,7 @@ class TrainerRun:
       env['TF_CONFIG'] = json.dumps({'cluster': cluster, 'task': {
           'type': task[0], 'index': task[1]}})
     self._stderr = tempfile.TemporaryFile(mode='w+')
-    self.proc = subprocess.Popen(cmd + list(flags), cwd=ROOT, env=env,
+    self.proc = subprocess.Popen(cmd + list(flags), cwd=cwd, env=env,
                                  stdout=subprocess.PIPE, stderr=self._stderr,
                                  text=True)
 
@@ -444,7 +449,7 @@ def AssertStoppedBeforeTraining(test, stderr, logdir, before):
     test.assertEqual(before, _Snapshot(logdir))
 
 
-def RunBadInputs(test, groups, root, timeout=600):
+def RunBadInputs(test, groups, root, timeout=600, env=None):
   """Runs each row through the trainer; asserts what a user error must do.
 
   The rows of each group run through `trainer.py`'s flag parsing and
@@ -460,12 +465,15 @@ def RunBadInputs(test, groups, root, timeout=600):
     groups: {group name: [BadInput]}.
     root: a folder; row r of group g gets the logdir <root>/<g>/<r.name>.
     timeout: seconds per process.
+    env: environment variables of every row (e.g. PYTHONPATH, read as the
+      process starts).
 
   Returns:
     {group name: [(exit code, stderr, TensorFlow imported)] per row}.
   """
   runs = {}
   base = {k: v for k, v in QUIET_ENV.items() if k != 'TF_CONFIG'}
+  base.update(env or {})
   for group, rows in groups.items():
     logdirs = [os.path.join(root, group, row.name) for row in rows]
     befores = []
@@ -476,7 +484,8 @@ def RunBadInputs(test, groups, root, timeout=600):
       befores.append(_Snapshot(logdir) if row.prepare is not None else None)
     argvs = [[a.replace('{logdir}', d) for a in row.argv]
              for row, d in zip(rows, logdirs)]
-    driver = StartTrainerMains(argvs, case_envs=[row.env for row in rows])
+    driver = StartTrainerMains(argvs, env=base,
+                               case_envs=[row.env for row in rows])
     reals = [(i, StartTrainer(argvs[i], env=dict(base, **rows[i].env)))
              for i, row in enumerate(rows) if row.real]
     runs[group] = (rows, logdirs, befores, driver, reals)
@@ -582,3 +591,36 @@ def SmallLmOverrides(tmp):
           'input.synthetic.num_train_shards=2;'
           'input.synthetic.sentences_per_shard=2000;'
           'input.synthetic.num_heldout_sentences=64')
+
+
+# A user's own package outside Cadence (WriteFiles it into a folder, run
+# it from there or with the folder on PYTHONPATH): experiments registered
+# by their full keys, `userexps.exps.MyRegression` and `...MyPipelinedMlp`.
+USER_PACKAGE = {
+    'userexps/__init__.py': '',
+    'userexps/exps.py': '''"""A user's experiments, run by their full keys."""
+from cadence.framework import model_registry
+from cadence.params.examples import pipelined_mlp
+from cadence.params.synthetic import linear_regression
+
+
+@model_registry.RegisterSingleTaskModel
+class MyRegression(linear_regression.RegressionTiny):
+  INPUT_DIM = 4
+
+
+@model_registry.RegisterSingleTaskModel
+class MyPipelinedMlp(pipelined_mlp.PipelinedMlp):
+  INPUT_DIM = 6
+''',
+}
+
+
+def WriteFiles(root, files):
+  """Writes {path below root: text} (folders made); returns root."""
+  for path, text in files.items():
+    path = os.path.join(root, path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+      f.write(text)
+  return root

@@ -20,6 +20,9 @@ processes:
               --xla and the TPU (an unreachable TPU last: connecting
               changes the process).
 
+Rows of `badinput_exps` run a user's own package (_USER_FILES, outside
+the checkout, on PYTHONPATH) by its full key.
+
 To add a case, add a row: BadInput(name, argv, regex[, prepare, env,
 real]); '{logdir}' in argv is the row's own logdir.
 """
@@ -41,6 +44,29 @@ _LOGDIR = '--logdir={logdir}'
 _STACK = 'task.stack_tpl'
 _PIPE = 'task.stack_tpl.pipeline_tpl'
 _LAYER = 'task.stack_tpl.transformer_tpl'
+# A user's own package, written beside the logdirs and put on PYTHONPATH.
+_USER_FILES = {
+    'badinput_exps/__init__.py': '',
+    'badinput_exps/exps.py': (
+        'from cadence.framework import model_registry\n'
+        'from cadence.params.synthetic import linear_regression\n\n\n'
+        '@model_registry.RegisterSingleTaskModel\n'
+        'class MyRegression(linear_regression.RegressionTiny):\n'
+        '  INPUT_DIM = 4\n\n\n'
+        'class Unregistered(linear_regression.RegressionTiny):\n'
+        '  pass\n'),
+    'badinput_exps/broken.py': (
+        'from cadence.framework import model_registry\n\n\n'
+        '@model_registry.RegisterSingleTaskModel\n'
+        'class Broken\n'
+        '  pass\n'),
+    'badinput_exps/raises.py': (
+        'from cadence.framework import model_registry\n'
+        'from cadence.params.synthetic import linear_regression\n\n\n'
+        '@model_registry.RegisterSingleTaskModel\n'
+        'class Raises(linear_regression.RegressionTiny):\n'
+        '  WIDTH = undefined_width\n'),
+}
 # Rejected before any server starts, so nothing listens on these.
 _HOSTS = ['127.0.0.1:2222', '127.0.0.1:2223']
 
@@ -121,6 +147,29 @@ _BEFORE_TF = [
              r"^Error: Unknown model 'lm\.one_billion_wds\."
              r"OneBWdsGPipeTransformerTiy'\. Did you mean 'lm\.one_billion_wds"
              r"\.OneBWdsGPipeTransformerTiny'", prepare=_PreviousRun),
+    # A user's experiment by its full key (_USER_FILES).
+    BadInput('user_experiment_misspelt',
+             ['--model=badinput_exps.exps.MyRegresion', _LOGDIR],
+             r"^Error: Unknown model 'badinput_exps\.exps\.MyRegresion'\. Did "
+             r"you mean 'badinput_exps\.exps\.MyRegression'\?$", real=True),
+    BadInput('user_module_misspelt',
+             ['--model=badinput_exps.exp.MyRegression', _LOGDIR],
+             r"^Error: Unknown model 'badinput_exps\.exp\.MyRegression': no "
+             r'module badinput_exps\.exp under cadence\.params or on the '
+             r"Python path\. Did you mean 'badinput_exps\.exps\."
+             r"MyRegression'[,?]"),
+    BadInput('user_class_not_registered',
+             ['--model=badinput_exps.exps.Unregistered', _LOGDIR],
+             r"^Error: Model 'badinput_exps\.exps\.Unregistered': class "
+             r'Unregistered \(.*/badinput_exps/exps\.py, line 10\) is not a '
+             r'registered experiment: decorate it with @model_registry\.'
+             r'RegisterSingleTaskModel'),
+    BadInput('user_module_does_not_parse',
+             ['--model=badinput_exps.broken.Broken', _LOGDIR],
+             r"^Error: Model 'badinput_exps\.broken\.Broken': cannot import "
+             r'badinput_exps\.broken: .*/badinput_exps/broken\.py, line 5: '
+             r"SyntaxError: expected ':'\.$", prepare=_PreviousRun,
+             real=True),
     BadInput('no_model', [_LOGDIR],
              r'^Error: --model is required: a registered experiment key'),
     BadInput('no_logdir', [f'--model={_LM}'],
@@ -295,6 +344,12 @@ _BEFORE_TF = [
 
 _INPUT = r"^Error: Input: LmCorpusInput 'lm_train' \(params 'input'\): "
 _MODEL = [
+    BadInput('user_module_fails_to_import',
+             ['--model=badinput_exps.raises.Raises', _LOGDIR],
+             r"^Error: Model 'badinput_exps\.raises\.Raises': cannot import "
+             r'badinput_exps\.raises: .*/badinput_exps/raises\.py, line 7: '
+             r"NameError: name 'undefined_width' is not defined\.$",
+             prepare=_PreviousRun),
     # The experiment's params, each checked by the layer that owns it.
     BadInput('override_unknown_key',
              _Lm('--model_params_override=task.num_micro_batches=3'),
@@ -686,9 +741,12 @@ class BadInputsTest(tf.test.TestCase):
         rf"^Error: --tpu='grpc://127\.0\.0\.1:{port}': cannot connect to or "
         rf'initialise the TPU at grpc://127\.0\.0\.1:{port} '
         r'\(UnavailableError: ')]
+    user = test_utils.WriteFiles(os.path.join(self.get_temp_dir(), 'user'),
+                                 _USER_FILES)
     results = test_utils.RunBadInputs(
         self, {'before_tf': _BEFORE_TF, 'model': model},
-        self.get_temp_dir(), timeout=300)
+        self.get_temp_dir(), timeout=300, env={'PYTHONPATH': os.pathsep.join(
+            filter(None, [user, os.environ.get('PYTHONPATH')]))})
     for row, (_, _, tf_imported) in zip(_BEFORE_TF, results['before_tf']):
       with self.subTest(row=row.name):   # Answered without TensorFlow.
         self.assertFalse(tf_imported)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 
 import numpy as np
@@ -197,6 +198,29 @@ class TrainerTest(tf.test.TestCase):
     self.assertIn('Forward FLOPs per batch of 32: 10,400', out)
     self.assertIn("Cluster(devices=['/device:CPU:0', '/device:CPU:1'], "
                   'num_devices_per_split=2)', err)
+
+  def testAUsersPackageFromItsOwnFolder(self):
+    """`python -m cadence.trainer` and the installed `cadence-trainer` run
+    an experiment of the current folder's package by its full key, as
+    PYTHONPATH would (no PYTHONPATH here)."""
+    folder = test_utils.WriteFiles(
+        os.path.join(self.get_temp_dir(), 'project'), test_utils.USER_PACKAGE)
+    logdir = os.path.join(self.get_temp_dir(), 'user_run')
+    train = _Run('--model=userexps.exps.MyRegression', f'--logdir={logdir}',
+                 '--max_steps=3', '--job=trainer', cwd=folder)
+    command = os.path.join(os.path.dirname(sys.executable), 'cadence-trainer')
+    typo = _Run('--model=userexps.exps.MyRegresion', f'--logdir={logdir}2',
+                command=[command], cwd=folder)
+    code, _, err = typo.Finish()
+    test_utils.AssertUserErrorLine(
+        self, code, err, r"^Error: Unknown model 'userexps\.exps\."
+        r"MyRegresion'\. Did you mean 'userexps\.exps\.MyRegression'[,?]")
+    code, _, err = train.Finish()
+    self.assertEqual(code, 0, err[-3000:])
+    self.assertIn('Model userexps.exps.MyRegression, job trainer', err)
+    with open(os.path.join(logdir, 'params.txt')) as f:
+      self.assertIn('task.input_dim : 4\n', f.read())
+    self.assertEqual(_Steps(logdir, 'train')[-1], 3)
 
 
 if __name__ == '__main__':

@@ -10,8 +10,10 @@ override or a bad cluster come back at once as one line:
 
 `trainer_lib.Main` runs the same `Check` on the `TrainerOptions` it is
 given, so Python callers get the same answers. The experiment key is
-checked against the keys the params files register (`model_registry.
-CheckKey`: their source is read, nothing imported); everything that needs
+checked against the keys the params files register, or, for a full key
+(`my_pkg.my_module.MyExp`), against the source of the user's module
+(`model_registry.CheckKey`: the source is read, nothing imported; a module
+that does not parse is named with its line); everything that needs
 the experiment's params is checked later, by the layers and input
 generators, with the params path.
 
@@ -44,6 +46,9 @@ MODES = modes.NAMES   # The built-in modes, in --mode's order.
 # --job is sync's flag (sync_mode.py), checked with the others.
 ParseJob = sync_mode.ParseJob
 RUN_LOCALLY = ('cpu', 'gpu')
+MODEL_REQUIRED = ('--model is required: a registered experiment key, e.g. '
+                  'synthetic.linear_regression.RegressionTiny, or the full '
+                  'path of one of yours, my_pkg.my_module.MyExp.')
 
 # Integer flags: (name, lowest value, None allowed, what the value means).
 _INT_FLAGS = (
@@ -149,8 +154,7 @@ def Check(options):
     raise UserError(user_error.NotOneOf('mode', options.mode,
                                         mode_registry.Names()))
   if not options.model:
-    raise UserError('--model is required: a registered experiment key, e.g. '
-                    'synthetic.linear_regression.RegressionTiny.')
+    raise UserError(MODEL_REQUIRED)
   try:
     model_registry.CheckKey(options.model)
   except KeyError as e:

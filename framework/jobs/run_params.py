@@ -68,8 +68,7 @@ def _SetText(params, text, source):
 def LoadParams(options, dataset):
   """The model params of `options.model` for `dataset`, overrides applied."""
   if not options.model:
-    raise UserError('--model is required: a registered experiment key, e.g. '
-                    'synthetic.linear_regression.RegressionTiny.')
+    raise UserError(command_line.MODEL_REQUIRED)
   try:
     params = model_registry.GetParams(options.model, dataset)
   except KeyError as e:

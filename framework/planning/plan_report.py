@@ -26,6 +26,13 @@ from cadence.framework.planning import hardware as hardware_lib
 from cadence.framework.planning import plan_costs
 
 TIE = 0.02                     # Step times this close rank as equal.
+# The trainer as a printed command runs it: the README's from a checkout
+# (setup.py beside the package's files; a wheel leaves it out), else the
+# installed command.
+_CADENCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+TRAINER_COMMAND = ('.venv/bin/python trainer.py' if os.path.isfile(
+    os.path.join(_CADENCE_DIR, 'setup.py')) else 'cadence-trainer')
 
 
 def Rank(predictions):
@@ -211,13 +218,14 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
 
 
 def BestText(key, model, best, params_file=None):
-  """The command that runs the best plan, as pasted in the repository
-  (the README's interpreter; a fresh logdir of its own)."""
+  """The command that runs the best plan (TRAINER_COMMAND: as pasted in
+  the repository, or the installed command; a fresh logdir of its
+  own)."""
   logdir = f'/tmp/cadence_plan_{key.rsplit(".", 1)[-1]}'
   return (f'Best plan: {best.layout.Name()}: {_Ms(best.step.time)} ms '
           f'a step, {best.examples_per_sec:.1f} examples/s, MFU '
           f'{100 * best.mfu:.1f}%, bubble {best.step.bubble:.2f}.\n'
-          f'  .venv/bin/python trainer.py '
+          f'  {TRAINER_COMMAND} '
           f'{model.Flags(best.layout, key, params_file)} --logdir={logdir}'
           '\n')
 

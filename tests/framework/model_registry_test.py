@@ -34,6 +34,15 @@ class {name}:
 '''
 
 
+def _Forget(module, key):
+  """Drops the modules named `module...` and the registered keys `key...`
+  that a test made."""
+  for name in [m for m in sys.modules if m.startswith(module)]:
+    del sys.modules[name]
+  for name in [k for k in model_registry._registry if k.startswith(key)]:  # pylint: disable=protected-access
+    del model_registry._registry[name]  # pylint: disable=protected-access
+
+
 @pytest.fixture(name='domain')
 def _Domain(tmp_path, monkeypatch):
   """A temporary `cadence.params.regtest` package holding two experiments."""
@@ -45,11 +54,7 @@ def _Domain(tmp_path, monkeypatch):
   monkeypatch.setattr(cadence.params, '__path__',
                       list(cadence.params.__path__) + [str(tmp_path)])
   yield pkg
-  for name in list(sys.modules):
-    if name.startswith('cadence.params.regtest'):
-      del sys.modules[name]
-  for key in [k for k in model_registry._registry if k.startswith('regtest.')]:  # pylint: disable=protected-access
-    del model_registry._registry[key]  # pylint: disable=protected-access
+  _Forget('cadence.params.regtest', 'regtest.')
 
 
 def testKeyAndOnDemandImport(domain):
@@ -94,10 +99,15 @@ def testDuplicateKeyNamesBothDefinitions(domain):
   assert 'model_registry_test.py' in message
 
 
-def testOutsideParamsPackageIsRejected():
+def testOutsideParamsPackageRegistersItsFullKey():
   cls = type('Stray', (), {'__module__': 'somewhere.else'})
-  with pytest.raises(ValueError, match="module 'somewhere.else'.*must live under cadence.params"):
-    model_registry.RegisterSingleTaskModel(cls)
+  try:
+    assert model_registry.RegisterSingleTaskModel(cls) is cls
+    assert model_registry.KeyOf(cls) == 'somewhere.else.Stray'
+    assert model_registry.GetClass('somewhere.else.Stray') is cls
+    assert 'somewhere.else.Stray' not in model_registry.GetAllRegisteredKeys()
+  finally:
+    del model_registry._registry['somewhere.else.Stray']  # pylint: disable=protected-access
 
 
 def testMultiTaskVariantRegisters(domain):
@@ -117,9 +127,13 @@ def testMultiTaskVariantRegisters(domain):
 def testTwoDefinitionsInOneFile(domain):
   (domain / 'dup.py').write_text(_EXPERIMENT.format(name='Twice') +
                                  _EXPERIMENT.format(name='Twice'))
-  with pytest.raises(ValueError, match=r"'regtest.dup.Twice' is registered "
-                     r'twice: .*dup.py:\d+ and .*dup.py:\d+'):
+  # The import's ValueError, as the one line of a module that does not
+  # import (the trainer's exit 2).
+  with pytest.raises(model_registry.ModelError, match=r"'regtest.dup.Twice' "
+                     r'is registered twice: .*dup.py:\d+ and .*dup.py:\d+'
+                     ) as err:
     model_registry.GetClass('regtest.dup.Twice')
+  assert isinstance(err.value.__cause__, ValueError)
 
 
 def testReimportIsNotADuplicate(domain):
@@ -154,3 +168,191 @@ def testCheckKeyNamesTheClosestWithoutImporting(domain):
                      r"\. Did you mean 'regtest.toy.ToyModel'"):
     model_registry.CheckKey('regtest.toy.ToyModle')
   assert 'cadence.params.regtest.toy' not in sys.modules
+
+
+# A user's own package, outside Cadence: (file, source); the line numbers
+# of the errors are asserted below.
+_USER_FILES = {
+    '__init__.py': '',
+    'exps.py': _EXPERIMENT.format(name='MyExp') + (
+        '\n\nclass Plain:\n  """Not registered."""\n'),
+    'broken.py': ('from cadence.framework import model_registry\n'
+                  '\n'
+                  '\n'
+                  '@model_registry.RegisterSingleTaskModel\n'
+                  'class Broken\n'
+                  '  pass\n'),
+    'raises.py': _EXPERIMENT.format(name='Raises') + (
+        '\n\nTABLE = undefined_name + 1\n'),
+    'helper.py': 'import os\nVALUE = os.no_such_function()\n',
+    'uses_helper.py': ('from userexps import helper\n' +
+                       _EXPERIMENT.format(name='UsesHelper')),
+    'needs_missing.py': ('import os\nimport no_such_module_xyz\n' +
+                         _EXPERIMENT.format(name='NeedsMissing')),
+    'calls.py': ('def F():\n  return 1 / 0\n\n\nY = F()\n' +
+                 _EXPERIMENT.format(name='Calls')),
+    'calls_library.py': ('import os\nZ = os.path.join(1)\n' +
+                         _EXPERIMENT.format(name='CallsLibrary')),
+    'binds.py': ('import dataclasses\n'
+                 'from userexps.exps import MyExp as Imported\n'
+                 'from os.path import *\n'
+                 '\n'
+                 '\n'
+                 '@dataclasses.dataclass\n'
+                 'class Wrapped:\n'
+                 '  pass\n'),
+    'sub/__init__.py': 'raise RuntimeError("a package\'s __init__ ran")\n',
+    'sub/deep.py': _EXPERIMENT.format(name='Deep'),
+}
+
+
+def _LineOf(name, text):
+  """The line number of the first line of _USER_FILES[name] that starts
+  with `text`."""
+  lines = _USER_FILES[name].splitlines()
+  return 1 + next(i for i, l in enumerate(lines) if l.startswith(text))
+
+
+@pytest.fixture(name='user')
+def _User(tmp_path, monkeypatch):
+  """The package `userexps` (the files of _USER_FILES) on sys.path."""
+  pkg = tmp_path / 'userexps'
+  (pkg / 'sub').mkdir(parents=True)
+  for name, text in _USER_FILES.items():
+    (pkg / name).write_text(text)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield pkg
+  _Forget('userexps', 'userexps.')
+
+
+def testFullKeyOfAUsersModule(user):
+  del user
+  assert model_registry.CheckKey('userexps.exps.MyExp') == 'userexps.exps.MyExp'
+  assert 'userexps.exps' not in sys.modules   # Checked from its source.
+  cls = model_registry.GetClass('userexps.exps.MyExp')
+  assert cls.__module__ == 'userexps.exps'
+  assert model_registry.KeyOf(cls) == 'userexps.exps.MyExp'
+  p = model_registry.GetParams('userexps.exps.MyExp', 'Dev')
+  assert p.dim == 3 and p.input.split == 'dev'
+  # Cadence's own experiments by their full path too.
+  assert model_registry.GetClass(
+      'cadence.params.synthetic.linear_regression.RegressionTiny') is (
+          model_registry.GetClass('synthetic.linear_regression.RegressionTiny'))
+  assert 'userexps.exps.MyExp' not in model_registry.GetAllRegisteredKeys()
+
+
+def testMisspeltKeysNameTheClosestOfBothKinds(user):
+  del user
+  # A class of the user's module, from its source (nothing imported).
+  with pytest.raises(KeyError, match=r"^Unknown model 'userexps\.exps\."
+                     r"MyExq'\. Did you mean 'userexps\.exps\.MyExp'\?$"):
+    model_registry.CheckKey('userexps.exps.MyExq')
+  # A module of the user's package, from the modules beside it.
+  with pytest.raises(KeyError) as err:
+    model_registry.CheckKey('userexps.exp.MyExp')
+  assert str(err.value).startswith(
+      "Unknown model 'userexps.exp.MyExp': no module userexps.exp under "
+      "cadence.params or on the Python path. Did you mean "
+      "'userexps.exps.MyExp', "), str(err.value)
+  assert 'userexps.exps' not in sys.modules
+  # A short key's module misspelt: the short keys.
+  with pytest.raises(KeyError, match=r"Did you mean 'synthetic\."
+                     r"linear_regression\.RegressionTiny'"):
+    model_registry.CheckKey('synthetic.linear_regresion.RegressionTiny')
+  # A package that is nowhere: where it is looked for.
+  with pytest.raises(KeyError, match=r"^Unknown model 'nowhere_xyz\.exps\."
+                     r"MyExp': no module nowhere_xyz\.exps under cadence\."
+                     r'params or on the Python path \(is the folder holding '
+                     r'nowhere_xyz/ on PYTHONPATH'):
+    model_registry.CheckKey('nowhere_xyz.exps.MyExp')
+  # After the import, the classes it registered.
+  with pytest.raises(KeyError, match=r"Did you mean 'userexps\.exps\.MyExp'"):
+    model_registry.GetClass('userexps.exps.MyExq')
+
+
+def testAModuleThatDoesNotParseIsNamedWithItsLine(user):
+  line = (f"Model 'userexps.broken.Broken': cannot import userexps.broken: "
+          f"{user / 'broken.py'}, line 5: SyntaxError: expected ':'.")
+  with pytest.raises(model_registry.ModelError) as err:
+    model_registry.CheckKey('userexps.broken.Broken')
+  assert str(err.value) == line
+  with pytest.raises(model_registry.ModelError) as err:
+    model_registry.GetClass('userexps.broken.Broken')
+  assert str(err.value) == line
+
+
+def testAParamsFileThatDoesNotParseIsNamedWithItsLine(domain):
+  (domain / 'broken.py').write_text(_USER_FILES['broken.py'])
+  with pytest.raises(model_registry.ModelError) as err:
+    model_registry.CheckKey('regtest.broken.Broken')
+  assert str(err.value) == (
+      "Model 'regtest.broken.Broken': cannot import "
+      f"cadence.params.regtest.broken: {domain / 'broken.py'}, line 5: "
+      "SyntaxError: expected ':'.")
+  assert 'regtest.toy.ToyModel' in model_registry.ScanKeys()   # Skipped.
+
+
+def testAModuleThatDoesNotImportIsNamedWithItsLine(user):
+  cases = {
+      'userexps.raises.Raises': (
+          'userexps.raises', 'raises.py', _LineOf('raises.py', 'TABLE'),
+          "NameError: name 'undefined_name' is not defined"),
+      # The file it imports, where that one failed.
+      'userexps.uses_helper.UsesHelper': (
+          'userexps.uses_helper', 'helper.py', 2,
+          "AttributeError: module 'os' has no attribute 'no_such_function'"),
+      'userexps.needs_missing.NeedsMissing': (
+          'userexps.needs_missing', 'needs_missing.py', 2,
+          "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+      # The line in the module's own function that raised.
+      'userexps.calls.Calls': (
+          'userexps.calls', 'calls.py', 2,
+          'ZeroDivisionError: division by zero'),
+      # A library's function that raised: the module's line that called it.
+      'userexps.calls_library.CallsLibrary': (
+          'userexps.calls_library', 'calls_library.py', 2,
+          'TypeError: expected str, bytes or os.PathLike object, not int'),
+      # A package's __init__ on the way.
+      'userexps.sub.deep.Deep': (
+          'userexps.sub.deep', 'sub/__init__.py', 1,
+          "RuntimeError: a package's __init__ ran"),
+  }
+  for key, (module, name, line, error) in cases.items():
+    assert model_registry.CheckKey(key) == key   # Its source parses.
+    with pytest.raises(model_registry.ModelError) as err:
+      model_registry.GetClass(key)
+    assert str(err.value) == (f'Model {key!r}: cannot import {module}: '
+                              f'{user / name}, line {line}: {error}.')
+
+
+def testAClassThatIsNotRegisteredSaysToRegisterIt(user):
+  where = f"{user / 'exps.py'}, line {_LineOf('exps.py', 'class Plain')}"
+  for check in (model_registry.CheckKey, model_registry.GetClass):
+    with pytest.raises(model_registry.ModelError) as err:
+      check('userexps.exps.Plain')
+    assert str(err.value) == (
+        f"Model 'userexps.exps.Plain': class Plain ({where}) is not a "
+        'registered experiment: decorate it with @model_registry.'
+        'RegisterSingleTaskModel (or RegisterMultiTaskModel; from '
+        'cadence.framework import model_registry).')
+
+
+def testCheckKeyRunsNothingAndLeavesOtherBindingsToTheImport(user):
+  del user
+  # Found through a package whose __init__ raises if it runs.
+  assert model_registry.CheckKey('userexps.sub.deep.Deep') == (
+      'userexps.sub.deep.Deep')
+  assert not [m for m in sys.modules if m.startswith('userexps')]
+  # A name the source may bind some other way: the import decides.
+  for name in ('Imported', 'Wrapped', 'Anything'):   # Anything: import *.
+    key = f'userexps.binds.{name}'
+    assert model_registry.CheckKey(key) == key
+  assert model_registry.GetClass('userexps.binds.Imported') is (
+      model_registry.GetClass('userexps.exps.MyExp'))
+  with pytest.raises(model_registry.ModelError,
+                     match=r'class Wrapped \(.*binds\.py, line 6\) is not a '
+                     'registered experiment'):
+    model_registry.GetClass('userexps.binds.Wrapped')
+  with pytest.raises(model_registry.ModelError,
+                     match=r"^Unknown model 'userexps\.binds\.Anything'\."):
+    model_registry.GetClass('userexps.binds.Anything')
