@@ -173,6 +173,19 @@ _BEFORE_TF = [
              r"^Error: --xla='maybe' must be true or false\.$"),
     BadInput('tpu_zone_without_tpu', _Lm('--tpu_zone=us-central1-b'),
              r"^Error: --tpu_zone='us-central1-b' needs --tpu"),
+    # An option's own flag when another option runs (a flag at its default
+    # is not given: --peer_timeout_s=600 would pass).
+    BadInput('peer_timeout_without_tf_config', _Lm('--peer_timeout_s=30'),
+             r'^Error: --peer_timeout_s=30\.0 needs option parameter_server '
+             r'\(TF_CONFIG or --cluster_spec with a "ps" job\) or '
+             r'multi_worker \(TF_CONFIG or --cluster_spec without a "ps" '
+             r'job\); this run is option local \(this host alone: no --tpu, '
+             r'TF_CONFIG or --cluster_spec\)\.$', prepare=_PreviousRun,
+             real=True),
+    BadInput('worker_gpus_with_tpu', _Lm('--tpu=my-tpu', '--worker_gpus=2'),
+             r'^Error: --worker_gpus=2 needs option parameter_server \(.*\), '
+             r'multi_worker \(.*\) or local \(.*\); this run is option tpu '
+             r'\(--tpu\)\.$'),
     BadInput('override_not_key_value',
              _Lm('--model_params_override=task.model_dim'),
              r"^Error: --model_params_override: 'task\.model_dim' is not "

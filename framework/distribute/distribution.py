@@ -57,7 +57,9 @@ options it must win over. Its own flags are its FLAGS, a dataclass of
 defines every registered option's (`DefineFlags`; a flag's help starts
 with its options), hands their values over as one mapping
 (`FlagValues` -> TrainerOptions.option_flags -> `Create(**option_flags)`),
-and checks them before TensorFlow loads (the option's `CheckFlags`); the
+and checks them before TensorFlow loads (the option's `CheckFlags`), and
+refuses one given when none of its options runs (`CheckChosenFlags`:
+--peer_timeout_s without TF_CONFIG, --worker_gpus with --tpu); the
 option reads them with `FlagsOf(flags)`. Adding a flag to an option is one
 field of its FLAGS, read where the option uses it. Two options that read the same flag share its declaration (a FLAGS
 that subclasses the other's, or the same class); `Register` refuses a flag
@@ -296,6 +298,38 @@ def Choose(flags):
                    f'{", ".join(Names())}.')
 
 
+def _Described(setup_cls):
+  """An option's name, with what chooses it (its CHOSEN_BY) if said."""
+  by = setup_cls.CHOSEN_BY
+  return f'{setup_cls.name} ({by})' if by else setup_cls.name
+
+
+def CheckChosenFlags(flags):
+  """Refuses an option's own flag given (not at its default) when none of
+  the options that declare it runs `flags` (a Flags); a flag typed at its
+  default value counts as not given, as a mode's flags do
+  (mode_registry.CheckModeFlags).
+
+  Returns:
+    The option that runs `flags` (`Choose`).
+
+  Raises:
+    SetupError: one line naming the flag, the option(s) it needs and what
+      chooses them, and the option that runs.
+  """
+  chosen = Choose(flags)
+  by_name = {setup_cls.name: setup_cls for setup_cls in _OPTIONS}
+  for name, (f, names) in _Fields().items():
+    value = flags.options.get(name, f.default)
+    if chosen.name in names or value == f.default:
+      continue
+    needs = [_Described(by_name[n]) for n in names]
+    needs = ' or '.join(filter(None, [', '.join(needs[:-1]), needs[-1]]))
+    raise SetupError(f'--{name}={value!r} needs option {needs}; this run is '
+                     f'option {_Described(chosen)}.')
+  return chosen
+
+
 # The options, in the order they are tried: one line each.
 Register(tpu_option.TpuSetup)
 Register(parameter_server.ParameterServerSetup)
@@ -323,8 +357,10 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     The Setup of the option that applies (`Choose`).
 
   Raises:
-    SetupError: a flag value this machine or cluster cannot run, or a peer
-      that never accepted a connection within peer_timeout_s.
+    SetupError: a flag value this machine or cluster cannot run, an
+      option's flag given when that option does not run
+      (`CheckChosenFlags`), or a peer that never accepted a connection
+      within peer_timeout_s.
     Stopped: SIGTERM or SIGINT while waiting for the peers.
     TypeError: a keyword that is no option's flag.
   """
@@ -335,4 +371,4 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
   flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
                 worker_split_size=worker_split_size, tf_config=tf_config,
                 **option_flags)
-  return Choose(flags).Create(flags)
+  return CheckChosenFlags(flags).Create(flags)

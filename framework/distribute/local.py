@@ -100,6 +100,7 @@ class LocalSetup(option.Setup):
 
   name = 'local'
   FLAGS = LocalFlags
+  CHOSEN_BY = 'this host alone: no --tpu, TF_CONFIG or --cluster_spec'
 
   @classmethod
   def CheckFlags(cls, own):

@@ -55,6 +55,7 @@ class MultiWorkerSetup(option.Setup):
 
   name = 'multi_worker'
   FLAGS = MultiHostFlags
+  CHOSEN_BY = 'TF_CONFIG or --cluster_spec without a "ps" job'
 
   @classmethod
   def CheckFlags(cls, own):

@@ -10,10 +10,14 @@ A distribution option is one way of spreading a run over devices and hosts
                       which trainer.py defines in absl; the option reads
                       their values with `FlagsOf(flags)`, and
                       `CheckFlags` checks them before TensorFlow loads
-                      (raise SetupError; none by default);
+                      (raise SetupError; none by default). Its flags given
+                      when another option runs are refused
+                      (distribution.CheckChosenFlags);
   Applies(flags)      whether the trainer's `Flags` (and TF_CONFIG) ask for
                       it: the registry (distribution.py) runs the first
                       option that applies;
+  CHOSEN_BY           what makes it apply, in words, for the line that
+                      refuses its flags without it (e.g. '--tpu');
   Create(flags)       its devices, cluster and tf.distribute strategy,
                       before any other TF op: an instance, which the
                       trainer runs on;
@@ -123,6 +127,9 @@ class Setup:
 
   name = ''   # The option's registry name; each subclass sets it.
   FLAGS = flag_fields.NoFlags   # A dataclass of its own flags (`Flag`s).
+  # What makes `Applies` hold, in words: the line refusing this option's
+  # flags when another option runs names it (e.g. '--tpu'); '': the name.
+  CHOSEN_BY = ''
 
   @classmethod
   def FlagsOf(cls, flags):

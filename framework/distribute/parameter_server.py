@@ -45,6 +45,7 @@ class ParameterServerSetup(option.Setup):
 
   name = 'parameter_server'
   FLAGS = multi_worker.MultiHostFlags   # Shared: declared once, there.
+  CHOSEN_BY = 'TF_CONFIG or --cluster_spec with a "ps" job'
 
   @classmethod
   def CheckFlags(cls, own):

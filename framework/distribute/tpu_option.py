@@ -42,6 +42,7 @@ class TpuSetup(option.Setup):
 
   name = 'tpu'
   FLAGS = TpuFlags
+  CHOSEN_BY = '--tpu'
 
   @classmethod
   def CheckFlags(cls, own):
