@@ -264,7 +264,7 @@ def CheckFlags(option_flags):
 
 
 def Flags(run_locally='cpu', worker_replicas=1, worker_split_size=1,
-          tf_config=None, **option_flags):
+          tf_config=None, worker_split_size_from='', **option_flags):
   """The option.Flags of these values, with every registered option's own
   flags: `option_flags` (e.g. tpu='my-tpu'), the others at their defaults.
 
@@ -282,7 +282,8 @@ def Flags(run_locally='cpu', worker_replicas=1, worker_split_size=1,
   return option.Flags(run_locally=run_locally,
                       worker_replicas=worker_replicas,
                       worker_split_size=worker_split_size,
-                      tf_config=tf_config, options=values)
+                      tf_config=tf_config, options=values,
+                      worker_split_size_from=worker_split_size_from)
 
 
 def Choose(flags):
@@ -338,7 +339,7 @@ Register(local.LocalSetup)
 
 
 def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
-           tf_config=None, **option_flags):
+           tf_config=None, worker_split_size_from='', **option_flags):
   """Configures devices and creates the strategy; call before any TF op.
 
   Args:
@@ -346,6 +347,9 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     worker_replicas: replicas on this host, an int >= 1.
     worker_split_size: devices per replica, an int >= 1.
     tf_config: the multi-host configuration (`ReadTfConfig`), or None.
+    worker_split_size_from: where worker_split_size came from, as layout
+      errors name it (the flag as typed, or the experiment's
+      WORKER_SPLIT_SIZE: the cluster's split_size_from); '': the flag.
     **option_flags: the options' own flags by name (`FlagNames`; each
       declared in its option's FLAGS): e.g. tpu='my-tpu' with tpu_zone and
       tpu_project (tpu_option.py), worker_gpus=2 (local.py: 0 is all
@@ -370,5 +374,6 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
       raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
   flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
                 worker_split_size=worker_split_size, tf_config=tf_config,
+                worker_split_size_from=worker_split_size_from,
                 **option_flags)
   return CheckChosenFlags(flags).Create(flags)

@@ -91,12 +91,16 @@ class Flags:
     tf_config: the multi-host configuration (distribution.ReadTfConfig: a
       checked TF_CONFIG dict), or None.
     options: {flag name: value} of the options' own flags.
+    worker_split_size_from: where worker_split_size came from, as errors
+      name it (`SplitSizeFrom`; the cluster's split_size_from): the flag
+      as typed, or the experiment's WORKER_SPLIT_SIZE; '': the flag.
   """
   run_locally: str = 'cpu'
   worker_replicas: int = 1
   worker_split_size: int = 1
   tf_config: dict = None
   options: dict = dataclasses.field(default_factory=dict)
+  worker_split_size_from: str = ''
 
   def __post_init__(self):
     for name, value in self.options.items():
@@ -104,6 +108,13 @@ class Flags:
         raise ValueError(f'Flags: the option flag {name!r} would hide '
                          f'Flags.{name}.')
       object.__setattr__(self, name, value)   # flags.tpu, as before.
+
+
+def SplitSizeFrom(flags):
+  """Where `flags.worker_split_size` came from, as an error names it: its
+  worker_split_size_from, else '--worker_split_size=K'."""
+  return (flags.worker_split_size_from or
+          f'--worker_split_size={flags.worker_split_size}')
 
 
 @dataclasses.dataclass

@@ -78,8 +78,8 @@ class ParameterServerSetup(option.Setup):
           'Parameter-server training (TF_CONFIG with a "ps" job) runs one '
           'replica of one device per worker, without a pipeline: '
           f'--worker_replicas={flags.worker_replicas} and '
-          f'--worker_split_size={flags.worker_split_size} (default: the '
-          'experiment\'s WORKER_SPLIT_SIZE) must both be 1. Pipelined models '
+          f'{option.SplitSizeFrom(flags)} (devices per replica) must both '
+          'be 1. Pipelined models '
           'train on several hosts with MultiWorkerMirroredStrategy '
           '(TF_CONFIG without "ps").')
     device_type, num_devices = local.LocalDevices(flags.run_locally, 1, 1,

@@ -79,7 +79,8 @@ class TpuSetup(option.Setup):
       raise option.SetupError(str(e)) from None
     cluster = cluster_lib.Cluster.Params().Set(
         devices=devices, device_type='TPU',
-        worker_split_size=flags.worker_split_size).Instantiate()
+        worker_split_size=flags.worker_split_size,
+        split_size_from=option.SplitSizeFrom(flags)).Instantiate()
     return cls(cluster=cluster, strategy=strategy)
 
   @property

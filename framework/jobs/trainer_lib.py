@@ -198,15 +198,26 @@ def ConfigureLogging():
 
 def WorkerSplitSize(options):
   """--worker_split_size, else the experiment's WORKER_SPLIT_SIZE, else 1."""
+  return _SplitSize(options)[0]
+
+
+def _SplitSize(options):
+  """(WorkerSplitSize, where it came from as layout errors name it: the
+  flag as typed, the experiment's WORKER_SPLIT_SIZE, or the flag's
+  default; cluster.Cluster.split_size_from)."""
   if options.worker_split_size is not None:
-    return options.worker_split_size
-  if not options.model:
-    return 1
-  try:
-    cls = model_registry.GetClass(options.model)
-  except KeyError as e:
-    raise UserError(run_params.Message(e)) from None
-  return getattr(cls, 'WORKER_SPLIT_SIZE', 1)
+    size = options.worker_split_size
+    return size, f'--worker_split_size={size}'
+  cls = None
+  if options.model:
+    try:
+      cls = model_registry.GetClass(options.model)
+    except KeyError as e:
+      raise UserError(run_params.Message(e)) from None
+  if not hasattr(cls, 'WORKER_SPLIT_SIZE'):
+    return 1, 'the default --worker_split_size=1'
+  size = cls.WORKER_SPLIT_SIZE
+  return size, f"the experiment's WORKER_SPLIT_SIZE={size}"
 
 
 def ConfigureDevices(options):
@@ -215,10 +226,11 @@ def ConfigureDevices(options):
   try:
     tf_config = distribution.ReadTfConfig(
         options.cluster_spec, options.task_type, options.task_index)
+    size, size_from = _SplitSize(options)
     return distribution.Create(
         run_locally=options.run_locally,
-        worker_replicas=options.worker_replicas,
-        worker_split_size=WorkerSplitSize(options), tf_config=tf_config,
+        worker_replicas=options.worker_replicas, worker_split_size=size,
+        worker_split_size_from=size_from, tf_config=tf_config,
         **options.option_flags)
   except distribution.SetupError as e:
     raise UserError(str(e)) from None
@@ -476,7 +488,8 @@ def _CheckMemory(options, params, setup):
   verdict = memory_check.CheckParams(
       params, setup.cluster.DevicesInModelSplit(0),
       device.device_type or 'CPU', setup.num_local_replicas,
-      options.device_memory_gib, num_shards=setup.num_replicas)
+      options.device_memory_gib, num_shards=setup.num_replicas,
+      devices_from=setup.cluster.split_size_from)
   if verdict is not None and not verdict.fits:
     batch = getattr(params.input, 'batch_size', None)
     batch = f'input.batch_size ({batch}), ' if batch else ''
