@@ -197,14 +197,10 @@ def ConfigureLogging():
 
 
 def WorkerSplitSize(options):
-  """--worker_split_size, else the experiment's WORKER_SPLIT_SIZE, else 1."""
-  return _SplitSize(options)[0]
-
-
-def _SplitSize(options):
-  """(WorkerSplitSize, where it came from as layout errors name it: the
-  flag as typed, the experiment's WORKER_SPLIT_SIZE, or the flag's
-  default; cluster.Cluster.split_size_from)."""
+  """(--worker_split_size, else the experiment's WORKER_SPLIT_SIZE, else 1;
+  where it came from, as layout errors name it: the flag as typed, the
+  experiment's WORKER_SPLIT_SIZE or the flag's default, the cluster's
+  split_size_from)."""
   if options.worker_split_size is not None:
     size = options.worker_split_size
     return size, f'--worker_split_size={size}'
@@ -226,7 +222,7 @@ def ConfigureDevices(options):
   try:
     tf_config = distribution.ReadTfConfig(
         options.cluster_spec, options.task_type, options.task_index)
-    size, size_from = _SplitSize(options)
+    size, size_from = WorkerSplitSize(options)
     return distribution.Create(
         run_locally=options.run_locally,
         worker_replicas=options.worker_replicas, worker_split_size=size,
