@@ -338,6 +338,24 @@ Register(multi_worker.MultiWorkerSetup)
 Register(local.LocalSetup)
 
 
+def Option(run_locally='cpu', worker_replicas=1, worker_split_size=1,
+           tf_config=None, worker_split_size_from='', **option_flags):
+  """(the option that runs these flags, their Flags): what `Create` creates,
+  chosen without creating anything (no TensorFlow op), so that what must be
+  refused before a task waits for its peers or serves them can be
+  (option.Setup.CheckJob, CheckParams). Arguments and errors: `Create`'s,
+  its peer wait apart."""
+  for flag, value in (('worker_replicas', worker_replicas),
+                      ('worker_split_size', worker_split_size)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
+  flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
+                worker_split_size=worker_split_size, tf_config=tf_config,
+                worker_split_size_from=worker_split_size_from,
+                **option_flags)
+  return CheckChosenFlags(flags), flags
+
+
 def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
            tf_config=None, worker_split_size_from='', **option_flags):
   """Configures devices and creates the strategy; call before any TF op.
@@ -368,12 +386,8 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     Stopped: SIGTERM or SIGINT while waiting for the peers.
     TypeError: a keyword that is no option's flag.
   """
-  for flag, value in (('worker_replicas', worker_replicas),
-                      ('worker_split_size', worker_split_size)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
-  flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
-                worker_split_size=worker_split_size, tf_config=tf_config,
-                worker_split_size_from=worker_split_size_from,
-                **option_flags)
-  return CheckChosenFlags(flags).Create(flags)
+  setup_cls, flags = Option(
+      run_locally=run_locally, worker_replicas=worker_replicas,
+      worker_split_size=worker_split_size, tf_config=tf_config,
+      worker_split_size_from=worker_split_size_from, **option_flags)
+  return setup_cls.Create(flags)

@@ -33,7 +33,12 @@ them all); an option overrides what differs:
                       interface of framework/train/runners.py: `Step`,
                       `Iterator`, `Call`, ...; tpu_programs.TpuRunner,
                       ps_programs.PsRunner);
-  CheckJob(...)       jobs and flags it cannot run (a SetupError);
+  CheckJob(...)       classmethod: jobs and flags it cannot run (a
+                      SetupError);
+  CheckParams(...)    classmethod: what its train program cannot run of
+                      the experiment's params (a ValueError naming the
+                      params path; by default nothing), from the params
+                      alone;
   serves, Serve(...)  a task that only serves others (a parameter server);
   runs_steps          whether this task runs the train steps (its memory is
                       checked against the step's estimate);
@@ -194,10 +199,27 @@ class Setup:
     a step runs on it even without --device_memory_gib)."""
     return True
 
-  def CheckJob(self, job, trains, xla):
+  @classmethod
+  def CheckJob(cls, job, trains, xla):
     """Raises SetupError if this option cannot run `job` (the --job flag;
-    `trains`: a trainer job) with `xla` (the --xla flag)."""
+    `trains`: a trainer job) with `xla` (the --xla flag). The trainer asks
+    it of every task before the option is created (before a task waits for
+    its peers or serves them)."""
     del job, trains, xla
+
+  @classmethod
+  def CheckParams(cls, model_params):
+    """Refuses what this option's train program cannot run of
+    `model_params`, from the params alone (its runner's CheckParams, e.g.
+    a knob the runner refuses); nothing by default. The trainer runs it on
+    every task of a trainer job before the option is created, those that
+    only serve included, so that each refuses what the chief refuses, in
+    the same line.
+
+    Raises:
+      ValueError: naming the params path, the value and the rule.
+    """
+    del model_params
 
   def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
     """This option's train program, its task(s) built from `model_params`.

@@ -87,6 +87,11 @@ class TpuSetup(option.Setup):
   def num_local_replicas(self):
     return self.strategy.num_replicas_in_sync
 
+  @classmethod
+  def CheckParams(cls, model_params):
+    from cadence.framework.distribute import tpu_programs  # pylint: disable=g-import-not-at-top
+    tpu_programs.TpuRunner.CheckParams(model_params.task)
+
   def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
     from cadence.framework.distribute import tpu_programs  # pylint: disable=g-import-not-at-top
     return tpu_programs.TpuTrainProgram(

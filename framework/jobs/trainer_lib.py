@@ -31,10 +31,16 @@ returns the process exit code:
 A second SIGTERM/SIGINT ends the process at once, killed by that signal
 (143 or 130 in a shell).
 
-The set-up runs in a fixed order: devices, the cluster and the strategy
-first (framework/distribute/distribution.py; TensorFlow allows logical devices
-and MultiWorkerMirroredStrategy only before any op runs), then the params
-(registry, file override, text override, --max_steps), the memory estimate
+The set-up runs in a fixed order. First what every task of a job refuses
+before its distribution option is created (`CheckBeforeDevices`, no
+TensorFlow op): the job against the option (--job, --xla) and, for a
+trainer job, the params (registry, file override, text override,
+--max_steps), checked as a build checks them, without building, and
+against the option's train program; so the tasks of a cluster that only
+serve refuse what the chief refuses, before any waits for or serves
+another. Then devices, the cluster and the strategy
+(framework/distribute/distribution.py; TensorFlow allows logical devices
+and MultiWorkerMirroredStrategy only before any op runs), the memory estimate
 of a training step from the params alone (the task's pipeline plan:
 nothing built, so a step too big is refused before it allocates), whether
 the logdir can be written, one copy of the task per local replica and the
@@ -74,6 +80,7 @@ from cadence.framework.distribute import distribution
 from cadence.framework.jobs import checkpoint_fit
 from cadence.framework.jobs import command_line
 from cadence.framework.jobs import graph_optimizer
+from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import memory_check
 from cadence.framework.jobs import mode_registry
 from cadence.framework.jobs import run_params
@@ -216,20 +223,68 @@ def WorkerSplitSize(options):
   return size, f"the experiment's WORKER_SPLIT_SIZE={size}"
 
 
-def ConfigureDevices(options):
-  """Sets up devices and the strategy (before any TF op); returns the
-  `distribution.Setup`."""
+def ChooseDevices(options):
+  """(the distribution option that runs `options`, its Flags), chosen
+  without creating it: no TensorFlow op (distribution.Option)."""
   try:
     tf_config = distribution.ReadTfConfig(
         options.cluster_spec, options.task_type, options.task_index)
     size, size_from = WorkerSplitSize(options)
-    return distribution.Create(
+    return distribution.Option(
         run_locally=options.run_locally,
         worker_replicas=options.worker_replicas, worker_split_size=size,
         worker_split_size_from=size_from, tf_config=tf_config,
         **options.option_flags)
   except distribution.SetupError as e:
     raise UserError(str(e)) from None
+
+
+def CreateDevices(setup_cls, flags):
+  """Sets up devices and the strategy of the option `setup_cls` for its
+  `flags` (ChooseDevices; before any TF op); returns the Setup."""
+  try:
+    return setup_cls.Create(flags)
+  except distribution.SetupError as e:
+    raise UserError(str(e)) from None
+
+
+def ConfigureDevices(options):
+  """Sets up devices and the strategy (before any TF op); returns the
+  `distribution.Setup`."""
+  return CreateDevices(*ChooseDevices(options))
+
+
+def CheckBeforeDevices(options, setup_cls):
+  """What every task of a --mode=sync job refuses before its distribution
+  option (`setup_cls`) is created, and so before it waits for its peers or
+  serves them: a task that only serves (a parameter server) builds
+  nothing, and a chief that refused after it connected left them serving.
+  The job against the option (CheckJob: --job, --xla) and, for a trainer
+  job, the experiment's params: loaded (run_params.LoadParams), checked
+  alone as a build checks them (inspect_lib.CheckParamsAlone) and against
+  what the option's train program runs (its CheckParams). So every task
+  given the same command refuses with the same line. Runs no TensorFlow
+  op (the devices are set up after it).
+
+  Returns:
+    The job's params (its dataset's; Train for a trainer job), or None for
+    another mode (which loads its own).
+
+  Raises:
+    UserError, ValueError: as the params and the option say.
+  """
+  if options.mode != 'sync':
+    return None
+  kind, dataset = _ParseJob(options.job)
+  try:
+    setup_cls.CheckJob(options.job, trains=dataset is None, xla=options.xla)
+  except distribution.SetupError as e:
+    raise UserError(str(e)) from None
+  params = run_params.LoadParams(options, dataset or 'Train')
+  if kind in ('trainer', 'trainer_and_evaler'):
+    inspect_lib.CheckParamsAlone(params)
+    setup_cls.CheckParams(params)
+  return params
 
 
 # --- jobs ---------------------------------------------------------------------
@@ -497,8 +552,10 @@ def _CheckMemory(options, params, setup):
   return verdict
 
 
-def _BuildJob(options, setup, watcher):
-  """The job of `options`, or a message (str) when it already finished.
+def _BuildJob(options, params, setup, watcher):
+  """The job of `options` with its `params` (CheckBeforeDevices: they and
+  the job are checked already, on every task), or a message (str) when it
+  already finished.
 
   Every check runs before anything is written: the params, the model built
   without weights (memory, the logdir's checkpoints), whether the logdir
@@ -507,12 +564,10 @@ def _BuildJob(options, setup, watcher):
   logdir) and params.txt.
   """
   kind, dataset = _ParseJob(options.job)
-  params = run_params.LoadParams(options, dataset or 'Train')
   if not options.logdir:
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
       f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
-  setup.CheckJob(options.job, trains=dataset is None, xla=options.xla)
   if setup.serves:
     logging.info('%s', setup)
     return _ServerJob(options, params, setup, kind, watcher)
@@ -616,7 +671,9 @@ def Main(options):
   ConfigureLogging()
   try:
     command_line.Check(options)   # Every flag, before any TF op.
-    setup = ConfigureDevices(options)
+    setup_cls, flags = ChooseDevices(options)
+    params = CheckBeforeDevices(options, setup_cls)   # On every task.
+    setup = CreateDevices(setup_cls, flags)
     if options.mode != 'sync':
       with setup.cluster:
         _RunMode(options, setup)
@@ -635,7 +692,7 @@ def Main(options):
   with setup.cluster, graph_optimizer.Scope(options.graph_optimizer), \
       preemption.Watcher(agreement=agreement) as watcher:
     try:
-      job = _BuildJob(options, setup, watcher)
+      job = _BuildJob(options, params, setup, watcher)
     except (UserError, ValueError) as e:
       return _SetupError(e)
     if isinstance(job, str):
