@@ -134,6 +134,10 @@ class Cluster:
              'means every logical device of that type visible here.')
     p.Define('worker_split_size', 1, 'Devices per model split, i.e. the '
              'number of pipeline stages one model copy spans.')
+    p.Define('split_size_from', '', 'Where worker_split_size came from, as '
+             "layout errors name it: the flag as typed ('--worker_split_size"
+             "=4') or the experiment's knob (\"the experiment's "
+             "WORKER_SPLIT_SIZE=2\"); '': they say nothing of it.")
     return p
 
   @classmethod
@@ -225,6 +229,12 @@ class Cluster:
   @property
   def num_devices_per_split(self):
     return self._params.worker_split_size
+
+  @property
+  def split_size_from(self):
+    """Where the model split's size came from, for layout errors (e.g.
+    '--worker_split_size=4'); '' when not said."""
+    return self._params.split_size_from
 
   @property
   def num_splits(self):

@@ -177,7 +177,9 @@ class SeqLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    self._devices = cluster_lib.Cluster.Current().ReplicaDevices()
+    cluster = cluster_lib.Cluster.Current()
+    self._devices = cluster.ReplicaDevices()
+    self._split_size_from = cluster.split_size_from   # For layout errors.
     for field in ('before_tpl', 'cell_tpl'):
       if not isinstance(p.Get(field), (list, tuple)):
         raise validation.Error(validation.Owner(self), field, p.Get(field),
@@ -211,27 +213,53 @@ class SeqLayer(base_layer.BaseLayer):
     """The device of cell i of `num_cells` (default: len(cell_tpl))."""
     return self.StageDevices(num_cells or len(self.params.cell_tpl))[i]
 
-  def CheckNumCells(self, num_cells):
+  def CheckNumCells(self, num_cells, splits_path='', num_units=None):
     """Checks S cells (stages) against the K devices of the model split.
 
-    S < K would leave devices idle: an error (say --worker_split_size=S).
+    S < K would leave devices idle: an error, ending with where K came
+    from (the cluster's split_size_from) and the fixes (`DevicesFix`).
     S > K puts several cells on a device (`StageDevices`; most schedules:
     cell i on device i % K): allowed, and logged, as a deliberate choice
     (e.g. a 4-stage model on 2 GPUs).
+
+    Args:
+      num_cells: S.
+      splits_path: the params path of the owner's cut (its `splits`), ''
+        when the cells are given as a list.
+      num_units: the most cells the owner can cut (None: no bound).
     """
     d = len(self._devices)
     if num_cells < d:
       raise ValueError(
           f'{validation.Owner(self)}: {num_cells} pipeline cell(s) on a model '
-          f'split of {d} devices would leave {d - num_cells} device(s) idle; '
-          f'use --worker_split_size={num_cells} (one device per cell) or '
-          f'cut the model into {d} cells.')
+          f'split of {d} devices would leave {d - num_cells} device(s) idle. '
+          + self.DevicesFix(num_cells, splits_path, num_units))
     if num_cells > d:
       logging.info('%s: %d pipeline cells on %d device(s): %s.',
                    validation.Owner(self), num_cells, d, ', '.join(
                        f'cell {i} on {cluster_lib.DeviceLabel(device)}'
                        for i, device in
                        enumerate(self.StageDevices(num_cells))))
+
+  def Layout(self, num_cells):
+    """(the devices `num_cells` cells fill, or None when no number does;
+    whether a schedule table places them; the cells a device runs, v): one
+    device per cell here."""
+    return num_cells, False, 1
+
+  def DevicesFix(self, num_cells, splits_path='', num_units=None):
+    """The end of a layout error of `num_cells` cells on this layer's D
+    devices (plan.DevicesFix): where D came from, and the devices the
+    cells fill or the cut that fills D devices ('' when the cells fill D:
+    the devices are not what is wrong)."""
+    d = len(self._devices)
+    want, table, v = self.Layout(num_cells)
+    if want == d:
+      return ''
+    fits = num_units is None or d * v <= num_units
+    return plan_lib.DevicesFix(d, self._split_size_from, want,
+                               d * v if fits else None, splits_path, table,
+                               v)
 
   def _Before(self, theta, inputs):
     with cluster_lib.DeviceScope(self._devices[0]):
@@ -424,16 +452,35 @@ class PipeliningLayer(SeqLayer):
                              f'{name!r}, which runs them in inference: {e}'
                              ) from None
 
-  def CheckNumCells(self, num_cells):
+  def CheckNumCells(self, num_cells, splits_path='', num_units=None):
     """SeqLayer's check, then `stages_per_device`: v > 1 needs S = K * v
-    cells (v per device), and the schedule's placement must fit."""
-    super().CheckNumCells(num_cells)
+    cells (v per device), and the schedule's placement must fit; each
+    error ends with where K came from and the fixes (`DevicesFix`)."""
+    super().CheckNumCells(num_cells, splits_path, num_units)
     d, v = len(self._devices), self.params.stages_per_device
+    fix = self.DevicesFix(num_cells, splits_path, num_units)
     if v > 1 and num_cells != d * v:
       raise validation.Error(
           validation.Owner(self), 'stages_per_device', v,
-          f'needs {d} devices x {v} = {d * v} cells; got {num_cells}.')
-    self.StageDevices(num_cells)
+          f'needs {d} devices x {v} = {d * v} cells; got {num_cells}.'
+          + (f' {fix}' if fix else ''))
+    try:
+      self.StageDevices(num_cells)
+    except ValueError as e:
+      if not fix:
+        raise
+      raise ValueError(f'{e} {fix}') from None
+
+  def Layout(self, num_cells):
+    """SeqLayer's, under this layer's schedule: the devices NumDevices
+    gives (a table's lines, else S / stages_per_device; None when v does
+    not divide S), and v = stages_per_device."""
+    p = self.params
+    table = p.schedule == schedules.TABLE
+    v = p.stages_per_device
+    if not table and num_cells % v:
+      return None, table, v
+    return self.NumDevices(p, num_cells), table, v
 
   @classmethod
   def MicroBatching(cls, p, batch, owner=None):

@@ -382,7 +382,9 @@ class UnitsPipeline(gpipe.SplitCells):
             f'{type(self).__name__} are batch-major.')
       pipe = self.CreateChild('pipeline', p.pipeline_tpl.Copy().Set(
           nested_map_fprop=True))
-      pipe.CheckNumCells(k)
+      pipe.CheckNumCells(
+          k, _Join(p.Path(), 'splits') if 'splits' in p else '',
+          len(self._units))
       stage_devices = pipe.StageDevices(k)
     self._unit_devices = [stage_devices[s] for s in range(k)
                           for _ in range(self._bounds[s], self._bounds[s + 1])]

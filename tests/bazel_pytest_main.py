@@ -27,11 +27,13 @@ def _CheckCadenceIsTheRunfilesCopy():
 def _HomeInTheTestsTemporaryFolder():
   """Bazel's sandbox leaves the real home read-only: the caches Cadence
   writes under ~/.cache (trained SentencePiece models, tokenised files) go
-  to this test's own temporary folder, for it and the trainers it starts."""
+  to this test's own temporary folder, for it and the trainers it starts
+  ($XDG_CACHE_HOME, which would win over HOME, is dropped)."""
   if os.environ.get('TEST_TMPDIR'):
     home = os.path.join(os.environ['TEST_TMPDIR'], 'home')
     os.makedirs(home, exist_ok=True)
     os.environ['HOME'] = home
+    os.environ.pop('XDG_CACHE_HOME', None)
 
 
 if __name__ == '__main__':

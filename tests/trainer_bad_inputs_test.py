@@ -222,6 +222,19 @@ _BEFORE_TF = [
              r"^Error: --xla='maybe' must be true or false\.$"),
     BadInput('tpu_zone_without_tpu', _Lm('--tpu_zone=us-central1-b'),
              r"^Error: --tpu_zone='us-central1-b' needs --tpu"),
+    # An option's own flag when another option runs (a flag at its default
+    # is not given: --peer_timeout_s=600 would pass).
+    BadInput('peer_timeout_without_tf_config', _Lm('--peer_timeout_s=30'),
+             r'^Error: --peer_timeout_s=30\.0 needs option parameter_server '
+             r'\(TF_CONFIG or --cluster_spec with a "ps" job\) or '
+             r'multi_worker \(TF_CONFIG or --cluster_spec without a "ps" '
+             r'job\); this run is option local \(this host alone: no --tpu, '
+             r'TF_CONFIG or --cluster_spec\)\.$', prepare=_PreviousRun,
+             real=True),
+    BadInput('worker_gpus_with_tpu', _Lm('--tpu=my-tpu', '--worker_gpus=2'),
+             r'^Error: --worker_gpus=2 needs option parameter_server \(.*\), '
+             r'multi_worker \(.*\) or local \(.*\); this run is option tpu '
+             r'\(--tpu\)\.$'),
     BadInput('override_not_key_value',
              _Lm('--model_params_override=task.model_dim'),
              r"^Error: --model_params_override: 'task\.model_dim' is not "
@@ -344,6 +357,47 @@ _BEFORE_TF = [
 
 _INPUT = r"^Error: Input: LmCorpusInput 'lm_train' \(params 'input'\): "
 _MODEL = [
+    # Layouts: stages that do not fit a replica's devices. The line names
+    # where the devices came from (the flag as typed, or the experiment's
+    # WORKER_SPLIT_SIZE) and the fixes. First in the group: the process
+    # makes 4 logical CPUs at its first device set-up, and later rows take
+    # the 1 or 2 they need of them.
+    BadInput('split_too_big', _Lm('--worker_split_size=4'),
+             rf"^Error: Bad params: PipeliningLayer \(params '{_PIPE}'\): "
+             r"schedule='gpipe' with 2 stages, 4 devices and 4 micro-batches: "
+             r"Schedule 'gpipe': 2 stage\(s\) on 4 devices leave device\(s\) "
+             r'\[2, 3\] idle\. --worker_split_size=4 gives a replica 4 '
+             r'devices: use --worker_split_size=2, or cut the model into 4 '
+             rf'stages \({_STACK}\.splits=4\)\.$', prepare=_PreviousRun,
+             real=True),
+    BadInput('split_too_big_inspect_model',
+             _Lm('--mode=inspect_model', '--worker_split_size=4'),
+             rf"^Error: Bad params: PipeliningLayer 'lm\.stack\.pipeline' "
+             rf"\(params '{_PIPE}'\): 2 pipeline cell\(s\) on a model split "
+             r'of 4 devices would leave 2 device\(s\) idle\. '
+             r'--worker_split_size=4 gives a replica 4 devices: use '
+             r'--worker_split_size=2, or cut the model into 4 stages '
+             rf'\({_STACK}\.splits=4\)\.$'),
+    BadInput('interleaved_split_too_big', _Lm(
+        '--worker_split_size=4', f'--model_params_override={_PIPE}.schedule='
+        f'interleaved_1f1b;{_PIPE}.stages_per_device=2'),
+             rf"\(params '{_PIPE}'\): stages_per_device=2 needs 4 devices x 2 "
+             r'= 8 cells; got 4\. --worker_split_size=4 gives a replica 4 '
+             r'devices: use --worker_split_size=2\.$'),
+    BadInput('experiments_split_too_big',
+             _Lm(f'--model_params_override={_STACK}.splits=1'),
+             r"Schedule 'gpipe': 1 stage\(s\) on 2 devices leave device\(s\) "
+             r"\[1\] idle\. The experiment's WORKER_SPLIT_SIZE=2 gives a "
+             r'replica 2 devices: use --worker_split_size=1, or cut the model '
+             rf'into 2 stages \({_STACK}\.splits=2\)\.$'),
+    BadInput('table_lines_not_the_devices', _Lm(
+        f'--model_params_override={_PIPE}.schedule=table;'
+        f"{_PIPE}.schedule_table='" + ' '.join(
+            f'F0:{m} F1:{m} B1:{m} B0:{m}' for m in range(4)) + "'"),
+             r"Schedule 'table': the table has 1 line\(s\); the pipeline has "
+             r"2 devices \(one line per device\)\. The experiment's "
+             r'WORKER_SPLIT_SIZE=2 gives a replica 2 devices: use '
+             r'--worker_split_size=1, or a schedule_table of 2 lines\.$'),
     BadInput('user_module_fails_to_import',
              ['--model=badinput_exps.raises.Raises', _LOGDIR],
              r"^Error: Model 'badinput_exps\.raises\.Raises': cannot import "

@@ -33,7 +33,8 @@ class InputFilesTest(tf.test.TestCase):
 
   def testBadFilesExitTwoWithOneLine(self):
     tmp = self.get_temp_dir()
-    env = dict(test_utils.QUIET_ENV, HOME=tmp)   # No ~/.cache of the user.
+    # No cache of the user's: ~/.cache, XDG_CACHE_HOME ignored when empty.
+    env = dict(test_utils.QUIET_ENV, HOME=tmp, XDG_CACHE_HOME='')
     noise = _Write(f'{tmp}/noise.txt', np.random.RandomState(0).bytes(4096))
     blank = _Write(f'{tmp}/blank.txt', b'\n  \n\n')
     text = _Write(f'{tmp}/text.txt', b'the cat sees alice\n')

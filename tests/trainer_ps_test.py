@@ -9,6 +9,11 @@ the chief has exited. The chief logs the bytes on each parameter server
 summaries fall, and the checkpoint has the synchronous layout: a task built
 here restores every variable by path (as an evaler does), and its Dev loss
 is below the untrained weights'.
+
+A cluster given a command the chief refuses (sharded optimizer state, which
+parameter servers cannot run): every task, ps and worker included, exits 2
+with the chief's one line, before any serves or waits (they used to serve
+the refused chief for ever).
 """
 import os
 import re
@@ -96,6 +101,33 @@ class ParameterServerTrainingTest(tf.test.TestCase):
     ckpt.read(path).assert_existing_objects_matched()
     trained = _DevLoss(task, batch)
     self.assertLess(trained, 0.5 * untrained)
+
+
+class RefusedClusterTest(tf.test.TestCase):
+
+  def testEveryTaskRefusesWhatTheChiefRefusesWithItsLine(self):
+    logdir = os.path.join(self.get_temp_dir(), 'refused')
+    cluster = test_utils.LocalCluster(chief=1, ps=1, worker=1)
+    flags = [f'--model={_KEY}', f'--logdir={logdir}', '--job=trainer',
+             '--model_params_override=task.train.learner.'
+             'shard_optimizer_state=True']
+    tasks = (('chief', 0), ('ps', 0), ('worker', 0))
+    runs = [test_utils.TrainerRun(*flags, script=True, cluster=cluster,
+                                  task=task) for task in tasks]
+    try:   # A task that served would outlive the timeout: a failure.
+      results = [run.Finish(timeout=120) for run in runs]
+    finally:
+      for run in runs:
+        run.Kill()
+    for task, (code, _, err) in zip(tasks, results):
+      with self.subTest(task=task):
+        test_utils.AssertUserErrorLine(
+            self, code, err, r"^Error: Bad params: regression's "
+            r'train\.learner: shard_optimizer_state=True does not apply to '
+            r'parameter servers: they hold each slot once already, on the '
+            r'servers\.$')
+        self.assertNotIn('Serving the chief', err)
+    self.assertFalse(os.path.exists(logdir))
 
 
 if __name__ == '__main__':

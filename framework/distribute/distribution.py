@@ -57,7 +57,9 @@ options it must win over. Its own flags are its FLAGS, a dataclass of
 defines every registered option's (`DefineFlags`; a flag's help starts
 with its options), hands their values over as one mapping
 (`FlagValues` -> TrainerOptions.option_flags -> `Create(**option_flags)`),
-and checks them before TensorFlow loads (the option's `CheckFlags`); the
+and checks them before TensorFlow loads (the option's `CheckFlags`), and
+refuses one given when none of its options runs (`CheckChosenFlags`:
+--peer_timeout_s without TF_CONFIG, --worker_gpus with --tpu); the
 option reads them with `FlagsOf(flags)`. Adding a flag to an option is one
 field of its FLAGS, read where the option uses it. Two options that read the same flag share its declaration (a FLAGS
 that subclasses the other's, or the same class); `Register` refuses a flag
@@ -243,7 +245,7 @@ def CheckFlags(option_flags):
 
 
 def Flags(run_locally='cpu', worker_replicas=1, worker_split_size=1,
-          tf_config=None, **option_flags):
+          tf_config=None, worker_split_size_from='', **option_flags):
   """The option.Flags of these values, with every registered option's own
   flags: `option_flags` (e.g. tpu='my-tpu'), the others at their defaults.
 
@@ -261,7 +263,8 @@ def Flags(run_locally='cpu', worker_replicas=1, worker_split_size=1,
   return option.Flags(run_locally=run_locally,
                       worker_replicas=worker_replicas,
                       worker_split_size=worker_split_size,
-                      tf_config=tf_config, options=values)
+                      tf_config=tf_config, options=values,
+                      worker_split_size_from=worker_split_size_from)
 
 
 def Choose(flags):
@@ -277,6 +280,38 @@ def Choose(flags):
                    f'{", ".join(Names())}.')
 
 
+def _Described(setup_cls):
+  """An option's name, with what chooses it (its CHOSEN_BY) if said."""
+  by = setup_cls.CHOSEN_BY
+  return f'{setup_cls.name} ({by})' if by else setup_cls.name
+
+
+def CheckChosenFlags(flags):
+  """Refuses an option's own flag given (not at its default) when none of
+  the options that declare it runs `flags` (a Flags); a flag typed at its
+  default value counts as not given, as a mode's flags do
+  (mode_registry.CheckModeFlags).
+
+  Returns:
+    The option that runs `flags` (`Choose`).
+
+  Raises:
+    SetupError: one line naming the flag, the option(s) it needs and what
+      chooses them, and the option that runs.
+  """
+  chosen = Choose(flags)
+  by_name = {setup_cls.name: setup_cls for setup_cls in _OPTIONS}
+  for name, (f, names) in _Fields().items():
+    value = flags.options.get(name, f.default)
+    if chosen.name in names or value == f.default:
+      continue
+    needs = [_Described(by_name[n]) for n in names]
+    needs = ' or '.join(filter(None, [', '.join(needs[:-1]), needs[-1]]))
+    raise SetupError(f'--{name}={value!r} needs option {needs}; this run is '
+                     f'option {_Described(chosen)}.')
+  return chosen
+
+
 # The options, in the order they are tried: one line each.
 Register(tpu_option.TpuSetup)
 Register(parameter_server.ParameterServerSetup)
@@ -284,8 +319,26 @@ Register(multi_worker.MultiWorkerSetup)
 Register(local.LocalSetup)
 
 
+def Option(run_locally='cpu', worker_replicas=1, worker_split_size=1,
+           tf_config=None, worker_split_size_from='', **option_flags):
+  """(the option that runs these flags, their Flags): what `Create` creates,
+  chosen without creating anything (no TensorFlow op), so that what must be
+  refused before a task waits for its peers or serves them can be
+  (option.Setup.CheckJob, CheckParams). Arguments and errors: `Create`'s,
+  its peer wait apart."""
+  for flag, value in (('worker_replicas', worker_replicas),
+                      ('worker_split_size', worker_split_size)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
+  flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
+                worker_split_size=worker_split_size, tf_config=tf_config,
+                worker_split_size_from=worker_split_size_from,
+                **option_flags)
+  return CheckChosenFlags(flags), flags
+
+
 def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
-           tf_config=None, **option_flags):
+           tf_config=None, worker_split_size_from='', **option_flags):
   """Configures devices and creates the strategy; call before any TF op.
 
   Args:
@@ -293,6 +346,9 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     worker_replicas: replicas on this host, an int >= 1.
     worker_split_size: devices per replica, an int >= 1.
     tf_config: the multi-host configuration (`ReadTfConfig`), or None.
+    worker_split_size_from: where worker_split_size came from, as layout
+      errors name it (the flag as typed, or the experiment's
+      WORKER_SPLIT_SIZE: the cluster's split_size_from); '': the flag.
     **option_flags: the options' own flags by name (`FlagNames`; each
       declared in its option's FLAGS): e.g. tpu='my-tpu' with tpu_zone and
       tpu_project (tpu_option.py), worker_gpus=2 (local.py: 0 is all
@@ -304,16 +360,15 @@ def Create(run_locally='cpu', worker_replicas=1, worker_split_size=1,
     The Setup of the option that applies (`Choose`).
 
   Raises:
-    SetupError: a flag value this machine or cluster cannot run, or a peer
-      that never accepted a connection within peer_timeout_s.
+    SetupError: a flag value this machine or cluster cannot run, an
+      option's flag given when that option does not run
+      (`CheckChosenFlags`), or a peer that never accepted a connection
+      within peer_timeout_s.
     Stopped: SIGTERM or SIGINT while waiting for the peers.
     TypeError: a keyword that is no option's flag.
   """
-  for flag, value in (('worker_replicas', worker_replicas),
-                      ('worker_split_size', worker_split_size)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise SetupError(f'--{flag}={value!r} must be an int >= 1.')
-  flags = Flags(run_locally=run_locally, worker_replicas=worker_replicas,
-                worker_split_size=worker_split_size, tf_config=tf_config,
-                **option_flags)
-  return Choose(flags).Create(flags)
+  setup_cls, flags = Option(
+      run_locally=run_locally, worker_replicas=worker_replicas,
+      worker_split_size=worker_split_size, tf_config=tf_config,
+      worker_split_size_from=worker_split_size_from, **option_flags)
+  return setup_cls.Create(flags)

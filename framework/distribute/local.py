@@ -64,17 +64,18 @@ def MakeLogicalCpus(need, what):
 
 
 def LocalDevices(run_locally, worker_replicas, worker_split_size,
-                 worker_gpus):
+                 worker_gpus, split_size_from=''):
   """(device_type, number of devices) of this host; makes logical CPUs.
 
   Raises:
-    option.SetupError: the devices are not there.
+    option.SetupError: the devices are not there (naming the split size
+      as `split_size_from` says where it came from: option.SplitSizeFrom).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   need = worker_replicas * worker_split_size
+  split = split_size_from or f'--worker_split_size={worker_split_size}'
   if run_locally == 'cpu':
-    MakeLogicalCpus(need, f'--worker_replicas={worker_replicas} x '
-                    f'--worker_split_size={worker_split_size}')
+    MakeLogicalCpus(need, f'--worker_replicas={worker_replicas} x {split}')
     return 'CPU', need
   if run_locally == 'gpu':
     gpus = len(tf.config.list_physical_devices('GPU'))
@@ -82,15 +83,17 @@ def LocalDevices(run_locally, worker_replicas, worker_split_size,
     if not gpus or need > usable:
       raise option.SetupError(
           f'--run_locally=gpu: --worker_replicas={worker_replicas} x '
-          f'--worker_split_size={worker_split_size} needs {need} GPUs; '
-          f'{gpus} visible, --worker_gpus={worker_gpus}.')
+          f'{split} needs {need} GPUs; {gpus} visible, --worker_gpus='
+          f'{worker_gpus}.')
     return 'GPU', need
   raise option.SetupError(
       f"--run_locally={run_locally!r} must be 'cpu' or 'gpu'.")
 
 
-def LocalCluster(device_type, num_devices, worker_split_size):
-  """The Cluster of this host's devices, in replicas of worker_split_size.
+def LocalCluster(device_type, num_devices, worker_split_size,
+                 split_size_from=''):
+  """The Cluster of this host's devices, in replicas of worker_split_size
+  (`split_size_from`: where it came from, which layout errors name).
 
   Raises:
     option.SetupError: the devices do not cut into such replicas.
@@ -99,7 +102,8 @@ def LocalCluster(device_type, num_devices, worker_split_size):
   try:
     return cluster_lib.Cluster.Params().Set(
         device_type=device_type, num_devices=num_devices,
-        worker_split_size=worker_split_size).Instantiate()
+        worker_split_size=worker_split_size,
+        split_size_from=split_size_from).Instantiate()
   except ValueError as e:
     raise option.SetupError(str(e)) from None
 
@@ -119,6 +123,7 @@ class LocalSetup(option.Setup):
 
   name = 'local'
   FLAGS = LocalFlags
+  CHOSEN_BY = 'this host alone: no --tpu, TF_CONFIG or --cluster_spec'
 
   @classmethod
   def CheckFlags(cls, own):
@@ -131,8 +136,10 @@ class LocalSetup(option.Setup):
 
   @classmethod
   def Create(cls, flags):
+    split_from = option.SplitSizeFrom(flags)
     device_type, num_devices = LocalDevices(
         flags.run_locally, flags.worker_replicas, flags.worker_split_size,
-        cls.FlagsOf(flags).worker_gpus)
-    cluster = LocalCluster(device_type, num_devices, flags.worker_split_size)
+        cls.FlagsOf(flags).worker_gpus, split_from)
+    cluster = LocalCluster(device_type, num_devices, flags.worker_split_size,
+                           split_from)
     return cls(cluster=cluster, strategy=LocalStrategy(cluster))

@@ -55,6 +55,7 @@ class MultiWorkerSetup(option.Setup):
 
   name = 'multi_worker'
   FLAGS = MultiHostFlags
+  CHOSEN_BY = 'TF_CONFIG or --cluster_spec without a "ps" job'
 
   @classmethod
   def CheckFlags(cls, own):
@@ -83,9 +84,10 @@ class MultiWorkerSetup(option.Setup):
           f'--worker_replicas={flags.worker_replicas} with several hosts on '
           'CPU: MultiWorkerMirroredStrategy runs one replica per host on CPU '
           '(several per host need GPUs); use --worker_replicas=1.')
+    split_from = option.SplitSizeFrom(flags)
     device_type, num_devices = local.LocalDevices(
         flags.run_locally, flags.worker_replicas, flags.worker_split_size,
-        own.worker_gpus)
+        own.worker_gpus, split_from)
     strategy = None   # An 'evaluator' task: this host's replicas only.
     if task_type in ('worker', 'chief'):
       # In Python first, where signals and lines work: the strategy's start
@@ -106,7 +108,7 @@ class MultiWorkerSetup(option.Setup):
                   implementation=tf.distribute.experimental
                   .CommunicationImplementation.AUTO)))
     cluster = local.LocalCluster(device_type, num_devices,
-                                 flags.worker_split_size)
+                                 flags.worker_split_size, split_from)
     if strategy is None:
       strategy = local.LocalStrategy(cluster)
     return cls(cluster=cluster, strategy=strategy, num_workers=num_workers,

@@ -10,10 +10,14 @@ A distribution option is one way of spreading a run over devices and hosts
                       which trainer.py defines in absl; the option reads
                       their values with `FlagsOf(flags)`, and
                       `CheckFlags` checks them before TensorFlow loads
-                      (raise SetupError; none by default);
+                      (raise SetupError; none by default). Its flags given
+                      when another option runs are refused
+                      (distribution.CheckChosenFlags);
   Applies(flags)      whether the trainer's `Flags` (and TF_CONFIG) ask for
                       it: the registry (distribution.py) runs the first
                       option that applies;
+  CHOSEN_BY           what makes it apply, in words, for the line that
+                      refuses its flags without it (e.g. '--tpu');
   Create(flags)       its devices, cluster and tf.distribute strategy,
                       before any other TF op: an instance, which the
                       trainer runs on;
@@ -29,7 +33,12 @@ them all); an option overrides what differs:
                       interface of framework/train/runners.py: `Step`,
                       `Iterator`, `Call`, ...; tpu_programs.TpuRunner,
                       ps_programs.PsRunner);
-  CheckJob(...)       jobs and flags it cannot run (a SetupError);
+  CheckJob(...)       classmethod: jobs and flags it cannot run (a
+                      SetupError);
+  CheckParams(...)    classmethod: what its train program cannot run of
+                      the experiment's params (a ValueError naming the
+                      params path; by default nothing), from the params
+                      alone;
   serves, Serve(...)  a task that only serves others (a parameter server);
   runs_steps          whether this task runs the train steps (its memory is
                       checked against the step's estimate);
@@ -87,12 +96,16 @@ class Flags:
     tf_config: the multi-host configuration (distribution.ReadTfConfig: a
       checked TF_CONFIG dict), or None.
     options: {flag name: value} of the options' own flags.
+    worker_split_size_from: where worker_split_size came from, as errors
+      name it (`SplitSizeFrom`; the cluster's split_size_from): the flag
+      as typed, or the experiment's WORKER_SPLIT_SIZE; '': the flag.
   """
   run_locally: str = 'cpu'
   worker_replicas: int = 1
   worker_split_size: int = 1
   tf_config: dict = None
   options: dict = dataclasses.field(default_factory=dict)
+  worker_split_size_from: str = ''
 
   def __post_init__(self):
     for name, value in self.options.items():
@@ -100,6 +113,13 @@ class Flags:
         raise ValueError(f'Flags: the option flag {name!r} would hide '
                          f'Flags.{name}.')
       object.__setattr__(self, name, value)   # flags.tpu, as before.
+
+
+def SplitSizeFrom(flags):
+  """Where `flags.worker_split_size` came from, as an error names it: its
+  worker_split_size_from, else '--worker_split_size=K'."""
+  return (flags.worker_split_size_from or
+          f'--worker_split_size={flags.worker_split_size}')
 
 
 @dataclasses.dataclass
@@ -123,6 +143,9 @@ class Setup:
 
   name = ''   # The option's registry name; each subclass sets it.
   FLAGS = flag_fields.NoFlags   # A dataclass of its own flags (`Flag`s).
+  # What makes `Applies` hold, in words: the line refusing this option's
+  # flags when another option runs names it (e.g. '--tpu'); '': the name.
+  CHOSEN_BY = ''
 
   @classmethod
   def FlagsOf(cls, flags):
@@ -176,10 +199,27 @@ class Setup:
     a step runs on it even without --device_memory_gib)."""
     return True
 
-  def CheckJob(self, job, trains, xla):
+  @classmethod
+  def CheckJob(cls, job, trains, xla):
     """Raises SetupError if this option cannot run `job` (the --job flag;
-    `trains`: a trainer job) with `xla` (the --xla flag)."""
+    `trains`: a trainer job) with `xla` (the --xla flag). The trainer asks
+    it of every task before the option is created (before a task waits for
+    its peers or serves them)."""
     del job, trains, xla
+
+  @classmethod
+  def CheckParams(cls, model_params):
+    """Refuses what this option's train program cannot run of
+    `model_params`, from the params alone (its runner's CheckParams, e.g.
+    a knob the runner refuses); nothing by default. The trainer runs it on
+    every task of a trainer job before the option is created, those that
+    only serve included, so that each refuses what the chief refuses, in
+    the same line.
+
+    Raises:
+      ValueError: naming the params path, the value and the rule.
+    """
+    del model_params
 
   def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
     """This option's train program, its task(s) built from `model_params`.

@@ -4,7 +4,12 @@ The cluster has one 'chief', the coordinator, which runs
 ParameterServerStrategy and its train program (ps_programs.PsTrainProgram:
 asynchronous steps scheduled on the workers, variables on the servers);
 'worker' and 'ps' tasks start a tf.distribute.Server and only serve
-(`Serve`) until the run is finished and the chief has exited. Before its
+(`Serve`) until the run is finished and the chief has exited. Before
+its task is created, each checks what the chief would refuse of the job
+and the params (trainer_lib.CheckBeforeDevices: `CheckJob`, the params
+checked as a build checks them, and `CheckParams`, the runner's refusals,
+e.g. learner.shard_optimizer_state), so every task of a refused command
+exits 2 with the chief's line. Before its
 strategy connects to them, the chief waits until every 'ps' and 'worker'
 task accepts a TCP connection (peer_wait.py: a line every 10 s names
 those not seen yet; --peer_timeout_s ends the wait with exit 2, a signal
@@ -45,6 +50,7 @@ class ParameterServerSetup(option.Setup):
 
   name = 'parameter_server'
   FLAGS = multi_worker.MultiHostFlags   # Shared: declared once, there.
+  CHOSEN_BY = 'TF_CONFIG or --cluster_spec with a "ps" job'
 
   @classmethod
   def CheckFlags(cls, own):
@@ -73,14 +79,17 @@ class ParameterServerSetup(option.Setup):
           "runs 'chief', 'worker' and 'ps' tasks; run evaler and decoder "
           'jobs without TF_CONFIG.')
     if flags.worker_replicas != 1 or flags.worker_split_size != 1:
+      fix = ' '.join(f'--{name}=1' for name in ('worker_replicas',
+                                                 'worker_split_size')
+                     if getattr(flags, name) != 1)
       raise option.SetupError(
           'Parameter-server training (TF_CONFIG with a "ps" job) runs one '
           'replica of one device per worker, without a pipeline: '
           f'--worker_replicas={flags.worker_replicas} and '
-          f'--worker_split_size={flags.worker_split_size} (default: the '
-          'experiment\'s WORKER_SPLIT_SIZE) must both be 1. Pipelined models '
-          'train on several hosts with MultiWorkerMirroredStrategy '
-          '(TF_CONFIG without "ps").')
+          f'{option.SplitSizeFrom(flags)} (devices per replica) must both '
+          'be 1. Pipelined models train on several hosts with '
+          'MultiWorkerMirroredStrategy (TF_CONFIG without "ps"), or give '
+          f'{fix} to train here.')
     device_type, num_devices = local.LocalDevices(flags.run_locally, 1, 1,
                                                   own.worker_gpus)
     spec = tf.train.ClusterSpec(jobs)
@@ -118,7 +127,8 @@ class ParameterServerSetup(option.Setup):
   def runs_steps(self):
     return False   # The workers run them.
 
-  def CheckJob(self, job, trains, xla):
+  @classmethod
+  def CheckJob(cls, job, trains, xla):
     if not trains:
       raise option.SetupError(
           f'--job={job} with parameter servers (TF_CONFIG with a "ps" job): '
@@ -128,6 +138,11 @@ class ParameterServerSetup(option.Setup):
       raise option.SetupError(
           '--xla with parameter servers: the coordinator dispatches '
           'uncompiled steps; drop --xla or the "ps" job.')
+
+  @classmethod
+  def CheckParams(cls, model_params):
+    from cadence.framework.distribute import ps_programs  # pylint: disable=g-import-not-at-top
+    ps_programs.PsRunner.CheckParams(model_params.task)
 
   def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
     from cadence.framework.distribute import ps_programs  # pylint: disable=g-import-not-at-top

@@ -36,9 +36,11 @@ Workers and parameter servers start a server (distribution.Create) and
 `Serve` until the run is finished (the trainer's own test: the checkpoint
 at max_steps, and for trainer_and_evaler the final decode) and the chief's
 port is closed (it has exited: the servers must outlive it, or its exit
-fails on functions it cannot remove from them). A chief that fails leaves
-them serving: rerun the chief to resume from the latest checkpoint, or stop
-them (SIGTERM).
+fails on functions it cannot remove from them). A chief that exits before
+the run is finished (it failed, or refused what only it checks: its
+logdir, say) leaves them serving, each saying so at once and every minute
+while no chief answers: rerun the chief to resume from the latest
+checkpoint, or stop them (SIGTERM).
 
 Checkpoints and summaries are written by the chief in the layout of the
 synchronous program (model variables keyed by path), so evaler and decoder
@@ -206,8 +208,16 @@ class PsRunner(runners.SyncRunner):
     return out
 
 
-def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None):
+def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None,
+          look_secs=5.0, quiet_secs=60.0):
   """Serves as a 'worker' or 'ps' task until the run is over.
+
+  It never waits in silence: every `look_secs` it tries the chief's port,
+  and says at once when a chief it saw has gone before the run finished
+  (the chief refused something this task could not check, failed, or was
+  stopped), and every `quiet_secs` while no chief answers. It keeps
+  serving then: a chief rerun resumes from the latest checkpoint on the
+  same servers (SIGTERM stops this task).
 
   Args:
     setup: the task's parameter_server.ParameterServerSetup (its `server`
@@ -217,12 +227,16 @@ def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None):
     poll_secs: seconds between two looks at the run.
     should_stop: () -> what asked this task to stop (e.g. 'SIGTERM'), or
       None; it stops at the next look.
+    look_secs: seconds between two tries of the chief's port.
+    quiet_secs: seconds between two lines while no chief answers.
   """
   chief = tf.train.ClusterSpec(setup.server.server_def.cluster).task_address(
       'chief', 0)
   logging.info('Serving the chief (coordinator) at %s; this %s task exits '
                'once the run is finished and the chief has exited.', chief,
                setup.task_type)
+  up, next_look = False, 0.0
+  gone = said = time.monotonic()   # No chief since; the last line about it.
   while True:
     reason = should_stop()
     if reason:
@@ -234,4 +248,24 @@ def Serve(setup, finished, poll_secs=1.0, should_stop=lambda: None):
       logging.info('%s; the chief has exited: this %s task stops.',
                    message.split(';')[0], setup.task_type)
       return
+    now = time.monotonic()
+    if now >= next_look:
+      next_look = now + look_secs
+      was_up, up = up, peer_wait.Accepts(chief, 2.0)
+      if up:
+        gone = said = now
+      elif was_up:
+        gone = said = now
+        logging.warning(
+            'The chief at %s has exited before the run finished (it stopped '
+            'on an error, failed or was stopped; its own log says which): '
+            'this %s task keeps serving, so that the chief, rerun, resumes '
+            'from the latest checkpoint; stop it with SIGTERM.', chief,
+            setup.task_type)
+      elif now - said >= quiet_secs:
+        said = now
+        logging.warning(
+            'No chief has answered at %s for %.0f s: this %s task keeps '
+            'serving until the chief runs (again); stop it with SIGTERM.',
+            chief, now - gone, setup.task_type)
     time.sleep(poll_secs)

@@ -42,6 +42,7 @@ class TpuSetup(option.Setup):
 
   name = 'tpu'
   FLAGS = TpuFlags
+  CHOSEN_BY = '--tpu'
 
   @classmethod
   def CheckFlags(cls, own):
@@ -78,12 +79,18 @@ class TpuSetup(option.Setup):
       raise option.SetupError(str(e)) from None
     cluster = cluster_lib.Cluster.Params().Set(
         devices=devices, device_type='TPU',
-        worker_split_size=flags.worker_split_size).Instantiate()
+        worker_split_size=flags.worker_split_size,
+        split_size_from=option.SplitSizeFrom(flags)).Instantiate()
     return cls(cluster=cluster, strategy=strategy)
 
   @property
   def num_local_replicas(self):
     return self.strategy.num_replicas_in_sync
+
+  @classmethod
+  def CheckParams(cls, model_params):
+    from cadence.framework.distribute import tpu_programs  # pylint: disable=g-import-not-at-top
+    tpu_programs.TpuRunner.CheckParams(model_params.task)
 
   def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
     from cadence.framework.distribute import tpu_programs  # pylint: disable=g-import-not-at-top

@@ -187,7 +187,24 @@ def Check(options):
                             options.task_index)
   except tf_config.ConfigError as e:
     raise UserError(str(e)) from None
+  _CheckOptionChosen(options, config)
   _CheckLogdirFree(options, config)
+
+
+def _CheckOptionChosen(options, config):
+  """An option's own flag given when that option does not run (e.g.
+  --peer_timeout_s without TF_CONFIG): distribution.CheckChosenFlags,
+  before TensorFlow loads. The experiment's WORKER_SPLIT_SIZE is read with
+  its params, after TensorFlow: an unset --worker_split_size counts as 1
+  here, and distribution.Create checks again with the experiment's."""
+  try:
+    distribution.CheckChosenFlags(distribution.Flags(
+        run_locally=options.run_locally,
+        worker_replicas=options.worker_replicas,
+        worker_split_size=options.worker_split_size or 1, tf_config=config,
+        **OptionFlags(options)))
+  except distribution.SetupError as e:
+    raise UserError(str(e)) from None
 
 
 def _IsChief(config):

@@ -113,12 +113,18 @@ def _Short(device):
   return f'{spec.device_type}:{spec.device_index}' if spec.device_type else ''
 
 
-def TaskPlan(meta, devices):
+def TaskPlan(meta, devices, devices_from=''):
   """The plan.PipelinePlan of a task's FPropMeta `meta` on the model
   split's `devices` (its params say the stages, the cluster the devices:
-  stages share devices when there are more), or None."""
+  stages share devices when there are more), or None.
+
+  Raises:
+    ValueError: the stages do not fit the devices (PipelinePlan.OnDevices:
+      the line ends with where the devices came from, `devices_from`, the
+      cluster's split_size_from, and the fixes).
+  """
   plan = meta.get('plan') if meta is not None else None
-  return None if plan is None else plan.OnDevices(len(devices))
+  return None if plan is None else plan.OnDevices(len(devices), devices_from)
 
 
 def StageDevices(plan, devices):
@@ -227,7 +233,7 @@ _Stages = PlanStages
 
 
 def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
-                unit_of=None):
+                unit_of=None, devices_from=''):
   """Per pipeline stage: parameters, forward FLOPs and their share of the
   step, and the memory estimate at the step's peak (memory_estimate), all
   from the task's plan (framework/pipeline/plan.py).
@@ -239,8 +245,9 @@ def StageReport(meta, rows, optimizer, devices, device_memory_gib=None,
     devices: the model split's devices (the schedule places the stages).
     device_memory_gib: if set, each stage says whether it fits.
     unit_of: {variable path: unit index} (gpipe_units.UnitOfVariables).
+    devices_from: where the split's size came from (TaskPlan).
   """
-  plan = TaskPlan(meta, devices)
+  plan = TaskPlan(meta, devices, devices_from)
   if plan is None:
     return ('Memory per stage: not available (the task\'s FPropMeta has no '
             '`plan`, or the batch size is unknown).\n')
@@ -359,12 +366,19 @@ def _TaskArgs(task, num_replicas=1):
           gpipe_units.UnitOfVariables(task))
 
 
+def _CurrentPlan(meta, devices):
+  """TaskPlan on the current cluster's `devices`, its errors naming where
+  the split's size came from."""
+  return TaskPlan(meta, devices,
+                  cluster_lib.Cluster.Current().split_size_from)
+
+
 def TaskStageReport(task, device_memory_gib=None):
   """StageReport of a built task (its variables, FPropMeta on its input's
   batch shapes and optimizer) on the current cluster's devices."""
   meta, rows, optimizer, devices, unit_of = _TaskArgs(task)
   return StageReport(meta, rows, optimizer, devices, device_memory_gib,
-                     unit_of)
+                     unit_of, cluster_lib.Cluster.Current().split_size_from)
 
 
 def TaskStages(task, estimate=memory_estimate.StageMemory, num_replicas=1):
@@ -374,7 +388,7 @@ def TaskStages(task, estimate=memory_estimate.StageMemory, num_replicas=1):
   `num_replicas` replicas of every host (sharded slots are cut over them,
   LearnerOptimizer; their update's all-reduce, PlanStages)."""
   meta, rows, optimizer, devices, unit_of = _TaskArgs(task, num_replicas)
-  plan = TaskPlan(meta, devices)
+  plan = _CurrentPlan(meta, devices)
   if plan is None:
     return None
   weights, _ = TaskWeights(plan, rows, StageDevices(plan, devices),
@@ -386,7 +400,7 @@ def TaskStageDevices(task):
   """The device of each stage of a built task's plan (as TaskStages),
   None without one."""
   meta, _, _, devices, _ = _TaskArgs(task)
-  plan = TaskPlan(meta, devices)
+  plan = _CurrentPlan(meta, devices)
   return None if plan is None else StageDevices(plan, devices)
 
 

@@ -91,14 +91,18 @@ def Check(task, device_type, num_local_replicas, device_memory_gib=0.0,
 
 
 def CheckParams(params, devices, device_type, num_local_replicas,
-                device_memory_gib=0.0, host_memory=None, num_replicas=1):
+                device_memory_gib=0.0, host_memory=None, num_replicas=1,
+                devices_from=''):
   """Check's verdict from model `params` alone, nothing built: the task's
   plan (framework/pipeline/plan.py) on the model split's `devices`, its
   units' weights (plan.Unit.Variables). None when the task has no plan,
-  or a unit does not say its variables (Check on the built task then)."""
+  or a unit does not say its variables (Check on the built task then).
+  A plan whose stages do not fit the devices is a ValueError ending with
+  where they came from (`devices_from`: the cluster's split_size_from)
+  and the fixes (inspect_lib.TaskPlan)."""
   task = params.task
   meta = inspect_lib.CheckParamsAlone(params)   # As a build checks them.
-  plan = inspect_lib.TaskPlan(meta, devices)
+  plan = inspect_lib.TaskPlan(meta, devices, devices_from)
   if plan is None:
     logging.debug('No memory check: %s has no FPropMeta memory estimate. '
                   '(Its FPropMeta has no pipeline `plan`.)',

@@ -31,10 +31,16 @@ returns the process exit code:
 A second SIGTERM/SIGINT ends the process at once, killed by that signal
 (143 or 130 in a shell).
 
-The set-up runs in a fixed order: devices, the cluster and the strategy
-first (framework/distribute/distribution.py; TensorFlow allows logical devices
-and MultiWorkerMirroredStrategy only before any op runs), then the params
-(registry, file override, text override, --max_steps), the memory estimate
+The set-up runs in a fixed order. First what every task of a job refuses
+before its distribution option is created (`CheckBeforeDevices`, no
+TensorFlow op): the job against the option (--job, --xla) and, for a
+trainer job, the params (registry, file override, text override,
+--max_steps), checked as a build checks them, without building, and
+against the option's train program; so the tasks of a cluster that only
+serve refuse what the chief refuses, before any waits for or serves
+another. Then devices, the cluster and the strategy
+(framework/distribute/distribution.py; TensorFlow allows logical devices
+and MultiWorkerMirroredStrategy only before any op runs), the memory estimate
 of a training step from the params alone (the task's pipeline plan:
 nothing built, so a step too big is refused before it allocates), whether
 the logdir can be written, one copy of the task per local replica and the
@@ -74,6 +80,7 @@ from cadence.framework.distribute import distribution
 from cadence.framework.jobs import checkpoint_fit
 from cadence.framework.jobs import command_line
 from cadence.framework.jobs import graph_optimizer
+from cadence.framework.jobs import inspect_lib
 from cadence.framework.jobs import memory_check
 from cadence.framework.jobs import mode_registry
 from cadence.framework.jobs import run_params
@@ -197,31 +204,87 @@ def ConfigureLogging():
 
 
 def WorkerSplitSize(options):
-  """--worker_split_size, else the experiment's WORKER_SPLIT_SIZE, else 1."""
+  """(--worker_split_size, else the experiment's WORKER_SPLIT_SIZE, else 1;
+  where it came from, as layout errors name it: the flag as typed, the
+  experiment's WORKER_SPLIT_SIZE or the flag's default, the cluster's
+  split_size_from)."""
   if options.worker_split_size is not None:
-    return options.worker_split_size
-  if not options.model:
-    return 1
+    size = options.worker_split_size
+    return size, f'--worker_split_size={size}'
+  cls = None
+  if options.model:
+    try:
+      cls = model_registry.GetClass(options.model)
+    except KeyError as e:
+      raise UserError(run_params.Message(e)) from None
+  if not hasattr(cls, 'WORKER_SPLIT_SIZE'):
+    return 1, 'the default --worker_split_size=1'
+  size = cls.WORKER_SPLIT_SIZE
+  return size, f"the experiment's WORKER_SPLIT_SIZE={size}"
+
+
+def ChooseDevices(options):
+  """(the distribution option that runs `options`, its Flags), chosen
+  without creating it: no TensorFlow op (distribution.Option)."""
   try:
-    cls = model_registry.GetClass(options.model)
-  except KeyError as e:
-    raise UserError(run_params.Message(e)) from None
-  return getattr(cls, 'WORKER_SPLIT_SIZE', 1)
+    tf_config = distribution.ReadTfConfig(
+        options.cluster_spec, options.task_type, options.task_index)
+    size, size_from = WorkerSplitSize(options)
+    return distribution.Option(
+        run_locally=options.run_locally,
+        worker_replicas=options.worker_replicas, worker_split_size=size,
+        worker_split_size_from=size_from, tf_config=tf_config,
+        **options.option_flags)
+  except distribution.SetupError as e:
+    raise UserError(str(e)) from None
+
+
+def CreateDevices(setup_cls, flags):
+  """Sets up devices and the strategy of the option `setup_cls` for its
+  `flags` (ChooseDevices; before any TF op); returns the Setup."""
+  try:
+    return setup_cls.Create(flags)
+  except distribution.SetupError as e:
+    raise UserError(str(e)) from None
 
 
 def ConfigureDevices(options):
   """Sets up devices and the strategy (before any TF op); returns the
   `distribution.Setup`."""
+  return CreateDevices(*ChooseDevices(options))
+
+
+def CheckBeforeDevices(options, setup_cls):
+  """What every task of a --mode=sync job refuses before its distribution
+  option (`setup_cls`) is created, and so before it waits for its peers or
+  serves them: a task that only serves (a parameter server) builds
+  nothing, and a chief that refused after it connected left them serving.
+  The job against the option (CheckJob: --job, --xla) and, for a trainer
+  job, the experiment's params: loaded (run_params.LoadParams), checked
+  alone as a build checks them (inspect_lib.CheckParamsAlone) and against
+  what the option's train program runs (its CheckParams). So every task
+  given the same command refuses with the same line. Runs no TensorFlow
+  op (the devices are set up after it).
+
+  Returns:
+    The job's params (its dataset's; Train for a trainer job), or None for
+    another mode (which loads its own).
+
+  Raises:
+    UserError, ValueError: as the params and the option say.
+  """
+  if options.mode != 'sync':
+    return None
+  kind, dataset = _ParseJob(options.job)
   try:
-    tf_config = distribution.ReadTfConfig(
-        options.cluster_spec, options.task_type, options.task_index)
-    return distribution.Create(
-        run_locally=options.run_locally,
-        worker_replicas=options.worker_replicas,
-        worker_split_size=WorkerSplitSize(options), tf_config=tf_config,
-        **options.option_flags)
+    setup_cls.CheckJob(options.job, trains=dataset is None, xla=options.xla)
   except distribution.SetupError as e:
     raise UserError(str(e)) from None
+  params = run_params.LoadParams(options, dataset or 'Train')
+  if kind in ('trainer', 'trainer_and_evaler'):
+    inspect_lib.CheckParamsAlone(params)
+    setup_cls.CheckParams(params)
+  return params
 
 
 # --- jobs ---------------------------------------------------------------------
@@ -476,7 +539,8 @@ def _CheckMemory(options, params, setup):
   verdict = memory_check.CheckParams(
       params, setup.cluster.DevicesInModelSplit(0),
       device.device_type or 'CPU', setup.num_local_replicas,
-      options.device_memory_gib, num_replicas=setup.num_replicas)
+      options.device_memory_gib, num_replicas=setup.num_replicas,
+      devices_from=setup.cluster.split_size_from)
   if verdict is not None and not verdict.fits:
     batch = getattr(params.input, 'batch_size', None)
     batch = f'input.batch_size ({batch}), ' if batch else ''
@@ -488,8 +552,10 @@ def _CheckMemory(options, params, setup):
   return verdict
 
 
-def _BuildJob(options, setup, watcher):
-  """The job of `options`, or a message (str) when it already finished.
+def _BuildJob(options, params, setup, watcher):
+  """The job of `options` with its `params` (CheckBeforeDevices: they and
+  the job are checked already, on every task), or a message (str) when it
+  already finished.
 
   Every check runs before anything is written: the params, the model built
   without weights (memory, the logdir's checkpoints), whether the logdir
@@ -498,12 +564,10 @@ def _BuildJob(options, setup, watcher):
   logdir) and params.txt.
   """
   kind, dataset = _ParseJob(options.job)
-  params = run_params.LoadParams(options, dataset or 'Train')
   if not options.logdir:
     raise UserError('--logdir is required for --mode=sync.')
   sub = '' if dataset is None else (
       f"{'eval' if kind == 'evaler' else kind}_{dataset.lower()}")
-  setup.CheckJob(options.job, trains=dataset is None, xla=options.xla)
   if setup.serves:
     logging.info('%s', setup)
     return _ServerJob(options, params, setup, kind, watcher)
@@ -607,7 +671,9 @@ def Main(options):
   ConfigureLogging()
   try:
     command_line.Check(options)   # Every flag, before any TF op.
-    setup = ConfigureDevices(options)
+    setup_cls, flags = ChooseDevices(options)
+    params = CheckBeforeDevices(options, setup_cls)   # On every task.
+    setup = CreateDevices(setup_cls, flags)
     if options.mode != 'sync':
       with setup.cluster:
         _RunMode(options, setup)
@@ -626,7 +692,7 @@ def Main(options):
   with setup.cluster, graph_optimizer.Scope(options.graph_optimizer), \
       preemption.Watcher(agreement=agreement) as watcher:
     try:
-      job = _BuildJob(options, setup, watcher)
+      job = _BuildJob(options, params, setup, watcher)
     except (UserError, ValueError) as e:
       return _SetupError(e)
     if isinstance(job, str):

@@ -51,10 +51,55 @@ import functools
 from cadence.framework import cost as cost_lib
 from cadence.framework import shapes
 from cadence.framework.nested_map import NestedMap
+from cadence.framework.pipeline import schedules
 
 
 def _Max(a, b):
   return None if a is None or b is None else max(a, b)
+
+
+def DevicesFix(num_devices, devices_from='', want_devices=None,
+               want_stages=None, splits_path='', table=False,
+               stages_per_device=1):
+  """The sentence that ends a layout error (stages that do not fit a
+  replica's devices): where the devices came from and the two fixes.
+
+  Args:
+    num_devices: a replica's devices, D.
+    devices_from: where D came from, as cluster.Cluster.split_size_from
+      says it (the flag as typed, '--worker_split_size=4', or the
+      experiment's WORKER_SPLIT_SIZE); '': not said.
+    want_devices: the devices the model's stages fit (the fix of the flag),
+      or None (none do).
+    want_stages: the stages that fit D devices (the fix of the cut), or
+      None (the model has too few units to cut so).
+    splits_path: the params path of the cut (e.g. 'task.stack_tpl.splits'),
+      or ''.
+    table: the schedule is a table: the cut's fix is a table of D lines.
+    stages_per_device: v; an int `splits` K cuts K x v stages
+      (gpipe_partition.StageSplits), so the cut's override is
+      want_stages / v.
+
+  Example:
+    DevicesFix(4, '--worker_split_size=4', 2, 4, 'task.stack_tpl.splits')
+    # '--worker_split_size=4 gives a replica 4 devices: use
+    #  --worker_split_size=2, or cut the model into 4 stages
+    #  (task.stack_tpl.splits=4).'
+  """
+  where = (devices_from[:1].upper() + devices_from[1:] +
+           f' gives a replica {num_devices} devices' if devices_from else
+           f'A replica has {num_devices} devices')
+  fixes = [f'--worker_split_size={want_devices}'] if want_devices else []
+  if table:
+    fixes.append(f'a schedule_table of {num_devices} lines')
+  elif want_stages:
+    splits, rest = divmod(want_stages, stages_per_device)
+    override = (f' ({splits_path}={splits})' if splits_path and not rest
+                else '')
+    fixes.append(f'cut the model into {want_stages} stages{override}')
+  if not fixes:
+    return f'{where}.'
+  return f'{where}: use {", or ".join(fixes)}.'
 
 
 class Unit(collections.namedtuple('Unit', ['name', 'cost', 'build',
@@ -290,15 +335,34 @@ class PipelinePlan:
       return list(self.units)
     return list(self._cost_fn(micro_batch_size)[0])
 
-  def OnDevices(self, num_devices):
+  def OnDevices(self, num_devices, devices_from=''):
     """This plan on a model split of `num_devices` devices (its params say
     the stages, a cluster the devices: with fewer devices than stages,
-    stages share devices), its schedule rebuilt for them."""
+    stages share devices), its schedule rebuilt for them.
+
+    Raises:
+      ValueError: the stages do not fit the devices (the schedule's rule,
+        e.g. devices left idle), ending with where the devices came from
+        (`devices_from`: cluster.Cluster.split_size_from) and the fixes
+        (`DevicesFix`): the devices this plan's stages fit, or a cut that
+        fits the devices.
+    """
     if (self.schedule is None or num_devices == self.num_devices or
         self._schedule_fn is None):
       return self
-    return self.Replan(schedule=self._schedule_fn(
-        self.num_stages, self.num_micro_batches, num_devices))
+    try:
+      schedule = self._schedule_fn(self.num_stages, self.num_micro_batches,
+                                   num_devices)
+    except ValueError as e:
+      # v stages a device, as this plan's own layout has them.
+      v, rest = divmod(self.num_stages, self.num_devices)
+      v = 1 if rest else v
+      fits = num_devices * v <= len(self.units)
+      raise ValueError(f'{e} ' + DevicesFix(
+          num_devices, devices_from, self.num_devices,
+          num_devices * v if fits else None, self.splits_path,
+          self.schedule.name == schedules.TABLE, v)) from None
+    return self.Replan(schedule=schedule)
 
   def __repr__(self):
     return (f'PipelinePlan({self.path or "?"}: {len(self.units)} units in '

@@ -14,6 +14,10 @@ differ. Its interface:
                       optimizer state (learner.shard_optimizer_state); a
                       runner that cannot shard it says why in NO_SHARDS,
                       and the knob is refused with that line;
+  CheckParams(task_params)
+                      classmethod: that refusal from the params alone,
+                      which a distribution option runs on every task before
+                      any builds (option.Setup.CheckParams);
   Batches(start)      this host's batches from step `start`;
   Iterator(dataset, start)
                       the compiled loop's iterator over them;
@@ -193,15 +197,28 @@ class SyncRunner:
     return strategy.num_replicas_in_sync // num_workers
 
   @classmethod
+  def CheckParams(cls, task_params, path=None):
+    """Refuses what this runner cannot run of a task's params, from the
+    params alone: learner.shard_optimizer_state where it cannot shard
+    (NO_SHARDS). The line names the task by `path` (default: its params'
+    name, the path of a task built from them).
+
+    Raises:
+      ValueError: naming the task's learner, the knob and NO_SHARDS.
+    """
+    if task_params.train.learner.shard_optimizer_state and cls.NO_SHARDS:
+      raise validation.Error(f"{path or task_params.name}'s train.learner",
+                             'shard_optimizer_state', True, cls.NO_SHARDS)
+
+  @classmethod
   def Shards(cls, task, strategy, num_workers, worker_index):
     """(R, first shard) of the train state's optimizer slots: every
     replica of every host holds one shard with the learner's
-    shard_optimizer_state, else (1, 0)."""
+    shard_optimizer_state, else (1, 0); a runner that cannot shard refuses
+    it (CheckParams)."""
     if not task.params.train.learner.shard_optimizer_state:
       return 1, 0
-    if cls.NO_SHARDS:
-      raise validation.Error(f"{task.path}'s train.learner",
-                             'shard_optimizer_state', True, cls.NO_SHARDS)
+    cls.CheckParams(task.params, task.path)
     return (sharded_update.NumShards(strategy),
             worker_index * cls.TaskCopies(strategy, num_workers))
 

@@ -62,13 +62,14 @@ def CheckOneDevice(cluster, owner):
   or GPUs cannot be one program (a TPU replica's logical cores can).
   """
   devices = cluster.DevicesInModelSplit(0)
+  split = cluster.split_size_from or f'--worker_split_size={len(devices)}'
   if len(devices) > 1 and cluster_lib.LogicalCoreIndex(devices[0]) is None:
     raise StaticShapeError(
         f'{owner}: --xla compiles one replica\'s step as one XLA program on '
         f'one device, but a replica spans {len(devices)} devices '
-        f'({", ".join(devices)}; --worker_split_size={len(devices)}). Use '
-        '--worker_split_size=1: the pipeline\'s stages then run in turn on '
-        'that device (on a TPU, stage s goes on logical core s).')
+        f'({", ".join(devices)}; {split}). Use --worker_split_size=1: the '
+        'pipeline\'s stages then run in turn on that device (on a TPU, stage '
+        's goes on logical core s).')
 
 
 def CheckInputSpec(element_spec, owner):

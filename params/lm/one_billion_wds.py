@@ -10,7 +10,8 @@ is needed):
 What to expect (the README gives the time measured on a 2-core machine):
 the embedded corpus (sentences of a stochastic grammar,
 tasks/lm/synthetic_corpus.py) is written to DATA_DIR and a 512-piece
-SentencePiece model is trained on it (once, cached in ~/.cache/cadence/spm).
+SentencePiece model is trained on it (once, cached in
+$XDG_CACHE_HOME/cadence/spm, default ~/.cache/cadence/spm).
 A progress line every 50 steps (and at least every 30 s): the loss (nats
 per token) falls from 6.5 (about uniform over 512 pieces) to ~2.9 by step
 500. A checkpoint every 100 steps is followed by an eval on the whole Dev
@@ -44,8 +45,9 @@ Real one-billion-words files: unpack
 1-billion-word-language-modeling-benchmark-r13output.tar.gz and point the
 input at it (any experiment here; Train, Dev and Test follow, and the
 SentencePiece model is trained on the training shards at first use and
-cached in ~/.cache/cadence/spm, so the data directory may be read-only;
-set input.tokenizer.cache_dir to put it elsewhere):
+cached in $XDG_CACHE_HOME/cadence/spm (default ~/.cache/cadence/spm), so
+the data directory may be read-only; set input.tokenizer.cache_dir to put it
+elsewhere):
 
   --model_params_override="input.corpus=one_billion_words;\
 input.data_dir=/data/1-billion-word-language-modeling-benchmark-r13output"
@@ -58,14 +60,13 @@ Other one-sentence-per-line text: subclass an experiment and return
 `LmCorpusInput` params with corpus='' and your own `file_pattern` per
 dataset (and the SentencePiece `train_file_pattern` of the training files).
 """
-import os
-
 from cadence.framework import base_model_params
 from cadence.framework import lr_schedule
 from cadence.framework import model_registry
 from cadence.framework import optimizer
 from cadence.framework.pipeline import schedules
 from cadence.layers import gpipe_transformer
+from cadence.tasks.lm import cache_files
 from cadence.tasks.lm import corpus_input
 from cadence.tasks.lm import model
 from cadence.tasks.lm import tokenizers
@@ -109,7 +110,8 @@ class OneBWdsGPipeTransformer(base_model_params.SingleTaskModelParams):
   def _Input(self, split):
     packed = split == 'train'
     return corpus_input.LmCorpusInput.Params().Set(
-        name=f'lm_{split}', corpus=self.CORPUS, data_dir=self.DATA_DIR,
+        name=f'lm_{split}', corpus=self.CORPUS,
+        data_dir=self.DATA_DIR or cache_files.CacheDir('synthetic_lm'),
         split=split, batch_size=self.BATCH_SIZE, packed=packed,
         max_seq_len=self.MAX_SEQ_LEN if packed else self.DEV_MAX_SEQ_LEN,
         fixed_input_shape=True, repeat=packed, shuffle=packed,
@@ -163,8 +165,9 @@ class OneBWdsGPipeTransformerTiny(OneBWdsGPipeTransformer):
   """
 
   CORPUS = 'synthetic'
-  DATA_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'cadence',
-                          'synthetic_lm')
+  # None: $XDG_CACHE_HOME/cadence/synthetic_lm (default ~/.cache/cadence/
+  # synthetic_lm), read when the params are made (tasks/lm/cache_files.py).
+  DATA_DIR = None
   VOCAB_SIZE = 512
   MAX_SEQ_LEN = 64
   DEV_MAX_SEQ_LEN = 64        # Holds every Dev sentence (the longest: 55).

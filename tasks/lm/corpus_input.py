@@ -17,9 +17,9 @@
 
 An explicit `file_pattern` always wins. A SentencePiece tokenizer left
 without `model_file` and `train_file_pattern` is trained on the corpus's
-training split (and cached under ~/.cache/cadence/spm, keyed by the files;
-nothing is written into a real corpus's directory), so the Train, Dev and
-Test generators of one experiment share one vocabulary. Switching an
+training split (and cached under $XDG_CACHE_HOME/cadence/spm, default
+~/.cache/cadence/spm, keyed by the files; nothing is written into a real
+corpus's directory), so the Train, Dev and Test generators of one experiment share one vocabulary. Switching an
 experiment to the real corpus is a command-line override:
 
   --model_params_override="input.corpus=one_billion_words;\

@@ -166,7 +166,8 @@ class LmInput(base_input_generator.BaseInputGenerator):
              'max_seq_len; False: one sentence per row, padded.')
     p.Define('token_cache_dir', None, 'Where the ids of tokenised files are '
              'cached (token_cache.py; tokenizers with a cache_key only, e.g. '
-             'SentencePiece); None: ~/.cache/cadence/tokens; \'\': no cache.')
+             'SentencePiece); None: $XDG_CACHE_HOME/cadence/tokens (default '
+             '~/.cache/cadence/tokens); \'\': no cache.')
     return p
 
   def __init__(self, params):

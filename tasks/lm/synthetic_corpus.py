@@ -44,7 +44,8 @@ generators at held-out shards, e.g.
 
 and set the SentencePiece tokenizer's `train_file_pattern` to the training
 pattern with `vocab_size=32000`; the model is trained at first use and cached
-under ~/.cache/cadence/spm (see tokenizers.SentencePieceTokenizer). The
+under $XDG_CACHE_HOME/cadence/spm (default ~/.cache/cadence/spm; see
+tokenizers.SentencePieceTokenizer). The
 analytic entropy has no counterpart there.
 
 Example:

@@ -40,8 +40,9 @@ _VERSION = 1
 
 
 def DefaultDir():
-  """Where tokenised files go by default: ~/.cache/cadence/tokens."""
-  return os.path.join(os.path.expanduser('~'), '.cache', 'cadence', 'tokens')
+  """Where tokenised files go by default: $XDG_CACHE_HOME/cadence/tokens
+  (default ~/.cache/cadence/tokens; tasks/lm/cache_files.py)."""
+  return cache_files.CacheDir('tokens')
 
 
 def EntryPath(cache_dir, path, tokenizer_key):

@@ -161,8 +161,10 @@ _CACHE_VERSION = 1  # Bump when the training options below change.
 
 
 def DefaultCacheDir():
-  """Where trained SentencePiece models go by default: ~/.cache/cadence/spm."""
-  return os.path.join(os.path.expanduser('~'), '.cache', 'cadence', 'spm')
+  """Where trained SentencePiece models go by default:
+  $XDG_CACHE_HOME/cadence/spm (default ~/.cache/cadence/spm;
+  tasks/lm/cache_files.py)."""
+  return cache_files.CacheDir('spm')
 
 
 def _DataDigest(files, params):
@@ -229,8 +231,9 @@ class SentencePieceTokenizer(BaseTokenizer):
   trained at first use on the first `max_train_sentences` non-empty lines of
   the files of `train_file_pattern` (sorted) and cached as
   `<cache_dir>/spm_<model_type>_<vocab_size>-<digest>.model`, `cache_dir`
-  defaulting to `~/.cache/cadence/spm`; later instances with the same data
-  and params load the cached file. The digest covers the training files'
+  defaulting to `$XDG_CACHE_HOME/cadence/spm` (default
+  `~/.cache/cadence/spm`: `DefaultCacheDir`); later instances with the same
+  data and params load the cached file. The digest covers the training files'
   paths, sizes and modification times and the training params, so changed
   text trains a new model, and nothing is written beside the data (data
   directories are often read-only or shared). Training writes to a unique
@@ -256,6 +259,7 @@ class SentencePieceTokenizer(BaseTokenizer):
     tok = p.Instantiate()       # trains once, then loads the cached model
     tok.Decode(tok.Encode('the cat sees alice'))  # 'the cat sees alice'
     tok.model_file  # '~/.cache/cadence/spm/spm_bpe_512-<digest>.model'
+                    # (without $XDG_CACHE_HOME)
   """
 
   @classmethod
@@ -267,7 +271,7 @@ class SentencePieceTokenizer(BaseTokenizer):
              'sentence per line), used when model_file is None.')
     p.Define('cache_dir', None, 'Directory of trained models (each named by '
              'a digest of its training data and params); None: '
-             '~/.cache/cadence/spm.')
+             '$XDG_CACHE_HOME/cadence/spm (default ~/.cache/cadence/spm).')
     p.Define('vocab_size', 512, 'Number of pieces to train, an int > 4 '
              '(special ids included).')
     p.Define('model_type', 'bpe', "'bpe' (fast to train) or 'unigram'.")

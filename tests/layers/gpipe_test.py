@@ -417,10 +417,22 @@ class PipeliningLayerTest(tf.test.TestCase):
     cells = [linear.ProjectionLayer.Params().Set(
         name=f'p{i}', input_dim=4, output_dim=4) for i in range(2)]
     with _Cluster(4):
+      with self.assertRaisesWithLiteralMatch(
+          ValueError, "PipeliningLayer 'pipe': 2 pipeline cell(s) on a model "
+          'split of 4 devices would leave 2 device(s) idle. A replica has 4 '
+          'devices: use --worker_split_size=2, or cut the model into 4 '
+          'stages.'):
+        gpipe.PipeliningLayer.Params().Set(name='pipe',
+                                           cell_tpl=cells).Instantiate()
+    # The line names where the split's size came from (the flag as the
+    # user typed it: the trainer's cluster says).
+    with cluster_lib.Cluster.Params().Set(
+        num_devices=4, worker_split_size=4,
+        split_size_from='--worker_split_size=4').Instantiate():
       with self.assertRaisesRegex(
-          ValueError, r"PipeliningLayer 'pipe': 2 pipeline cell\(s\) on a "
-          r'model split of 4 devices would leave 2 device\(s\) idle; use '
-          r'--worker_split_size=2'):
+          ValueError, r'idle\. --worker_split_size=4 gives a replica 4 '
+          r'devices: use --worker_split_size=2, or cut the model into 4 '
+          r'stages\.$'):
         gpipe.PipeliningLayer.Params().Set(name='pipe',
                                            cell_tpl=cells).Instantiate()
     with _Cluster(1):   # More cells than devices: allowed (and logged).

@@ -25,6 +25,7 @@ import tensorflow as tf
 from cadence.framework.distribute import distribution
 from cadence.framework.distribute import flag_fields
 from cadence.framework.distribute import local
+from cadence.framework.distribute import multi_worker
 from cadence.framework.jobs import trainer_lib
 from cadence.framework.train import checkpointer
 from cadence.tests import readme_blocks
@@ -219,6 +220,34 @@ class OptionFlagsTest(tf.test.TestCase):
     self.assertIsInstance(setup, OneDeviceSetup)
     self.assertEqual(['/device:CPU:1'],
                      setup.cluster.devices)
+
+  def testAnOptionsFlagIsRefusedWhenAnotherOptionRuns(self):
+    # Generic: the toy's flag, given (not at its default) where `local`
+    # runs, names the option it needs; at its default it is not given.
+    two = distribution.Flags(worker_replicas=2, one_device_cpu=1)
+    line = (r'^--one_device_cpu=1 needs option one_device; this run is '
+            r'option local \(this host alone: no --tpu, TF_CONFIG or '
+            r'--cluster_spec\)\.$')
+    with self.assertRaisesRegex(distribution.SetupError, line):
+      distribution.CheckChosenFlags(two)
+    with self.assertRaisesRegex(distribution.SetupError, line):
+      distribution.Create(worker_replicas=2, one_device_cpu=1)
+    self.assertIs(local.LocalSetup, distribution.CheckChosenFlags(
+        distribution.Flags(worker_replicas=2, one_device_cpu=0)))
+    self.assertIs(OneDeviceSetup, distribution.CheckChosenFlags(
+        distribution.Flags(one_device_cpu=1)))
+    # A flag several options share is refused only where none of them runs.
+    config = {'cluster': {'worker': ['h:1', 'h:2']},
+              'task': {'type': 'worker', 'index': 0}}
+    self.assertIs(multi_worker.MultiWorkerSetup,
+                  distribution.CheckChosenFlags(distribution.Flags(
+                      tf_config=config, peer_timeout_s=5.0, worker_gpus=1)))
+    with self.assertRaisesRegex(
+        distribution.SetupError, r'^--peer_timeout_s=5\.0 needs option '
+        r'parameter_server \(TF_CONFIG or --cluster_spec with a "ps" job\) '
+        r'or multi_worker \(TF_CONFIG or --cluster_spec without a "ps" '
+        r'job\); this run is option one_device\.$'):
+      distribution.CheckChosenFlags(distribution.Flags(peer_timeout_s=5.0))
 
   def testTheBuiltInOptionsFlagsComeFromTheirDataclasses(self):
     values = absl_flags.FlagValues()

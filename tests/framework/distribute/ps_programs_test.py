@@ -5,6 +5,7 @@ tests/trainer_ps_test.py.
 """
 import socket
 import threading
+import time
 import types
 
 import tensorflow as tf
@@ -38,15 +39,46 @@ class SplitStepsTest(tf.test.TestCase):
 
 class ServeTest(tf.test.TestCase):
 
-  def _Serve(self, chief, finished):
+  def _Serve(self, chief, finished, **kwargs):
     cluster = tf.train.ClusterSpec({'chief': [chief]}).as_cluster_def()
     setup = types.SimpleNamespace(
         task_type='ps', server=types.SimpleNamespace(
             server_def=types.SimpleNamespace(cluster=cluster)))
     thread = threading.Thread(target=ps_programs.Serve, daemon=True,
-                              args=(setup, finished, 0.05))
+                              args=(setup, finished, 0.05), kwargs=kwargs)
     thread.start()
     return thread
+
+  def _WaitForLine(self, logs, text, thread, timeout=10):
+    """Waits until a warning the thread logged holds `text`."""
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in logs.output):
+      self.assertLess(time.monotonic(), deadline, logs.output)
+      self.assertTrue(thread.is_alive())
+      time.sleep(0.05)
+
+  def testAChiefThatLeavesBeforeTheEndIsSaidAtOnceAndTheTaskServesOn(self):
+    chief = socket.socket()
+    chief.bind(('127.0.0.1', 0))
+    chief.listen()
+    address = '127.0.0.1:%d' % chief.getsockname()[1]
+    stop = []
+    with self.assertLogs('absl', 'WARNING') as logs:
+      thread = self._Serve(address, lambda: None,
+                           should_stop=lambda: stop and 'SIGTERM',
+                           look_secs=0.1, quiet_secs=0.5)
+      time.sleep(0.5)                      # Seen: up.
+      chief.close()                        # Refused, failed or stopped.
+      self._WaitForLine(
+          logs, f'The chief at {address} has exited before the run '
+          'finished (it stopped on an error, failed or was stopped; its own '
+          'log says which): this ps task keeps serving', thread)
+      # Still no chief: a line every quiet_secs, the absence counted.
+      self._WaitForLine(logs, f'No chief has answered at {address} for',
+                        thread)
+      stop.append(True)
+      thread.join(10)
+    self.assertFalse(thread.is_alive())
 
   def testServesUntilFinishedAndTheChiefHasExited(self):
     chief = socket.socket()

@@ -40,6 +40,10 @@ class CheckTest(unittest.TestCase):
         worker_split_size=2, steps_per_loop=5, eval_timeout_s=1.5,
         model_params_override='task.input_dim=4;input.batch_size=8',
         cluster_spec='worker=h0:1,h1:1', task_index=1))
+    # An option's flags with their option, or at their default without it.
+    command_line.Check(_Options(cluster_spec='worker=h0:1,h1:1',
+                                peer_timeout_s=30.0, worker_gpus=1))
+    command_line.Check(_Options(peer_timeout_s=600.0, worker_gpus=1))
 
   def testEachBadValueIsOneLineNamingFlagValueAndRule(self):
     cases = [
@@ -80,6 +84,13 @@ class CheckTest(unittest.TestCase):
         (dict(graph_optimizer=0), r'^--graph_optimizer=0 must be True or '
          r'False\.$'),
         (dict(tpu_project='p'), r"^--tpu_project='p' needs --tpu"),
+        (dict(peer_timeout_s=30.0), r'^--peer_timeout_s=30\.0 needs option '
+         r'parameter_server \(TF_CONFIG or --cluster_spec with a "ps" job\) '
+         r'or multi_worker \(.*\); this run is option local \(this host '
+         r'alone: no --tpu, TF_CONFIG or --cluster_spec\)\.$'),
+        (dict(tpu='t', worker_gpus=2), r'^--worker_gpus=2 needs option '
+         r'parameter_server \(.*\), multi_worker \(.*\) or local \(.*\); '
+         r'this run is option tpu \(--tpu\)\.$'),
         (dict(model_params_override='a=1;b'),
          r"^--model_params_override: 'b' is not 'key=value'"),
         (dict(model_params_file_override='/nonexistent/o.txt'),

@@ -187,9 +187,12 @@ class InspectTest(tf.test.TestCase):
           logdir=self.get_temp_dir(), job='trainer',
           cluster_spec='chief=h:3@ps=h:1@worker=h:2', task_type='chief'))
     self.assertEqual(code, trainer_lib.EXIT_USER_ERROR)
+    # The split size is the experiment's, named as such, and the fix.
     self.assertRegex(err.getvalue(),
                      r'^Error: Parameter-server training .* --worker_replicas'
-                     r'=1 and --worker_split_size=2 .*must both be 1\.')
+                     r"=1 and the experiment's WORKER_SPLIT_SIZE=2 \(devices "
+                     r'per replica\) must both be 1\. .*, or give '
+                     r'--worker_split_size=1 to train here\.$')
     self.assertLen(err.getvalue().strip().splitlines(), 1)
 
 

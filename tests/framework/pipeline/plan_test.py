@@ -90,6 +90,39 @@ class PipelinePlanTest(tf.test.TestCase):
     self.assertEqual((2, [0, 1, 0, 1]), (two.num_devices, two.stage_devices))
     self.assertIs(plan, plan.OnDevices(4))
 
+  def testStagesThatDoNotFitTheDevicesSayWhereTheyCameFromAndTheFixes(self):
+    units, outs, first = _Costs(2)
+    plan = plan_lib.PipelinePlan(
+        units, [0, 2, 4], schedules.Build('gpipe', 2, 2, 4), 4, 2, 'never',
+        1, outs, first, splits_path='task.stack_tpl.splits',
+        schedule_fn=lambda s, mb, d: schedules.Build('gpipe', s, d, mb))
+    with self.assertRaisesWithLiteralMatch(
+        ValueError, "Schedule 'gpipe': 2 stage(s) on 4 devices leave "
+        'device(s) [2, 3] idle. --worker_split_size=4 gives a replica 4 '
+        'devices: use --worker_split_size=2, or cut the model into 4 stages '
+        '(task.stack_tpl.splits=4).'):
+      plan.OnDevices(4, '--worker_split_size=4')
+    # No cut of the 4 units fills 8 devices: the flag's fix alone.
+    with self.assertRaisesRegex(
+        ValueError, r"idle\. The experiment's WORKER_SPLIT_SIZE=8 gives a "
+        r'replica 8 devices: use --worker_split_size=2\.$'):
+      plan.OnDevices(8, "the experiment's WORKER_SPLIT_SIZE=8")
+
+  def testDevicesFix(self):
+    fix = plan_lib.DevicesFix
+    self.assertEqual('A replica has 3 devices: use --worker_split_size=2, '
+                     'or cut the model into 3 stages.', fix(3, '', 2, 3))
+    # v stages a device: an int `splits` K cuts K x v stages.
+    self.assertEqual('--worker_split_size=4 gives a replica 4 devices: use '
+                     '--worker_split_size=2, or cut the model into 8 stages '
+                     '(s.splits=4).',
+                     fix(4, '--worker_split_size=4', 2, 8, 's.splits',
+                         stages_per_device=2))
+    self.assertEqual('A replica has 2 devices: use --worker_split_size=1, '
+                     'or a schedule_table of 2 lines.',
+                     fix(2, '', 1, None, 's.splits', table=True))
+    self.assertEqual('A replica has 2 devices.', fix(2))
+
   def testUnpipelinedIsOneStageOnTheWholeBatch(self):
     units, outs, first = _Costs(8)
     plan = plan_lib.PipelinePlan(units, [0, 4], None, 1, 8, None, None,

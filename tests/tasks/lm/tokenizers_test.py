@@ -130,9 +130,10 @@ class SentencePieceTokenizerTest(tf.test.TestCase):
     with open(tok.model_file, 'rb') as f:
       self.assertEqual(f.read(), good)
 
-  def testDefaultCacheIsUnderTheHomeCache(self):
-    self.assertEqual(tokenizers.DefaultCacheDir(), os.path.join(
-        os.path.expanduser('~'), '.cache', 'cadence', 'spm'))
+  def testDefaultCacheIsUnderTheUsersCache(self):
+    # $XDG_CACHE_HOME/cadence/spm, default ~/.cache/cadence/spm
+    # (tests/tasks/lm/cache_files_test.py).
+    self.assertEqual(tokenizers.DefaultCacheDir(), cache_files.CacheDir('spm'))
 
   def testReadOnlyDataDirTrainsElsewhereAndReuses(self):
     data = os.path.join(self.get_temp_dir(), 'read_only_data')
