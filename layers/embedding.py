@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import hyperparams
 from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -53,13 +54,18 @@ class EmbeddingLayer(base_layer.BaseLayer):
   """Looks up ids in a [vocab_size, embedding_dim] table `emb`.
 
   The table is initialised with params_init. With scale_sqrt_depth the
-  output is multiplied by sqrt(embedding_dim) (Vaswani et al., 2017).
+  output is multiplied by sqrt(embedding_dim) (Vaswani et al., 2017). With
+  `position_tpl` (a positional layer of this file) the position signal of
+  each id's place along the last dim of `ids` (time) is added: the input
+  of a Transformer, one layer (what runs before a pipelined stack).
 
   Example:
     p = EmbeddingLayer.Params().Set(name='emb', vocab_size=100,
                                     embedding_dim=8)
     layer = p.Instantiate()
     y = layer(tf.constant([[1, 2, 3]]))   # [1, 3, 8]
+    p.position_tpl = PositionalEmbedding.Params()
+    z = p.Instantiate()(tf.constant([[1, 2, 3]]))  # y + positions 0..2
   """
 
   @classmethod
@@ -69,13 +75,28 @@ class EmbeddingLayer(base_layer.BaseLayer):
     p.Define('embedding_dim', 0, 'Depth of an embedding, an int > 0.')
     p.Define('scale_sqrt_depth', False, 'Whether to multiply the output by '
              'sqrt(embedding_dim).')
+    p.Define('position_tpl', None, 'None, or a positional layer\'s params '
+             '(PositionalEmbedding, LearnedPositionalEmbedding) whose signal '
+             'for positions 0..t-1 of the ids\' last dim is added (its '
+             'embedding_dim is set to this one\'s); the child `position`.')
     return p
+
+  @classmethod
+  def _PositionParams(cls, p):
+    """The child `position`'s params, or None."""
+    if p.position_tpl is None:
+      return None
+    return p.position_tpl.Copy().Set(name='position',
+                                     embedding_dim=p.embedding_dim)
 
   def __init__(self, params):
     super().__init__(params)
     p = self.params
     self.CheckParams(p, validation.Owner(self))
     self.CreateVariable('emb', WeightParams([p.vocab_size, p.embedding_dim]))
+    position = self._PositionParams(p)
+    if position is not None:
+      self.CreateChild('position', position)
 
   @classmethod
   def CheckParams(cls, p, owner):
@@ -83,6 +104,15 @@ class EmbeddingLayer(base_layer.BaseLayer):
     validation.CheckInt(owner, 'vocab_size', p.vocab_size)
     validation.CheckInt(owner, 'embedding_dim', p.embedding_dim)
     validation.CheckBool(owner, 'scale_sqrt_depth', p.scale_sqrt_depth)
+    position = p.position_tpl
+    if position is not None and not (
+        isinstance(position, hyperparams.InstantiableParams) and
+        issubclass(position.cls, (PositionalEmbedding,
+                                  LearnedPositionalEmbedding))):
+      raise validation.Error(owner, 'position_tpl', position,
+                             'must be None or the Params() of '
+                             'PositionalEmbedding or '
+                             'LearnedPositionalEmbedding.')
 
   def FProp(self, theta, ids):
     """Looks up `ids`.
@@ -92,7 +122,8 @@ class EmbeddingLayer(base_layer.BaseLayer):
       ids: int tensor [...] with values in [0, vocab_size).
 
     Returns:
-      [..., embedding_dim] in fprop_dtype.
+      [..., embedding_dim] in fprop_dtype (plus the position signal of the
+      last dim of ids, with position_tpl).
     """
     p = self.params
     # Gathered, then cast: the rows only, and their gradient reaches the
@@ -100,6 +131,9 @@ class EmbeddingLayer(base_layer.BaseLayer):
     out = self.CastToFPropDtype(tf.gather(theta.emb, ids))  # [..., dim]
     if p.scale_sqrt_depth:
       out *= tf.cast(math.sqrt(p.embedding_dim), out.dtype)
+    if p.position_tpl is not None:   # [t, dim], broadcast over the rows.
+      out += tf.cast(self.children.position.FProp(
+          theta.position, seq_length=tf.shape(ids)[-1]), out.dtype)
     return out
 
   @classmethod
@@ -107,7 +141,8 @@ class EmbeddingLayer(base_layer.BaseLayer):
     """Shapes and FLOPs.
 
     FLOPs = N * embedding_dim if scale_sqrt_depth else 0 (N = number of
-    ids). out_shapes: ([..., embedding_dim],).
+    ids), and with position_tpl the positions' and their add's (N *
+    embedding_dim). out_shapes: ([..., embedding_dim],).
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(ids)
@@ -119,7 +154,15 @@ class EmbeddingLayer(base_layer.BaseLayer):
       ops = (op_cost.Gather(shape.num_elements(), p.embedding_dim, size),)
       if flops:
         ops += (op_cost.Elementwise(out.num_elements(), size),)
-    return cost.Cost(flops=flops, out_shapes=(out,), ops=ops)
+    record = cost.Cost(flops=flops, out_shapes=(out,), ops=ops)
+    position = cls._PositionParams(p)
+    if position is None:
+      return record
+    position = base_layer.InheritParams(p, position)
+    signal = base_layer.FPropCost(position, shape[-1] if shape.rank else
+                                  None)
+    added = cost.Cost(flops=out.num_elements(), out_shapes=(out,))
+    return cost.Chain([record, signal.Replace(out_shapes=(out,)), added])
 
 
 class PositionalEmbedding(base_layer.BaseLayer):

@@ -118,6 +118,16 @@ def _StripSeed(theta):
   return theta
 
 
+def _SeedOf(theta, step_seed, micro_batch=None):
+  """`theta` with the step seed of the whole batch (micro_batch None) or of
+  micro-batch `micro_batch` (MicroBatchSeed), or as it is without one."""
+  if step_seed is None:
+    return theta
+  if micro_batch is not None:
+    step_seed = step_seed_lib.MicroBatchSeed(step_seed, micro_batch)
+  return base_layer.WithStepSeed(theta, step_seed)
+
+
 def _ShapesToSpecs(struct, dtype):
   """Maps Shape/TensorShape leaves of a NestedMap/list/tuple to TensorSpecs.
 
@@ -386,6 +396,8 @@ class PipeliningLayer(SeqLayer):
   def __init__(self, params):
     # Checked first: SeqLayer places the cells by the schedule.
     self.CheckParams(params, validation.Owner(params))
+    # (cells, micro-batches) -> the Schedule run (`Schedule`), built once.
+    self._schedules = {}
     super().__init__(params)
 
   @classmethod
@@ -402,7 +414,7 @@ class PipeliningLayer(SeqLayer):
     validation.CheckOneOf(owner, 'schedule', p.schedule, schedules.Names())
     validation.CheckInt(owner, 'stages_per_device', p.stages_per_device,
                         low=1)
-    if p.schedule == schedules.TABLE:
+    if schedules.TakesText(p.schedule):   # Its text parses.
       try:
         schedules.LossInside(p.schedule, p.schedule_table)
       except ValueError as e:
@@ -429,28 +441,34 @@ class PipeliningLayer(SeqLayer):
                              f'device(s): {e}') from None
     return [self._devices[d] for d in placed]
 
-  def RunSchedule(self, num_cells, num_micro_batches, name=None):
-    """The Schedule the executor runs: this layer's plan's
-    (PipeliningLayer.BuildSchedule of its params) for its cells on its
-    model split's devices; `name`: another registered one (the default,
-    in inference) with the stages where this layer's schedule placed
-    them."""
+  def Schedule(self, num_cells, num_micro_batches):
+    """The Schedule this layer runs `num_cells` cells over
+    `num_micro_batches` with, built once and kept: in training its own
+    (BuildSchedule of its params, as its PipelinePlan's), in inference the
+    default one (every forward; no backward), its stages where this
+    layer's schedule placed them (zb_v's V)."""
+    key = (num_cells, num_micro_batches)
+    if key not in self._schedules:
+      self._schedules[key] = self._BuildSchedule(num_cells,
+                                                 num_micro_batches)
+    return self._schedules[key]
+
+  def _BuildSchedule(self, num_cells, num_micro_batches):
     p = self.params
     devices = self.StageDevices(num_cells)
-    if name is None or name == p.schedule:
+    if not p.is_inference or p.schedule == schedules.DEFAULT:
       return self.BuildSchedule(p, num_cells, num_micro_batches,
                                 len(set(devices)))
-    # Another schedule on the same weights (the default, in inference): the
-    # stages stay where this layer's schedule put them (zb_v's V).
     unique = list(dict.fromkeys(devices))
     try:
-      return schedules.Build(name, num_cells, len(unique), num_micro_batches,
+      return schedules.Build(schedules.DEFAULT, num_cells, len(unique),
+                             num_micro_batches,
                              stage_devices=[unique.index(d) for d in devices])
     except ValueError as e:
       raise validation.Error(validation.Owner(self), 'schedule', p.schedule,
                              f'its stages\' placement does not suit '
-                             f'{name!r}, which runs them in inference: {e}'
-                             ) from None
+                             f'{schedules.DEFAULT!r}, which runs them in '
+                             f'inference: {e}') from None
 
   def CheckNumCells(self, num_cells, splits_path='', num_units=None):
     """SeqLayer's check, then `stages_per_device`: v > 1 needs S = K * v
@@ -470,13 +488,15 @@ class PipeliningLayer(SeqLayer):
       if not fix:
         raise
       raise ValueError(f'{e} {fix}') from None
+    if self.params.num_micro_batches:   # Its schedule, built once, now.
+      self.Schedule(num_cells, self.params.num_micro_batches)
 
   def Layout(self, num_cells):
     """SeqLayer's, under this layer's schedule: the devices NumDevices
     gives (a table's lines, else S / stages_per_device; None when v does
     not divide S), and v = stages_per_device."""
     p = self.params
-    table = p.schedule == schedules.TABLE
+    table = schedules.TakesText(p.schedule)
     v = p.stages_per_device
     if not table and num_cells % v:
       return None, table, v
@@ -496,9 +516,8 @@ class PipeliningLayer(SeqLayer):
   def NumDevices(cls, p, num_stages):
     """The devices of a model split that runs `num_stages` stages under
     params `p`: a table's lines, else num_stages / stages_per_device."""
-    if p.schedule == schedules.TABLE:
-      return len(schedules.ParseTable(p.schedule_table))
-    return max(1, num_stages // p.stages_per_device)
+    return schedules.NumDevices(p.schedule, num_stages, p.stages_per_device,
+                                p.schedule_table)
 
   @classmethod
   def BuildSchedule(cls, p, num_stages, num_micro_batches, num_devices=None):
@@ -510,7 +529,8 @@ class PipeliningLayer(SeqLayer):
       return schedules.Build(p.schedule, num_stages, devices,
                              num_micro_batches, table=p.schedule_table)
     except ValueError as e:
-      field = 'schedule_table' if p.schedule == schedules.TABLE else 'schedule'
+      field = ('schedule_table' if schedules.TakesText(p.schedule) else
+               'schedule')
       raise validation.Error(validation.Owner(p), field, p.Get(field),
                              f'with {num_stages} stages, {devices} devices '
                              f'and {num_micro_batches} micro-batches: {e}'
@@ -680,51 +700,121 @@ class PipeliningLayer(SeqLayer):
 
   @tf.autograph.experimental.do_not_convert
   def FPropCells(self, cells, *inputs, step_seed=None):
-    """Runs `cells` (a list of PipelineCell) as this layer's pipeline.
-
-    Cell i runs on `CellDevice(i, S)`. With is_inference and one device per
-    split the cells run one after the other on the whole batch. The loss
-    is the caller's, after the pipeline: a training step with a schedule
-    that needs the loss inside (`schedules.LossInside`) is an error; call
+    """Runs `cells` (a list of PipelineCell) as this layer's pipeline, the
+    loss the caller's after it (`_Run`); a training step whose schedule
+    needs the loss inside (`schedules.LossInside`) is an error: call
     FPropLoss.
 
     Args:
-      cells: S PipelineCells.
+      cells: S PipelineCells (cell i on `CellDevice(i, S)`).
       *inputs: the first cell's inputs (see FProp).
       step_seed: the step seed of the whole batch, or None.
 
     Returns:
       The last cell's outputs for the whole batch, as FProp.
     """
+    return self._Run(cells, inputs, step_seed)
+
+  @tf.autograph.experimental.do_not_convert
+  def FPropLoss(self, cells, loss, *inputs, side_inputs, step_seed=None):
+    """Runs `cells`, then `loss` on each micro-batch, as this `schedule`.
+
+    The documented way to train a pipeline with any schedule: the layer,
+    not its owner, decides where the loss runs (`_Run`). Either way the
+    same math as running the cells and the loss on each micro-batch in
+    turn with `MicroBatchSeed(step_seed, j)` and summing.
+
+    Args:
+      cells: S PipelineCells.
+      loss: a PipelineCell whose fprop(theta, outputs, side) returns a
+        NestedMap holding `loss`, a float scalar: the micro-batch's summed
+        loss; other scalars (metric sums) and tensors with the batch at
+        `batch_dim` (per-example values) may come along. theta: the loss's
+        weights (e.g. a softmax's); meta is not used.
+      *inputs: the first cell's inputs (see FProp).
+      side_inputs: a NestedMap of tensors with the batch at `batch_dim`,
+        cut into micro-batches like the inputs; no gradient flows to them.
+      step_seed: the step seed of the whole batch, or None.
+
+    Returns:
+      A NestedMap like the loss function's: scalars summed over the
+      micro-batches, other tensors concatenated along batch_dim. Only
+      `loss` carries a gradient (to the cells', the loss's weights and the
+      inputs).
+    """
+    return self._Run(cells, inputs, step_seed, loss, side_inputs)
+
+  def _Run(self, cells, inputs, step_seed, loss=None, side_inputs=None):
+    """The one run path: the cells over M micro-batches as this layer's
+    schedule (`Schedule`, built once for the cells and M), then the loss
+    of each micro-batch (`loss` given) where the schedule says:
+
+      inside   (loss_inside: 1F1B, zero bubble) the last cell ends in it,
+               on its device, so that micro-batch's backward starts at once
+               (executor.Run's loss inside);
+      after    (GPipe) on each micro-batch's output as the executor hands
+               it over, on the last cell's device; no loss: the outputs
+               joined in the batch's order (FPropCells).
+
+    In inference on one device the cells (and the loss) run one after the
+    other on the whole batch; on several, the default schedule runs them
+    where this layer's placed them.
+    """
     p = self.params
+    bd = p.batch_dim
+    last_device = self.CellDevice(len(cells) - 1, len(cells))
+    loss_fn = None if loss is None else self._LossFn(loss)
     if p.is_inference and len(self._devices) == 1:
-      return self._Sequential(cells, inputs, step_seed)
-    schedule = p.schedule if not p.is_inference else schedules.DEFAULT
-    if schedules.LossInside(schedule, p.schedule_table):
+      out = self._Sequential(cells, inputs, step_seed)
+      if loss_fn is None:
+        return out
+      return loss_fn(_SeedOf(loss.theta, step_seed),
+                     (self._ToState(out), side_inputs))
+    m, specs, mb_inputs = self._MicroBatches(cells, inputs)
+    schedule = self.Schedule(len(cells), m)
+    if loss_fn is None and schedule.loss_inside:
       raise ValueError(
           f'{validation.Owner(self)}: schedule={p.schedule!r} runs each '
           "micro-batch's backward inside the pipeline, so it needs the "
           'loss: call FPropLoss(cells, loss, *inputs, side_inputs=...) '
           f'(or set schedule={schedules.DEFAULT!r}).')
-    m, specs, mb_inputs = self._MicroBatches(cells, inputs)
-    devices = self.StageDevices(len(cells))
-    init_states = []
-    for device, spec in zip(devices, specs):
-      with cluster_lib.DeviceScope(device):
-        init_states.append(spec.Transform(
-            lambda s: tf.zeros(s.shape, s.dtype)))
+    with cluster_lib.DeviceScope(self._devices[0]):
+      side_parts = (None if side_inputs is None else
+                    microbatch.Slice(side_inputs, m, bd))
     dtype = specs[0].Flatten()[0].dtype
     cell_fns = [lambda th, unused_state, x, fn=self._CellFn(c, dtype):
                 fn(th, x) for c in cells]
-    acc, _ = executor.StackedRecurrent(
-        devices, cell_fns, [_StripSeed(c.theta) for c in cells], init_states,
-        mb_inputs, step_seed=step_seed, remat=p.remat,
-        backward_window=p.backward_window, name=self.path,
-        trace_actions=p.trace_actions,
-        schedule=self.RunSchedule(len(cells), m, schedule), recurrent=False)
-    with cluster_lib.DeviceScope(devices[-1]):
-      out = microbatch.Concat(acc, p.batch_dim)
-    return self._Outputs(out)
+    thetas = [_StripSeed(c.theta) for c in cells]
+    if schedule.loss_inside:
+      last_fn = cell_fns[-1]
+      cell_fns[-1] = lambda th, unused_state, xs: loss_fn(
+          th.loss, (last_fn(th.cell, None, xs[0]), xs[1]))
+      thetas[-1] = NestedMap(cell=thetas[-1], loss=_StripSeed(loss.theta))
+      specs = specs[:-1] + [self._LossTemplate(
+          loss_fn, thetas[-1].loss, specs[-1], side_parts[0], step_seed)]
+    run = executor.Run(
+        self.StageDevices(len(cells)), cell_fns, thetas, specs, mb_inputs,
+        side_inputs=side_parts if schedule.loss_inside else None,
+        step_seed=step_seed, schedule=schedule, remat=p.remat,
+        backward_window=p.backward_window, owner=validation.Owner(self),
+        trace_actions=p.trace_actions)
+    if schedule.loss_inside:
+      with cluster_lib.DeviceScope(last_device):
+        out = self._Combine([run.outputs.Transform(lambda x, j=j: x[j])
+                             for j in range(m)])
+      out[executor.LOSS_KEY] = run.loss
+      return out
+    if loss_fn is None:
+      with cluster_lib.DeviceScope(last_device):
+        return self._Outputs(microbatch.Concat(run.outputs, bd))
+
+    def _Losses(theta, outputs, sides):
+      return self._Combine([
+          loss_fn(_SeedOf(theta, step_seed, j), (out, side))
+          for j, (out, side) in enumerate(zip(outputs, sides))])
+
+    return device_call.OnDevice(last_device, _Losses, _StripSeed(loss.theta),
+                                run.outputs, side_parts)
 
   # --- the loss inside the pipeline ------------------------------------------
 
@@ -753,84 +843,6 @@ class PipeliningLayer(SeqLayer):
         tf.add_n(list(xs)) if xs[0].shape.rank == 0 else
         (tf.concat(xs, bd) if len(xs) > 1 else xs[0])
         for xs in zip(*[part.Flatten() for part in parts])])
-
-  @tf.autograph.experimental.do_not_convert
-  def FPropLoss(self, cells, loss, *inputs, side_inputs, step_seed=None):
-    """Runs `cells`, then `loss` on each micro-batch, as this `schedule`.
-
-    The documented way to train a pipeline with any schedule: the layer,
-    not its owner, decides where the loss runs. A schedule whose backwards
-    start before the forward ends (`schedules.LossInside`, e.g. 1F1B) runs
-    the loss of micro-batch j on the last cell's device right after the
-    cells, inside the pipeline (framework/pipeline/executor.py
-    `PipelineLoss`), so that micro-batch's backward can start at once; any
-    other schedule (GPipe) runs the cells (`FPropCells`), then the loss on
-    each micro-batch after them, on the last cell's device (its backward
-    too). Either way the same math as running the cells and the loss on
-    each micro-batch in turn with `MicroBatchSeed(step_seed, j)` and
-    summing.
-
-    Args:
-      cells: S PipelineCells.
-      loss: a PipelineCell whose fprop(theta, outputs, side) returns a
-        NestedMap holding `loss`, a float scalar: the micro-batch's summed
-        loss; other scalars (metric sums) and tensors with the batch at
-        `batch_dim` (per-example values) may come along. theta: the loss's
-        weights (e.g. a softmax's); meta is not used.
-      *inputs: the first cell's inputs (see FProp).
-      side_inputs: a NestedMap of tensors with the batch at `batch_dim`,
-        cut into micro-batches like the inputs; no gradient flows to them.
-      step_seed: the step seed of the whole batch, or None.
-
-    Returns:
-      A NestedMap like the loss function's: scalars summed over the
-      micro-batches, other tensors concatenated along batch_dim. Only
-      `loss` carries a gradient (to the cells', the loss's weights and the
-      inputs).
-    """
-    p = self.params
-    bd = p.batch_dim
-    loss_fn = self._LossFn(loss)
-    last_device = self.CellDevice(len(cells) - 1, len(cells))
-    if p.is_inference or not schedules.LossInside(p.schedule,
-                                                  p.schedule_table):
-      outputs = self._ToState(self.FPropCells(cells, *inputs,
-                                              step_seed=step_seed))
-
-      def _Losses(theta, outputs, side):
-        m = self.MicroBatching(p, outputs.Flatten()[0].shape[bd])[0]
-        parts = zip(microbatch.Slice(outputs, m, bd),
-                    microbatch.Slice(side, m, bd))
-        return self._Combine([loss_fn(
-            theta if step_seed is None else base_layer.WithStepSeed(
-                theta, step_seed_lib.MicroBatchSeed(step_seed, j)),
-            part) for j, part in enumerate(parts)])
-
-      return device_call.OnDevice(last_device, _Losses,
-                                  _StripSeed(loss.theta), outputs,
-                                  side_inputs)
-    m, specs, mb_inputs = self._MicroBatches(cells, inputs)
-    with cluster_lib.DeviceScope(self._devices[0]):
-      side_parts = microbatch.Slice(side_inputs, m, bd)
-    dtype = specs[0].Flatten()[0].dtype
-    last, last_fn = cells[-1], self._CellFn(cells[-1], dtype)
-    thetas = [_StripSeed(c.theta) for c in cells[:-1]] + [NestedMap(
-        cell=_StripSeed(last.theta), loss=_StripSeed(loss.theta))]
-    cell_fns = [self._CellFn(c, dtype) for c in cells[:-1]] + [
-        lambda th, xs: loss_fn(th.loss, (last_fn(th.cell, xs[0]), xs[1]))]
-    template = self._LossTemplate(loss_fn, thetas[-1].loss, specs[-1],
-                                  side_parts[0], step_seed)
-    total, per_step = executor.PipelineLoss(
-        self.StageDevices(len(cells)), cell_fns, thetas,
-        specs[:-1] + [template], mb_inputs, side_parts, step_seed=step_seed,
-        schedule=self.RunSchedule(len(cells), m), remat=p.remat,
-        name=self.path, trace_actions=p.trace_actions,
-        backward_window=p.backward_window)
-    with cluster_lib.DeviceScope(last_device):
-      out = self._Combine([per_step.Transform(lambda x, j=j: x[j])
-                           for j in range(m)])
-    out[executor.LOSS_KEY] = total
-    return out
 
   def _LossTemplate(self, loss_fn, theta, out_spec, side, step_seed):
     """TensorSpecs of the loss function's NestedMap for one micro-batch."""

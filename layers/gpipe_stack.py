@@ -13,6 +13,12 @@ Unit i is the child `units[i]` whatever the cut (its variables are
 '<name>.units[i]....' for every `splits` and layout); a layer that is a
 BatchStatsLayer (batch norm) runs under micro-batches as in the ResNet.
 
+`before_tpl` is what runs before the units on the whole batch, on the first
+stage's device, not cut into stages: the model's input layers (an
+embedding of its features, say), the children `before[i]`. The plan knows
+them (gpipe_units.Ends), so the memory estimate, inspect and --plan_measure
+count and time them as the LM's embedding.
+
 Example:
   block = MyBlock.Params().Set(dim=64)
   p = GPipeStack.Params().Set(name='stack', splits=2, example_shape=[64],
@@ -41,6 +47,11 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
   @classmethod
   def Params(cls):
     p = super().Params()
+    p.Define('before_tpl', [], 'Layers run in order before the units on the '
+             'whole batch, on the first stage\'s device (not cut into '
+             'stages): a list of layer params; the children before[i]. The '
+             'first takes the stack\'s inputs, the units the last one\'s '
+             'outputs.')
     p.Define('units', [], 'The layers, in order: a list of layer params '
              '(each with FProp and FPropMeta); unit i is the child '
              'units[i].')
@@ -62,6 +73,12 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
         f'units[{i}]', unit)]) for i, unit in enumerate(p.units)]
 
   @classmethod
+  def PipelineEnds(cls, p):
+    return gpipe_units.Ends(before=[
+        gpipe_units.Layer(f'before[{i}]', layer, carried=False)
+        for i, layer in enumerate(p.before_tpl)])
+
+  @classmethod
   def ExampleShapes(cls, p):
     if p.example_shape is None:
       return None
@@ -74,6 +91,11 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
         isinstance(u, hyperparams.InstantiableParams) and
         issubclass(u.cls, base_layer.BaseLayer) for u in p.units)):
       raise validation.Error(owner, 'units', p.units, 'must be a non-empty '
+                             'list of layer params (Layer.Params()).')
+    if not (isinstance(p.before_tpl, (list, tuple)) and all(
+        isinstance(b, hyperparams.InstantiableParams) and
+        issubclass(b.cls, base_layer.BaseLayer) for b in p.before_tpl)):
+      raise validation.Error(owner, 'before_tpl', p.before_tpl, 'must be a '
                              'list of layer params (Layer.Params()).')
     if p.example_shape is not None:
       validation.CheckIntList(owner, 'example_shape', p.example_shape)
@@ -88,3 +110,6 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
     self.CheckParams(self.params, validation.Owner(self))
     self.BuildUnits()
     self.CreateUnitChildren()
+    self.CreateChildren('before', list(self.params.before_tpl),
+                        devices=[self.input_device] * len(
+                            self.params.before_tpl))

@@ -61,6 +61,7 @@ import re
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import cluster as cluster_lib
 from cadence.framework import cost as cost_lib
 from cadence.framework import hyperparams
 from cadence.framework import shapes
@@ -92,6 +93,37 @@ class Unit(collections.namedtuple('Unit', ['name', 'layers'])):
   """A unit: its name (an identifier: it keys the unit's BN statistics)
   and its Layers, run in order."""
   __slots__ = ()
+
+
+class Ends(collections.namedtuple('Ends', [
+    'before', 'before_inputs', 'loss', 'loss_inputs', 'loss_key'])):
+  """What runs before and after a model's units, declared as layers (the
+  LM's embedding, its softmax and cross-entropy): `Plan` makes the plan's
+  `before` and `loss` units of them, which the memory estimate sizes,
+  inspect prints and --plan_measure times (built for real). A task or a
+  stack declares them; it builds and runs the layers itself.
+
+  Attributes:
+    before: [Layer] children of the owner run in order on the whole batch
+      before the units (on the first stage's device), the first on
+      `before_inputs`, each next one on the outputs of the one before.
+    before_inputs: fn(rows) -> [(tf.TensorSpec, maxval)] of the first
+      before layer's inputs on `rows` examples (maxval: ids below it;
+      None: floats); None: the owner's FProp inputs, floats.
+    loss: a Layer run on each micro-batch after the units: its FProp(theta,
+      the last unit's outputs, *the loss_inputs) (e.g. a softmax on the
+      labels), or None.
+    loss_inputs: fn(rows) -> [(tf.TensorSpec, maxval)] of its inputs after
+      the units' outputs (the labels).
+    loss_key: the scalar its FProp returns, in a NestedMap ('' : the output
+      itself).
+  """
+  __slots__ = ()
+
+  def __new__(cls, before=(), before_inputs=None, loss=None,
+              loss_inputs=None, loss_key='loss'):
+    return super().__new__(cls, tuple(before), before_inputs, loss,
+                           loss_inputs, loss_key)
 
 
 def _Split(key):
@@ -250,6 +282,30 @@ def _UnitBuild(p, spec, input_shapes, num_carried, dtype):
   return _Build
 
 
+def _OwnEnds(cls, p):
+  """The Ends layer class `cls` holds itself (PipelineEnds), or none."""
+  return cls.PipelineEnds(p) if hasattr(cls, 'PipelineEnds') else Ends()
+
+
+def _BeforeRecords(cls, p, shapes_in):
+  """(the cost records of the layer's own before layers on FProp inputs
+  of `shapes_in`, the units' input shapes after them)."""
+  records, state = [], tuple(shapes_in)
+  for layer in _OwnEnds(cls, p).before:
+    record = base_layer.FPropCost(base_layer.InheritParams(p, layer.params),
+                                  *state)
+    records.append(record)
+    state = tuple(record.out_shapes)
+  return records, state
+
+
+def UnitInputShapes(cls, p, input_shapes):
+  """The units' input shapes given the layer's FProp inputs' (after its own
+  before layers, `PipelineEnds`)."""
+  return _BeforeRecords(cls, p, tuple(shapes.AsShape(s)
+                                      for s in input_shapes))[1]
+
+
 def Bounds(cls, p):
   """[0, b_1, ..., U]: the stages `splits` cuts the units into (an int K:
   K x stages_per_device stages of near-equal FLOPs on the class's
@@ -260,20 +316,87 @@ def Bounds(cls, p):
   costs = [1] * n
   example = cls.ExampleShapes(p)
   if example is not None and validation.IsInt(splits) and 1 <= splits <= n:
-    costs = [u.cost.flops for u in UnitCosts(cls, p, example)[0]]
+    costs = [u.cost.flops for u in UnitCosts(
+        cls, p, UnitInputShapes(cls, p, example))[0]]
   return gpipe.SplitBoundaries(owner, splits, costs, cls.ITEM,
                                cls.SplitsRule(p, n))
 
 
-def Plan(cls, p, *input_shapes):
+def _LayersUnit(name, p, layers, specs, key=None):
+  """A plan.Unit of `layers` (Layers of owner params `p`) run in order on
+  inputs `specs` ([(tf.TensorSpec, maxval)]): their chained cost, their
+  build (for --plan_measure: the layers built for real, run in order; the
+  last one's output `key` of a NestedMap, with `key`) and variables."""
+  built = {}
+  records, state = [], tuple(shapes.Shape(s.shape.as_list()) for s, _ in specs)
+  for layer in layers:
+    record = base_layer.FPropCost(base_layer.InheritParams(p, layer.params),
+                                  *state)
+    records.append(record)
+    state = tuple(record.out_shapes)
+  maxvals = [m for _, m in specs if m is not None]
+
+  def _Build():
+    built_layers = [base_layer.InheritParams(p, layer.params).Copy().Set(
+        name=_Split(layer.key)[0]).Instantiate() for layer in layers]
+
+    def _FProp(thetas, *inputs):
+      out = inputs
+      for built_layer, theta in zip(built_layers, thetas):
+        out = combinators.AsTuple(built_layer.FProp(theta, *out))
+      out = out[0] if len(out) == 1 else out
+      return out[key] if key else out
+    return (built_layers, _FProp, [s for s, _ in specs],
+            max(maxvals) if maxvals else None)
+
+  return plan_lib.Unit(
+      name, cost_lib.Chain(records), _Build,
+      lambda: [v for layer in layers
+               for v in _LayerVariables(p, layer, built)])
+
+
+def _EndsFns(cls, p, shapes_in, units_in, ends):
+  """(before_fn, loss_fn) of the plan (plan.PipelinePlan.With) from `ends`
+  of layer class `cls` (params `p`, FProp inputs of `shapes_in`, the
+  units' of `units_in`)."""
+  before_fn = loss_fn = None
+  if ends.before:
+    def before_fn(rows):
+      specs = (ends.before_inputs(rows) if ends.before_inputs else
+               [(tf.TensorSpec(s.WithDim(0, rows).ToTensorShape(),
+                               base_layer.FPropDtype(p)), None)
+                for s in shapes_in])
+      return [_LayersUnit('before', p, ends.before, specs)]
+  if ends.loss is not None:
+    n = len(units_in) - cls.NumCarried(p)
+    dtype = StateDtype(cls, p)
+
+    def loss_fn(rows):
+      pairs, _ = _Chain(cls, p, cls.Units(p), tuple(
+          s.WithDim(0, rows) for s in units_in[:n]), units_in[n:],
+                        NestedMap())
+      outputs = [(tf.TensorSpec(s.ToTensorShape(), dtype), None)
+                 for s in pairs[-1][1]]
+      return _LayersUnit(_Split(ends.loss.key)[0], p, [ends.loss],
+                         outputs + list(ends.loss_inputs(rows)),
+                         ends.loss_key)
+  return before_fn, loss_fn
+
+
+def Plan(cls, p, *input_shapes, ends=None):
   """The plan.PipelinePlan of layer class `cls` (params `p`) on FProp
   inputs of these shapes (the whole batch), or None when the batch is
   unknown. Without a pipeline (no pipeline_tpl, or None): one stage of
-  every unit on the whole batch, no schedule."""
+  every unit on the whole batch, no schedule. What runs before and after
+  the units (the plan's `before` and `loss`): the class's own
+  (`PipelineEnds(p)`: its FProp inputs go to its own before layers), and
+  what `ends` (an `Ends`, a task's) adds where the class has none."""
   shapes_in = tuple(shapes.AsShape(s) for s in input_shapes)
   batch = shapes_in[0][0] if shapes_in and shapes_in[0].rank else None
   if batch is None:
     return None
+  own = _OwnEnds(cls, p)
+  units_in = UnitInputShapes(cls, p, shapes_in)
 
   costed = {}
 
@@ -282,7 +405,7 @@ def Plan(cls, p, *input_shapes):
     # size, and re-costing the units was most of a search's time.
     if size not in costed:
       units, outs, first = UnitCosts(
-          cls, p, tuple(s.WithDim(0, size) for s in shapes_in))
+          cls, p, tuple(s.WithDim(0, size) for s in units_in))
       costed[size] = (tuple(units), tuple(outs), first)
     return costed[size]
 
@@ -290,11 +413,21 @@ def Plan(cls, p, *input_shapes):
   pipe = _PipelineParams(cls, p)
   if pipe is None:
     units, outs, first = _Costs(batch)
-    return plan_lib.PipelinePlan(
+    plan = plan_lib.PipelinePlan(
         units, [0, len(units)], None, 1, batch, None, None, outs, first,
         splits_path=splits_path, cost_fn=_Costs)
-  return pipe.cls.Plan(pipe, Bounds(cls, p), batch, _Costs,
-                       splits_path=splits_path)
+  else:
+    plan = pipe.cls.Plan(pipe, Bounds(cls, p), batch, _Costs,
+                         splits_path=splits_path)
+  if ends is not None:   # A task's, where the class has none of its own.
+    own = Ends(own.before or ends.before,
+               own.before_inputs if own.before else ends.before_inputs,
+               own.loss or ends.loss,
+               own.loss_inputs if own.loss else ends.loss_inputs,
+               own.loss_key if own.loss else ends.loss_key)
+  if not own.before and own.loss is None:
+    return plan
+  return plan.With(*_EndsFns(cls, p, shapes_in, units_in, own))
 
 
 class UnitsPipeline(gpipe.SplitCells):
@@ -327,6 +460,14 @@ class UnitsPipeline(gpipe.SplitCells):
     return None
 
   @classmethod
+  def PipelineEnds(cls, p):
+    """The `Ends` (what runs before and after the units, as layers) the
+    layer holds itself; default none (a task declares its own, Plan's
+    `ends`)."""
+    del p
+    return Ends()
+
+  @classmethod
   def SplitsRule(cls, p, num_units):
     """The rule an int `splits` out of range breaks, for its error."""
     del p
@@ -348,19 +489,20 @@ class UnitsPipeline(gpipe.SplitCells):
     return Bounds(cls, p)
 
   @classmethod
-  def Plan(cls, p, *input_shapes):
-    return Plan(cls, p, *input_shapes)
+  def Plan(cls, p, *input_shapes, ends=None):
+    return Plan(cls, p, *input_shapes, ends=ends)
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
     """The units' chained cost on the whole batch (`out_shapes`: the last
     unit's outputs), with the `plan` (Plan)."""
     cls.CheckParams(p, validation.Owner(p))
-    shapes_in = tuple(shapes.AsShape(s) for s in input_shapes)
+    before, shapes_in = _BeforeRecords(cls, p, tuple(
+        shapes.AsShape(s) for s in input_shapes))
     n = len(shapes_in) - cls.NumCarried(p)
     pairs, _ = _Chain(cls, p, cls.Units(p), shapes_in[:n], shapes_in[n:],
                       NestedMap())
-    total = cost_lib.Chain([record for record, _ in pairs])
+    total = cost_lib.Chain(before + [record for record, _ in pairs])
     return total.Replace(plan=cls.Plan(p, *input_shapes))
 
   # --- construction ----------------------------------------------------------
@@ -486,10 +628,22 @@ class UnitsPipeline(gpipe.SplitCells):
     return _Pack([self.CastToFPropDtype(x) for x in inputs[:n]],
                  inputs[n:], NestedMap())
 
+  def _Before(self, theta, inputs):
+    """The layer's own before layers (PipelineEnds) on its FProp inputs,
+    in order on the first stage's device: the units' inputs."""
+    layers = self.PipelineEnds(self.params).before
+    if not layers:
+      return inputs
+    with cluster_lib.DeviceScope(self.input_device):
+      for layer in layers:
+        inputs = combinators.AsTuple(_Get(self.children, layer.key).FProp(
+            _Get(theta, layer.key), *inputs))
+    return inputs
+
   def _RunStages(self, theta, inputs):
     """(the last unit's outputs, a tuple; the stats or None)."""
     cells = self._Cells(theta)
-    state = self._Inputs(inputs)
+    state = self._Inputs(self._Before(theta, inputs))
     if self.params.pipeline_tpl is None:
       for cell in cells:
         state = cell.fprop(cell.theta, state)
@@ -545,7 +699,7 @@ class UnitsPipeline(gpipe.SplitCells):
     out = self.pipeline.FPropLoss(
         self._Cells(theta), gpipe.PipelineCell(
             fprop=_Loss, theta=loss.theta, meta=None),
-        self._Inputs(inputs), side_inputs=side_inputs,
+        self._Inputs(self._Before(theta, inputs)), side_inputs=side_inputs,
         step_seed=theta.get(base_layer.STEP_SEED_KEY))
     stats = out.pop(_STATS_OUT, None)
     return out, stats

@@ -54,14 +54,97 @@ Example:
 import collections
 import dataclasses
 import re
+import typing
 
 FORWARD = 'F'
 BACKWARD = 'B'
 WEIGHT = 'W'
+# The built-in work (`Work`); more may be registered (`RegisterWork`).
 WORK = (FORWARD, BACKWARD, WEIGHT)
 # The name scope an executor gives the ops of an action.
 _SCOPE = 'pipeline_action'
 _SCOPE_RE = re.compile(_SCOPE + r'_([A-Z])_(\d+)_(\d+)(?:_\d+)?/')
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+  """A piece of work an action does: what every reader of a schedule knows
+  of it. F, B and W are registered below; a work of one's own is one more
+  registration (a transfer of a stage's output to the next stage's device,
+  say: tests/framework/pipeline/transfer_work_test.py adds one).
+
+  Attributes:
+    letter: its one upper-case letter (a kind that does only it usually has
+      the same letter).
+    name: what it is, e.g. 'weight gradient'.
+    needs: fn(stage, micro_batch, num_stages, num_micro_batches,
+      recurrent, loss_inside) -> [Action] of the work it waits for (out of
+      range ones are dropped).
+    feeds: fn(stage, micro_batch, num_stages, num_micro_batches) ->
+      [Action] of the work that waits for it when a schedule does it at all
+      (it puts itself between two pieces of work); None: nothing more.
+    applies: fn(stage, micro_batch, num_stages, num_micro_batches) ->
+      whether a schedule that does this work must do it for that stage and
+      micro-batch (None: for every one).
+    required: whether every schedule must do it (F and B), or only one that
+      does it anywhere (W: then for every B).
+    seconds: fn(stage_cost) -> the seconds it takes, from a stage's costs
+      (planning/step_model.StageCost), or None: F's, B's or W's own (the
+      built-in work), 0 for another.
+    forward: whether it belongs to the forward phase (F; a transfer of
+      F's output): a schedule with the loss outside runs it before any
+      backward work, in the executor's forward pass.
+  """
+  letter: str
+  name: str
+  needs: typing.Callable
+  feeds: typing.Optional[typing.Callable] = None
+  applies: typing.Optional[typing.Callable] = None
+  required: bool = False
+  seconds: typing.Optional[typing.Callable] = None
+  forward: bool = False
+
+  def __post_init__(self):
+    if not re.fullmatch('[A-Z]', str(self.letter)):
+      raise ValueError(f'Work(letter={self.letter!r}): the letter must be '
+                       'one upper-case letter.')
+
+  def AppliesTo(self, stage, micro_batch, num_stages, num_micro_batches):
+    """Whether a schedule doing this work must do it at (stage, micro-batch)."""
+    return self.applies is None or self.applies(
+        stage, micro_batch, num_stages, num_micro_batches)
+
+
+_WORKS = {}   # letter -> Work, in registration order.
+
+
+def RegisterWork(work):
+  """Adds `work` (a `Work`) to the registry; returns it."""
+  if work.letter in _WORKS:
+    raise ValueError(f'Work {work.letter!r} is registered twice.')
+  _WORKS[work.letter] = work
+  return work
+
+
+def UnregisterWork(letter):
+  """Removes work `letter` (for tests)."""
+  del _WORKS[letter]
+
+
+def WorkOf(letter):
+  """The registered `Work` of `letter`.
+
+  Raises:
+    KeyError: for an unregistered letter.
+  """
+  if letter not in _WORKS:
+    raise KeyError(f'work {letter!r}; expected one of {list(_WORKS)}.')
+  return _WORKS[letter]
+
+
+def Works():
+  """The registered works' letters, F, B and W first."""
+  return tuple(_WORKS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +154,8 @@ class Kind:
   Attributes:
     letter: its one upper-case letter: `F(1, 3)`, 'F1:3' in a table.
     name: what a legend calls it, e.g. 'weight gradient'.
-    does: the work it does, in order: a non-empty tuple of distinct WORK
-      letters.
+    does: the work it does, in order: a non-empty tuple of distinct
+      registered work letters (`Works`).
     colours: two RGB triples, for even and odd micro-batches in a chart.
   """
   letter: str
@@ -86,9 +169,9 @@ class Kind:
                        'one upper-case letter.')
     does = tuple(self.does)
     if (not does or len(set(does)) != len(does) or
-        any(w not in WORK for w in does)):
+        any(w not in _WORKS for w in does)):
       raise ValueError(f'Kind {self.letter!r}: does={self.does!r} must be '
-                       f'distinct work of {WORK}, at least one.')
+                       f'distinct work of {Works()}, at least one.')
     object.__setattr__(self, 'does', does)
 
 
@@ -132,9 +215,40 @@ def Does(action):
 
 
 def IsForward(action):
-  """Whether `action` belongs to the forward phase: all its work is F."""
-  return Does(action) == (FORWARD,)
+  """Whether `action` belongs to the forward phase: all its work does
+  (Work.forward: F, a transfer of F's output)."""
+  return all(WorkOf(w).forward for w in Does(action))
 
+
+def _ForwardNeeds(s, j, num_stages, num_micro_batches, recurrent,
+                  loss_inside):
+  del num_stages, num_micro_batches, loss_inside   # Unused.
+  needs = [Action(FORWARD, s - 1, j)]
+  if recurrent:
+    needs.append(Action(FORWARD, s, j - 1))
+  return needs
+
+
+def _BackwardNeeds(s, j, num_stages, num_micro_batches, recurrent,
+                   loss_inside):
+  needs = [Action(FORWARD, s, j), Action(BACKWARD, s + 1, j)]
+  if recurrent:
+    needs.append(Action(BACKWARD, s, j + 1))
+  if s == num_stages - 1 and not loss_inside:
+    needs += [Action(FORWARD, s, i) for i in range(num_micro_batches)]
+  return needs
+
+
+def _WeightNeeds(s, j, num_stages, num_micro_batches, recurrent,
+                 loss_inside):
+  del num_stages, num_micro_batches, recurrent, loss_inside   # Unused.
+  return [Action(BACKWARD, s, j)]
+
+
+RegisterWork(Work(FORWARD, 'forward', _ForwardNeeds, required=True,
+                  forward=True))
+RegisterWork(Work(BACKWARD, 'backward', _BackwardNeeds, required=True))
+RegisterWork(Work(WEIGHT, 'weight gradient', _WeightNeeds))
 
 Register(Kind(FORWARD, 'forward', (FORWARD,),
               ((66, 133, 244), (120, 170, 250))))
@@ -163,7 +277,7 @@ class Action(collections.namedtuple('Action',
     return f'{_SCOPE}_{self.kind}_{self.stage}_{self.micro_batch}'
 
   def Work(self):
-    """The work this action does, as actions of the WORK kinds: e.g. [F(1,
+    """The work this action does, as actions of work letters: e.g. [F(1,
     3), B(1, 3)] for a kind that does (F, B)."""
     return [Action(w, self.stage, self.micro_batch) for w in Does(self)]
 
@@ -188,33 +302,27 @@ def ActionOfOp(op_name):
   return Action(kind, int(stage), int(micro_batch))
 
 
-def _WorkNeeds(work, num_stages, num_micro_batches, recurrent, loss_inside):
-  """What one piece of work (an action of a WORK kind) needs."""
-  kind, s, j = work
-  if kind == FORWARD:
-    needs = [Action(FORWARD, s - 1, j)]
-    if recurrent:
-      needs.append(Action(FORWARD, s, j - 1))
-    return needs
-  if kind == BACKWARD:
-    needs = [Action(FORWARD, s, j), Action(BACKWARD, s + 1, j)]
-    if recurrent:
-      needs.append(Action(BACKWARD, s, j + 1))
-    if s == num_stages - 1 and not loss_inside:
-      needs += [Action(FORWARD, s, i) for i in range(num_micro_batches)]
-    return needs
-  return [Action(BACKWARD, s, j)]
-
-
 def Needs(action, num_stages, num_micro_batches, recurrent=False,
-          loss_inside=True):
-  """The work `action` depends on (inside the S x M grid), as actions of the
-  WORK kinds: the needs of each piece of its work, less the work it does
-  itself. A schedule resolves them to the actions doing that work
-  (schedules.Schedule.Needs)."""
+          loss_inside=True, present=()):
+  """The work `action` depends on (inside the S x M grid), as actions of
+  work letters: the needs of each piece of its work (`Work.needs`), and the
+  work of `present` (the work letters a schedule does) that feeds it
+  (`Work.feeds`), less the work it does itself. A schedule resolves them
+  to the actions doing that work (schedules.Schedule.Needs)."""
   own = action.Work()
-  needs = [n for w in own for n in _WorkNeeds(
-      w, num_stages, num_micro_batches, recurrent, loss_inside)]
+  needs = [n for w in own for n in WorkOf(w.kind).needs(
+      w.stage, w.micro_batch, num_stages, num_micro_batches, recurrent,
+      loss_inside)]
+  for letter in present:
+    work = WorkOf(letter)
+    if work.feeds is None:
+      continue
+    for s in range(num_stages):
+      for j in range(num_micro_batches):
+        if (work.AppliesTo(s, j, num_stages, num_micro_batches) and
+            any(w in own for w in work.feeds(s, j, num_stages,
+                                             num_micro_batches))):
+          needs.append(Action(letter, s, j))
   return [a for a in dict.fromkeys(needs)
           if a not in own and 0 <= a.stage < num_stages and
           0 <= a.micro_batch < num_micro_batches]

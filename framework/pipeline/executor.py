@@ -8,8 +8,9 @@ M micro-batches. Stage s computes, for micro-batch j,
 where out_s[-1] is `init_states[s]` and out_{-1}[j] is the pipeline's input
 j: a stage consumes the previous stage's output of the same micro-batch and
 may carry state from micro-batch to micro-batch (`StackedRecurrent`'s
-recurrent cells; a GPipe cell ignores it). A `schedules.Schedule` says which
-action each device runs in which order; `_Run` runs actions:
+recurrent cells; a GPipe stage takes its template instead). A
+`schedules.Schedule` says which action each device runs in which order; a
+pipeline_run.PipelineRun runs actions:
 
   F(s, j)  runs the cell and keeps what its backward needs (`remat`);
   B(s, j)  sums the gradients flowing into (s, j)'s output, back-propagates
@@ -22,21 +23,24 @@ action each device runs in which order; `_Run` runs actions:
            the gradients of their outputs); W computes and accumulates the
            weight gradients later. B and W together run the ops of one
            backward, each once: the gradients are those of the whole backward.
-A kind of one's own (actions.Kind) runs by the handler registered for it
-(`RegisterHandler`), from these three.
+Every kind, these three too, runs by the handler registered for it
+(`RegisterHandler`), through PipelineRun's public interface: a kind of
+one's own (actions.Kind), with work of its own (actions.Work) if it likes.
 
-Two front doors, one engine:
-  `StackedRecurrent`: the loss is outside the pipeline. A tf.custom_gradient
-    whose forward runs the schedule's forward-phase actions (actions.
-    IsForward) and whose gradient function the others (each device's list
-    must put its forwards first:
-    `schedule.loss_inside` False, e.g. GPipe).
-  `PipelineLoss`: the last stage ends in a per-micro-batch loss, so a
+One entry point, `Run`; where the loss runs is the schedule's property:
+  loss outside (`schedule.loss_inside` False, e.g. GPipe): a
+    tf.custom_gradient whose forward runs the schedule's forward-phase
+    actions (actions.IsForward) and returns each micro-batch's output,
+    and whose gradient function runs the others (each device's list puts
+    its forwards first); the caller runs its loss on those outputs;
+  loss inside: the last stage ends in a per-micro-batch loss, so a
     backward can start as soon as its micro-batch leaves the last stage:
-    the custom gradient's forward runs every action of any schedule in one
-    pass, seeding d loss_j / d out = 1 right after F(S-1, j); its gradient
-    function only scales the gradients by the upstream one.
-Both take the schedule's name; the registry (schedules.py) builds it.
+    the custom gradient's forward runs every action in one pass, seeding
+    d loss_j / d out = 1 right after F(S-1, j); its gradient function only
+    scales the gradients by the upstream one.
+`StackedRecurrent` (Lingvo's name: recurrent cells, the loss outside) and
+`PipelineLoss` (the loss inside, any schedule) are Run with those
+settings.
 
 Order in a graph (tf.function), where TF runs any op whose inputs are
 ready: a device runs its actions one at a time, as the schedule orders
@@ -89,32 +93,12 @@ import tensorflow as tf
 from cadence.framework import cluster as cluster_lib
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import cell_program
+from cadence.framework.pipeline import pipeline_run
 from cadence.framework.pipeline import schedules
 from cadence.framework import step_seed as step_seed_lib
 
 REMAT_MODES = ('except_last', 'always', 'never', 'selective')
 LOSS_KEY = 'loss'
-
-
-def _NumMicroBatches(inputs, owner):
-  """(M, stacked) for inputs given stacked [M, ...] or as a list of M."""
-  if isinstance(inputs, (list, tuple)):
-    if not inputs:
-      raise ValueError(f'{owner}: inputs is an empty list; need >= 1 step.')
-    return len(inputs), False
-  flat = cell_program.ToTensors(inputs)
-  if not flat:
-    raise ValueError(f'{owner}: inputs must hold at least one [M, ...] '
-                     'tensor.')
-  dims = {x.shape[0] if x.shape.rank else None for x in flat}
-  if None in dims or len(dims) != 1:
-    raise ValueError(
-        f'{owner}: every input needs the same static leading dim M (steps); '
-        f'got leading dims {[x.shape.as_list()[:1] for x in flat]}.')
-  m = dims.pop()
-  if m < 1:
-    raise ValueError(f'{owner}: inputs have M=0 steps; need >= 1.')
-  return m, True
 
 
 def CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
@@ -176,418 +160,21 @@ def BuildSchedule(owner, name, stage_devices, num_micro_batches,
   return schedule, unique
 
 
-class Pipeline:
-  """What one call fixes before it runs: the schedule, the S traced cells,
-  the layouts of the flat arguments.
-
-  The executor's tf.custom_gradient takes and returns flat lists of tensors.
-  Flat arguments: every stage's theta leaves, every stage's init_state
-  leaves, then stage 0's input leaves ([M, ...] each, or micro-batch by
-  micro-batch). Flat results: the last stage's output leaves ([M, ...]
-  each, or per micro-batch), then every stage's final state leaves.
-  """
-
-  def __init__(self, schedule, devices, cell_fns, thetas, init_states, inputs,
-               step_seed, remat, backward_window, owner, side_inputs=None,
-               trace_actions=False, recurrent=False):
-    self.schedule = schedule
-    # Whether stage s's state before micro-batch j > 0 is its output of
-    # j - 1 (else init_states[s] for every micro-batch).
-    self.recurrent = recurrent
-    # Device string of each stage.
-    self.devices = [devices[d] for d in schedule.stage_devices]
-    self.k = len(self.devices)
-    self.m, self.stacked = _NumMicroBatches(inputs, owner)
-    # Side inputs: the last stage's, per micro-batch (e.g. a loss's
-    # labels), given like `inputs`; no gradient flows to them.
-    self.side = side_inputs
-    self.side_stacked = None
-    if side_inputs is not None and tf.nest.flatten(side_inputs):
-      m, self.side_stacked = _NumMicroBatches(side_inputs, owner)
-      if m != self.m:
-        raise ValueError(f'{owner}: side_inputs have {m} steps; the inputs '
-                         f'have M={self.m}.')
-    seed = None
-    if step_seed is not None:
-      seed = step_seed_lib.CheckStepSeed(step_seed, owner)
-    self.remat = remat
-    self.backward_window = backward_window
-    # B computes the input gradients, W later the weights' (zero bubble).
-    self.defer_w = schedule.defers_w
-    self.seeds = [None if seed is None else
-                  step_seed_lib.MicroBatchSeed(seed, j) for j in range(self.m)]
-    self._init_states = init_states
-    self._theta_flat = [cell_program.ToTensors(t) for t in thetas]
-    self._init_flat = [cell_program.ToTensors(s) for s in init_states]
-    if self.stacked:
-      x_struct = inputs
-      self._x_flat = cell_program.ToTensors(inputs)
-      x_step = [tf.TensorSpec(x.shape[1:], x.dtype) for x in self._x_flat]
-    else:
-      x_struct = inputs[0]
-      self._x_flat = [x for step in inputs
-                      for x in cell_program.ToTensors(step)]
-      x_step = cell_program.ToTensors(inputs[0])
-    self.nx = len(x_step)
-    self.nts = [len(t) for t in self._theta_flat]   # Leaves per stage.
-    self.nss = [len(s) for s in self._init_flat]
-    self.programs = []
-    for i in range(self.k):
-      in_template = (tf.nest.pack_sequence_as(x_struct, x_step) if i == 0
-                     else tf.nest.pack_sequence_as(init_states[i - 1],
-                                                   self._init_flat[i - 1]))
-      if self.side is not None and i == self.k - 1:
-        in_template = (in_template, self._SideTemplate())
-      self.programs.append(cell_program.CellProgram(
-          cell_fns[i],
-          tf.nest.pack_sequence_as(thetas[i], self._theta_flat[i]),
-          tf.nest.pack_sequence_as(init_states[i], self._init_flat[i]),
-          in_template, device=self.devices[i], has_seed=seed is not None,
-          owner=f'{owner} cell {i}', inline=trace_actions))
-
-  def _SideTemplate(self):
-    if not self.side_stacked:   # A list of M structures (or empty).
-      return self.side if self.side_stacked is None else self.side[0]
-    return tf.nest.map_structure(
-        lambda x: tf.TensorSpec(x.shape[1:], x.dtype), self.side)
-
-  def SideSteps(self):
-    """The side inputs' flat leaves per micro-batch."""
-    if self.side_stacked is None:
-      return [[] for _ in range(self.m)]
-    if not self.side_stacked:
-      return [[tf.stop_gradient(x) for x in cell_program.ToTensors(step)]
-              for step in self.side]
-    per_leaf = [tf.unstack(tf.stop_gradient(x), num=self.m)
-                for x in cell_program.ToTensors(self.side)]
-    return [[leaf[j] for leaf in per_leaf] for j in range(self.m)]
-
-  def NumInputs(self, s):
-    """Leaves of stage s's input that come from the previous stage (or the
-    pipeline's inputs), side inputs excluded."""
-    return self.nx if s == 0 else self.nss[s - 1]
-
-  def Keep(self, j):
-    """The remat_policy of what the forward of micro-batch j keeps for its
-    backward, or None: nothing (the backward re-runs the cell)."""
-    if self.remat == 'selective':
-      return 'weights'
-    if self.remat == 'never' or (self.remat == 'except_last' and
-                                 j == self.m - 1):
-      return 'all'
-    return None
-
-  def FlatArgs(self):
-    return ([x for t in self._theta_flat for x in t] +
-            [x for s in self._init_flat for x in s] + self._x_flat)
-
-  def ArgDevices(self):
-    """The device of each flat argument (its stage's; inputs: stage 0's)."""
-    return ([d for d, n in zip(self.devices, self.nts) for _ in range(n)] +
-            [d for d, n in zip(self.devices, self.nss) for _ in range(n)] +
-            [self.devices[0]] * len(self._x_flat))
-
-  def SplitArgs(self, args):
-    """Flat arguments -> (S theta lists, S init_state lists, input list)."""
-    args = iter(args)
-    thetas = [[next(args) for _ in range(n)] for n in self.nts]
-    inits = [[next(args) for _ in range(n)] for n in self.nss]
-    return thetas, inits, list(args)
-
-  def PackResults(self, res):
-    """Flat results -> (acc_state, final_states) as StackedRecurrent's."""
-    ns_last = self.nss[-1]
-    if self.stacked:
-      acc_state = tf.nest.pack_sequence_as(self._init_states[-1],
-                                           res[:ns_last])
-      rest = res[ns_last:]
-    else:
-      acc_state = [
-          tf.nest.pack_sequence_as(self._init_states[-1],
-                                   res[j * ns_last:(j + 1) * ns_last])
-          for j in range(self.m)]
-      rest = res[self.m * ns_last:]
-    finals, offset = [], 0
-    for i in range(self.k):
-      finals.append(tf.nest.pack_sequence_as(
-          self._init_states[i], rest[offset:offset + self.nss[i]]))
-      offset += self.nss[i]
-    return acc_state, finals
-
-
-class _Run:
-  """One run of a pipeline's actions: outputs, kept activations, the
-  gradients in flight and the accumulated ones.
-
-  `Forward(s, j)` and `Backward(s, j)` are the units a schedule orders;
-  the schedule must run B(s, j) after every action that adds to the
-  gradient of (s, j)'s output (`Add`).
-  """
-
-  def __init__(self, pipe, args):
-    self.pipe = pipe
-    # Stop the outer tape from recording the ops below; the gradient is
-    # the custom one, and recording would keep all activations alive.
-    thetas, self._inits, xs = pipe.SplitArgs(
-        [tf.stop_gradient(a) for a in args])
-    m, nx = pipe.m, pipe.nx
-    with cluster_lib.DeviceScope(pipe.devices[0]):
-      if pipe.stacked:
-        per_leaf = [tf.unstack(x, num=m) for x in xs]
-        self.step_inputs = [[leaf[j] for leaf in per_leaf] for j in range(m)]
-      else:
-        self.step_inputs = [xs[j * nx:(j + 1) * nx] for j in range(m)]
-    self._thetas = []
-    for i, theta in enumerate(thetas):
-      with cluster_lib.DeviceScope(pipe.devices[i]):
-        self._thetas.append([tf.identity(x) for x in theta])
-    self.side = None
-    if pipe.side is not None:
-      with cluster_lib.DeviceScope(pipe.devices[-1]):
-        self.side = pipe.SideSteps()
-    self.out = [[None] * m for _ in range(pipe.k)]   # [stage][mb] leaves.
-    self._kept = {}   # (stage, mb) -> gradient function of kept activations.
-    self._after = {}   # (stage, mb) -> control inputs of its forward.
-    self._loss_index = None   # RunActions' loss_index.
-    self.StartBackward()
-
-  def StartBackward(self):
-    """Forgets the gradients of an earlier backward walk: TF may call a
-    custom gradient more than once (e.g. a tape, then tf.gradients through
-    it), and each call must give the whole gradients once. (A kept
-    forward's activations serve the first walk; later ones re-run.)"""
-    pipe = self.pipe
-    self._pending = {}   # (stage, mb, leaf) -> [gradient terms]
-    self._weights = {}   # (stage, mb) -> its deferred W, after its B.
-    self._d_thetas = [[None] * n for n in pipe.nts]
-    self._d_inits = [[None] * n for n in pipe.nss]
-    self._d_inputs = [[None] * pipe.nx for _ in range(pipe.m)]
-
-  # --- forward ---------------------------------------------------------------
-
-  def _Args(self, i, j):
-    """(theta, previous state, inputs, seed) of stage i on micro-batch j."""
-    x = self.step_inputs[j] if i == 0 else self.out[i - 1][j]
-    s = (self.out[i][j - 1] if j > 0 and self.pipe.recurrent else
-         self._inits[i])
-    if self.side is not None and i == self.pipe.k - 1:
-      x = list(x) + self.side[j]
-    after = self._after.get((i, j))
-    if after:
-      with cluster_lib.DeviceScope(self.pipe.devices[i]):
-        with tf.control_dependencies(after):
-          x = [tf.identity(a) for a in x]
-    return self._thetas[i], s, x, self.pipe.seeds[j]
-
-  def Forward(self, i, j, after=()):
-    """F(i, j): runs stage i on micro-batch j, keeping its activations as
-    `Keep(j)` says; returns ops that mark it done (in a graph). With the
-    loss inside, the last stage's seeds d loss_j / d loss_j = 1.
-
-    `after`: ops the micro-batch's inputs wait for (in a graph), here and
-    in a re-run.
-    """
-    graph = not tf.executing_eagerly()
-    if after and graph:
-      with cluster_lib.DeviceScope(self.pipe.devices[i]):
-        self._after[(i, j)] = list(after)
-    program = self.pipe.programs[i]
-    policy = self.pipe.Keep(j)
-    if policy:
-      self._kept[(i, j)], self.out[i][j] = program.ForwardKeep(
-          *self._Args(i, j), policy=policy, defer_w=self.pipe.defer_w)
-    else:
-      self.out[i][j] = program.Forward(*self._Args(i, j))
-    if self._loss_index is not None and i == self.pipe.k - 1:
-      with cluster_lib.DeviceScope(self.pipe.devices[i]):
-        out = self.out[i][j][self._loss_index]
-        self.Add(i, j, self._loss_index, tf.ones_like(out))
-    if not graph:
-      return []
-    with cluster_lib.DeviceScope(self.pipe.devices[i]):
-      return [tf.identity(x) for x in self.out[i][j]]
-
-  def _CellGradients(self, i, j, d_out):
-    """(d_theta, d_state, d_inputs) of F(i, j) given its output's d_out;
-    with a deferred W d_theta is the W still to run (a function)."""
-    defer_w = self.pipe.defer_w
-    if (i, j) in self._kept:
-      return self._kept.pop((i, j))(d_out, defer_w=defer_w)
-    return self.pipe.programs[i].Backward(*self._Args(i, j), d_out,
-                                          defer_w=defer_w)
-
-  def ForwardResults(self):
-    """The flat results (see `Pipeline`); stacks on the last device."""
-    pipe = self.pipe
-    last = [self.out[-1][j] for j in range(pipe.m)]
-    if pipe.stacked:
-      with cluster_lib.DeviceScope(pipe.devices[-1]):
-        acc = [tf.stack([o[n] for o in last]) for n in range(pipe.nss[-1])]
-    else:
-      acc = [x for o in last for x in o]
-    return acc + [x for cell in self.out for x in cell[-1]]
-
-  # --- backward --------------------------------------------------------------
-
-  def Add(self, i, j, n, g):
-    """Adds a term to the gradient of leaf n of (i, j)'s output."""
-    if g is not None:
-      self._pending.setdefault((i, j, n), []).append(g)
-
-  def AddResultGradients(self, dys):
-    """Adds the gradients of the flat results (see `Pipeline`)."""
-    pipe = self.pipe
-    k, m, ns_last = pipe.k, pipe.m, pipe.nss[-1]
-    n_acc = ns_last if pipe.stacked else m * ns_last
-    d_acc, d_final = list(dys[:n_acc]), list(dys[n_acc:])
-    if pipe.stacked:
-      with cluster_lib.DeviceScope(pipe.devices[-1]):
-        for n, d in enumerate(d_acc):
-          if d is not None:
-            for j, dj in enumerate(tf.unstack(d, num=m)):
-              self.Add(k - 1, j, n, dj)
-    else:
-      for idx, d in enumerate(d_acc):
-        self.Add(k - 1, idx // ns_last, idx % ns_last, d)
-    offset = 0
-    for i in range(k):
-      for n in range(pipe.nss[i]):
-        self.Add(i, m - 1, n, d_final[offset + n])
-      offset += pipe.nss[i]
-
-  def _OutputGradients(self, i, j, after):
-    """The summed d_out of (i, j)'s float leaves, or None if none flows."""
-    terms = [self._pending.pop((i, j, n), None)
-             for n in range(self.pipe.nss[i])]
-    if not any(terms):
-      return None
-    d_out = [(tf.add_n(t) if len(t) > 1 else t[0]) if t else
-             tf.zeros_like(o)
-             for t, o in zip(terms, self.out[i][j])
-             if cell_program.IsDifferentiable(o)]
-    if after and not tf.executing_eagerly():
-      with tf.control_dependencies(after):
-        d_out = [tf.identity(d) for d in d_out]
-    return d_out
-
-  def Backward(self, i, j, after=()):
-    """B(i, j): back-propagates through stage i on micro-batch j.
-
-    Args:
-      i, j: the stage and the micro-batch.
-      after: ops the backward (and its re-run) waits for (in a graph).
-
-    Returns:
-      Ops that mark this backward done (in a graph; [] eagerly or when no
-      gradient flows into (i, j)).
-    """
-    device = self.pipe.devices[i]
-    with cluster_lib.DeviceScope(device):
-      d_out = self._OutputGradients(i, j, after)
-    if d_out is None:
-      return []   # Nothing flows back into this (stage, micro-batch).
-    g_th, g_s, g_x = self._CellGradients(i, j, d_out)
-    g_x = g_x[:self.pipe.NumInputs(i)]   # Side inputs get no gradient.
-    if self.pipe.defer_w:
-      self._weights[(i, j)], g_th = g_th, []
-    done = []
-    with cluster_lib.DeviceScope(device):
-      if g_th:
-        done = self._AddWeightGradients(i, g_th)
-      if not tf.executing_eagerly():
-        # Ops that consume the gradients: a control dependency on the
-        # outputs of an inlined function call itself would not wait.
-        done += [tf.identity(g) for g in g_s + g_x if g is not None]
-    for n, g in enumerate(g_s):
-      if j > 0 and self.pipe.recurrent:
-        self.Add(i, j - 1, n, g)
-      elif g is not None:   # Every micro-batch starts from init_states.
-        d_init = self._d_inits[i][n]
-        self._d_inits[i][n] = g if d_init is None else d_init + g
-    for n, g in enumerate(g_x):
-      if i > 0:
-        self.Add(i - 1, j, n, g)
-      else:
-        self._d_inputs[j][n] = g
-    return done
-
-  def _AddWeightGradients(self, i, g_th):
-    """Adds a micro-batch's weight gradients to stage i's sums; returns the
-    sums (ops that consume them, in a graph)."""
-    self._d_thetas[i] = [
-        a if g is None else (tf.identity(g) if a is None else a + g)
-        for a, g in zip(self._d_thetas[i], g_th)]
-    if tf.executing_eagerly():
-      return []
-    return [g for g in self._d_thetas[i] if g is not None]
-
-  def Weight(self, i, j, after=()):
-    """W(i, j): the weight gradients of stage i on micro-batch j, from what
-    its B kept; returns ops that mark it done (in a graph)."""
-    weights = self._weights.pop((i, j), None)
-    if weights is None:
-      return []   # No gradient flowed back into (i, j).
-    g_th = weights(after=after)
-    with cluster_lib.DeviceScope(self.pipe.devices[i]):
-      return self._AddWeightGradients(i, g_th)
-
-  def GradientResults(self):
-    """Gradients of the flat arguments (see `Pipeline`), None if none."""
-    pipe = self.pipe
-    grads = [g for cell in self._d_thetas for g in cell]
-    grads += [g for cell in self._d_inits for g in cell]
-    if not pipe.stacked:
-      return grads + [g for step in self._d_inputs for g in step]
-    with cluster_lib.DeviceScope(pipe.devices[0]):
-      for n in range(pipe.nx):
-        col = [self._d_inputs[j][n] for j in range(pipe.m)]
-        if all(g is None for g in col):
-          grads.append(None)
-        else:
-          grads.append(tf.stack([
-              tf.zeros_like(self.step_inputs[j][n]) if g is None else g
-              for j, g in enumerate(col)]))
-    return grads
-
-  # --- running actions -------------------------------------------------------
-
-  def RunActions(self, actions, loss_index=None):
-    """Runs `actions` (in an order that respects their needs), each device's
-    chained as the module docstring says, each by its kind's handler
-    (`RegisterHandler`).
-
-    Args:
-      actions: `schedules.Action`s.
-      loss_index: with the loss inside, the flat index of the last stage's
-        `loss` leaf: its gradient is seeded with 1 right after the forward.
-    """
-    pipe = self.pipe
-    window = pipe.backward_window
-    stage_devices = pipe.schedule.stage_devices
-    marks = {}   # Device index -> the marks of each action it ran.
-    self._loss_index = loss_index
-    for action in actions:
-      i, j = action.stage, action.micro_batch
-      ran = marks.setdefault(stage_devices[i], [])
-      after = ran[-window] if window and len(ran) >= window else ()
-      with tf.name_scope(action.scope):   # Profiles name each op's action.
-        mark = _HANDLERS[action.kind](self, i, j, after=after)
-      ran.append(mark or (ran[-1] if ran else []))
-
 
 # How the executor runs each action kind: fn(run, stage, micro_batch,
 # after=ops) -> ops that mark the action done (in a graph; [] or None: none
-# of its own), `run` a `_Run`.
-_HANDLERS = {schedules.FORWARD: _Run.Forward,
-             schedules.BACKWARD: _Run.Backward,
-             schedules.WEIGHT: _Run.Weight}
+# of its own), `run` a pipeline_run.PipelineRun.
+_HANDLERS = {}
 
 
 def RegisterHandler(letter, fn):
   """Makes `fn(run, stage, micro_batch, after=ops) -> marks` the executor's
-  handler of action kind `letter` (actions.Kind). `run` offers what the
-  built-in kinds' handlers are: `run.Forward`, `run.Backward` and
-  `run.Weight`, each `(stage, micro_batch, after=ops) -> marks`.
+  handler of action kind `letter` (actions.Kind). `run` is a
+  pipeline_run.PipelineRun: its Forward, Backward and Weight do the
+  built-in work, `(stage, micro_batch, after=ops) -> marks`; Output,
+  SetOutput and StageDevice let a handler do work of its own (e.g. move a
+  stage's output to the next stage's device). The built-in kinds are
+  registered here the same way.
 
   Example (a kind that does a stage's forward, then its backward):
     def RunForwardBackward(run, i, j, after=()):
@@ -604,6 +191,12 @@ def RegisterHandler(letter, fn):
 def UnregisterHandler(letter):
   """Removes the handler of kind `letter` (for tests)."""
   del _HANDLERS[letter]
+
+
+# The built-in kinds' handlers: PipelineRun's own work.
+RegisterHandler(schedules.FORWARD, pipeline_run.PipelineRun.Forward)
+RegisterHandler(schedules.BACKWARD, pipeline_run.PipelineRun.Backward)
+RegisterHandler(schedules.WEIGHT, pipeline_run.PipelineRun.Weight)
 
 
 def _CheckHandlers(owner, schedule):
@@ -623,25 +216,28 @@ def _InOrder(schedule):
 
 
 def _RunForwardThenBackward(pipe, args):
-  """The tf.custom_gradient body with the loss outside: F actions now, B
-  actions in its gradient (after the caller's whole forward).
+  """The tf.custom_gradient body with the loss outside: the forward-phase
+  actions now, the others in its gradient (after the caller's whole
+  forward).
 
   Returns:
     (flat results, gradient function), see `Pipeline` for the layouts.
   """
   order = _InOrder(pipe.schedule)
-  run = _Run(pipe, args)
-  run.RunActions([a for a in order if schedules.IsForward(a)])
+  run = pipeline_run.PipelineRun(pipe, args)
+  run._RunActions([a for a in order if schedules.IsForward(a)], _HANDLERS)  # pylint: disable=protected-access
 
   def _Grad(*dys, variables=None):
-    run.StartBackward()
-    run.AddResultGradients(dys)
-    run.RunActions([a for a in order if not schedules.IsForward(a)])
+    # pylint: disable=protected-access
+    run._StartBackward()
+    run._AddResultGradients(dys)
+    run._RunActions([a for a in order if not schedules.IsForward(a)],
+                    _HANDLERS)
     if variables:
-      return run.GradientResults(), [None] * len(variables)
-    return run.GradientResults()
+      return run._GradientResults(), [None] * len(variables)
+    return run._GradientResults()
 
-  return run.ForwardResults(), _Grad
+  return run._ForwardResults(), _Grad  # pylint: disable=protected-access
 
 
 def _RunWithLoss(pipe, loss_index, args):
@@ -652,15 +248,16 @@ def _RunWithLoss(pipe, loss_index, args):
     ([total loss] + the last stage's output leaves stacked [M, ...], the
     gradient function).
   """
-  run = _Run(pipe, args)
-  run.RunActions(_InOrder(pipe.schedule), loss_index=loss_index)
-  last = pipe.k - 1
+  # pylint: disable=protected-access
+  run = pipeline_run.PipelineRun(pipe, args)
+  run._RunActions(_InOrder(pipe.schedule), _HANDLERS, loss_index=loss_index)
+  last = pipe.num_stages - 1
   with cluster_lib.DeviceScope(pipe.devices[last]):
     outs = run.out[last]
     total = tf.add_n([o[loss_index] for o in outs])
     per_step = [tf.stack([o[n] for o in outs])
                 for n in range(pipe.nss[last])]
-  grads = run.GradientResults()
+  grads = run._GradientResults()
   devices = pipe.ArgDevices()
 
   def _Grad(dy, *unused_dys, variables=None):
@@ -678,74 +275,6 @@ def _RunWithLoss(pipe, loss_index, args):
   return [total] + per_step, _Grad
 
 
-@tf.autograph.experimental.do_not_convert
-def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
-                     step_seed=None, remat='except_last',
-                     backward_window=1, name='StackedRecurrent',
-                     trace_actions=False, schedule=schedules.DEFAULT,
-                     schedule_table=None, recurrent=True):
-  """Runs S cells as a pipeline with the loss outside; see the module
-  docstring.
-
-  Args:
-    devices: S device strings; stage s runs on devices[s] (stages may share
-      a device).
-    cell_fns: S functions `cell_fn(theta, state_prev, inputs) -> state`,
-      pure (stateless randomness from theta.step_seed, weights from theta).
-    thetas: S nested structures (NestedMaps) of the cells' weights.
-    init_states: S nested structures: stage s's state before micro-batch 0;
-      also the template (structure, dtypes, shapes) of stage s's output,
-      which is stage s+1's input.
-    inputs: stage 0's inputs: a nested structure of [M, ...] tensors
-      (static M), or a list of M nested structures (one per micro-batch).
-    step_seed: optional int64 [2]; micro-batch j's theta (in every stage)
-      carries `MicroBatchSeed(step_seed, j)` as `step_seed`.
-    remat: one of REMAT_MODES, see the module docstring.
-    backward_window: an int W >= 1 or None: each action waits for the one W
-      places before it on its device (see the module docstring).
-    name: used in error messages.
-    trace_actions: inline the cells' traced functions into the caller's
-      graph per call, so that a profile names each op's action (timeline);
-      by default each call runs the cell's one traced body (a smaller
-      graph, faster tracing).
-    schedule: a registered schedule whose devices run their forwards
-      first (`schedules.LossInside(name)` False), or one built already;
-      with `recurrent` its dependencies include the cells' state from
-      micro-batch to micro-batch.
-    schedule_table: the action lists as text, for schedules.TABLE.
-    recurrent: whether a stage's state carries from micro-batch j-1 to j.
-      False (a GPipe stack, whose cells ignore it): every micro-batch
-      starts from `init_states`, so a stage's backward of micro-batch j
-      waits for no other micro-batch's, and a schedule may order them
-      freely (a table in GPipe's order, B(s, 0) first).
-
-  Returns:
-    (acc_state, final_states): acc_state is the last stage's output per
-    micro-batch, stacked like `inputs` (a structure of [M, ...] tensors, or
-    a list of M structures); final_states is the list of the S stages'
-    states after micro-batch M-1.
-  """
-  owner = f'StackedRecurrent {name!r}'
-  CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
-            backward_window)
-  m, _ = _NumMicroBatches(inputs, owner)
-  plan, unique = BuildSchedule(owner, schedule, list(devices), m,
-                               recurrent=recurrent, table=schedule_table)
-  if plan.loss_inside:
-    raise ValueError(
-        f'{owner}: schedule={schedule!r} starts backwards before the forward '
-        'ends, so it needs the loss inside the pipeline (PipelineLoss).')
-  pipe = Pipeline(plan, unique, cell_fns, thetas, init_states, inputs,
-                  step_seed, remat, backward_window, owner,
-                  trace_actions=trace_actions, recurrent=recurrent)
-
-  @tf.custom_gradient
-  def _Call(*args):
-    return _RunForwardThenBackward(pipe, args)
-
-  return pipe.PackResults(_Call(*pipe.FlatArgs()))
-
-
 def _LossIndex(owner, template):
   """The flat index of the scalar float `loss` leaf of the last output."""
   if not isinstance(template, NestedMap) or LOSS_KEY not in template:
@@ -759,76 +288,181 @@ def _LossIndex(owner, template):
   return keys.index(LOSS_KEY)
 
 
+def _Zeros(devices, templates):
+  """Each stage's template as tensors: TensorSpecs as zeros on its device,
+  tensors as they are."""
+  out = []
+  for device, template in zip(devices, templates):
+    with cluster_lib.DeviceScope(device):
+      out.append(tf.nest.map_structure(
+          lambda s: tf.zeros(s.shape, s.dtype)
+          if isinstance(s, tf.TensorSpec) else s, template))
+  return out
+
+
+@tf.autograph.experimental.do_not_convert
+def Run(devices, cell_fns, thetas, templates, inputs, side_inputs=None,
+        step_seed=None, schedule=schedules.DEFAULT, remat='except_last',
+        backward_window=1, owner='Pipeline', trace_actions=False,
+        schedule_table=None, recurrent=False, loss_inside=None):
+  """The executor's one entry point: S cells over M micro-batches as a
+  schedule, its loss inside the pipeline or not as the schedule says
+  (`loss_inside`); see the module docstring.
+
+  Args:
+    devices: S device strings; stage s runs on devices[s] (stages may share
+      a device).
+    cell_fns: S functions `cell_fn(theta, state_prev, inputs) -> outputs`,
+      pure (stateless randomness from theta.step_seed, weights from
+      theta); state_prev is the stage's output of the micro-batch before
+      with `recurrent`, else its template (zeros). With the loss inside,
+      the last one's inputs are `(inputs, side)` and it returns a
+      NestedMap with a float scalar `loss` (the micro-batch's summed loss)
+      and anything else per micro-batch.
+    thetas: S nested structures (NestedMaps) of the cells' weights.
+    templates: S nested structures of tf.TensorSpecs or tensors: stage s's
+      output for one micro-batch (stage s+1's input); with `recurrent`,
+      stage s's state before micro-batch 0 (specs: zeros).
+    inputs: stage 0's inputs: a nested structure of [M, ...] tensors
+      (static M), or a list of M nested structures (one per micro-batch).
+    side_inputs: with the loss inside, the last stage's side inputs given
+      like `inputs` (e.g. labels; no gradient), or None.
+    step_seed: optional int64 [2]; micro-batch j's theta (in every stage)
+      carries `MicroBatchSeed(step_seed, j)` as `step_seed`.
+    schedule: a registered name (`schedule_table`: its text, for
+      schedules.TABLE), or a `schedules.Schedule` built already (a
+      PipelinePlan's) for these stages' devices and M.
+    remat: one of REMAT_MODES, see the module docstring.
+    backward_window: an int W >= 1 or None: each action waits for the one W
+      places before it on its device (see the module docstring).
+    owner: names the pipeline in errors.
+    trace_actions: inline the cells' traced functions into the caller's
+      graph per call, so that a profile names each op's action (timeline);
+      by default each call runs the cell's one traced body.
+    schedule_table: the schedule's text, for schedules.TABLE.
+    recurrent: whether a stage's state carries from micro-batch j-1 to j
+      (StackedRecurrent's cells); a schedule must then run the loss
+      outside.
+    loss_inside: None: as the schedule says (`Schedule.loss_inside`);
+      True: inside whatever the schedule (GPipe's too: every forward with
+      its micro-batch's loss, then every backward).
+
+  Returns:
+    NestedMap(outputs: the last stage's output per micro-batch, stacked like
+    `inputs` (a structure of [M, ...] tensors) or a list of M structures;
+    with the loss inside they carry no gradient and `loss` is the sum of
+    the micro-batches' (its gradient is the sum of theirs: a caller's
+    tape.gradient equals the sequential model's), else `loss` is None and
+    `final_states` the S stages' outputs of micro-batch M-1).
+  """
+  CheckArgs(owner, devices, cell_fns, thetas, templates, remat,
+            backward_window)
+  m, _ = pipeline_run.NumMicroBatches(inputs, owner)
+  plan, unique = BuildSchedule(owner, schedule, list(devices), m,
+                               recurrent=recurrent, table=schedule_table)
+  init_states = _Zeros(devices, templates)
+  if not (plan.loss_inside if loss_inside is None else loss_inside):
+    pipe = pipeline_run.Pipeline(
+        plan, unique, cell_fns, thetas, init_states, inputs, step_seed,
+        remat, backward_window, owner, trace_actions=trace_actions,
+        recurrent=recurrent)
+
+    @tf.custom_gradient
+    def _Outside(*args):
+      return _RunForwardThenBackward(pipe, args)
+
+    outputs, finals = pipe.PackResults(_Outside(*pipe.FlatArgs()))
+    return NestedMap(outputs=outputs, loss=None, final_states=finals)
+  if recurrent:
+    raise ValueError(
+        f'{owner}: schedule={plan.name!r} starts backwards before the '
+        'forward ends, so it needs the loss inside the pipeline, where cells '
+        'carry no state from micro-batch to micro-batch.')
+  loss_index = _LossIndex(owner, templates[-1])
+  pipe = pipeline_run.Pipeline(
+      plan, unique, cell_fns, thetas, init_states, inputs, step_seed, remat,
+      backward_window, owner, side_inputs=side_inputs,
+      trace_actions=trace_actions)
+
+  @tf.custom_gradient
+  def _Inside(*args):
+    return _RunWithLoss(pipe, loss_index, args)
+
+  res = _Inside(*pipe.FlatArgs())
+  per_step = tf.nest.pack_sequence_as(
+      init_states[-1], [tf.stop_gradient(x) for x in res[1:]])
+  return NestedMap(outputs=per_step, loss=res[0], final_states=None)
+
+
+@tf.autograph.experimental.do_not_convert
+def StackedRecurrent(devices, cell_fns, thetas, init_states, inputs,
+                     step_seed=None, remat='except_last',
+                     backward_window=1, name='StackedRecurrent',
+                     trace_actions=False, schedule=schedules.DEFAULT,
+                     schedule_table=None, recurrent=True):
+  """Lingvo's StackedRecurrent: S recurrent cells as a pipeline with the
+  loss outside (`Run`, recurrent by default).
+
+  Args:
+    devices, thetas, inputs, step_seed, remat, backward_window,
+      trace_actions, schedule, schedule_table, recurrent: as `Run`'s.
+    cell_fns: S functions `cell_fn(theta, state_prev, inputs) -> state`.
+    init_states: S nested structures: stage s's state before micro-batch 0;
+      also the template (structure, dtypes, shapes) of stage s's output,
+      which is stage s+1's input.
+    name: used in error messages.
+
+  Returns:
+    (acc_state, final_states): acc_state is the last stage's output per
+    micro-batch, stacked like `inputs` (a structure of [M, ...] tensors, or
+    a list of M structures); final_states is the list of the S stages'
+    states after micro-batch M-1.
+  """
+  owner = f'StackedRecurrent {name!r}'
+  if schedules.LossInside(schedule, schedule_table) if not isinstance(
+      schedule, schedules.Schedule) else schedule.loss_inside:
+    raise ValueError(
+        f'{owner}: schedule={schedule!r} starts backwards before the forward '
+        'ends, so it needs the loss inside the pipeline (PipelineLoss).')
+  out = Run(devices, cell_fns, thetas, init_states, inputs,
+            step_seed=step_seed, schedule=schedule, remat=remat,
+            backward_window=backward_window, owner=owner,
+            trace_actions=trace_actions, schedule_table=schedule_table,
+            recurrent=recurrent)
+  return out.outputs, out.final_states
+
+
 @tf.autograph.experimental.do_not_convert
 def PipelineLoss(devices, cell_fns, thetas, out_templates, inputs,
                  side_inputs, step_seed=None, schedule=schedules.DEFAULT,
                  remat='never', name='PipelineLoss', trace_actions=False,
                  backward_window=1, schedule_table=None):
-  """Runs S cells over M micro-batches ending in a per-micro-batch loss, as
-  any registered schedule; see the module docstring.
-
-  The pipeline returns the sum of the micro-batches' losses; its gradient is
-  the sum of theirs, so a caller's `tape.gradient` at the top equals the
-  sequential model's. Cells carry no state between micro-batches
-  (`cell_fn(theta, inputs)`); the last cell's inputs are `(inputs, side)`
-  where `side` is the micro-batch's slice of `side_inputs` (e.g. the
-  labels), which gets no gradient.
+  """S stateless cells ending in a per-micro-batch loss, as any registered
+  schedule, the loss inside the pipeline (`Run`).
 
   Args:
-    devices: S device strings; stage s runs on devices[s] (stages may
-      share a device).
-    cell_fns: S functions `cell_fn(theta, inputs) -> outputs`, pure
-      (stateless randomness from theta.step_seed); the last one takes
-      `(inputs, side)` and returns a NestedMap with a float scalar `loss`
-      (the micro-batch's summed loss) and anything else the caller wants
-      per micro-batch (metric sums, per-example values).
-    thetas: S nested structures of the cells' weights (tensors).
+    devices, thetas, inputs, side_inputs, step_seed, schedule, remat,
+      trace_actions, backward_window, schedule_table: as `Run`'s.
+    cell_fns: S functions `cell_fn(theta, inputs) -> outputs`; the last one
+      takes `(inputs, side)` and returns a NestedMap with a float scalar
+      `loss`.
     out_templates: S nested structures of tf.TensorSpec (or tensors): stage
       s's output for one micro-batch (stage s+1's input).
-    inputs: stage 0's inputs, a nested structure of [M, ...] tensors.
-    side_inputs: the last stage's side inputs, [M, ...] tensors (no
-      gradient).
-    step_seed: optional int64 [2]; micro-batch j's theta carries
-      `MicroBatchSeed(step_seed, j)`.
-    schedule: a registered schedule name (schedules.Names()).
-    remat: one of REMAT_MODES; 'never' keeps each micro-batch's activations
-      until its backward (1F1B bounds them by S).
     name: used in error messages.
-    trace_actions: as StackedRecurrent's.
-    backward_window: as StackedRecurrent's.
-    schedule_table: the action lists as text, for schedules.TABLE.
 
   Returns:
-    (loss, per_step): loss, the sum over micro-batches of the last stage's
-    `loss` (its gradient flows to thetas and inputs); per_step, the last
-    stage's outputs stacked [M, ...] (no gradient).
+    (loss, per_step): the sum over micro-batches of the last stage's `loss`
+    (its gradient flows to thetas and inputs); the last stage's outputs
+    stacked [M, ...] (no gradient).
   """
   owner = f'PipelineLoss {name!r}'
-  k = len(devices)
-  if len(out_templates) != k:
+  if len(out_templates) != len(devices):
     raise ValueError(f'{owner}: need one out_template per device; got '
-                     f'{len(out_templates)} for {k} devices.')
-  loss_index = _LossIndex(owner, out_templates[-1])
-  init_states = []
-  for device, template in zip(devices, out_templates):
-    with cluster_lib.DeviceScope(device):
-      init_states.append(tf.nest.map_structure(
-          lambda s: tf.zeros(s.shape, s.dtype), template))
-  CheckArgs(owner, devices, cell_fns, thetas, init_states, remat,
-            backward_window)
-  m, _ = _NumMicroBatches(inputs, owner)
-  plan, unique = BuildSchedule(owner, schedule, list(devices), m,
-                               table=schedule_table)
+                     f'{len(out_templates)} for {len(devices)} devices.')
   stateless = [lambda th, unused_s, x, fn=fn: fn(th, x) for fn in cell_fns]
-  pipe = Pipeline(plan, unique, stateless, thetas, init_states, inputs,
-                  step_seed, remat, backward_window, owner,
-                  side_inputs=side_inputs, trace_actions=trace_actions)
-
-  @tf.custom_gradient
-  def _Call(*args):
-    return _RunWithLoss(pipe, loss_index, args)
-
-  res = _Call(*pipe.FlatArgs())
-  per_step = tf.nest.pack_sequence_as(
-      out_templates[-1], [tf.stop_gradient(x) for x in res[1:]])
-  return res[0], per_step
+  out = Run(devices, stateless, thetas, out_templates, inputs,
+            side_inputs=side_inputs, step_seed=step_seed, schedule=schedule,
+            remat=remat, backward_window=backward_window, owner=owner,
+            trace_actions=trace_actions, schedule_table=schedule_table,
+            loss_inside=True)
+  return out.loss, out.outputs

@@ -361,7 +361,7 @@ class PipelinePlan:
       raise ValueError(f'{e} ' + DevicesFix(
           num_devices, devices_from, self.num_devices,
           num_devices * v if fits else None, self.splits_path,
-          self.schedule.name == schedules.TABLE, v)) from None
+          schedules.TakesText(self.schedule.name), v)) from None
     return self.Replan(schedule=schedule)
 
   def __repr__(self):

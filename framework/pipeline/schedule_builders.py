@@ -40,6 +40,7 @@ Example:
   # [[F(0, 0), F(0, 1), B(0, 0), F(0, 2), B(0, 1), B(0, 2)],
   #  [F(1, 0), B(1, 0), F(1, 1), B(1, 1), F(1, 2), B(1, 2)]]
 """
+import collections
 import re
 
 from cadence.framework.pipeline import actions
@@ -375,3 +376,47 @@ def ParseTable(text):
     raise ValueError('the table holds no action: write one line per device, '
                      "e.g. 'F0:0 F0:1 B0:0 B0:1'.")
   return lists
+
+
+def _TableDevice(lists, stage):
+  """The device a table places `stage` on: the line holding most of its
+  actions (schedules.Check names any action of it on another line)."""
+  count = collections.Counter(d for d, device in enumerate(lists)
+                              for a in device if a.stage == stage)
+  return max(range(len(lists)), key=lambda d: (count[d], -d))
+
+
+def TableDevices(text):
+  """The devices (lines) of a table."""
+  return len(ParseTable(text))
+
+
+def TablePlacement(num_stages, num_devices, text):
+  """Each stage's device in a table of `num_devices` lines."""
+  lists = ParseTable(text)
+  if len(lists) != num_devices:
+    raise ValueError(f'the table has {len(lists)} line(s); the pipeline has '
+                     f'{num_devices} devices (one line per device).')
+  return [_TableDevice(lists, s) for s in range(num_stages)]
+
+
+def TableLossInside(text):
+  """Whether a table runs the loss inside the pipeline: a device does
+  forward work after other work (a kind that does F and B, twice,
+  interleaves)."""
+  for device in ParseTable(text):
+    seen_backward = False
+    for work in (w for a in device for w in a.Work()):
+      if work.kind != actions.FORWARD:
+        seen_backward = True
+      elif seen_backward:
+        return True
+  return False
+
+
+def FromTable(stage_devices, num_devices, num_micro_batches, text):
+  """The device lists written in `text` (ParseTable), as they are: the
+  schedule's check (schedules.Check) holds them to its sizes and rules."""
+  del stage_devices, num_devices, num_micro_batches   # The text says them.
+  return ParseTable(text)
+

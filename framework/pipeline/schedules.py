@@ -32,7 +32,9 @@ one (the tests run it):
   Register('one_at_a_time', loss_inside=True)(OneAtATime)
 
 A schedule may also be written as text (`TABLE`, schedule_builders.
-ParseTable): one line per device, e.g. 'F0:0 F0:1 B0:0 W0:0 ...'.
+ParseTable): one line per device, e.g. 'F0:0 F0:1 B0:0 W0:0 ...'. It is an
+ordinary registered schedule whose builder takes the text (`Register`'s
+`devices`; `Build(..., table=text)`).
 
 `Simulate` runs a schedule's device lists as a discrete-event simulation
 (each action as early as its device and its needs allow, at given costs);
@@ -102,6 +104,12 @@ class Schedule:
                for a in device)
 
   @property
+  def works(self):
+    """The work letters this schedule does, in registration order."""
+    done = {w.kind for w in self.doers}
+    return tuple(w for w in actions.Works() if w in done)
+
+  @property
   def doers(self):
     """{work: the action of this schedule that does it}, e.g. {F(1, 3):
     F(1, 3)}, or {F(1, 3): P(1, 3), B(1, 3): P(1, 3)} for a kind that does
@@ -123,7 +131,8 @@ class Schedule:
       doers = self.doers
       needs = (doers.get(n, n) for n in actions.Needs(
           action, self.num_stages, self.num_micro_batches,
-          recurrent=recurrent, loss_inside=self.loss_inside))
+          recurrent=recurrent, loss_inside=self.loss_inside,
+          present=self.works))
       self._needs[key] = [n for n in dict.fromkeys(needs) if n != action]
     return list(self._needs[key])
 
@@ -291,14 +300,22 @@ def Check(schedule, recurrent=False):
             f'{seen_backward[0]}; with the loss outside the pipeline every '
             'forward of a device comes before its backwards (a schedule '
             'that interleaves them runs the loss inside: loss_inside).')
-  defer_w = schedule.defers_w
+  present = schedule.works
+  owed = [w for w in actions.Works()
+          if actions.WorkOf(w).required or w in present]
   for s in range(s_count):
     for j in range(m_count):
-      for kind in (FORWARD, BACKWARD) + ((WEIGHT,) if defer_w else ()):
+      for kind in owed:
         a = Action(kind, s, j)
-        if a in where:
+        if a in where or not actions.WorkOf(kind).AppliesTo(
+            s, j, s_count, m_count):
           continue
         d = schedule.stage_devices[s]
+        if kind not in (FORWARD, BACKWARD, WEIGHT):
+          raise ValueError(
+              f'Schedule {name!r}, device {d}: {a} is missing: the schedule '
+              f'does {actions.WorkOf(kind).name} ({kind}) elsewhere, so it '
+              f'owes it for stage {s} and micro-batch {j} too.')
         if kind == WEIGHT:
           raise ValueError(
               f'Schedule {name!r}, device {d}: the weight gradient of '
@@ -313,29 +330,36 @@ def Check(schedule, recurrent=False):
 # --- the registry ----------------------------------------------------------
 
 _Entry = collections.namedtuple('_Entry', ['fn', 'loss_inside', 'placement',
-                                           'bubble'])
+                                           'bubble', 'devices'])
 _REGISTRY = {}
 
 
-def Register(name, loss_inside, placement=None, bubble=None):
+def Register(name, loss_inside, placement=None, bubble=None, devices=None):
   """Registers `fn(stage_devices, num_devices, num_micro_batches) -> D
   device action lists` as schedule `name`.
+
+  A schedule written as text (TABLE) is one like the others whose
+  functions take the text as their last argument: its builder, and its
+  `loss_inside`, `placement` and `devices` (`devices` says it: a
+  schedule with it takes the text).
 
   Args:
     name: the schedule's one spelling (params `schedule=name`).
     loss_inside: whether its backwards start before the forward ends (the
-      per-micro-batch loss runs inside the pipeline).
-    placement: fn(num_stages, num_devices) -> stage_devices, for a schedule
-      whose stages must sit on given devices (a V); None: any placement
-      works, `Looped` by default.
+      per-micro-batch loss runs inside the pipeline); fn(text) for a text.
+    placement: fn(num_stages, num_devices[, text]) -> stage_devices, for a
+      schedule whose stages must sit on given devices (a V, a table); None:
+      any placement works, `Looped` by default.
     bubble: fn(num_stages, num_devices, num_micro_batches) -> the bubble
       its paper gives when every stage's F, B and W take the same time
       (`FormulaBubble`), or None.
+    devices: fn(text) -> the devices the text runs on (a table's lines),
+      for a schedule written as text; None for the others.
   """
   def _Decorator(fn):
     if name in _REGISTRY:
       raise ValueError(f'Schedule {name!r} is registered twice.')
-    _REGISTRY[name] = _Entry(fn, loss_inside, placement, bubble)
+    _REGISTRY[name] = _Entry(fn, loss_inside, placement, bubble, devices)
     return fn
   return _Decorator
 
@@ -357,25 +381,25 @@ def _Lookup(name):
   return _REGISTRY[name]
 
 
-def _Table(name, table):
-  """The device lists of `table` text for schedule TABLE."""
-  if table is None or not str(table).strip():
+def TakesText(name):
+  """Whether schedule `name` is written as text (its params' schedule_table
+  holds it)."""
+  return _Lookup(name).devices is not None
+
+
+def _Call(name, fn, *args, text=None):
+  """fn(*args), and the text last for a schedule written as text (which
+  must have one); its ValueError names the schedule."""
+  if not TakesText(name):
+    return fn(*args)
+  if text is None or not str(text).strip():
     raise ValueError(f'Schedule {name!r} needs its action lists as text '
                      "(schedule_table): one line per device, e.g. 'F0:0 "
                      "F0:1 B0:0 B0:1'.")
   try:
-    return schedule_builders.ParseTable(table)
+    return fn(*args, text)
   except ValueError as e:
     raise ValueError(f'Schedule {name!r}: {e}') from None
-
-
-def _TableStageDevices(lists, num_stages):
-  """Each stage's device in a table: the line that holds most of its
-  actions (Check names any action of it on another line)."""
-  count = collections.Counter((a.stage, d) for d, device in enumerate(lists)
-                              for a in device)
-  return [max(range(len(lists)), key=lambda d: (count[(s, d)], -d))
-          for s in range(num_stages)]
 
 
 def LossInside(name, table=None):
@@ -385,21 +409,16 @@ def LossInside(name, table=None):
   Raises:
     KeyError: for an unknown name.
   """
-  if name == TABLE:
-    return any(_Interleaves(device) for device in _Table(name, table))
-  return _Lookup(name).loss_inside
+  inside = _Lookup(name).loss_inside
+  return _Call(name, inside, text=table) if TakesText(name) else inside
 
 
-def _Interleaves(device):
-  """Whether a device's list does forward work after other work (a kind
-  that does F and B, twice, interleaves)."""
-  seen_backward = False
-  for w in (w for a in device for w in a.Work()):
-    if w.kind != FORWARD:
-      seen_backward = True
-    elif seen_backward:
-      return True
-  return False
+def NumDevices(name, num_stages, stages_per_device=1, table=None):
+  """The devices a pipeline of `num_stages` runs on under schedule `name`:
+  its text's (a table's lines), else num_stages / stages_per_device."""
+  if TakesText(name):
+    return _Call(name, _Lookup(name).devices, text=table)
+  return max(1, num_stages // stages_per_device)
 
 
 def FormulaBubble(name, num_stages, num_devices, num_micro_batches):
@@ -424,12 +443,12 @@ def StageDevices(name, num_stages, num_devices, table=None):
   Raises:
     ValueError: for a schedule whose placement does not fit the sizes.
   """
-  if name == TABLE:
-    return _TableStageDevices(_Table(name, table), num_stages)
   placement = _Lookup(name).placement or Looped
   try:
-    return list(placement(num_stages, num_devices))
+    return list(_Call(name, placement, num_stages, num_devices, text=table))
   except ValueError as e:
+    if str(e).startswith(f'Schedule {name!r}'):
+      raise
     raise ValueError(f'Schedule {name!r}: {e}') from None
 
 
@@ -445,8 +464,9 @@ def Build(name, num_stages, num_devices, num_micro_batches,
       schedule with its own placement accepts only that one.
     recurrent: whether cells carry state between micro-batches (adds the
       dependencies of actions.Needs to the check).
-    table: for TABLE, the action lists as text (schedule_builders.
-      ParseTable), which must hold D lines of S stages and M micro-batches.
+    table: for a schedule written as text (TABLE), its text: the action
+      lists (schedule_builders.ParseTable), D lines of S stages and M
+      micro-batches.
 
   Raises:
     KeyError: for an unknown name.
@@ -459,14 +479,10 @@ def Build(name, num_stages, num_devices, num_micro_batches,
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise ValueError(f'Schedule {name!r}: {what}={n!r} must be an int '
                        '>= 1.')
-  if name == TABLE and len(_Table(name, table)) != num_devices:
-    raise ValueError(f'Schedule {name!r}: the table has '
-                     f'{len(_Table(name, table))} line(s); the pipeline has '
-                     f'{num_devices} devices (one line per device).')
   own = StageDevices(name, num_stages, num_devices, table)
   if stage_devices is None:
     stage_devices = own
-  elif (entry.placement or name == TABLE) and list(stage_devices) != own:
+  elif entry.placement and list(stage_devices) != own:
     raise ValueError(f'Schedule {name!r} places stages on devices {own}; '
                      f'got stage_devices={list(stage_devices)}.')
   stage_devices = list(stage_devices)
@@ -474,17 +490,15 @@ def Build(name, num_stages, num_devices, num_micro_batches,
   if idle:
     raise ValueError(f'Schedule {name!r}: {num_stages} stage(s) on '
                      f'{num_devices} devices leave device(s) {idle} idle.')
-  if name == TABLE:
-    lists = _Table(name, table)
-    loss_inside = LossInside(name, table)
-  else:
-    try:
-      lists = entry.fn(stage_devices, num_devices, num_micro_batches)
-    except ValueError as e:
-      raise ValueError(f'Schedule {name!r}: {e}') from None
-    loss_inside = entry.loss_inside
+  try:
+    lists = _Call(name, entry.fn, stage_devices, num_devices,
+                  num_micro_batches, text=table)
+  except ValueError as e:
+    if str(e).startswith(f'Schedule {name!r}'):
+      raise
+    raise ValueError(f'Schedule {name!r}: {e}') from None
   schedule = Schedule(name, num_stages, num_micro_batches, stage_devices,
-                      lists, loss_inside)
+                      lists, LossInside(name, table))
   Check(schedule, recurrent=recurrent)
   return schedule
 
@@ -506,4 +520,6 @@ Register('zb_h1', loss_inside=True,
              schedule_builders.ZeroBubbleH1)
 Register('zb_v', loss_inside=True, placement=schedule_builders.VShape,
          bubble=lambda s, d, m: 0.0)(schedule_builders.ZeroBubbleV)
-Register(TABLE, loss_inside=None)(None)
+Register(TABLE, loss_inside=schedule_builders.TableLossInside,
+         placement=schedule_builders.TablePlacement,
+         devices=schedule_builders.TableDevices)(schedule_builders.FromTable)

@@ -223,7 +223,7 @@ def ReRuns(remat, micro_batch, num_micro_batches):
 def ActionCost(action, stage, defers_w, remat, num_micro_batches):
   """Seconds `action` takes alone, from its stage's `StageCost`: the
   action's overhead once, plus the cost of each piece of work its kind does
-  (actions.Kind.does)."""
+  (actions.Kind.does; a work of one's own: its Work.seconds, or 0)."""
   j = action.micro_batch
   accumulate = stage.accumulate if j else 0.0
   cost = 0.0
@@ -232,6 +232,9 @@ def ActionCost(action, stage, defers_w, remat, num_micro_batches):
       cost += stage.forward
     elif work == schedules.WEIGHT:
       cost += W_SHARE * stage.backward + accumulate + stage.defer_w
+    elif work != schedules.BACKWARD:
+      seconds = actions.WorkOf(work).seconds
+      cost += seconds(stage) if seconds else 0.0
     else:
       cost += stage.backward * ((1 - W_SHARE) if defers_w else 1.0)
       if ReRuns(remat, j, num_micro_batches):

@@ -41,10 +41,42 @@ class ResidualMlp(base_layer.BaseLayer):
     return x + tf.nn.relu(x @ theta.w1) @ theta.w2
 
   @classmethod
-  def FPropMeta(cls, p, x):   # Two products: 2 x 2 x 4 d^2 FLOPs a row.
+  def FPropMeta(cls, p, x):
+    # Two products: 2 x 2 x 4 d^2 FLOPs a row. The backward reads x and
+    # relu(x w1), 5 d a row (act, the memory estimate's); a deferred W
+    # reads those and the two products' output gradients (residuals).
     x = shapes.AsShape(x)
+    x_bytes = shapes.Mul(4, x.num_elements())   # float32
     return cost.Cost(flops=shapes.Mul(16 * p.dim, x.num_elements()),
-                     out_shapes=(x,))
+                     out_shapes=(x,), act=shapes.Mul(5, x_bytes),
+                     residuals=shapes.Mul(10, x_bytes))
+
+
+class FeatureEmbedding(base_layer.BaseLayer):
+  """x w: [batch, input_dim] -> [batch, dim], the features embedded in the
+  model's width; it runs before the pipeline, on the whole batch."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 8, 'Features of an example, an int.')
+    p.Define('dim', 32, 'The model\'s width, an int.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateVariable('w', base_layer.WeightParams(
+        [self.params.input_dim, self.params.dim]))
+
+  def FProp(self, theta, x):
+    return x @ theta.w
+
+  @classmethod
+  def FPropMeta(cls, p, x):   # One product: 2 input_dim dim FLOPs a row.
+    x = shapes.AsShape(x)
+    rows = x.num_elements() // p.input_dim if x.num_elements() else None
+    return cost.Cost(flops=shapes.Mul(2 * p.input_dim * p.dim, rows),
+                     out_shapes=(x[:-1] + (p.dim,),))
 
 
 @model_registry.RegisterSingleTaskModel
@@ -60,4 +92,22 @@ class PipelinedMlp(linear_regression.RegressionGPipeTiny):
     p.net_tpl = gpipe_stack.GPipeStack.Params().Set(
         units=blocks + [head], splits=2, example_shape=[self.INPUT_DIM])
     p.net_tpl.pipeline_tpl.Set(num_micro_batches=4, schedule='1f1b')
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class EmbeddedMlp(PipelinedMlp):
+  """The features embedded into a wider model first: its embedding of its
+  own before the six blocks of width 32 (the stack's before_tpl)."""
+
+  WIDTH = 32
+
+  def Task(self):
+    p = super().Task()
+    d = self.WIDTH
+    p.net_tpl.Set(
+        before_tpl=[FeatureEmbedding.Params().Set(input_dim=self.INPUT_DIM,
+                                                  dim=d)],
+        units=[ResidualMlp.Params().Set(dim=d) for _ in range(6)] + [
+            linear.ProjectionLayer.Params().Set(input_dim=d, output_dim=1)])
     return p

@@ -82,7 +82,6 @@ from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import plan as plan_lib
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.framework import validation
@@ -181,12 +180,12 @@ class LanguageModel(base_model.BaseTask):
     """Params of the children, named; shared by __init__ and FPropMeta."""
     return NestedMap(
         stack=cls.StackParams(p),
+        # The ids' vectors and their positions' signal: the stack's input.
         emb=embedding.EmbeddingLayer.Params().Set(
             name='emb', vocab_size=p.vocab_size, embedding_dim=p.model_dim,
             scale_sqrt_depth=True,
-            params_init=WeightInit.Gaussian(p.model_dim**-0.5)),
-        pos_emb=embedding.PositionalEmbedding.Params().Set(
-            name='pos_emb', embedding_dim=p.model_dim),
+            params_init=WeightInit.Gaussian(p.model_dim**-0.5),
+            position_tpl=embedding.PositionalEmbedding.Params()),
         softmax=softmax_lib.SimpleFullSoftmax.Params().Set(
             name='softmax', input_dim=p.model_dim, num_classes=p.vocab_size,
             label_smoothing=p.label_smoothing,
@@ -243,7 +242,6 @@ class LanguageModel(base_model.BaseTask):
     self._first_device = stack.input_device
     self._last_device = stack.output_device
     self.CreateChild('emb', children.emb, device=self._first_device)
-    self.CreateChild('pos_emb', children.pos_emb, device=self._first_device)
     self.CreateChild('softmax', children.softmax, device=self._last_device)
     self._tokenizer = None
 
@@ -262,10 +260,8 @@ class LanguageModel(base_model.BaseTask):
   def _Embed(self, theta, ids, paddings):
     """ids [b, t] int, paddings [b, t] -> the stack's inputs [b, t, d] and
     paddings [b, t] in their dtype."""
-    c = self.children
     with cluster_lib.DeviceScope(self._first_device):
-      x = c.emb.FProp(theta.emb, ids)                         # [b, t, d]
-      x += c.pos_emb.FProp(theta.pos_emb, seq_length=tf.shape(ids)[1])[None]
+      x = self.children.emb.FProp(theta.emb, ids)             # [b, t, d]
       return x, tf.cast(paddings, x.dtype)
 
   def _Encode(self, theta, ids, paddings):
@@ -705,68 +701,35 @@ class LanguageModel(base_model.BaseTask):
       c[name] = base_layer.InheritParams(p, c[name])
     b, t = ids
     x = ids + (p.model_dim,)
-    emb = base_layer.FPropCost(c.emb, ids)
-    pos = base_layer.FPropCost(c.pos_emb, t)
-    pos = pos.Replace(flops=shapes.Add(pos.flops, x.num_elements()))  # + add
+    # The lookup, and the positions' signal and its add.
+    emb = base_layer.FPropCost(c.emb.Copy().Set(position_tpl=None),
+                               ids).flops
+    pos = shapes.Add(base_layer.FPropCost(c.emb, ids).flops,
+                     shapes.Mul(-1, emb) if emb is not None else None)
     stack = c.stack.cls.FPropMeta(c.stack, x, shapes.Shape([b, t])).flops
     sm = c.softmax.cls.FPropMeta(c.softmax, x).flops
-    breakdown = [('emb', emb.flops), ('pos_emb', pos.flops),
+    breakdown = [('emb', emb), ('pos_emb', pos),
                  (f'stack ({c.stack.num_layers} layers)', stack),
                  ('softmax', sm)]
     total = 0
     for _, f in breakdown:
       total = shapes.Add(total, f)
     plan = gpipe_units.Plan(gpipe_transformer.GPipeTransformerStack, c.stack,
-                            x, shapes.Shape([b, t]))
-    if plan is not None:
-      plan = plan.With(before_fn=lambda size: [cls._EmbeddingUnit(c, size, t)],
-                       loss_fn=lambda size: cls._LossUnit(c, size, t))
+                            x, shapes.Shape([b, t]), ends=cls._Ends(c, t))
     return cost.Cost(flops=total, out_shapes=(), breakdown=breakdown,
                      plan=plan)
 
   @classmethod
-  def _EmbeddingUnit(cls, c, batch, t):
-    """The embedding and the positions (the pipeline's input) on `batch`
-    rows of `t` tokens, a plan.Unit (children params `c`, inherited)."""
-    ids = shapes.Shape([batch, t])
-    d = c.emb.embedding_dim
-    pos = base_layer.FPropCost(c.pos_emb, t)
-    record = cost.Chain([base_layer.FPropCost(c.emb, ids), pos.Replace(
-        flops=shapes.Add(pos.flops, shapes.Mul(batch, t, d)))])  # + the add
-
-    def _Build():
-      emb = c.emb.Copy().Set(name='emb').Instantiate()
-      pos_emb = c.pos_emb.Copy().Set(name='pos_emb').Instantiate()
-
-      def _FProp(thetas, ids):
-        return (emb.FProp(thetas[0], ids) +
-                pos_emb.FProp(thetas[1], seq_length=t)[None])
-      return ([emb, pos_emb], _FProp, [tf.TensorSpec([batch, t], tf.int32)],
-              c.emb.vocab_size)
-
-    return plan_lib.Unit('embedding', record, _Build, lambda: (
-        base_layer.VariableSpecs(c.emb.Copy().Set(name='emb')) +
-        base_layer.VariableSpecs(c.pos_emb.Copy().Set(name='pos_emb'))))
-
-  @classmethod
-  def _LossUnit(cls, c, batch, t):
-    """The softmax and cross-entropy on `batch` rows of `t` tokens, a
-    plan.Unit."""
-    x = shapes.Shape([batch, t, c.softmax.input_dim])
-
-    def _Build():
-      softmax = c.softmax.Copy().Set(name='softmax').Instantiate()
-
-      def _FProp(thetas, x, labels):
-        return softmax.FProp(thetas[0], x, labels).total_xent
-      dtype = base_layer.FPropDtype(c.softmax)
-      return ([softmax], _FProp, [tf.TensorSpec(list(x), dtype),
-                                  tf.TensorSpec([batch, t], tf.int32)],
-              c.softmax.num_classes)
-
-    return plan_lib.Unit('softmax', base_layer.FPropCost(c.softmax, x),
-                         _Build, lambda: base_layer.VariableSpecs(
-                             c.softmax.Copy().Set(name='softmax')))
+  def _Ends(cls, c, t):
+    """What runs before the stack (the embedding, on ids) and after it (the
+    softmax and cross-entropy, on each micro-batch's labels), as layers
+    (children params `c`, inherited; rows of `t` tokens)."""
+    ids = lambda rows: [(tf.TensorSpec([rows, t], tf.int32),
+                         c.emb.vocab_size)]
+    return gpipe_units.Ends(
+        before=[gpipe_units.Layer('emb', c.emb)], before_inputs=ids,
+        loss=gpipe_units.Layer('softmax', c.softmax), loss_inputs=ids,
+        loss_key='total_xent')
 
 
 _SCORE_DOC = """score(ids, paddings) -> log_probs, sentence_log_prob, num_tokens

@@ -17,7 +17,6 @@ from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework import inference
 from cadence.framework.nested_map import NestedMap
-from cadence.framework.pipeline import plan as plan_lib
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import activations
@@ -25,6 +24,7 @@ from cadence.layers import dropout
 from cadence.layers import gpipe
 from cadence.layers import gpipe_units
 from cadence.layers import linear
+from cadence.layers import losses
 
 
 @tf.function(autograph=False)
@@ -236,6 +236,12 @@ class RegressionModel(base_model.BaseTask):
     super().__init__(params)
     self.CheckParams(self.params, validation.Owner(self))
     self.CreateChild('net', self._NetParams(self.params))
+    self.CreateChild('loss', self._LossParams())
+
+  @staticmethod
+  def _LossParams():
+    """The loss after the network: its squared and absolute errors."""
+    return losses.SquaredErrorLoss.Params().Set(name='loss')
 
   @classmethod
   def CheckParams(cls, p, owner):
@@ -285,17 +291,11 @@ class RegressionModel(base_model.BaseTask):
     out = self.children.net.FProp(theta.net, input_batch.x)  # [batch, 1]
     return NestedMap(y=tf.squeeze(out, -1))                   # [batch]
 
-  @staticmethod
-  def _LossSums(unused_theta, outputs, side):
+  def _LossSums(self, theta, outputs, side):
     """Sums of the squared and absolute errors of outputs [b, 1] against
-    `side.y` [b] (a batch or a micro-batch): NestedMap(loss, abs_error,
-    examples) scalars and [b] squared_error."""
-    err = tf.squeeze(tf.cast(outputs, tf.float32), -1) - tf.cast(side.y,
-                                                                 tf.float32)
-    return NestedMap(loss=tf.reduce_sum(tf.square(err)),
-                     abs_error=tf.reduce_sum(tf.abs(err)),
-                     examples=tf.cast(tf.size(err), tf.float32),
-                     squared_error=tf.square(err))
+    `side.y` [b] (a batch or a micro-batch): the loss layer's
+    NestedMap(loss, abs_error, examples) scalars and [b] squared_error."""
+    return self.children.loss.FProp(theta, outputs, side.y)
 
   @staticmethod
   def _Metrics(sums):
@@ -318,7 +318,7 @@ class RegressionModel(base_model.BaseTask):
     if self.params.is_inference or not isinstance(
         net, gpipe_units.UnitsPipeline):
       return super().FPropTower(theta, input_batch)
-    loss = gpipe.PipelineCell(fprop=self._LossSums, theta=NestedMap(),
+    loss = gpipe.PipelineCell(fprop=self._LossSums, theta=theta.loss,
                               meta=None)
     sums, stats = net.FPropLossStats(theta.net, input_batch.x, loss=loss,
                                      side_inputs=NestedMap(y=input_batch.y))
@@ -363,19 +363,6 @@ class RegressionModel(base_model.BaseTask):
             zip(decode_out.target, decode_out.prediction)]
 
   @classmethod
-  def _LossUnit(cls, batch):
-    """The loss on `batch` examples, a plan.Unit: a subtract, square and
-    sum per example, and |err| for mae (no layer)."""
-    def _Build():
-      def _FProp(unused_thetas, outputs, y):
-        return cls._LossSums(None, outputs, NestedMap(y=y)).loss
-      return ([], _FProp, [tf.TensorSpec([batch, 1], tf.float32),
-                           tf.TensorSpec([batch], tf.float32)], None)
-    return plan_lib.Unit('loss', cost.Complete(cost.Cost(
-        flops=shapes.Mul(batch, 4), out_shapes=()), (), tf.float32),
-                         _Build, list)
-
-  @classmethod
   def FPropMeta(cls, params, input_shapes):
     cls.CheckParams(params, validation.Owner(params))
     x = shapes.AsShape(input_shapes.x)
@@ -384,9 +371,13 @@ class RegressionModel(base_model.BaseTask):
       net_p = base_layer.InheritParams(params, net_p)
       meta = net_p.cls.FPropMeta(net_p, x)
       plan = meta.get('plan')
-      if plan is not None:
-        plan = plan.With(loss_fn=cls._LossUnit)
-      units = plan.UnitsAt(x[0]) if plan is not None and x[0] else []
+      if plan is not None:   # Its loss, as a layer, after its units.
+        plan = gpipe_units.Plan(net_p.cls, net_p, x, ends=gpipe_units.Ends(
+            loss=gpipe_units.Layer('loss', cls._LossParams()),
+            loss_inputs=lambda rows: [(tf.TensorSpec([rows], tf.float32),
+                                       None)]))
+      units = (list(plan.before) + plan.UnitsAt(x[0])
+               if plan is not None and x[0] else [])
       breakdown = ([(u.name, u.cost.flops) for u in units] or
                    [('net', meta.flops)])
       breakdown.append(('loss', shapes.Mul(x[0], 4)))

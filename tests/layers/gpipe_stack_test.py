@@ -27,8 +27,8 @@ def _Params(num_units=4, **kw):
   units = [linear.FeedForwardNet.Params().Set(
       input_dim=_DIM, hidden_layer_dims=[2 * _DIM, _DIM],
       activation=['RELU', 'NONE']) for _ in range(num_units)]
-  return gpipe_stack.GPipeStack.Params().Set(
-      name='stack', units=units, example_shape=[_DIM], **kw)
+  kw.setdefault('example_shape', [_DIM])
+  return gpipe_stack.GPipeStack.Params().Set(name='stack', units=units, **kw)
 
 
 def _Build(p, k):
@@ -100,6 +100,50 @@ class GPipeStackTest(tf.test.TestCase):
       self.assertAllClose(want.loss, got.loss, atol=1e-5, msg=table)
       for g, wg in zip(grads, want_grads):
         self.assertAllClose(wg, g, atol=1e-5, msg=table)
+
+  def testLayersBeforeTheUnitsRunOnceOnTheWholeBatch(self):
+    # An input layer of one's own (before_tpl: 4 features -> _DIM) before
+    # the units, not cut: every schedule equals the same stack unpipelined,
+    # and the plan counts, sizes and builds it as its `before`.
+    embed = linear.ProjectionLayer.Params().Set(input_dim=4,
+                                                output_dim=_DIM)
+    x = tf.constant(np.random.default_rng(1).normal(
+        size=[_BATCH, 4]).astype(np.float32))
+    ref = _Params(pipeline_tpl=None, before_tpl=[embed],
+                  example_shape=[4]).Instantiate()
+    self.x, x_dim = x, self.x
+    try:
+      want, want_grads = self._Loss(ref)
+      h = ref.children.before[0](x)   # The units on the embedded input.
+      for unit in ref.children.units:
+        h = unit(h)
+      self.assertAllClose(want.loss, tf.reduce_sum(h * self.w), atol=1e-5)
+      for schedule in ('gpipe', '1f1b', 'zb_h1'):
+        p = _Params(splits=2, before_tpl=[embed],
+                    example_shape=[4])
+        p.pipeline_tpl.Set(schedule=schedule, num_micro_batches=4)
+        stack = _Build(p, 2)
+        self.assertTrue(stack.children.before[0].vars.w.device.endswith(
+            stack.UnitDevice(0)[len('/device'):]), schedule)
+        got, grads = self._Loss(stack)
+        self.assertAllClose(want.loss, got.loss, atol=1e-5, msg=schedule)
+        for g, wg in zip(grads, want_grads):
+          self.assertAllClose(wg, g, atol=1e-5, msg=schedule)
+      plan = p.cls.FPropMeta(p, shapes.Shape([_BATCH, 4])).plan
+      [before] = plan.before
+      self.assertEqual(  # The product and the bias.
+          2 * _BATCH * 4 * _DIM + _BATCH * _DIM, before.cost.flops)
+      self.assertCountEqual([([4, _DIM], tf.float32, True),
+                             ([_DIM], tf.float32, True)],
+                            [(list(s), d, t)
+                             for s, d, t in before.Variables()])
+      layers, fn, specs, _ = before.build()
+      out = fn([layer.theta for layer in layers],
+               tf.zeros([_BATCH, 4]))
+      self.assertEqual([_BATCH, _DIM], out.shape.as_list())
+      self.assertEqual([[_BATCH, 4]], [s.shape.as_list() for s in specs])
+    finally:
+      self.x = x_dim
 
   def testVariablesAreTheUnitsWhateverTheCut(self):
     paths = [[k for k, _ in _Build(_Params(splits=k), k).vars.FlattenItems()]
