@@ -40,6 +40,8 @@ BadInput = test_utils.BadInput
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _REGRESSION = 'synthetic.linear_regression.RegressionTiny'
 _IMAGE = 'image.shapes_resnet.ShapesResNetTiny'
+_PIPELINED_MLP = 'examples.pipelined_mlp.PipelinedMlp'
+_UNITS = 'task.net_tpl.units'
 _LOGDIR = '--logdir={logdir}'
 _STACK = 'task.stack_tpl'
 _PIPE = 'task.stack_tpl.pipeline_tpl'
@@ -129,6 +131,18 @@ def _FileAsLogdir(logdir):
 
 def _Lm(*flags):
   return [f'--model={_LM}', _LOGDIR] + list(flags)
+
+
+def _PipelinedMlp(*flags):
+  return [f'--model={_PIPELINED_MLP}', _LOGDIR] + list(flags)
+
+
+def _Units(i, bad_unit, *flags):
+  """The README's pipelined experiment with units[i] of tests/bad_units.py's
+  class `bad_unit` (the same params: a ResidualMlp's)."""
+  return _PipelinedMlp(
+      f"--model_params_override={_UNITS}[{i}].cls="
+      f"type('cadence.tests.bad_units.{bad_unit}')", *flags)
 
 
 _BEFORE_TF = [
@@ -747,6 +761,35 @@ _MODEL = [
         '--model_params_override=task.pipeline_tpl=gpipe'],
              r"\(params 'task'\): pipeline_tpl='gpipe' must be None \(a "
              r'FeedForwardNet\) or a gpipe\.PipeliningLayer\.Params\(\)\.$'),
+    # A pipeline of a user's own units (tests/bad_units.py) in the README's
+    # experiment: the unit whose FPropMeta breaks the contract is named by
+    # its params path, the layer after it not blamed.
+    BadInput('unit_meta_plain_number', _Units(1, 'PlainNumber'),
+             rf"^Error: Bad params: PlainNumber \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta returned 1024 \(an int\); FPropMeta\(params, '
+             r'\*input_shapes\) must return a cost record, cost\.Cost\('
+             r'out_shapes=\(\.\.\.\), flops=\.\.\.\) \(framework/cost\.py\)\.$',
+             real=True),
+    BadInput('unit_meta_plain_number_inspect',
+             _Units(1, 'PlainNumber', '--mode=inspect_model'),
+             rf"^Error: Bad params: PlainNumber \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta returned 1024 \(an int\); FPropMeta\(params, '),
+    BadInput('unit_meta_wrong_shape', _Units(1, 'WrongShape'),
+             rf"^Error: Bad params: WrongShape \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta states output shape\(s\) \[1, 16\] but FProp gives '
+             r'\[1, 8\] on input\(s\) \[1, 8\]; FPropMeta\'s out_shapes must '
+             r"be FProp's"),
+    BadInput('stack_example_shape_rank', _PipelinedMlp(
+        '--model_params_override=task.net_tpl.example_shape=[8, 1]'),
+             r"^Error: Bad params: GPipeStack 'net': task\.net_tpl\."
+             r'example_shape=\[8, 1\] must be one example of the inputs '
+             r'\[batch, \.\.\.\]: \[8\] \(the inputs are \[32, 8\]\)\.$'),
+    BadInput('stack_unit_is_a_class', _PipelinedMlp(
+        f'--model_params_override={_UNITS}[2]=type('
+        "'cadence.params.examples.pipelined_mlp.ResidualMlp')"),
+             rf"^Error: Bad params: GPipeStack 'net': {_UNITS}\[2\]=<class "
+             r"'cadence\.params\.examples\.pipelined_mlp\.ResidualMlp'> is a "
+             r'layer class, not its params: pass ResidualMlp\.Params\(\) '),
     # Devices: --xla and the TPU.
     BadInput('xla_over_two_devices', _Lm('--xla', '--worker_split_size=2'),
              r"^Error: Bad params: lm's train: --xla compiles one replica's "

@@ -76,6 +76,7 @@ import tensorflow as tf
 
 from cadence.framework import base_input_generator
 from cadence.framework import base_model
+from cadence.framework import cost
 from cadence.framework.distribute import distribution
 from cadence.framework.jobs import checkpoint_fit
 from cadence.framework.jobs import command_line
@@ -707,6 +708,8 @@ def Main(options):
       return _Fail(EXIT_TRAINING_STOPPED, str(e))
     except xla_step.StaticShapeError as e:  # Checked before the first step.
       return _Fail(EXIT_USER_ERROR, str(e))
+    except cost.ContractError as e:   # A unit's shapes, at the first trace.
+      return _Fail(EXIT_USER_ERROR, f'Bad params: {e}')
     except checkpointer.UnreadableError as e:
       return _Fail(EXIT_USER_ERROR, str(e))
     except checkpointer.SaveError as e:

@@ -17,18 +17,19 @@ from cadence.layers import gpipe
 from cadence.layers import gpipe_stack
 from cadence.layers import gpipe_units
 from cadence.layers import linear
+from cadence.tests import bad_units
 from cadence.tests import test_utils
 
 NestedMap = base_layer.NestedMap
 _BATCH, _DIM = 8, 6
 
 
-def _Params(num_units=4, **kw):
-  units = [linear.FeedForwardNet.Params().Set(
+def _Params(num_units=4, units=None, **kw):
+  units = units or [linear.FeedForwardNet.Params().Set(
       input_dim=_DIM, hidden_layer_dims=[2 * _DIM, _DIM],
       activation=['RELU', 'NONE']) for _ in range(num_units)]
-  return gpipe_stack.GPipeStack.Params().Set(
-      name='stack', units=units, example_shape=[_DIM], **kw)
+  kw.setdefault('example_shape', [_DIM])
+  return gpipe_stack.GPipeStack.Params().Set(name='stack', units=units, **kw)
 
 
 def _Build(p, k):
@@ -166,6 +167,38 @@ class GPipeStackTest(tf.test.TestCase):
     p.example_shape = None   # Equal units: 5 split 2 + 3.
     self.assertEqual([0, 2, 5], gpipe_units.Bounds(p.cls, p))
 
+  def testUnitShapesAreCheckedAtTheFirstTrace(self):
+    # A unit whose FPropMeta states twice the batch, which nothing after
+    # it checks statically: the first trace names it and both shapes,
+    # unpipelined (as it runs) and pipelined (before the pipeline sizes
+    # its stages by the stated shapes).
+    units = _Params().units[:1] + [
+        bad_units.WrongBatch.Params().Set(dim=_DIM)] + _Params().units[1:3]
+    for splits, pipe in ((1, None), (2, gpipe.PipeliningLayer.Params().Set(
+        num_micro_batches=4, schedule='1f1b'))):
+      p = _Params(units=units, splits=splits, pipeline_tpl=pipe)
+      stack = _Build(p, splits)
+      size = _BATCH if pipe is None else _BATCH // 4
+      with self.subTest(pipelined=pipe is not None):
+        with self.assertRaisesRegex(
+            ValueError, rf"^WrongBatch 'stack\.units\[1\]' \(params "
+            rf"'units\[1\]'\): FPropMeta "
+            rf'states output shape\(s\) \[{2 * size}, 6\] but FProp gives '
+            rf'\[{size}, 6\] on input\(s\) \[{size}, 6\]; FPropMeta\'s '
+            "out_shapes must be FProp's"):
+          self._Loss(stack)
+
+  def testAWrongStatedShapeIsBlamedOnItsUnit(self):
+    # The next unit refuses [b, 12]; the unit that stated it is named.
+    units = _Params().units
+    units[1] = bad_units.WrongShape.Params().Set(dim=_DIM)
+    with self.assertRaisesRegex(
+        ValueError, r"^WrongShape \(params 'units\[1\]'\): FPropMeta "
+        r'states output shape\(s\) '
+        r'\[8, 12\] but FProp gives \[8, 6\] on input\(s\) \[8, 6\]'):
+      p = _Params(units=units, pipeline_tpl=None)
+      p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
+
   def testBadParams(self):
     with self.assertRaisesRegex(ValueError, r"GPipeStack 'stack': units=\[\] "
                                 'must be a non-empty list of layer params'):
@@ -178,6 +211,23 @@ class GPipeStackTest(tf.test.TestCase):
     p.pipeline_tpl.num_micro_batches = 3
     with self.assertRaisesRegex(ValueError, 'num_micro_batches=3 does not '
                                 'divide batch 8'):
+      p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
+    p = _Params()
+    p.units[2] = linear.FeedForwardNet
+    with self.assertRaisesRegex(ValueError, r"^GPipeStack 'stack': units\[2\]"
+                                r"=<class '.*FeedForwardNet'> is a layer "
+                                r'class, not its params: pass '
+                                r'FeedForwardNet\.Params\(\)'):
+      p.Instantiate()
+    p.units[2] = 'ffn'
+    with self.assertRaisesRegex(ValueError, r"units\[2\]='ffn' is not a "
+                                r"layer's params"):
+      p.Instantiate()
+    p = _Params(example_shape=[_DIM, 1])
+    with self.assertRaisesRegex(ValueError, r"^GPipeStack 'stack': "
+                                r'example_shape=\[6, 1\] must be one example '
+                                r'of the inputs \[batch, \.\.\.\]: \[6\] '
+                                r'\(the inputs are \[8, 6\]\)\.$'):
       p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
 
 
