@@ -198,15 +198,19 @@ def ShapesError(owner, stated, actual, inputs):
 
 
 def ShapesText(shape_list):
-  """'[4, 8]' for one shape, '[4, 8], [4]' for several (None as '?')."""
-  return ', '.join('[' + ', '.join('?' if d is None else str(d) for d in s)
-                   + ']' for s in shape_list) or 'none'
+  """'[4, 8]' for one shape, '[4, 8], [4]' for several (None as '?'; an
+  int, a static value, as it is)."""
+  return ', '.join(
+      str(s) if validation.IsInt(s) else
+      '[' + ', '.join('?' if d is None else str(d) for d in s) + ']'
+      for s in shape_list) or 'none'
 
 
 def _LeafShapes(structure):
-  """The Shape leaves of a tuple/NestedMap of shapes."""
+  """The Shape leaves of a tuple/NestedMap of shapes (a NestedMap's by
+  key, as tf.nest flattens its tensors)."""
   if isinstance(structure, NestedMap):
-    return [s for v in structure.values() for s in _LeafShapes(v)]
+    return [s for k in sorted(structure) for s in _LeafShapes(structure[k])]
   if isinstance(structure, (list, tuple)) and not isinstance(
       structure, shapes.Shape) and not (structure and all(
           isinstance(d, int) or d is None for d in structure)):
