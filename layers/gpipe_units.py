@@ -387,7 +387,9 @@ class UnitsPipeline(gpipe.SplitCells):
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
     """The units' chained cost on the whole batch (`out_shapes`: the last
-    unit's outputs), with the `plan` (Plan)."""
+    unit's outputs), with the `plan` (Plan). Its bytes are the units'
+    unpipelined (as exact as theirs); pipelined, what each stage keeps is
+    the memory estimate's, from the plan."""
     cls.CheckParams(p, validation.Owner(p))
     shapes_in = tuple(shapes.AsShape(s) for s in input_shapes)
     n = len(shapes_in) - cls.NumCarried(p)

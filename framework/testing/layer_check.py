@@ -199,6 +199,70 @@ def _Ratio(stated, measured):
   return f'stated/measured {stated / measured:.3f}'
 
 
+def _FlopsFigure(layer, specs, record, rtol):
+  """The products' FLOPs `record` states against the traced graph's."""
+  products, what = _ProductFlops(record)
+  got = measure.Flops(layer, specs)
+  if got is None:
+    return ('flops', products, 'unknown', None,
+            'a loop or an unknown dim: the graph does not say')
+  note = (f'products: {what}, rtol {rtol}; total flops '
+          f'{_Text(record.flops)}; {_Ratio(products, got)}')
+  return 'flops', products, got, _Close(products, got, rtol), note.rstrip(
+      '; ')
+
+
+def _MemoryFigure(layer, specs, record, field, policy, outputs, rtol,
+                  check_defaults):
+  """`record[field]` against what the real gradient keeps (`policy`: a
+  remat policy, or 'residuals'); a defaulted figure fails only with
+  `check_defaults`."""
+  if policy == 'residuals':
+    got = measure.ResidualBytes(layer, specs, outputs)
+  else:
+    got = measure.SavedBytes(layer, specs, policy, outputs)
+  ok = _Close(record[field], got, rtol)
+  note = f'bytes, rtol {rtol}; {_Ratio(record[field], got)}'
+  if field in record.defaulted:
+    note = 'defaulted by cost.Complete, not stated by the layer; ' + note
+    if not check_defaults and ok is False:
+      ok = None
+  return field, record[field], got, ok, note.rstrip('; ')
+
+
+def _GradientFigure(layer, xs, outputs):
+  """Whether every trainable variable gets a gradient."""
+  trainable = [(k, v) for k, v in layer.vars.FlattenItems() if v.trainable]
+  with tf.GradientTape() as tape:
+    out = _Run(layer, xs, seed=1)
+    targets = measure.FloatLeaves(outputs(out) if outputs else out)
+  grads = tape.gradient(targets, [v for _, v in trainable],
+                        output_gradients=[tf.ones_like(t) for t in targets])
+  missing = [k for (k, _), g in zip(trainable, grads) if g is None]
+  got = f'{len(trainable) - len(missing)} with a gradient' + (
+      f'; none for {", ".join(missing)}' if missing else '')
+  return ('gradients', f'{len(trainable)} trainable variable(s)', got,
+          not missing, 'a variable FProp does not use, or reads outside '
+          'theta' if missing else '')
+
+
+def _SeedFigure(layer, xs, specs):
+  """Whether two runs with one step seed agree, with no stateful random
+  op in FProp."""
+  first, again = _Run(layer, xs, seed=1), _Run(layer, xs, seed=1)
+  differ = [i for i, (a, b) in enumerate(zip(tf.nest.flatten(first),
+                                             tf.nest.flatten(again)))
+            if not np.array_equal(np.asarray(a), np.asarray(b))]
+  stateful = measure.StatefulRandomOps(layer, specs)
+  got = ((f'outputs {differ} differ on a re-run' if differ else
+          'identical on a re-run') +
+         (f'; stateful random ops {stateful}' if stateful else ''))
+  note = ('draw randomness from self.OpSeed(theta) with '
+          'tf.random.stateless_* ops' if differ or stateful else '')
+  return ('step_seed', 'outputs replayed by the same seed', got,
+          not differ and not stateful, note)
+
+
 def CheckLayer(layer_params, *inputs, flops_rtol=0.02, memory_rtol=0.05,
                outputs=None, out_shapes_of=None, checks=CHECKS,
                check_defaults=False, raise_on_failure=True):
@@ -279,65 +343,15 @@ def CheckLayer(layer_params, *inputs, flops_rtol=0.02, memory_rtol=0.05,
   specs = [tf.TensorSpec(x.shape, x.dtype) if tf.is_tensor(x) else x
            for x in xs]
   if 'flops' in checks:
-    products, what = _ProductFlops(record)
-    got = measure.Flops(layer, specs)
-    note = (f'products: {what}, rtol {flops_rtol}; total flops '
-            f'{_Text(record.flops)}')
-    if got is None:
-      _Add('flops', products, 'unknown', None,
-           'a loop or an unknown dim: the graph does not say')
-    else:
-      ok = _Close(products, got, flops_rtol)
-      _Add('flops', products, got, ok,
-           f'{note}; {_Ratio(products, got)}'.rstrip('; '))
+    _Add(*_FlopsFigure(layer, specs, record, flops_rtol))
   else:
     _Add('flops', record.flops, None, None)
-
   for field, policy in _MEMORY:
-    if field not in checks:
-      _Add(field, record[field], None, None)
-      continue
-    if policy == 'residuals':
-      got = measure.ResidualBytes(layer, specs, outputs)
+    if field in checks:
+      _Add(*_MemoryFigure(layer, specs, record, field, policy, outputs,
+                          memory_rtol, check_defaults))
     else:
-      got = measure.SavedBytes(layer, specs, policy, outputs)
-    defaulted = field in record.defaulted
-    ok = _Close(record[field], got, memory_rtol)
-    note = f'bytes, rtol {memory_rtol}; {_Ratio(record[field], got)}'
-    if defaulted:
-      note = ('defaulted by cost.Complete, not stated by the layer; '
-              + note)
-      if not check_defaults and ok is False:
-        ok = None
-    _Add(field, record[field], got, ok, note.rstrip('; '))
-
-  # Every trainable variable gets a gradient.
-  trainable = [(k, v) for k, v in layer.vars.FlattenItems() if v.trainable]
-  with tf.GradientTape() as tape:
-    out = _Run(layer, xs, seed=1)
-    targets = measure.FloatLeaves(outputs(out) if outputs else out)
-  grads = tape.gradient(targets, [v for _, v in trainable],
-                        output_gradients=[tf.ones_like(t) for t in targets])
-  missing = [k for (k, _), g in zip(trainable, grads) if g is None]
-  _Add('gradients', f'{len(trainable)} trainable variable(s)',
-       f'{len(trainable) - len(missing)} with a gradient' + (
-           f'; none for {", ".join(missing)}' if missing else ''),
-       not missing, '' if not missing else
-       'a variable FProp does not use, or reads outside theta')
-
-  # The step seed replays FProp's randomness.
-  again = _Run(layer, xs, seed=1)
-  differ = [i for i, (a, b) in enumerate(zip(tf.nest.flatten(out),
-                                             tf.nest.flatten(again)))
-            if not np.array_equal(np.asarray(a), np.asarray(b))]
-  stateful = measure.StatefulRandomOps(layer, specs)
-  note = ''
-  if differ or stateful:
-    note = ('draw randomness from self.OpSeed(theta) with '
-            'tf.random.stateless_* ops')
-  _Add('step_seed', 'outputs replayed by the same seed',
-       (f'outputs {differ} differ on a re-run' if differ else
-        'identical on a re-run') +
-       (f'; stateful random ops {stateful}' if stateful else ''),
-       not differ and not stateful, note)
+      _Add(field, record[field], None, None)
+  _Add(*_GradientFigure(layer, xs, outputs))
+  _Add(*_SeedFigure(layer, xs, specs))
   return _Done()

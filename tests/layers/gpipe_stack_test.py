@@ -5,14 +5,13 @@ variable paths, so the same initial weights) on the whole batch: a
 pipeline of one's own layers must equal it, loss and gradients, with every
 schedule, loss inside or outside the pipeline.
 """
-import itertools
-
 import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import shapes
+from cadence.framework import testing
 from cadence.layers import gpipe
 from cadence.layers import gpipe_stack
 from cadence.layers import gpipe_units
@@ -66,20 +65,22 @@ class GPipeStackTest(tf.test.TestCase):
     ref = _Params(pipeline_tpl=None).Instantiate()
     want, want_grads = self._Loss(ref)
     self.assertAllClose(want.loss, tf.reduce_sum(ref(self.x) * self.w))
-    for (schedule, v), k, m in itertools.product(
-        (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1),
-         ('zb_v', 2)), (1, 2), (1, 4)):
-      what = f'{schedule} v={v} K={k} M={m}'
+    # The test kit's grid and comparison (cadence.framework.testing).
+    for layout in testing.Layouts(
+        ('gpipe', '1f1b', ('interleaved_1f1b', 2), 'zb_h1', ('zb_v', 2)),
+        (1, 2), (1, 4)):
+      k, v = layout.splits, layout.stages_per_device
       p = _Params(splits=k)
-      p.pipeline_tpl.Set(schedule=schedule, stages_per_device=v,
-                         num_micro_batches=m)
+      p.pipeline_tpl.Set(schedule=layout.schedule, stages_per_device=v,
+                         num_micro_batches=layout.micro_batches)
       stack = _Build(p, k)
-      self.assertEqual(k * v, stack.num_cells, what)
+      self.assertEqual(k * v, stack.num_cells, layout.Name())
       got, grads = self._Loss(stack)
-      self.assertAllClose(want.loss, got.loss, atol=1e-5, msg=what)
-      self.assertAllClose(want.rows, got.rows, atol=1e-5, msg=what)
-      for g, wg in zip(grads, want_grads):
-        self.assertAllClose(wg, g, atol=1e-5, msg=what)
+      same = testing.CompareLossAndGrads(
+          layout.Name(), (want.loss, dict(enumerate(want_grads))),
+          (got.loss, dict(enumerate(grads))), atol=1e-5, rtol=1e-6)
+      self.assertTrue(same.ok, same.Line())
+      self.assertAllClose(want.rows, got.rows, atol=1e-5, msg=layout.Name())
 
   def testTablesInAnyBackwardOrderEqualTheUnpipelinedStack(self):
     # With the loss after the pipeline a stage's backwards of different
