@@ -2,10 +2,13 @@
 
 Each is the README's ResidualMlp (params/examples/pipelined_mlp.py: x +
 relu(x w1) w2, [batch, dim] -> [batch, dim]) with one thing wrong, for the
-tests of the test kit (tests/framework/testing/) and of the trainer's
-bad inputs (tests/trainer_bad_inputs_test.py puts them among the units of
-examples.pipelined_mlp.PipelinedMlp with an override such as
-task.net_tpl.units[1].cls=type('cadence.tests.bad_units.WrongShape')).
+tests of the test kit (tests/framework/testing/, tests/layers/
+gpipe_stack_test.py) and of the trainer's bad inputs
+(tests/trainer_bad_inputs_test.py runs the experiments at the end, the
+README's pipelined MLP with one bad unit or knob, as
+--model=cadence.tests.bad_units.WrongShapeMlp, or puts a unit in it by
+an override: task.net_tpl.units[1].cls=type('cadence.tests.bad_units.
+WrongShape')).
 
 `StatedMlp` is the correct one that states every figure; the others break
 one rule each.
@@ -14,6 +17,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import model_registry
 from cadence.framework import shapes
 from cadence.params.examples import pipelined_mlp
 
@@ -101,3 +105,51 @@ class BatchCentred(StatedMlp):
 
   def FProp(self, theta, x):
     return super().FProp(theta, x - tf.reduce_mean(x, 0, keepdims=True))
+
+
+# Experiments of a user's own: the README's pipelined MLP with one bad unit
+# or knob each, run by tests/trainer_bad_inputs_test.py as
+# --model=cadence.tests.bad_units.<Class>.
+
+
+class _OneBadUnit(pipelined_mlp.PipelinedMlp):
+  """PipelinedMlp with units[1] of class BAD_UNIT."""
+
+  BAD_UNIT = None
+
+  def Task(self):
+    p = super().Task()
+    p.net_tpl.units[1] = self.BAD_UNIT.Params().Set(dim=self.INPUT_DIM)
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class PlainNumberMlp(_OneBadUnit):
+  """units[1]'s FPropMeta returns a number."""
+  BAD_UNIT = PlainNumber
+
+
+@model_registry.RegisterSingleTaskModel
+class WrongShapeMlp(_OneBadUnit):
+  """units[1]'s FPropMeta states [..., 2 dim]."""
+  BAD_UNIT = WrongShape
+
+
+@model_registry.RegisterSingleTaskModel
+class ExampleRankMlp(pipelined_mlp.PipelinedMlp):
+  """example_shape [8, 1] for inputs [batch, 8]."""
+
+  def Task(self):
+    p = super().Task()
+    p.net_tpl.example_shape = [self.INPUT_DIM, 1]
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class LayerClassMlp(pipelined_mlp.PipelinedMlp):
+  """units[2] is the class ResidualMlp, not its Params()."""
+
+  def Task(self):
+    p = super().Task()
+    p.net_tpl.units[2] = pipelined_mlp.ResidualMlp
+    return p

@@ -133,16 +133,10 @@ def _Lm(*flags):
   return [f'--model={_LM}', _LOGDIR] + list(flags)
 
 
-def _PipelinedMlp(*flags):
-  return [f'--model={_PIPELINED_MLP}', _LOGDIR] + list(flags)
-
-
-def _Units(i, bad_unit, *flags):
-  """The README's pipelined experiment with units[i] of tests/bad_units.py's
-  class `bad_unit` (the same params: a ResidualMlp's)."""
-  return _PipelinedMlp(
-      f"--model_params_override={_UNITS}[{i}].cls="
-      f"type('cadence.tests.bad_units.{bad_unit}')", *flags)
+def _Own(experiment, *flags):
+  """An experiment of tests/bad_units.py, by its dotted path."""
+  return [f'--model=cadence.tests.bad_units.{experiment}', _LOGDIR] + list(
+      flags)
 
 
 _BEFORE_TF = [
@@ -761,32 +755,37 @@ _MODEL = [
         '--model_params_override=task.pipeline_tpl=gpipe'],
              r"\(params 'task'\): pipeline_tpl='gpipe' must be None \(a "
              r'FeedForwardNet\) or a gpipe\.PipeliningLayer\.Params\(\)\.$'),
-    # A pipeline of a user's own units (tests/bad_units.py) in the README's
-    # experiment: the unit whose FPropMeta breaks the contract is named by
-    # its params path, the layer after it not blamed.
-    BadInput('unit_meta_plain_number', _Units(1, 'PlainNumber'),
+    # Experiments of a user's own (tests/bad_units.py, by their dotted
+    # paths): a pipeline of one's own units, the unit whose FPropMeta
+    # breaks the contract named by its params path (not the layer after
+    # it), and the stack's own knobs.
+    BadInput('unit_meta_plain_number', _Own('PlainNumberMlp'),
              rf"^Error: Bad params: PlainNumber \(params '{_UNITS}\[1\]'\): "
              r'FPropMeta returned 1024 \(an int\); FPropMeta\(params, '
              r'\*input_shapes\) must return a cost record, cost\.Cost\('
              r'out_shapes=\(\.\.\.\), flops=\.\.\.\) \(framework/cost\.py\)\.$',
              real=True),
     BadInput('unit_meta_plain_number_inspect',
-             _Units(1, 'PlainNumber', '--mode=inspect_model'),
+             _Own('PlainNumberMlp', '--mode=inspect_model'),
              rf"^Error: Bad params: PlainNumber \(params '{_UNITS}\[1\]'\): "
              r'FPropMeta returned 1024 \(an int\); FPropMeta\(params, '),
-    BadInput('unit_meta_wrong_shape', _Units(1, 'WrongShape'),
+    BadInput('unit_meta_wrong_shape', _Own('WrongShapeMlp'),
              rf"^Error: Bad params: WrongShape \(params '{_UNITS}\[1\]'\): "
              r'FPropMeta states output shape\(s\) \[1, 16\] but FProp gives '
              r'\[1, 8\] on input\(s\) \[1, 8\]; FPropMeta\'s out_shapes must '
              r"be FProp's"),
-    BadInput('stack_example_shape_rank', _PipelinedMlp(
-        '--model_params_override=task.net_tpl.example_shape=[8, 1]'),
+    # The same unit put in by an override of the README's experiment.
+    BadInput('unit_meta_wrong_shape_override', [
+        f'--model={_PIPELINED_MLP}', _LOGDIR,
+        f"--model_params_override={_UNITS}[1].cls="
+        "type('cadence.tests.bad_units.WrongShape')"],
+             rf"^Error: Bad params: WrongShape \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta states output shape\(s\) \[1, 16\]'),
+    BadInput('stack_example_shape_rank', _Own('ExampleRankMlp'),
              r"^Error: Bad params: GPipeStack 'net': task\.net_tpl\."
              r'example_shape=\[8, 1\] must be one example of the inputs '
              r'\[batch, \.\.\.\]: \[8\] \(the inputs are \[32, 8\]\)\.$'),
-    BadInput('stack_unit_is_a_class', _PipelinedMlp(
-        f'--model_params_override={_UNITS}[2]=type('
-        "'cadence.params.examples.pipelined_mlp.ResidualMlp')"),
+    BadInput('stack_unit_is_a_class', _Own('LayerClassMlp'),
              rf"^Error: Bad params: GPipeStack 'net': {_UNITS}\[2\]=<class "
              r"'cadence\.params\.examples\.pipelined_mlp\.ResidualMlp'> is a "
              r'layer class, not its params: pass ResidualMlp\.Params\(\) '),
