@@ -70,11 +70,11 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
   @classmethod
   def CheckParams(cls, p, owner):
     super().CheckParams(p, owner)
-    if not (isinstance(p.units, (list, tuple)) and p.units and all(
-        isinstance(u, hyperparams.InstantiableParams) and
-        issubclass(u.cls, base_layer.BaseLayer) for u in p.units)):
+    if not (isinstance(p.units, (list, tuple)) and p.units):
       raise validation.Error(owner, 'units', p.units, 'must be a non-empty '
                              'list of layer params (Layer.Params()).')
+    for i, unit in enumerate(p.units):
+      _CheckUnit(p, i, unit)
     if p.example_shape is not None:
       validation.CheckIntList(owner, 'example_shape', p.example_shape)
     pipe = p.pipeline_tpl
@@ -83,8 +83,45 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
       gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
       cls.Bounds(p)
 
+  @classmethod
+  def FPropMeta(cls, p, *input_shapes):
+    """UnitsPipeline's, once `example_shape` is checked against the
+    inputs: one example of them (the costs that cut the stages are
+    worked out on it)."""
+    if p.example_shape is not None and input_shapes:
+      example = validation.CheckIntList(validation.Owner(p), 'example_shape',
+                                        p.example_shape)
+      x = shapes.AsShape(input_shapes[0])
+      if x.rank != len(example) + 1 or any(
+          d is not None and d != e for d, e in zip(x[1:], example)):
+        raise validation.FieldError(
+            p, 'example_shape', p.example_shape,
+            f'must be one example of the inputs [batch, ...]: {list(x[1:])} '
+            f'(the inputs are {list(x)}).')
+    return super().FPropMeta(p, *input_shapes)
+
   def __init__(self, params):
     super().__init__(params)
     self.CheckParams(self.params, validation.Owner(self))
     self.BuildUnits()
     self.CreateUnitChildren()
+
+
+def _CheckUnit(p, i, unit):
+  """Raises ValueError naming `units[i]` of stack params `p` by its params
+  path unless `unit` is a layer's params."""
+  if (isinstance(unit, hyperparams.InstantiableParams) and
+      isinstance(unit.cls, type) and
+      issubclass(unit.cls, base_layer.BaseLayer)):
+    return
+  if isinstance(unit, type) and issubclass(unit, base_layer.BaseLayer):
+    rule = (f'is a layer class, not its params: pass '
+            f'{unit.__name__}.Params() (set its fields with .Set(...)).')
+  elif isinstance(unit, hyperparams.InstantiableParams):
+    rule = (f'builds {validation.ShortRepr(unit.cls)}, not a layer: each '
+            'unit must be a layer\'s Params() (a BaseLayer with FProp and '
+            'FPropMeta).')
+  else:
+    rule = ('is not a layer\'s params: each unit must be a '
+            'Layer.Params().')
+  raise validation.FieldError(p, f'units[{i}]', unit, rule)

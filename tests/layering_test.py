@@ -8,6 +8,8 @@ Each package of Cadence may import only the packages below it:
   framework (core), framework.pipeline <- layers <- tasks <- params
   (framework.planning and framework.jobs also import layers, tasks and
   params: they lay out and run the experiments)
+  framework (core), framework.pipeline, layers <- framework.testing (the
+  test kit users import; nothing of Cadence imports it)
 
 Within the packages too, no module imports itself back, however long the
 way round: the modules' imports form no circle. Every import counts, at a
@@ -27,7 +29,8 @@ import os
 import unittest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ROOMS = ('pipeline', 'train', 'distribute', 'planning', 'jobs')
+_ROOMS = ('pipeline', 'train', 'distribute', 'planning', 'jobs',
+          'testing')
 
 # What each package may import from cadence (besides itself).
 _ALLOWED = {
@@ -42,6 +45,7 @@ _ALLOWED = {
     'framework.jobs': {'framework', 'framework.pipeline', 'framework.train',
                        'framework.distribute', 'framework.planning',
                        'layers', 'tasks', 'params'},
+    'framework.testing': {'framework', 'framework.pipeline', 'layers'},
     'layers': {'framework', 'framework.pipeline'},
     'tasks': {'framework', 'framework.pipeline', 'layers'},
     'params': {'framework', 'framework.pipeline', 'layers', 'tasks'},

@@ -23,6 +23,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from cadence.framework import cost
 from cadence.framework.distribute import distribution
 from cadence.framework.jobs import checkpoint_fit
 from cadence.framework.jobs import exit_codes
@@ -283,6 +284,8 @@ def Run(context):
       return Fail(exit_codes.EXIT_TRAINING_STOPPED, str(e))
     except xla_step.StaticShapeError as e:  # Checked before the first step.
       return Fail(exit_codes.EXIT_USER_ERROR, str(e))
+    except cost.ContractError as e:   # A unit's shapes, at the first trace.
+      return Fail(exit_codes.EXIT_USER_ERROR, f'Bad params: {e}')
     except checkpointer.UnreadableError as e:
       return Fail(exit_codes.EXIT_USER_ERROR, str(e))
     except checkpointer.SaveError as e:
