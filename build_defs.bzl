@@ -24,9 +24,9 @@ def cadence_py_library(name, folder, deps = [], exclude = []):
 def cadence_py_tests(folder, deps = [], data = []):
     """One py_test per `folder/**/*_test.py`, run through pytest.
 
-    Every test gets the shared helpers `<folder>/test_utils.py` and
-    `<folder>/readme_blocks.py`, and conftest.py its plugin
-    `<folder>/slow_test_notice.py`.
+    Every test gets the shared helpers, the other `.py` files directly in
+    `<folder>` (test_utils.py, readme_blocks.py, bad_units.py, and
+    conftest.py's plugin slow_test_notice.py).
 
     Each test runs `<folder>/bazel_pytest_main.py <test file>`; pytest reads
     pyproject.toml (importlib mode) and `<folder>/conftest.py`, which
@@ -35,14 +35,14 @@ def cadence_py_tests(folder, deps = [], data = []):
     `//:tests_framework` = tests/framework/**, `//:tests` = all of them.
     """
     main = folder + "/bazel_pytest_main.py"
+    helpers = native.glob([folder + "/*.py"],
+                          exclude = [folder + "/*_test.py", main])
     suites = {}
     for src in native.glob([folder + "/**/*_test.py"]):
         name = src[:-len(".py")].replace("/", "_")
         native.py_test(
             name = name,
-            srcs = [src, main, folder + "/conftest.py",
-                    folder + "/test_utils.py", folder + "/readme_blocks.py",
-                    folder + "/slow_test_notice.py"],
+            srcs = [src, main] + helpers,
             main = main,
             args = ["$(location %s)" % src],
             data = ["pyproject.toml"] + data,

@@ -26,6 +26,10 @@ importing the core and the rooms above it in this list, never one below:
                host, the step simulator and the hardware presets.
   jobs/        what `trainer.py` runs: the command line, the modes and
                their exit codes (a thin application over the rooms).
+  testing/     the test kit users import for their own tests (public):
+               a layer's FPropMeta held to its FProp, a pipelined
+               experiment to its unpipelined model. It imports the core,
+               pipeline/ and layers/; nothing of Cadence imports it.
 
 `layers/`, `tasks/` and `params/` import the core and `pipeline/`, never
 `train/`, `distribute/`, `planning/` or `jobs/` (tests/layering_test.py).

@@ -47,6 +47,7 @@ from cadence.framework import cluster as cluster_lib
 from cadence.framework import cost
 from cadence.framework import hyperparams
 from cadence.framework.nested_map import NestedMap
+from cadence.framework import shapes
 from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import validation
 from cadence.framework import weight_init
@@ -158,8 +159,29 @@ def FPropCost(params, *input_shapes):
     p = ProjectionLayer.Params().Set(name='fc', input_dim=8, output_dim=4)
     FPropCost(p, [2, 8]).bwd_flops    # 2 x its forward FLOPs
   """
-  return cost.Complete(params.cls.FPropMeta(params, *input_shapes),
-                       input_shapes, FPropDtype(params))
+  record = cost.CheckRecord(params.cls.FPropMeta(params, *input_shapes),
+                            validation.Owner(params))
+  return cost.Complete(record, input_shapes, FPropDtype(params))
+
+
+def TracedOutShapes(params, input_shapes, dtype=None):
+  """The shapes of the outputs of the layer of `params` (its FProp, with a
+  step seed) on inputs of `input_shapes`, traced in a throwaway tf.Graph:
+  nothing is computed or allocated. Inputs are placeholders of `dtype`
+  (default: the layer's activation dtype).
+
+  Returns:
+    A list of shapes.Shape, one per output tensor (tf.nest order).
+  """
+  dtype = dtype or FPropDtype(params)
+  with tf.Graph().as_default():
+    layer = params.Copy().Set(name=params.name or 'layer').Instantiate()
+    inputs = [tf.compat.v1.placeholder(dtype, shapes.AsShape(s).
+                                       ToTensorShape())
+              for s in input_shapes]
+    theta = WithStepSeed(layer.theta, step_seed_lib.MakeStepSeed(0))
+    out = layer.FProp(theta, *inputs)
+    return [shapes.AsShape(t.shape) for t in tf.nest.flatten(out)]
 
 
 def VariableSpecs(params):

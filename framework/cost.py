@@ -76,6 +76,7 @@ Example:
 """
 from cadence.framework import op_cost
 from cadence.framework import shapes
+from cadence.framework import validation
 from cadence.framework.nested_map import NestedMap
 
 # The fields, in the order above; the memory ones are bytes of one forward.
@@ -118,10 +119,98 @@ class Cost(NestedMap):
     return out
 
 
+class ContractError(ValueError):
+  """A layer's FPropMeta broke its contract: it returned something other
+  than a cost record (`CheckRecord`), or stated output shapes that are not
+  its FProp's (`ShapeMismatch`). A ValueError: the trainer reports it as
+  one line and exit code 2."""
+
+
+# How a record is written, for the contract's error messages.
+_CONTRACT = ('FPropMeta(params, *input_shapes) must return a cost record, '
+             'cost.Cost(out_shapes=(...), flops=...) (framework/cost.py)')
+
+
+def CheckRecord(record, owner):
+  """Returns `record` if it is a cost record: a Cost, or a NestedMap with
+  `out_shapes` (a tuple or list of shapes, or of NestedMaps of them) and
+  `flops` (an int, or None where a dim is unknown), its other FIELDS ints
+  or None; else raises ContractError naming `owner` (validation.Owner of
+  the layer's params: its params path), what it returned and the contract.
+
+  Example:
+    CheckRecord(MyLayer.FPropMeta(p, [8, 16]), validation.Owner(p))
+  """
+  def _Fail(what):
+    raise ContractError(f'{owner}: FPropMeta returned {what}; {_CONTRACT}.')
+
+  if not isinstance(record, dict):
+    kind = type(record).__name__
+    _Fail(f'{validation.ShortRepr(record, 80)} '
+          f'({"an" if kind[0] in "aeiou" else "a"} {kind})')
+  if 'out_shapes' not in record:
+    _Fail(f'a {type(record).__name__} without out_shapes (keys '
+          f'{sorted(record)})')
+  out = record['out_shapes']
+  try:
+    if not isinstance(out, (list, tuple)):
+      raise ValueError(out)
+    _LeafShapes(tuple(out))
+  except (ValueError, TypeError):
+    _Fail(f'out_shapes={validation.ShortRepr(out, 80)}, not a tuple of '
+          'shapes')
+  for field in FIELDS[1:-1]:
+    value = record.get(field)
+    if value is not None and not validation.IsInt(value, low=0):
+      _Fail(f'{field}={validation.ShortRepr(value, 80)}, not an int >= 0 '
+            'or None')
+  return record
+
+
+def LeafShapes(structure):
+  """The `shapes.Shape`s of a record's out_shapes (a tuple of shapes, or of
+  NestedMaps of them), in order."""
+  return _LeafShapes(tuple(structure))
+
+
+def ShapeMismatch(stated, actual):
+  """Whether `stated` and `actual` (lists of shapes.Shape) disagree: a
+  different count or rank, or a dim both know that differs (None matches
+  any dim)."""
+  if len(stated) != len(actual):
+    return True
+  for a, b in zip(stated, actual):
+    if len(a) != len(b) or any(x is not None and y is not None and x != y
+                               for x, y in zip(a, b)):
+      return True
+  return False
+
+
+def ShapesError(owner, stated, actual, inputs):
+  """The ContractError of a layer (`owner`) whose FPropMeta states output
+  shapes `stated` where its FProp gives `actual`, on `inputs` (lists of
+  shapes)."""
+  return ContractError(
+      f'{owner}: FPropMeta states output shape(s) {ShapesText(stated)} but '
+      f'FProp gives {ShapesText(actual)} on input(s) {ShapesText(inputs)}; '
+      "FPropMeta's out_shapes must be FProp's (the next layer, the pipeline's "
+      'stages and the memory estimate are sized by them).')
+
+
+def ShapesText(shape_list):
+  """'[4, 8]' for one shape, '[4, 8], [4]' for several (None as '?'; an
+  int, a static value, as it is)."""
+  return ', '.join(
+      str(s) if validation.IsInt(s) else
+      '[' + ', '.join('?' if d is None else str(d) for d in s) + ']'
+      for s in shape_list) or 'none'
+
+
 def _LeafShapes(structure):
-  """The Shape leaves of a tuple/NestedMap of shapes."""
+  """The Shape leaves of a tuple/NestedMap of shapes (a NestedMap's by
+  key, as tf.nest flattens its tensors)."""
   if isinstance(structure, NestedMap):
-    return [s for v in structure.values() for s in _LeafShapes(v)]
+    return [s for k in sorted(structure) for s in _LeafShapes(structure[k])]
   if isinstance(structure, (list, tuple)) and not isinstance(
       structure, shapes.Shape) and not (structure and all(
           isinstance(d, int) or d is None for d in structure)):

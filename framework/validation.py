@@ -97,6 +97,23 @@ def Error(owner, field, value, rule, error_cls=ValueError):
   return error_cls(f'{owner}: {field}={ShortRepr(value)} {rule}')
 
 
+def FieldError(params, field, value, rule, error_cls=ValueError):
+  """The exception `<Class> '<name>': <params path>.<field>=<value> <rule>`
+  (not raised): the field named by its full params path, the key a user
+  overrides (e.g. `task.net_tpl.units[2]`), or by `field` alone for params
+  outside an experiment's tree.
+
+  Example:
+    raise FieldError(p, 'units[2]', p.units[2], 'must be a Layer.Params().')
+  """
+  path = UserPath(params.Path())
+  where = f'{path}.{field}' if path else field
+  owner = 'Params'
+  if isinstance(params, hyperparams.InstantiableParams):
+    owner = Owner(params.cls, name=params.name if 'name' in params else None)
+  return error_cls(f'{owner}: {where}={ShortRepr(value)} {rule}')
+
+
 def IsInt(value, low=None, high=None):
   """True for an int (not a bool) within [low, high] (None: unbounded)."""
   return (isinstance(value, numbers.Integral) and

@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -208,8 +209,14 @@ class BatchNormLayer(BatchStatsLayer):
     training: N * dim * 7 + 3 * dim (the mean's sum, centring, square, the
     variance's sum, centring again, the scale and the shift per element;
     the divisions by N and rsqrt per channel); inference: N * dim * 3 +
-    2 * dim. None if N is unknown. act: the input and the normalised input
-    the backward reads.
+    2 * dim. None if N is unknown. ops: a norm over the elements and the
+    per-channel arithmetic. Bytes (float32, float64 for float64; held to
+    the real gradient by tests/layers/layer_contract_test.py): act the
+    input and the normalised input the backward reads and three
+    per-channel vectors (the mean, the variance's inverse square root and
+    the channel sums of the gradient); act_weights the normalised input
+    (the scale's product reads it); residuals it and two per-channel
+    vectors (what the scale's and shift's deferred gradients read).
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
@@ -220,8 +227,16 @@ class BatchNormLayer(BatchStatsLayer):
     n = shapes.Mul(*shape[:-1])
     per_element, per_channel = (3, 2) if p.is_inference else (7, 3)
     size = 8 if tf.as_dtype(p.fprop_dtype or p.dtype) == tf.float64 else 4
+    elements = shape.num_elements()
+    ops = None if elements is None else [
+        op_cost.Norm(elements, size, per_element),
+        op_cost.Elementwise(p.dim, size, per_channel)]
     return cost.Cost(
         flops=shapes.Add(shapes.Mul(n, p.dim * per_element),
                          per_channel * p.dim),
         out_shapes=(shape,),
-        act=shapes.Mul(2 * size, shape.num_elements()))
+        act=shapes.Mul(size, shapes.Add(shapes.Mul(2, elements),
+                                        3 * p.dim)),
+        act_weights=shapes.Mul(size, elements),
+        residuals=shapes.Mul(size, shapes.Add(elements, 2 * p.dim)),
+        ops=ops)

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 from cadence.layers import activations
@@ -134,17 +135,26 @@ class Conv2DLayer(base_layer.BaseLayer):
       flops = b*oh*ow*out * (2*kh*kw*in + bias + FlopsPerElement(activation))
     where bias = 1 if has_bias. Every output counts a full window, also at
     SAME-padded borders (the zero taps are computed). None if b, or a spatial
-    dim, is unknown.
+    dim, is unknown. ops: the convolution as the product it is ([b oh ow,
+    kh kw in] x [kh kw in, out]), the bias and the activation.
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     kh, kw, cin, cout = p.filter_shape
     _CheckImageShape(cls, p, shape, cin)
     out = _OutImageShape(cls, p, shape, (kh, kw), p.filter_stride, cout)
-    per_output = (2 * kh * kw * cin + (1 if p.has_bias else 0) +
-                  activations.FlopsPerElement(p.activation))
-    return cost.Cost(flops=shapes.Mul(out.num_elements(), per_output),
-                     out_shapes=(out,))
+    act_flops = activations.FlopsPerElement(p.activation)
+    per_output = (2 * kh * kw * cin + (1 if p.has_bias else 0) + act_flops)
+    ops, n = None, out.num_elements()
+    if n is not None:
+      size = base_layer.FPropDtype(p).size
+      ops = [op_cost.MatMul(1, n // cout, kh * kw * cin, cout, size)]
+      if p.has_bias:
+        ops.append(op_cost.Elementwise(n, size, reads=2))
+      if act_flops:
+        ops.append(op_cost.Elementwise(n, size, act_flops))
+    return cost.Cost(flops=shapes.Mul(n, per_output), out_shapes=(out,),
+                     ops=ops)
 
 
 class PoolingLayer(base_layer.BaseLayer):
@@ -205,7 +215,13 @@ class PoolingLayer(base_layer.BaseLayer):
       flops = b*oh*ow*c * kh*kw        (MAX: compares; AVG: adds)
             + b*oh*ow*c                (AVG only: the division)
     A full window is counted also at SAME-padded borders. None if a dim
-    is unknown.
+    is unknown. ops: an element-wise reduction. The bytes are
+    cost.Complete's defaults (the input and the output), exact for MAX's
+    act and over the real figures otherwise: AVG's gradient keeps
+    nothing; act_weights keeps the input alone, and no deferred W reads
+    anything (no weight). Measured (tests/layers/layer_contract_test.py,
+    MAX 2x2 on [2, 6, 6, 3]): act 1,080 stated and kept; act_weights
+    1,080, 864; residuals 1,080, 0.
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
@@ -214,7 +230,8 @@ class PoolingLayer(base_layer.BaseLayer):
     out = _OutImageShape(cls, p, shape, (kh, kw), p.window_stride, shape[-1])
     per_output = kh * kw + (1 if p.pooling_type == 'AVG' else 0)
     return cost.Cost(flops=shapes.Mul(out.num_elements(), per_output),
-                     out_shapes=(out,))
+                     out_shapes=(out,),
+                     ops=_ReduceOps(p, out.num_elements(), per_output))
 
 
 class FlattenLayer(base_layer.BaseLayer):
@@ -243,13 +260,15 @@ class FlattenLayer(base_layer.BaseLayer):
 
   @classmethod
   def FPropMeta(cls, p, inputs):
-    """flops = 0; out_shapes = ([batch, prod(other dims) or None],)."""
+    """flops = 0; out_shapes = ([batch, prod(other dims) or None],); no
+    bytes kept (a reshape: its gradient reads nothing)."""
     shape = shapes.AsShape(inputs)
     if shape.rank < 1:
       raise ValueError(f"FlattenLayer '{p.name}': inputs shape "
                        f'{list(shape)} must have rank >= 1.')
     return cost.Cost(flops=0, out_shapes=(
-        shapes.Shape([shape[0], shapes.Mul(*shape[1:])]),))
+        shapes.Shape([shape[0], shapes.Mul(*shape[1:])]),), ops=(), act=0,
+                     act_weights=0, residuals=0)
 
 
 class GlobalPoolingLayer(base_layer.BaseLayer):
@@ -293,7 +312,12 @@ class GlobalPoolingLayer(base_layer.BaseLayer):
 
   @classmethod
   def FPropMeta(cls, p, inputs):
-    """flops = b*h*w*c (adds or compares) + b*c (AVG: the division)."""
+    """flops = b*h*w*c (adds or compares) + b*c (AVG: the division);
+    ops an element-wise reduction. The bytes are cost.Complete's defaults
+    (the input and the output): MAX's act, over the real figures
+    otherwise (AVG keeps nothing; no weight). Measured (tests/layers/
+    layer_contract_test.py, AVG on [2, 3, 3, 4]): act, act_weights and
+    residuals 320 stated, 0 kept."""
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
     _CheckImageShape(cls, p, shape, shape[-1] if shape.rank else None)
@@ -301,4 +325,16 @@ class GlobalPoolingLayer(base_layer.BaseLayer):
     flops = shape.num_elements()
     if p.pooling_type == 'AVG':
       flops = shapes.Add(flops, out.num_elements())
-    return cost.Cost(flops=flops, out_shapes=(out,))
+    per_output = None if flops is None else flops // max(
+        out.num_elements(), 1)
+    return cost.Cost(flops=flops, out_shapes=(out,),
+                     ops=_ReduceOps(p, out.num_elements(), per_output))
+
+
+def _ReduceOps(p, outputs, per_output):
+  """A pooling's ops: one element-wise reduction of `per_output` FLOPs for
+  each of `outputs` (None if unknown): no product."""
+  if outputs is None or per_output is None:
+    return None
+  return [op_cost.Elementwise(outputs, base_layer.FPropDtype(p).size,
+                              per_output, reads=per_output)]

@@ -106,7 +106,11 @@ class DropoutLayer(base_layer.BaseLayer):
 
     FLOPs: 0 when the layer is the identity, else 3 * num_elements (one
     uniform draw, one compare, one multiply per element); None when a dim
-    is unknown. out_shapes: (inputs shape,).
+    is unknown. out_shapes: (inputs shape,). Bytes (held to the real
+    gradient by tests/layers/layer_contract_test.py): act the scaled mask,
+    one tensor of the input's size in fprop_dtype (0 for the identity;
+    with noise_shape_broadcast_dims cost.Complete's default); nothing for
+    act_weights and residuals (no weight).
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
@@ -116,4 +120,9 @@ class DropoutLayer(base_layer.BaseLayer):
         # The uniform draw (float32), the mask and the scaled product.
         op_cost.Elementwise(shape.num_elements(), 4, _FLOPS_PER_ELEMENT,
                             reads=2, streams=2),)
-    return cost.Cost(flops=flops, out_shapes=(shape,), ops=ops)
+    act = None
+    if not p.noise_shape_broadcast_dims:
+      act = 0 if cls._IsIdentity(p) else shapes.Mul(
+          base_layer.FPropDtype(p).size, shape.num_elements())
+    return cost.Cost(flops=flops, out_shapes=(shape,), ops=ops, act=act,
+                     act_weights=0, residuals=0)

@@ -45,9 +45,14 @@ def _PositionalMeta(cls, p, seq_length_or_positions, flops_per_element):
   else:
     shape = shapes.AsShape(x)
   out = shape + (p.embedding_dim,)
+  n, ops = out.num_elements(), None
+  if n is not None:   # A sine or cosine per element, or a table's rows.
+    size = base_layer.FPropDtype(p).size
+    ops = ([op_cost.Elementwise(n, size, flops_per_element)]
+           if flops_per_element else
+           [op_cost.Gather(n // p.embedding_dim, p.embedding_dim, size)])
   return cost.Cost(
-      flops=shapes.Mul(flops_per_element, out.num_elements()),
-      out_shapes=(out,))
+      flops=shapes.Mul(flops_per_element, n), out_shapes=(out,), ops=ops)
 
 
 class EmbeddingLayer(base_layer.BaseLayer):
@@ -142,7 +147,11 @@ class EmbeddingLayer(base_layer.BaseLayer):
 
     FLOPs = N * embedding_dim if scale_sqrt_depth else 0 (N = number of
     ids), and with position_tpl the positions' and their add's (N *
-    embedding_dim). out_shapes: ([..., embedding_dim],).
+    embedding_dim). out_shapes: ([..., embedding_dim],). Bytes (int32 ids;
+    held to the real gradient by tests/layers/layer_contract_test.py): act
+    and act_weights the ids (the table's gradient scatters by them);
+    residuals the ids and the output's gradient (the positions and their
+    add keep nothing).
     """
     cls.CheckParams(p, validation.Owner(p))
     shape = shapes.AsShape(ids)
@@ -154,14 +163,18 @@ class EmbeddingLayer(base_layer.BaseLayer):
       ops = (op_cost.Gather(shape.num_elements(), p.embedding_dim, size),)
       if flops:
         ops += (op_cost.Elementwise(out.num_elements(), size),)
-    record = cost.Cost(flops=flops, out_shapes=(out,), ops=ops)
+    ids = shapes.Mul(4, shape.num_elements())
+    record = cost.Cost(flops=flops, out_shapes=(out,), ops=ops, act=ids,
+                       act_weights=ids, residuals=shapes.Add(ids, shapes.Mul(
+                           base_layer.FPropDtype(p).size, out.num_elements())))
     position = cls._PositionParams(p)
     if position is None:
       return record
     position = base_layer.InheritParams(p, position)
     signal = base_layer.FPropCost(position, shape[-1] if shape.rank else
                                   None)
-    added = cost.Cost(flops=out.num_elements(), out_shapes=(out,))
+    added = cost.Cost(flops=out.num_elements(), out_shapes=(out,), act=0,
+                      act_weights=0, residuals=0)
     return cost.Chain([record, signal.Replace(out_shapes=(out,)), added])
 
 
@@ -242,9 +255,11 @@ class PositionalEmbedding(base_layer.BaseLayer):
         positions' shape [...].
 
     FLOPs = 2 per output element (a multiply and a sin or cos).
-    out_shapes: ([t, embedding_dim],) or ([..., embedding_dim],).
+    out_shapes: ([t, embedding_dim],) or ([..., embedding_dim],). No
+    bytes kept: no variable, and no gradient reaches the positions.
     """
-    return _PositionalMeta(cls, p, seq_length_or_positions, 2)
+    return _PositionalMeta(cls, p, seq_length_or_positions, 2).Replace(
+        act=0, act_weights=0, residuals=0)
 
 
 class LearnedPositionalEmbedding(base_layer.BaseLayer):
@@ -300,4 +315,9 @@ class LearnedPositionalEmbedding(base_layer.BaseLayer):
   @classmethod
   def FPropMeta(cls, p, seq_length_or_positions):
     """Shapes and FLOPs: as PositionalEmbedding's, with 0 FLOPs (a lookup)."""
+    # The bytes are cost.Complete's defaults (the positions and the
+    # output), over the real figures: measured (tests/layers/
+    # layer_contract_test.py, seq_length 4, dim 8) act 144 stated, 16 kept
+    # (the positions); act_weights 144, 0; residuals 144, 128 (the output
+    # gradient).
     return _PositionalMeta(cls, p, seq_length_or_positions, 0)

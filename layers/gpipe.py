@@ -69,6 +69,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
+from cadence.framework import cost
 from cadence.framework import device_call
 from cadence.framework.pipeline import executor
 from cadence.framework.pipeline import microbatch
@@ -304,16 +305,19 @@ class SeqLayer(base_layer.BaseLayer):
 
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
-    """Chains before_tpl and cell_tpl FPropMeta; flops are summed."""
-    flops, in_shapes = 0, tuple(input_shapes)
+    """The cost.Chain of before_tpl's and cell_tpl's complete records
+    (flops summed, ops in order, each tensor passed on counted once where
+    the records say so). Its bytes are its cells' unpipelined; what a
+    PipeliningLayer keeps depends on its schedule and remat: the memory
+    estimate's (framework/pipeline/memory_estimate.py), from its plan."""
+    records, in_shapes = [], tuple(input_shapes)
     owner = validation.Owner(p)
     for i, sub in enumerate(list(p.before_tpl) + list(p.cell_tpl)):
       sub = base_layer.InheritParams(p, sub)
-      meta = combinators.LayerMeta(owner, combinators.DescribeLayer(i, sub),
-                                   sub, in_shapes)
-      flops = shapes.Add(flops, meta.flops)
-      in_shapes = tuple(meta.out_shapes)
-    return NestedMap(flops=flops, out_shapes=in_shapes)
+      records.append(combinators.LayerCost(
+          owner, combinators.DescribeLayer(i, sub), sub, in_shapes))
+      in_shapes = tuple(records[-1].out_shapes)
+    return cost.Chain(records).Replace(out_shapes=in_shapes)
 
 
 class PipeliningLayer(SeqLayer):

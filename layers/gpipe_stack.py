@@ -87,16 +87,16 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
   @classmethod
   def CheckParams(cls, p, owner):
     super().CheckParams(p, owner)
-    if not (isinstance(p.units, (list, tuple)) and p.units and all(
-        isinstance(u, hyperparams.InstantiableParams) and
-        issubclass(u.cls, base_layer.BaseLayer) for u in p.units)):
+    if not (isinstance(p.units, (list, tuple)) and p.units):
       raise validation.Error(owner, 'units', p.units, 'must be a non-empty '
                              'list of layer params (Layer.Params()).')
-    if not (isinstance(p.before_tpl, (list, tuple)) and all(
-        isinstance(b, hyperparams.InstantiableParams) and
-        issubclass(b.cls, base_layer.BaseLayer) for b in p.before_tpl)):
+    for i, unit in enumerate(p.units):
+      _CheckLayer(p, 'units', i, unit)
+    if not isinstance(p.before_tpl, (list, tuple)):
       raise validation.Error(owner, 'before_tpl', p.before_tpl, 'must be a '
                              'list of layer params (Layer.Params()).')
+    for i, layer in enumerate(p.before_tpl):
+      _CheckLayer(p, 'before_tpl', i, layer)
     if p.example_shape is not None:
       validation.CheckIntList(owner, 'example_shape', p.example_shape)
     pipe = p.pipeline_tpl
@@ -104,6 +104,23 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
     if pipe is not None:
       gpipe.PipeliningLayer.CheckParams(pipe, validation.Owner(pipe))
       cls.Bounds(p)
+
+  @classmethod
+  def FPropMeta(cls, p, *input_shapes):
+    """UnitsPipeline's, once `example_shape` is checked against the
+    inputs: one example of them (the costs that cut the stages are
+    worked out on it)."""
+    if p.example_shape is not None and input_shapes:
+      example = validation.CheckIntList(validation.Owner(p), 'example_shape',
+                                        p.example_shape)
+      x = shapes.AsShape(input_shapes[0])
+      if x.rank != len(example) + 1 or any(
+          d is not None and d != e for d, e in zip(x[1:], example)):
+        raise validation.FieldError(
+            p, 'example_shape', p.example_shape,
+            f'must be one example of the inputs [batch, ...]: {list(x[1:])} '
+            f'(the inputs are {list(x)}).')
+    return super().FPropMeta(p, *input_shapes)
 
   def __init__(self, params):
     super().__init__(params)
@@ -113,3 +130,23 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
     self.CreateChildren('before', list(self.params.before_tpl),
                         devices=[self.input_device] * len(
                             self.params.before_tpl))
+
+
+def _CheckLayer(p, field, i, unit):
+  """Raises ValueError naming `field[i]` (units[2]) of stack params `p` by
+  its params path unless `unit` is a layer's params."""
+  if (isinstance(unit, hyperparams.InstantiableParams) and
+      isinstance(unit.cls, type) and
+      issubclass(unit.cls, base_layer.BaseLayer)):
+    return
+  if isinstance(unit, type) and issubclass(unit, base_layer.BaseLayer):
+    rule = (f'is a layer class, not its params: pass '
+            f'{unit.__name__}.Params() (set its fields with .Set(...)).')
+  elif isinstance(unit, hyperparams.InstantiableParams):
+    rule = (f'builds {validation.ShortRepr(unit.cls)}, not a layer: each '
+            'unit must be a layer\'s Params() (a BaseLayer with FProp and '
+            'FPropMeta).')
+  else:
+    rule = ('is not a layer\'s params: each unit must be a '
+            'Layer.Params().')
+  raise validation.FieldError(p, f'{field}[{i}]', unit, rule)

@@ -65,6 +65,7 @@ from cadence.framework import cluster as cluster_lib
 from cadence.framework import cost as cost_lib
 from cadence.framework import hyperparams
 from cadence.framework import shapes
+from cadence.framework import step_seed as step_seed_lib
 from cadence.framework import validation
 from cadence.framework.pipeline import plan as plan_lib
 from cadence.layers import batch_norm
@@ -189,19 +190,32 @@ def StateDtype(cls, p):
   return dtype if pipe is None else pipe.cls.StateDtype(pipe, dtype)
 
 
-def _Chain(cls, p, specs, state, carry, stats):
+def _Chain(cls, p, specs, state, carry, stats, history=None):
   """Runs Units `specs` of layer class `cls` statically from `state`
   shapes: ([per unit (its chained cost, the state shapes after it)], the
-  BN stats shapes so far)."""
+  BN stats shapes so far).
+
+  `history`: a list of the (params, input shapes, cost) of the layers run
+  before (from the model's inputs), to which this appends. A layer whose
+  FPropMeta refuses its input shapes has those layers checked (_Blame):
+  the error names the one whose FPropMeta is wrong.
+  """
   out = []
   stats = NestedMap(stats)
+  history = [] if history is None else history
   for spec in specs:
     records = []
     for j, layer in enumerate(spec.layers):
       lp = base_layer.InheritParams(p, layer.params)
       args = tuple(state) + (tuple(carry) if layer.carried else ())
-      record = base_layer.FPropCost(lp, *args)
+      try:
+        record = base_layer.FPropCost(lp, *args)
+      except cost_lib.ContractError:
+        raise
+      except ValueError as e:
+        raise _Blame(cls, p, history, e) from None
       records.append(record)
+      history.append((lp, args, record))
       state = tuple(record.out_shapes)
       unit_stats = _StatsShapes(lp)
       if unit_stats is not None and not p.is_inference:
@@ -209,6 +223,24 @@ def _Chain(cls, p, specs, state, carry, stats):
     out.append((cost_lib.Chain(records), state))
   del cls
   return out, stats
+
+
+def _Blame(cls, p, history, error):
+  """`error`, a layer's FPropMeta refusing its input shapes, made of what
+  the layers before it stated (`history`: their params, input shapes and
+  costs, in order); or, when one of those states output shapes that its
+  FProp (traced, nothing computed) does not give, the ContractError naming
+  the first such layer and both shapes."""
+  dtype = StateDtype(cls, p)
+  for lp, args, record in history:
+    stated = cost_lib.LeafShapes(record.out_shapes)
+    try:
+      traced = base_layer.TracedOutShapes(lp, args, dtype)
+    except Exception:  # pylint: disable=broad-except
+      return error   # A diagnosis only: a layer that does not trace so.
+    if cost_lib.ShapeMismatch(stated, traced):
+      return cost_lib.ShapesError(validation.Owner(lp), stated, traced, args)
+  return error
 
 
 def UnitCosts(cls, p, input_shapes):
@@ -224,11 +256,12 @@ def UnitCosts(cls, p, input_shapes):
   n = len(shapes_in) - cls.NumCarried(p)
   state, carry = shapes_in[:n], shapes_in[n:]
   dtype = StateDtype(cls, p)
-  units, outs, stats = [], [], NestedMap()
+  units, outs, stats, history = [], [], NestedMap(), []
   built = {}   # Variables of each layer params (the LM's layers: one).
   for spec in cls.Units(p):
     inputs = tuple(state) + tuple(carry)
-    [(record, state)], stats = _Chain(cls, p, [spec], state, carry, stats)
+    [(record, state)], stats = _Chain(cls, p, [spec], state, carry, stats,
+                                      history)
     units.append(plan_lib.Unit(
         spec.name, record, _UnitBuild(p, spec, inputs, len(carry), dtype),
         functools.partial(_UnitVariables, p, spec, built)))
@@ -495,7 +528,9 @@ class UnitsPipeline(gpipe.SplitCells):
   @classmethod
   def FPropMeta(cls, p, *input_shapes):
     """The units' chained cost on the whole batch (`out_shapes`: the last
-    unit's outputs), with the `plan` (Plan)."""
+    unit's outputs), with the `plan` (Plan). Its bytes are the units'
+    unpipelined (as exact as theirs); pipelined, what each stage keeps is
+    the memory estimate's, from the plan."""
     cls.CheckParams(p, validation.Owner(p))
     before, shapes_in = _BeforeRecords(cls, p, tuple(
         shapes.AsShape(s) for s in input_shapes))
@@ -514,6 +549,9 @@ class UnitsPipeline(gpipe.SplitCells):
     p = self.params
     self._units = self.Units(p)
     self._bounds = self.Bounds(p)
+    # (unit, layer, input shapes) -> its FProp's output shapes, checked
+    # against its FPropMeta's at the first trace (_CheckOutShapes).
+    self._checked_shapes = {}
     k = len(self._bounds) - 1
     stage_devices = [None] * k
     if p.pipeline_tpl is not None:
@@ -589,8 +627,64 @@ class UnitsPipeline(gpipe.SplitCells):
               lambda s: tf.stop_gradient(s)[tf.newaxis], unit_stats)
       else:
         out = child.FProp(th, *args)
+      self._CheckOutShapes((u, j), child, args, out)
       xs = combinators.AsTuple(out)
     return xs
+
+  def _CheckOutShapes(self, key, child, args, out):
+    """At the first trace of unit layer `child` on inputs of these shapes:
+    raises cost.ContractError naming it and both shapes unless its
+    FPropMeta's out_shapes are its FProp's outputs' (`out`) on `args`."""
+    outs = tf.nest.flatten(out)
+    if any(t.shape.rank is None for t in list(args) + outs):
+      return
+    self._CheckShapes(key, child, [shapes.AsShape(a.shape) for a in args],
+                      [shapes.AsShape(t.shape) for t in outs])
+
+  def _CheckShapes(self, key, child, in_shapes, actual):
+    """Compares `actual`, the output shapes of unit layer `child`'s FProp
+    on `in_shapes`, with its FPropMeta's (once per key and shapes)."""
+    key += (tuple(in_shapes),)
+    if key in self._checked_shapes:
+      return
+    stated = cost_lib.LeafShapes(
+        base_layer.FPropCost(child.params, *in_shapes).out_shapes)
+    if cost_lib.ShapeMismatch(stated, actual):
+      raise cost_lib.ShapesError(validation.Owner(child), stated, actual,
+                                 in_shapes)
+    self._checked_shapes[key] = actual
+
+  def _CheckPipelinedShapes(self, theta, inputs):
+    """Before the pipeline's first trace: it sizes each stage's state by
+    the units' FPropMeta, so every unit layer's FProp is traced first on
+    one micro-batch's shapes (in a tf.function of its own: nothing enters
+    the step's graph) and checked against its FPropMeta (_CheckShapes);
+    once per input shapes."""
+    pipe = self.pipeline
+    if any(x.shape.rank is None or x.shape[0] is None for x in inputs):
+      return
+    _, size = pipe.MicroBatching(pipe.params, inputs[0].shape[0],
+                                 validation.Owner(pipe))
+    dtype = self.StateDtype(self.params)
+    n = len(inputs) - self.NumCarried(self.params)
+    mb = [shapes.AsShape(x.shape).WithDim(0, size) for x in inputs]
+    xs, carry = mb[:n], mb[n:]
+    seed = step_seed_lib.MakeStepSeed(0)
+    for u, spec in enumerate(self._units):
+      for j, layer in enumerate(spec.layers):
+        args = list(xs) + (list(carry) if layer.carried else [])
+        key = (u, j, tuple(args))
+        if key not in self._checked_shapes:
+          child = _Get(self.children, layer.key)
+          th = base_layer.WithStepSeed(_Get(theta, layer.key), seed)
+          traced = tf.function(
+              lambda *a, child=child, th=th: child.FProp(th, *a),
+              autograph=False).get_concrete_function(
+                  *[tf.TensorSpec(a.ToTensorShape(), dtype) for a in args])
+          self._CheckShapes(
+              (u, j), child, args, [shapes.AsShape(t.shape) for t in
+                                    tf.nest.flatten(traced.structured_outputs)])
+        xs = self._checked_shapes[key]
 
   def _StageFProp(self, s, theta, state):
     """Stage s on its input state NestedMap(x0.., c0..[, stats])."""
@@ -648,6 +742,7 @@ class UnitsPipeline(gpipe.SplitCells):
       for cell in cells:
         state = cell.fprop(cell.theta, state)
     else:
+      self._CheckPipelinedShapes(theta, inputs)
       state = self.pipeline.FPropCells(
           cells, state, step_seed=theta.get(base_layer.STEP_SEED_KEY))
     xs, _ = _Unpack(state)
@@ -696,6 +791,7 @@ class UnitsPipeline(gpipe.SplitCells):
       xs, stats = self._RunStages(theta, inputs)
       return loss.fprop(loss.theta, xs[0] if len(xs) == 1 else xs,
                         side_inputs), stats
+    self._CheckPipelinedShapes(theta, inputs)
     out = self.pipeline.FPropLoss(
         self._Cells(theta), gpipe.PipelineCell(
             fprop=_Loss, theta=loss.theta, meta=None),

@@ -23,9 +23,9 @@ def _CheckParams(p, owner):
 
 
 def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
-  """The cost.Cost: FLOPs, out_shapes and act: the normalised input, in the
-  compute dtype (float32, or float64; float32 for bfloat16 too), that the
-  backward reads (beside [..., 1] inverse deviations, left out);
+  """The cost.Cost: FLOPs, out_shapes and act: the normalised input and
+  the [..., 1] inverse deviations, in the compute dtype (float32, or
+  float64; float32 for bfloat16 too), that the backward reads;
   act_weights: the input alone, in fprop_dtype (remat_policy 'weights'
   recomputes the norm from it); residuals (what a deferred W reads):
   the normalised input and the output gradient, both in the compute dtype,
@@ -43,7 +43,7 @@ def _Meta(cls, p, inputs, flops_per_element, flops_per_row):
   size = base_layer.AccumulationDtype(dtype).size
   elements = shape.num_elements()
   return cost.Cost(flops=flops, out_shapes=(shape,),
-                   act=shapes.Mul(size, elements),
+                   act=shapes.Mul(size, shapes.Add(elements, n)),
                    act_weights=shapes.Mul(dtype.size, elements),
                    residuals=shapes.Mul(2 * size, elements),
                    ops=None if elements is None else (op_cost.Norm(

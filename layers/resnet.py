@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import shapes
 from cadence.framework import validation
@@ -32,21 +33,52 @@ def _Bn(p, name, dim):
   return p.bn_tpl.Copy().Set(name=name, dim=dim)
 
 
-def _ChainMeta(steps, shape):
+def _ChainMeta(steps, shape, ops=None):
   """Chains the FPropMeta of layer params `steps`; returns (flops,
-  act (a layer that leaves it None: its float32 input), out shape)."""
+  act (a layer that leaves it None: its float32 input), out shape). Their
+  ops are appended to the list `ops` (set to None where one has none)."""
   flops, act = 0, 0
   for sub in steps:
     meta = sub.cls.FPropMeta(sub, shape)
     flops = shapes.Add(flops, meta.flops)
     act = shapes.Add(act, meta.act if meta.act is not None else
                      shapes.Mul(4, shapes.AsShape(shape).num_elements()))
+    _AddOps(ops, meta.ops)
     shape = meta.out_shapes[0]
   return flops, act, shape
 
 
+def _AddOps(ops, more):
+  """Appends `more` (a list of ops, or None: unknown) to `ops` in place;
+  an unknown part makes the whole unknown (`ops` cleared, its first item
+  None)."""
+  if ops is None or (ops and ops[0] is None):
+    return
+  if more is None:
+    ops[:] = [None]
+  else:
+    ops.extend(more)
+
+
+def _OpsOrNone(ops):
+  return None if ops and ops[0] is None else ops
+
+
 def _ReluMeta(shape):
   return shapes.AsShape(shape).num_elements()
+
+
+def _ReluOps(shape, count=1):
+  """`count` element-wise passes (a relu, an add) over a float32 tensor of
+  `shape`; None if a dim is unknown."""
+  n = shapes.AsShape(shape).num_elements()
+  return None if n is None else [op_cost.Elementwise(n, 4)] * count
+
+
+def _BnChannelBytes(*dims):
+  """The per-channel vectors a deferred W of BatchNormLayers of these dims
+  reads besides their normalised inputs (two each, float32)."""
+  return 4 * 2 * sum(dims)
 
 
 class ResNetStem(batch_norm.BatchStatsLayer):
@@ -116,14 +148,17 @@ class ResNetStem(batch_norm.BatchStatsLayer):
     real gradient by the tests (x the input, c the conv's output):
     act each part's inputs (or its own act), the relu's output and the
     pool's (its gradient reads both); act_weights x + c; residuals
-    x + 2 c; act_outputs its output (the relu's or the pool's); act_inputs
-    x (the conv's filter gradient reads it)."""
+    x + 2 c and its BN's two per-channel vectors; act_outputs its output
+    (the relu's or the pool's); act_inputs x (the conv's filter gradient
+    reads it)."""
     cls.CheckParams(p, validation.Owner(p))
     steps = [base_layer.InheritParams(p, s) for s in (
         _Conv('conv', p.kernel, p.input_dim, p.dim, p.stride),
         _Bn(p, 'bn', p.dim))]
-    flops, act, out = _ChainMeta(steps, inputs)
+    ops = []
+    flops, act, out = _ChainMeta(steps, inputs, ops)
     flops = shapes.Add(flops, _ReluMeta(out))
+    _AddOps(ops, _ReluOps(out))
     x, c = (shapes.Mul(4, shapes.AsShape(s).num_elements())
             for s in (inputs, out))
     act = shapes.Add(act, c)
@@ -134,11 +169,13 @@ class ResNetStem(batch_norm.BatchStatsLayer):
       meta = conv.PoolingLayer.FPropMeta(cls._PoolParams(), out)
       flops, out = shapes.Add(flops, meta.flops), meta.out_shapes[0]
       act = shapes.Add(act, shapes.Mul(4, out.num_elements()))
+      _AddOps(ops, meta.ops)
     return cost.Cost(flops=flops, out_shapes=(out,), act=act,
                      act_weights=shapes.Add(x, c),
-                     residuals=shapes.Add(x, shapes.Mul(2, c)),
+                     residuals=shapes.Add(x, shapes.Mul(2, c),
+                                          _BnChannelBytes(p.dim)),
                      act_outputs=shapes.Mul(4, out.num_elements()),
-                     act_inputs=x, transient=transient)
+                     act_inputs=x, transient=transient, ops=_OpsOrNone(ops))
 
 
 class ResidualBlock(batch_norm.BatchStatsLayer):
@@ -238,7 +275,8 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
     act what each conv and BN keep (their inputs; BN also its centred
     input) and the relus' outputs, each tensor once: relu1's output is
     conv2's input, and x is conv1's and the projection's; act_weights
-    x + 2 y; residuals x + 5 y; act_outputs y (the final relu's gradient
+    x + 2 y; residuals x + 5 y and two per-channel vectors of each BN;
+    act_outputs y (the final relu's gradient
     reads it); act_inputs x (conv1's filter gradient reads it: the
     previous block's act_outputs, one buffer). transient: what its backward holds beyond act at its peak,
     about one tensor of its output's size: the gradients free what they
@@ -253,20 +291,26 @@ class ResidualBlock(batch_norm.BatchStatsLayer):
                        f'[batch, height, width, {p.input_dim}].')
     subs = {name: base_layer.InheritParams(p, s)
             for name, s in cls._SubParams(p)}
+    ops = []
     flops, act, out = _ChainMeta([subs[k] for k in (
-        'conv1', 'bn1', 'conv2', 'bn2')], shape)
+        'conv1', 'bn1', 'conv2', 'bn2')], shape, ops)
     flops = shapes.Add(flops, 3 * _ReluMeta(out))          # relu, add, relu
     # The final relu's output (relu1's is conv2's input, counted there).
     act = shapes.Add(act, shapes.Mul(4, out.num_elements()))
+    bn_dims = [p.output_dim] * 2
     if 'proj' in subs:
-      f, a, _ = _ChainMeta([subs['proj'], subs['proj_bn']], shape)
+      f, a, _ = _ChainMeta([subs['proj'], subs['proj_bn']], shape, ops)
       flops = shapes.Add(flops, f)
       # x, the projection's input, is conv1's: counted there.
       act = shapes.Add(act, a, shapes.Mul(-4, shape.num_elements()))
+      bn_dims.append(p.output_dim)
+    _AddOps(ops, _ReluOps(out, 3))
     x, y = shapes.Mul(4, shape.num_elements()), shapes.Mul(
         4, out.num_elements())
     extra = 1 if 'proj' in subs else 0
     return cost.Cost(flops=flops, out_shapes=(out,), act=act,
                      act_weights=shapes.Add(x, shapes.Mul(2 + extra, y)),
-                     residuals=shapes.Add(x, shapes.Mul(5 + extra, y)),
-                     act_outputs=y, act_inputs=x, transient=y)
+                     residuals=shapes.Add(x, shapes.Mul(5 + extra, y),
+                                          _BnChannelBytes(*bn_dims)),
+                     act_outputs=y, act_inputs=x, transient=y,
+                     ops=_OpsOrNone(ops))

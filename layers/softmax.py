@@ -239,13 +239,19 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     + 6*num_classes (softmax cross-entropy) + 3 (per row)), N = product of
     the leading dims; None if N is unknown. The chunked backward's
     recomputation is not counted (FPropMeta is the forward).
-    out_shapes: ([..., num_classes] logits, [...] per_example_xent).
-    act: what the backward reads: the inputs, and unless chunked
+    out_shapes: (NestedMap,) of FProp's outputs: [..., num_classes]
+    logits and log_probs (unless chunked), [...] per_example_xent and
+    per_example_weight, scalar total_xent, total_weight and avg_xent.
+    act: what the backward reads: the inputs, one [N] 4-byte vector (two
+    chunked: a row's log-normaliser and its label), and unless chunked
     (softmax_max_alloc) two [N, num_classes] float32 tensors (the logits'
     log-softmax and the targets); with fprop_dtype other than dtype, the
-    copy of `w` cast to it that the product's gradient reads;
-    act_weights: the inputs and the logits (remat_policy 'weights'
-    recomputes the rest, the cast copy of `w` too, from them).
+    copy of `w` cast to it that the product's gradient reads. Chunked, a
+    few scalars more (20 bytes measured) are left out.
+    act_weights: the inputs, the logits (unless chunked) and one [N]
+    4-byte vector
+    (remat_policy 'weights' recomputes the rest, the cast copy of `w`
+    too, from them).
     residuals (what a deferred W reads): the inputs and the
     logits' gradient in fprop_dtype; chunked, the weights' gradients
     (the chunked gradient computes them with the inputs' in one loop, B).
@@ -266,13 +272,22 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
     rows = lead.num_elements()
     dtype = base_layer.FPropDtype(p)
     size = dtype.size
+    # softmax_max_alloc > 0 is costed as chunked, what the LM's loss on a
+    # whole batch runs; FProp computes the logits whole where rows x
+    # num_classes fit in it (a small batch), which these figures then
+    # under-state by two [N, num_classes] float32 tensors.
+    chunked = bool(p.softmax_max_alloc)
     act = weights = residuals = shapes.Mul(rows, p.input_dim * size)
-    if p.softmax_max_alloc:
+    # Per row, 4 bytes (float32 or int32) each.
+    act = shapes.Add(act, shapes.Mul(rows, 8 if chunked else 4))
+    weights = shapes.Add(weights, shapes.Mul(rows, 4))
+    if chunked:
       residuals = (p.input_dim + 1) * c * tf.as_dtype(p.dtype).size
     else:
       xent_size = base_layer.AccumulationDtype(dtype).size
       act = shapes.Add(act, shapes.Mul(rows, 2 * c * xent_size))
-      weights = residuals = shapes.Add(weights, shapes.Mul(rows, c * size))
+      residuals = shapes.Add(residuals, shapes.Mul(rows, c * size))
+      weights = shapes.Add(weights, shapes.Mul(rows, c * size))
     if dtype != tf.as_dtype(p.dtype):
       act = shapes.Add(act, p.input_dim * c * size)
     # The backward's largest temporary: the logits' gradient [N, classes]
@@ -284,7 +299,12 @@ class SimpleFullSoftmax(base_layer.BaseLayer):
       ops = (op_cost.MatMul(1, rows, p.input_dim, c, size),
              op_cost.Elementwise(rows * c, size, reads=2),          # bias
              op_cost.Softmax(rows * c, f32, _XENT_FLOPS_PER_LOGIT))
+    outs = NestedMap() if chunked else NestedMap(logits=lead + (c,),
+                                                 log_probs=lead + (c,))
+    outs.update(per_example_xent=lead, per_example_weight=lead,
+                total_xent=shapes.Shape([]), total_weight=shapes.Shape([]),
+                avg_xent=shapes.Shape([]))
     return cost.Cost(flops=shapes.Mul(rows, per_row),
-                     out_shapes=(lead + (c,), lead), act=act,
+                     out_shapes=(outs,), act=act,
                      act_weights=weights, residuals=residuals,
                      transient=transient, ops=ops)

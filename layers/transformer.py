@@ -399,7 +399,8 @@ class TransformerStack(base_layer.BaseLayer):
   @classmethod
   def FPropMeta(cls, p, inputs, paddings=None):
     """num_layers * TransformerLayer flops + the final norm's; out (inputs,);
-    act, act_weights and residuals likewise (LayersActBytes)."""
+    act, act_weights and residuals likewise (LayersActBytes); ops theirs,
+    in order."""
     del paddings
     cls.CheckStackParams(p, validation.Owner(p))
     shape = shapes.AsShape(inputs)
@@ -408,8 +409,16 @@ class TransformerStack(base_layer.BaseLayer):
       return cls.LayersActBytes(p, shape, p.num_layers, p.final_layer_norm,
                                 policy)
 
+    # The ops: each layer's, then the final norm's.
+    tpl = base_layer.InheritParams(p, p.transformer_tpl)
+    parts = [TransformerLayer.FPropMeta(tpl, shape).ops] * p.num_layers
+    if p.final_layer_norm:
+      parts.append(base_layer.FPropCost(
+          base_layer.InheritParams(p, cls.FinalLnParams(p)), shape).ops)
+    ops = None if any(o is None for o in parts) else [
+        op for o in parts for op in o]
     return cost.Cost(flops=cls.LayersFlops(p, shape, p.num_layers,
                                            p.final_layer_norm),
                      out_shapes=(shape,), act=_Bytes('all'),
                      act_weights=_Bytes('weights'),
-                     residuals=_Bytes('residuals'))
+                     residuals=_Bytes('residuals'), ops=ops)

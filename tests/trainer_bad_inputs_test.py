@@ -40,6 +40,8 @@ BadInput = test_utils.BadInput
 _LM = 'lm.one_billion_wds.OneBWdsGPipeTransformerTiny'
 _REGRESSION = 'synthetic.linear_regression.RegressionTiny'
 _IMAGE = 'image.shapes_resnet.ShapesResNetTiny'
+_PIPELINED_MLP = 'examples.pipelined_mlp.PipelinedMlp'
+_UNITS = 'task.net_tpl.units'
 _LOGDIR = '--logdir={logdir}'
 _STACK = 'task.stack_tpl'
 _PIPE = 'task.stack_tpl.pipeline_tpl'
@@ -129,6 +131,12 @@ def _FileAsLogdir(logdir):
 
 def _Lm(*flags):
   return [f'--model={_LM}', _LOGDIR] + list(flags)
+
+
+def _Own(experiment, *flags):
+  """An experiment of tests/bad_units.py, by its dotted path."""
+  return [f'--model=cadence.tests.bad_units.{experiment}', _LOGDIR] + list(
+      flags)
 
 
 _BEFORE_TF = [
@@ -747,6 +755,40 @@ _MODEL = [
         '--model_params_override=task.pipeline_tpl=gpipe'],
              r"\(params 'task'\): pipeline_tpl='gpipe' must be None \(a "
              r'FeedForwardNet\) or a gpipe\.PipeliningLayer\.Params\(\)\.$'),
+    # Experiments of a user's own (tests/bad_units.py, by their dotted
+    # paths): a pipeline of one's own units, the unit whose FPropMeta
+    # breaks the contract named by its params path (not the layer after
+    # it), and the stack's own knobs.
+    BadInput('unit_meta_plain_number', _Own('PlainNumberMlp'),
+             rf"^Error: Bad params: PlainNumber \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta returned 1024 \(an int\); FPropMeta\(params, '
+             r'\*input_shapes\) must return a cost record, cost\.Cost\('
+             r'out_shapes=\(\.\.\.\), flops=\.\.\.\) \(framework/cost\.py\)\.$',
+             real=True),
+    BadInput('unit_meta_plain_number_inspect',
+             _Own('PlainNumberMlp', '--mode=inspect_model'),
+             rf"^Error: Bad params: PlainNumber \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta returned 1024 \(an int\); FPropMeta\(params, '),
+    BadInput('unit_meta_wrong_shape', _Own('WrongShapeMlp'),
+             rf"^Error: Bad params: WrongShape \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta states output shape\(s\) \[1, 16\] but FProp gives '
+             r'\[1, 8\] on input\(s\) \[1, 8\]; FPropMeta\'s out_shapes must '
+             r"be FProp's"),
+    # The same unit put in by an override of the README's experiment.
+    BadInput('unit_meta_wrong_shape_override', [
+        f'--model={_PIPELINED_MLP}', _LOGDIR,
+        f"--model_params_override={_UNITS}[1].cls="
+        "type('cadence.tests.bad_units.WrongShape')"],
+             rf"^Error: Bad params: WrongShape \(params '{_UNITS}\[1\]'\): "
+             r'FPropMeta states output shape\(s\) \[1, 16\]'),
+    BadInput('stack_example_shape_rank', _Own('ExampleRankMlp'),
+             r"^Error: Bad params: GPipeStack 'net': task\.net_tpl\."
+             r'example_shape=\[8, 1\] must be one example of the inputs '
+             r'\[batch, \.\.\.\]: \[8\] \(the inputs are \[32, 8\]\)\.$'),
+    BadInput('stack_unit_is_a_class', _Own('LayerClassMlp'),
+             rf"^Error: Bad params: GPipeStack 'net': {_UNITS}\[2\]=<class "
+             r"'cadence\.params\.examples\.pipelined_mlp\.ResidualMlp'> is a "
+             r'layer class, not its params: pass ResidualMlp\.Params\(\) '),
     # Devices: --xla and the TPU.
     BadInput('xla_over_two_devices', _Lm('--xla', '--worker_split_size=2'),
              r"^Error: Bad params: lm's train: --xla compiles one replica's "

@@ -4,13 +4,17 @@ A trainer mode (framework/jobs/mode_registry.py) and a distribution option
 (option.py) each declare their own flags as a dataclass whose fields are
 `Flag(default, help)`: the field's name is the flag's (after the
 registry's prefix, if any), its default the flag's, and its kind (absl's
-DEFINE_string, _bool, _integer or _float) comes from the default. Their
-registry defines the flags in absl from the fields (`Define`) and reads
-their values back into the dataclass (`Read`), from absl's FLAGS or from a
-{flag name: value} mapping (what trainer_lib.TrainerOptions carries).
+DEFINE_string, _bool, _integer or _float) comes from the default; a flag
+with `choices` is an enum. Their registry defines the flags in absl from
+the fields (`Define`) and reads their values back into the dataclass
+(`Read`), from absl's FLAGS or from a {flag name: value} mapping (what
+trainer_lib.TrainerOptions carries). The trainer's common flags are
+declared so too (framework/jobs/trainer_options.py), each with the check
+of its value (`check`) that runs before TensorFlow loads.
 
-It lives in framework/distribute because that is the lowest room both
-registries may import (the mode registry is in framework/jobs, above it).
+It lives in framework/distribute because that is the lowest room the
+registries may import (the modes and the common flags are in
+framework/jobs, above it).
 No TensorFlow and no absl import: the trainer defines and checks its flags
 before TensorFlow loads, and the caller passes absl's `flags` module.
 
@@ -28,23 +32,51 @@ import dataclasses
 KINDS = ('string', 'bool', 'integer', 'float')
 
 
-def Flag(default, help_text, kind=None):
+def Flag(default, help_text, kind=None, choices=None, check=None):
   """A field of a FLAGS dataclass: its default, its help, and its absl kind
   ('string', 'bool', 'integer' or 'float'; default: from the default's
   type, which a default of None cannot give).
 
+  Args:
+    default: the flag's default.
+    help_text: its help line, or a function of no arguments giving it when
+      the flag is defined (a registry's listing).
+    kind: as above; not with `choices`.
+    choices: the values of an enum flag (absl's DEFINE_enum), or a function
+      of no arguments giving them when the flag is defined or checked (a
+      registry's names: those registered by then).
+    check: None, or check(name, value) of one value, raising the caller's
+      error (the trainer's UserError) that names the flag, the value and
+      the rule; its registry runs it before TensorFlow loads.
+
   Raises:
     ValueError: no kind, or not one of KINDS.
   """
-  if kind is None:
-    kind = {str: 'string', bool: 'bool', int: 'integer',
-            float: 'float'}.get(type(default))
-  if kind not in KINDS:
-    raise ValueError(f'Flag(default={default!r}): kind={kind!r} must be one '
-                     f'of {", ".join(KINDS)} (give it for a default of '
-                     'None).')
-  return dataclasses.field(default=default,
-                           metadata=dict(help=help_text, kind=kind))
+  if choices is not None:
+    kind = 'enum'
+  else:
+    if kind is None:
+      kind = {str: 'string', bool: 'bool', int: 'integer',
+              float: 'float'}.get(type(default))
+    if kind not in KINDS:
+      raise ValueError(f'Flag(default={default!r}): kind={kind!r} must be '
+                       f'one of {", ".join(KINDS)} (give it for a default '
+                       'of None).')
+  return dataclasses.field(default=default, metadata=dict(
+      help=help_text, kind=kind, choices=choices, check=check))
+
+
+def HelpOf(field):
+  """The help line of a `Flag` field (its function called, if it is one)."""
+  text = field.metadata['help']
+  return text() if callable(text) else text
+
+
+def ChoicesOf(field):
+  """The values of an enum `Flag` field, as a tuple; None for another."""
+  choices = field.metadata.get('choices')
+  return tuple(choices() if callable(choices) else choices) if (
+      choices is not None) else None
 
 
 @dataclasses.dataclass
@@ -71,7 +103,13 @@ def Define(flags_module, field, name, help_text, flag_values=None,
   """
   if flag_values is None:
     flag_values = flags_module.FLAGS
-  define = getattr(flags_module, f'DEFINE_{field.metadata["kind"]}')
+  kind = field.metadata['kind']
+  if kind == 'enum':
+    flags_module.DEFINE_enum(name, field.default, list(ChoicesOf(field)),
+                             help_text, flag_values=flag_values,
+                             module_name=module_name)
+    return
+  define = getattr(flags_module, f'DEFINE_{kind}')
   define(name, field.default, help_text, flag_values=flag_values,
          module_name=module_name)
 

@@ -6,7 +6,7 @@ asynchronous steps scheduled on the workers, variables on the servers);
 'worker' and 'ps' tasks start a tf.distribute.Server and only serve
 (`Serve`) until the run is finished and the chief has exited. Before
 its task is created, each checks what the chief would refuse of the job
-and the params (trainer_lib.CheckBeforeDevices: `CheckJob`, the params
+and the params (sync_run.CheckBeforeDevices: `CheckJob`, the params
 checked as a build checks them, and `CheckParams`, the runner's refusals,
 e.g. learner.shard_optimizer_state), so every task of a refused command
 exits 2 with the chief's line. Before its

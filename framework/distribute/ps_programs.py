@@ -4,8 +4,8 @@ ParameterServerStrategy and ClusterCoordinator.
 The cluster (TF_CONFIG, the `parameter_server` option of
 framework/distribute/parameter_server.py) has one 'chief', the coordinator
 that runs this program, 'worker' tasks that compute and 'ps' tasks that hold
-the variables; workers and parameter servers only serve (trainer_lib's
-server job). `PsTrainProgram` is `TrainProgram` with its state built in the
+the variables; workers and parameter servers only serve (the sync
+mode's server job, framework/jobs/sync_jobs.py). `PsTrainProgram` is `TrainProgram` with its state built in the
 strategy's scope and the step runner `PsRunner`: three things change from
 synchronous replicas (framework/train/runners.py SyncRunner):
 

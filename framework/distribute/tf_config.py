@@ -263,3 +263,15 @@ def Read(cluster_spec='', task_type='', task_index=0, environ=None):
   if not text.strip():
     return None
   return _ParseTfConfig(text)
+
+
+def IsChief(config):
+  """Whether the task of `config` (Read's: a TF_CONFIG dict, or None for
+  a local run) writes the logdir: the only host, the 'chief', or worker 0
+  of a cluster without one."""
+  if config is None:
+    return True
+  task = config['task']
+  return task['type'] == 'chief' or (
+      task['type'] == 'worker' and task.get('index', 0) == 0 and
+      'chief' not in config['cluster'])

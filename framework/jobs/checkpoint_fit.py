@@ -1,6 +1,6 @@
 """Whether a logdir's checkpoints hold the model a command builds.
 
-A sync job (framework/jobs/trainer_lib.py) and an export
+A sync job (framework/jobs/sync_run.py) and an export
 (framework/jobs/export.py) both restore a logdir's checkpoint into a model
 built from `--model` and its overrides. When the checkpoint holds another
 model (another experiment, a changed `hidden_dim`), TensorFlow's restore

@@ -8,8 +8,12 @@ override or a bad cluster come back at once as one line:
   Error: --steps_per_loop=-1 must be an int >= 0 (0: up to the next
   summary, log or checkpoint).
 
-`trainer_lib.Main` runs the same `Check` on the `TrainerOptions` it is
-given, so Python callers get the same answers. The experiment key is
+Each common flag's check is declared with the flag
+(framework/jobs/trainer_options.py), each mode's in its module (its
+`Check`), each distribution option's in its own. `trainer_lib.Main` runs
+the same `Check` on the `TrainerOptions` it is given, so Python callers
+get the same answers. Importing this module registers the built-in modes
+(modes.py), so --mode's values are known here. The experiment key is
 checked against the keys the params files register, or, for a full key
 (`my_pkg.my_module.MyExp`), against the source of the user's module
 (`model_registry.CheckKey`: the source is read, nothing imported; a module
@@ -27,108 +31,18 @@ Example:
   except command_line.UserError as e:
     sys.stderr.write(f'Error: {e}\\n')
 """
-import math
-import os
 import re
 
-from cadence.framework import model_registry
 from cadence.framework.distribute import distribution
 from cadence.framework.distribute import tf_config
 from cadence.framework.jobs import mode_registry
 from cadence.framework.jobs import modes
-from cadence.framework.jobs import sync_mode
+from cadence.framework.jobs import trainer_options
 from cadence.framework.jobs import user_error
-from cadence.framework.train import logdir_lock
 
 EXIT_USER_ERROR = user_error.EXIT_USER_ERROR
 UserError = user_error.UserError
-MODES = modes.NAMES   # The built-in modes, in --mode's order.
-# --job is sync's flag (sync_mode.py), checked with the others.
-ParseJob = sync_mode.ParseJob
-RUN_LOCALLY = ('cpu', 'gpu')
-MODEL_REQUIRED = ('--model is required: a registered experiment key, e.g. '
-                  'synthetic.linear_regression.RegressionTiny, or the full '
-                  'path of one of yours, my_pkg.my_module.MyExp.')
-
-# Integer flags: (name, lowest value, None allowed, what the value means).
-_INT_FLAGS = (
-    ('max_steps', 0, True, 'overrides task.train.max_steps'),
-    ('worker_replicas', 1, False, 'data-parallel replicas on this host'),
-    ('worker_split_size', 1, True, 'devices per replica'),
-    ('steps_per_loop', 0, False, '0: up to the next summary, log or '
-     'checkpoint'),
-    ('task_index', 0, False, "this host's index in its --cluster_spec job"),
-)
-# Number flags (>= 0, finite): (name, what the value means).
-_NUMBER_FLAGS = (
-    ('eval_timeout_s', 'seconds without a new checkpoint; 0: no timeout'),
-    ('peak_tflops', 'TFLOP/s of one device; 0: measure it'),
-    ('device_memory_gib', 'GiB of memory per device; 0: no check'),
-)
-
-
-def ParseOverride(text):
-  """`--model_params_override` as a list of (key, value text) pairs, or None.
-
-  Returns None for Params text ('key : value' lines, as in params.txt), and
-  the pairs of ';'-separated 'key=value' items otherwise.
-
-  Raises:
-    UserError: an item that is not 'key=value'.
-  """
-  if ' : ' in text or '\n' in text:
-    return None
-  pairs = []
-  for item in [s.strip() for s in text.split(';') if s.strip()]:
-    key, sep, value = item.partition('=')
-    if not sep or not key.strip():
-      raise UserError(f"--model_params_override: {item!r} is not "
-                      "'key=value' (items are separated by ';').")
-    pairs.append((key.strip(), value.strip()))
-  return pairs
-
-
-def _CheckParamsFile(path):
-  """A local --model_params_file_override must be a readable text file
-  (a remote one is read, and checked, with the params)."""
-  if not user_error.IsLocal(path):
-    return
-  flag = f'--model_params_file_override={path!r}'
-  if not os.path.exists(path):
-    raise UserError(f'{flag}: no such file.')
-  if not os.path.isfile(path):
-    raise UserError(f'{flag} is not a file (a Params text file, '
-                    "'key : value' lines as in params.txt).")
-  try:
-    with open(path, 'rb') as f:
-      ParamsFileText(path, f.read())
-  except OSError as e:
-    raise UserError(f'{flag}: cannot read it: {e.strerror or e}.') from None
-
-
-def ParamsFileText(path, data):
-  """The text of the --model_params_file_override `path`, from its bytes.
-
-  Raises:
-    UserError: the bytes are not UTF-8 text (e.g. a binary file).
-  """
-  try:
-    return data.decode('utf-8')
-  except UnicodeDecodeError as e:
-    raise UserError(f'--model_params_file_override={path!r} is not UTF-8 '
-                    f'text (byte {e.start}: {e.reason}); it must hold '
-                    "Params text, 'key : value' lines as in params.txt."
-                    ) from None
-
-
-def _CheckNumbers(options):
-  for name, low, none_ok, meaning in _INT_FLAGS:
-    user_error.CheckInt(name, getattr(options, name), low, none_ok, meaning)
-  for name, meaning in _NUMBER_FLAGS:
-    value = getattr(options, name)
-    if not (user_error.IsNumber(value) and value >= 0 and math.isfinite(value)):
-      raise UserError(f'--{name}={value!r} must be a number >= 0 '
-                      f'({meaning}).')
+MODES = modes.NAMES   # The built-in modes (registered), in --mode's order.
 
 
 def OptionFlags(options):
@@ -143,52 +57,42 @@ def OptionFlags(options):
 def Check(options):
   """Checks every value of the trainer's command line; no TensorFlow.
 
+  In order: each common flag by its declaration (trainer_options.
+  CheckValues), the distribution options' own flags, a mode's flags given
+  with another mode, the cluster (--cluster_spec or $TF_CONFIG) and the
+  options' flags against the option it chooses, then the mode's own checks
+  (its Check: e.g. sync's --job and --logdir).
+
   Args:
-    options: the flags (absl's FLAGS) or a `trainer_lib.TrainerOptions`:
+    options: the flags (absl's FLAGS) or a `trainer_options.TrainerOptions`:
       anything with the trainer's flags as attributes.
 
   Raises:
     UserError: one line naming the flag, the value and the rule.
   """
-  if options.mode not in mode_registry.Names():
-    raise UserError(user_error.NotOneOf('mode', options.mode,
-                                        mode_registry.Names()))
-  if not options.model:
-    raise UserError(MODEL_REQUIRED)
-  try:
-    model_registry.CheckKey(options.model)
-  except KeyError as e:
-    raise UserError(e.args[0]) from None
-  mode = mode_registry.Get(options.mode)
-  mode.Check(options, mode_registry.FlagsOf(type(mode), options))
-  if options.logdir and user_error.IsLocal(options.logdir) and os.path.exists(
-      options.logdir) and not os.path.isdir(options.logdir):
-    raise UserError(f'--logdir={options.logdir!r} is a file; it must be a '
-                    'folder (made if missing).')
-  if options.run_locally not in RUN_LOCALLY:
-    raise UserError(user_error.NotOneOf('run_locally', options.run_locally,
-                              RUN_LOCALLY))
-  _CheckNumbers(options)
+  trainer_options.CheckValues(options)
   try:   # Each distribution option's own (e.g. --tpu_zone needs --tpu).
     distribution.CheckFlags(OptionFlags(options))
   except distribution.SetupError as e:
     raise UserError(str(e)) from None
   mode_registry.CheckModeFlags(options)
-  for name in ('xla', 'graph_optimizer'):
-    if not isinstance(getattr(options, name), bool):
-      raise UserError(f'--{name}={getattr(options, name)!r} must be True or '
-                      'False.')
-  if options.model_params_file_override:
-    _CheckParamsFile(options.model_params_file_override)
-  if options.model_params_override:
-    ParseOverride(options.model_params_override)
+  _CheckOptionChosen(options, ReadCluster(options))
+  mode = mode_registry.Get(options.mode)
+  mode.Check(options, mode_registry.FlagsOf(type(mode), options))
+
+
+def ReadCluster(options):
+  """The TF_CONFIG dict of --cluster_spec (with --task_type and
+  --task_index) or $TF_CONFIG, or None for a local run.
+
+  Raises:
+    UserError: the configuration cannot describe a cluster.
+  """
   try:
-    config = tf_config.Read(options.cluster_spec, options.task_type,
-                            options.task_index)
+    return tf_config.Read(options.cluster_spec, options.task_type,
+                          options.task_index)
   except tf_config.ConfigError as e:
     raise UserError(str(e)) from None
-  _CheckOptionChosen(options, config)
-  _CheckLogdirFree(options, config)
 
 
 def _CheckOptionChosen(options, config):
@@ -204,31 +108,6 @@ def _CheckOptionChosen(options, config):
         worker_split_size=options.worker_split_size or 1, tf_config=config,
         **OptionFlags(options)))
   except distribution.SetupError as e:
-    raise UserError(str(e)) from None
-
-
-def _IsChief(config):
-  """Whether this host writes the logdir: the only host, the 'chief', or
-  worker 0 of a cluster without one."""
-  if config is None:
-    return True
-  task = config['task']
-  return task['type'] == 'chief' or (
-      task['type'] == 'worker' and task.get('index', 0) == 0 and
-      'chief' not in config['cluster'])
-
-
-def _CheckLogdirFree(options, config):
-  """A trainer job's logdir held by another live trainer (its writer lock,
-  framework/train/logdir_lock.py), answered before TensorFlow loads; the
-  lock itself is taken later, before the first write."""
-  if (options.mode != 'sync' or not options.logdir or
-      not user_error.IsLocal(options.logdir) or not _IsChief(config) or
-      ParseJob(options.job)[0] not in ('trainer', 'trainer_and_evaler')):
-    return
-  try:
-    logdir_lock.CheckFree(options.logdir)
-  except logdir_lock.HeldError as e:
     raise UserError(str(e)) from None
 
 

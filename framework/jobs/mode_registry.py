@@ -9,12 +9,22 @@ A mode module declares a `Mode` subclass, which `modes.py` registers
                 its kind and help from `Flag` (framework/distribute/
                 flag_fields.py: the distribution options declare theirs
                 with it too, distribution.py);
-  Check         its checks of the command line, run before TensorFlow loads
-                (raise command_line.UserError: one line);
+  Check         its checks of the command line, run before TensorFlow loads,
+                after the common flags' (raise user_error.UserError: one
+                line);
   Environment   what TensorFlow must see in the environment as it loads;
-  Run           the mode itself, once the devices are set up (a user's
-                mistake raises UserError: exit 2; a signal that stops it
-                before it writes anything raises Stopped: exit 4).
+  CheckBeforeDevices  what every task of a cluster refuses before its
+                devices are set up (no TensorFlow op), e.g. the params it
+                loads and checks: Run gets them as context.params;
+  Run           the mode itself, once the devices are set up; returns
+                its exit code, or None for 0 (a user's mistake raises
+                UserError: exit 2; a signal that stops it before it writes
+                anything raises Stopped: exit 4).
+
+The trainer's own mode, sync (sync_mode.py: train, evaluate or decode
+--job), is one like the others: its checks, its CheckBeforeDevices and
+its Run (sync_run.py) are its own, and trainer_lib.Main runs every mode
+the same way.
 
 `modes.py` imports every mode module once, in the order `--mode` lists
 them (a new mode is its module plus one line there); `trainer.py` defines
@@ -57,12 +67,14 @@ class Stopped(Exception):
 
 @dataclasses.dataclass
 class Context:
-  """What a mode's Run gets: the trainer's options (trainer_lib.
-  TrainerOptions), the mode's own flags (its FLAGS) and the distribution
-  setup (distribution.Setup: its cluster is entered)."""
+  """What a mode's Run gets: the trainer's options (trainer_options.
+  TrainerOptions), the mode's own flags (its FLAGS), the distribution
+  setup (distribution.Setup: its cluster is entered) and what the mode's
+  CheckBeforeDevices returned (None by default)."""
   options: object
   flags: object
   setup: object
+  params: object = None
 
 
 class Mode:
@@ -71,10 +83,18 @@ class Mode:
   HELP = ''
   FLAGS = NoFlags
   PREFIX = ''   # The flags' names: PREFIX + field name.
+  # False: the trainer logs the distribution setup before Run, and a
+  # UserError or ValueError (bad params, as the layers raise them) out of
+  # Run exits 2 with its one line. True: Run does both itself (sync: it
+  # logs the setup once it knows its job is not finished already, and
+  # answers its build's errors so; an error while it trains is raised as
+  # it is).
+  REPORTS_ITS_RUN = False
 
   def Check(self, options, flags):
     """Checks before TensorFlow loads (`flags`: this mode's FLAGS of
-    `options`); raises command_line.UserError. None by default."""
+    `options`), after the common flags'; raises user_error.UserError.
+    None by default."""
 
   def Environment(self, flags):
     """{name: value} of environment variables TensorFlow reads as it loads
@@ -82,8 +102,16 @@ class Mode:
     del flags
     return {}
 
+  def CheckBeforeDevices(self, options, flags, setup_cls):
+    """What every task refuses before its distribution option
+    (`setup_cls`, chosen, not created) sets up the devices, so before it
+    waits for its peers or serves them; runs no TensorFlow op. Returns what
+    Run gets as context.params (None by default); raises UserError."""
+    del options, flags, setup_cls
+
   def Run(self, context):
-    """Runs the mode (a Context); a user's mistake raises UserError."""
+    """Runs the mode (a Context); returns its exit code, or None for 0. A
+    user's mistake raises UserError."""
     raise NotImplementedError(f'--mode={self.NAME} has no Run.')
 
 

@@ -7,7 +7,7 @@ other params, e.g. another --max_steps), it is not lost: `Write` renames it
 to `params.txt.<UTC time>` first and returns one line saying which keys
 differ. The same comparison (`Differences`) says how the model of a
 logdir's checkpoints differs from this run's, when they do not fit
-(trainer_lib).
+(sync_run.py).
 
 Example:
   Write('/tmp/run/params.txt', params.ToText())

@@ -8,7 +8,7 @@ writes a run's params.txt (a different one already there is kept:
 params_file.py).
 
 Example:
-  params = LoadParams(trainer_lib.TrainerOptions(
+  params = LoadParams(trainer_options.TrainerOptions(
       model='synthetic.linear_regression.RegressionTiny',
       model_params_override='task.input_dim=4'), 'Train')
 """
@@ -19,8 +19,9 @@ import tensorflow as tf
 
 from cadence.framework import model_registry
 from cadence.framework.jobs import checkpoint_fit
-from cadence.framework.jobs import command_line
 from cadence.framework.jobs import params_file
+from cadence.framework.jobs import params_overrides
+from cadence.framework.jobs import trainer_options
 from cadence.framework.jobs import user_error
 
 UserError = user_error.UserError
@@ -68,7 +69,7 @@ def _SetText(params, text, source):
 def LoadParams(options, dataset):
   """The model params of `options.model` for `dataset`, overrides applied."""
   if not options.model:
-    raise UserError(command_line.MODEL_REQUIRED)
+    raise UserError(trainer_options.MODEL_REQUIRED)
   try:
     params = model_registry.GetParams(options.model, dataset)
   except KeyError as e:
@@ -79,10 +80,10 @@ def LoadParams(options, dataset):
       raise UserError(f'--model_params_file_override: no file {path!r}.')
     with tf.io.gfile.GFile(path, 'rb') as f:
       data = f.read()
-    _SetText(params, command_line.ParamsFileText(path, data),
+    _SetText(params, params_overrides.ParamsFileText(path, data),
              f'--model_params_file_override {path}')
   if options.model_params_override:
-    pairs = command_line.ParseOverride(options.model_params_override)
+    pairs = params_overrides.ParseOverride(options.model_params_override)
     if pairs is None:
       _SetText(params, options.model_params_override,
                '--model_params_override')

@@ -1,47 +1,57 @@
 """`--mode=sync` (the default): run `--job`: train, evaluate or decode.
 
-Its checks are here; its run is the trainer's own path
-(trainer_lib.Main: the logdir's lock, signals, peer hosts, exit codes 3
-and 4), which no other mode shares.
+A mode like the others (mode_registry.py): its checks are here, before
+TensorFlow loads (--job, --logdir, and a trainer job's logdir not held by
+another live trainer); its checks before the devices and its run are
+sync_run.py (the job built, the logdir's lock, signals, peer hosts, exit
+codes 3 and 4), what each job runs sync_jobs.py.
 """
-import difflib
-
-from cadence.framework import model_registry
+from cadence.framework.distribute import tf_config
+from cadence.framework.jobs import job_flag
 from cadence.framework.jobs import mode_registry
 from cadence.framework.jobs import user_error
-
-_JOB_FORMS = ('trainer', 'trainer_and_evaler', 'evaler_<dataset>',
-              'decoder_<dataset>')
+from cadence.framework.train import logdir_lock
 
 
 class SyncMode(mode_registry.Mode):
-  """Runs --job (trainer_lib.Main's own path)."""
+  """Runs --job (sync_run.py)."""
   NAME = 'sync'
   HELP = 'run --job'
+  REPORTS_ITS_RUN = True
 
   def Check(self, options, flags):
     del flags
-    ParseJob(options.job)
+    kind, _ = job_flag.ParseJob(options.job)
     if not options.logdir:
       raise user_error.UserError('--logdir is required for --mode=sync.')
+    if kind in job_flag.TRAINS:
+      _CheckLogdirFree(options)
+
+  def CheckBeforeDevices(self, options, flags, setup_cls):
+    # TensorFlow loads with what the mode runs, after the checks.
+    from cadence.framework.jobs import sync_run  # pylint: disable=g-import-not-at-top
+    return sync_run.CheckBeforeDevices(options, setup_cls)
+
+  def Run(self, context):
+    from cadence.framework.jobs import sync_run  # pylint: disable=g-import-not-at-top
+    return sync_run.Run(context)
 
 
-def ParseJob(job):
-  """'evaler_dev' -> ('evaler', 'Dev'); 'trainer' -> ('trainer', None).
-
-  Raises:
-    UserError: not a job form, naming the closest job.
-  """
-  if job in ('trainer', 'trainer_and_evaler'):
-    return job, None
-  kind, _, dataset = str(job).partition('_')
-  names = {d.lower(): d for d in model_registry.DATASETS}
-  if kind in ('evaler', 'decoder') and dataset.lower() in names:
-    return kind, names[dataset.lower()]
-  known = ['trainer', 'trainer_and_evaler'] + [
-      f'{k}_{d.lower()}' for k in ('evaler', 'decoder') for d in names]
-  close = difflib.get_close_matches(str(job), known, n=2, cutoff=0.6)
-  hint = f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
-  raise user_error.UserError(
-      f'--job={job!r} is not one of {", ".join(_JOB_FORMS)} (datasets: '
-      f'{", ".join(model_registry.DATASETS)}).{hint}')
+def _CheckLogdirFree(options):
+  """A trainer job's logdir held by another live trainer (its writer lock,
+  framework/train/logdir_lock.py), answered before TensorFlow loads, on
+  the host that writes it (tf_config.IsChief); the lock itself is taken
+  later, before the first write."""
+  if not user_error.IsLocal(options.logdir):
+    return
+  try:
+    config = tf_config.Read(options.cluster_spec, options.task_type,
+                            options.task_index)
+  except tf_config.ConfigError as e:
+    raise user_error.UserError(str(e)) from None
+  if not tf_config.IsChief(config):
+    return
+  try:
+    logdir_lock.CheckFree(options.logdir)
+  except logdir_lock.HeldError as e:
+    raise user_error.UserError(str(e)) from None

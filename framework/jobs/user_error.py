@@ -10,6 +10,7 @@ Example:
   # --run_locally='cpus' is not one of cpu, gpu. Did you mean 'cpu'?
 """
 import difflib
+import math
 
 EXIT_USER_ERROR = 2
 
@@ -54,3 +55,20 @@ def CheckInt(name, value, low, none_ok, meaning):
     return
   rule = f'must be {"None or " if none_ok else ""}an int >= {low}'
   raise UserError(f'--{name}={value!r} {rule} ({meaning}).')
+
+
+def CheckNumber(name, value, meaning):
+  """A number flag >= 0 and finite, else a UserError naming the rule and
+  what the value means."""
+  if not (IsNumber(value) and value >= 0 and math.isfinite(value)):
+    raise UserError(f'--{name}={value!r} must be a number >= 0 ({meaning}).')
+
+
+def IntCheck(low, meaning, none_ok=False):
+  """The `check` of an int flag (flag_fields.Flag): `CheckInt`."""
+  return lambda name, value: CheckInt(name, value, low, none_ok, meaning)
+
+
+def NumberCheck(meaning):
+  """The `check` of a number flag (flag_fields.Flag): `CheckNumber`."""
+  return lambda name, value: CheckNumber(name, value, meaning)

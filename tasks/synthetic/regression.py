@@ -369,7 +369,7 @@ class RegressionModel(base_model.BaseTask):
     net_p = cls._NetParams(params)
     if params.net_tpl is not None:   # One's own network; its plan, if any.
       net_p = base_layer.InheritParams(params, net_p)
-      meta = net_p.cls.FPropMeta(net_p, x)
+      meta = base_layer.FPropCost(net_p, x)   # The contract checked.
       plan = meta.get('plan')
       if plan is not None:   # Its loss, as a layer, after its units.
         plan = gpipe_units.Plan(net_p.cls, net_p, x, ends=gpipe_units.Ends(

@@ -5,26 +5,26 @@ variable paths, so the same initial weights) on the whole batch: a
 pipeline of one's own layers must equal it, loss and gradients, with every
 schedule, loss inside or outside the pipeline.
 """
-import itertools
-
 import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cluster as cluster_lib
 from cadence.framework import shapes
+from cadence.framework import testing
 from cadence.layers import gpipe
 from cadence.layers import gpipe_stack
 from cadence.layers import gpipe_units
 from cadence.layers import linear
+from cadence.tests import bad_units
 from cadence.tests import test_utils
 
 NestedMap = base_layer.NestedMap
 _BATCH, _DIM = 8, 6
 
 
-def _Params(num_units=4, **kw):
-  units = [linear.FeedForwardNet.Params().Set(
+def _Params(num_units=4, units=None, **kw):
+  units = units or [linear.FeedForwardNet.Params().Set(
       input_dim=_DIM, hidden_layer_dims=[2 * _DIM, _DIM],
       activation=['RELU', 'NONE']) for _ in range(num_units)]
   kw.setdefault('example_shape', [_DIM])
@@ -65,20 +65,22 @@ class GPipeStackTest(tf.test.TestCase):
     ref = _Params(pipeline_tpl=None).Instantiate()
     want, want_grads = self._Loss(ref)
     self.assertAllClose(want.loss, tf.reduce_sum(ref(self.x) * self.w))
-    for (schedule, v), k, m in itertools.product(
-        (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1),
-         ('zb_v', 2)), (1, 2), (1, 4)):
-      what = f'{schedule} v={v} K={k} M={m}'
+    # The test kit's grid and comparison (cadence.framework.testing).
+    for layout in testing.Layouts(
+        ('gpipe', '1f1b', ('interleaved_1f1b', 2), 'zb_h1', ('zb_v', 2)),
+        (1, 2), (1, 4)):
+      k, v = layout.splits, layout.stages_per_device
       p = _Params(splits=k)
-      p.pipeline_tpl.Set(schedule=schedule, stages_per_device=v,
-                         num_micro_batches=m)
+      p.pipeline_tpl.Set(schedule=layout.schedule, stages_per_device=v,
+                         num_micro_batches=layout.micro_batches)
       stack = _Build(p, k)
-      self.assertEqual(k * v, stack.num_cells, what)
+      self.assertEqual(k * v, stack.num_cells, layout.Name())
       got, grads = self._Loss(stack)
-      self.assertAllClose(want.loss, got.loss, atol=1e-5, msg=what)
-      self.assertAllClose(want.rows, got.rows, atol=1e-5, msg=what)
-      for g, wg in zip(grads, want_grads):
-        self.assertAllClose(wg, g, atol=1e-5, msg=what)
+      same = testing.CompareLossAndGrads(
+          layout.Name(), (want.loss, dict(enumerate(want_grads))),
+          (got.loss, dict(enumerate(grads))), atol=1e-5, rtol=1e-6)
+      self.assertTrue(same.ok, same.Line())
+      self.assertAllClose(want.rows, got.rows, atol=1e-5, msg=layout.Name())
 
   def testTablesInAnyBackwardOrderEqualTheUnpipelinedStack(self):
     # With the loss after the pipeline a stage's backwards of different
@@ -210,6 +212,38 @@ class GPipeStackTest(tf.test.TestCase):
     p.example_shape = None   # Equal units: 5 split 2 + 3.
     self.assertEqual([0, 2, 5], gpipe_units.Bounds(p.cls, p))
 
+  def testUnitShapesAreCheckedAtTheFirstTrace(self):
+    # A unit whose FPropMeta states twice the batch, which nothing after
+    # it checks statically: the first trace names it and both shapes,
+    # unpipelined (as it runs) and pipelined (before the pipeline sizes
+    # its stages by the stated shapes).
+    units = _Params().units[:1] + [
+        bad_units.WrongBatch.Params().Set(dim=_DIM)] + _Params().units[1:3]
+    for splits, pipe in ((1, None), (2, gpipe.PipeliningLayer.Params().Set(
+        num_micro_batches=4, schedule='1f1b'))):
+      p = _Params(units=units, splits=splits, pipeline_tpl=pipe)
+      stack = _Build(p, splits)
+      size = _BATCH if pipe is None else _BATCH // 4
+      with self.subTest(pipelined=pipe is not None):
+        with self.assertRaisesRegex(
+            ValueError, rf"^WrongBatch 'stack\.units\[1\]' \(params "
+            rf"'units\[1\]'\): FPropMeta "
+            rf'states output shape\(s\) \[{2 * size}, 6\] but FProp gives '
+            rf'\[{size}, 6\] on input\(s\) \[{size}, 6\]; FPropMeta\'s '
+            "out_shapes must be FProp's"):
+          self._Loss(stack)
+
+  def testAWrongStatedShapeIsBlamedOnItsUnit(self):
+    # The next unit refuses [b, 12]; the unit that stated it is named.
+    units = _Params().units
+    units[1] = bad_units.WrongShape.Params().Set(dim=_DIM)
+    with self.assertRaisesRegex(
+        ValueError, r"^WrongShape \(params 'units\[1\]'\): FPropMeta "
+        r'states output shape\(s\) '
+        r'\[8, 12\] but FProp gives \[8, 6\] on input\(s\) \[8, 6\]'):
+      p = _Params(units=units, pipeline_tpl=None)
+      p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
+
   def testBadParams(self):
     with self.assertRaisesRegex(ValueError, r"GPipeStack 'stack': units=\[\] "
                                 'must be a non-empty list of layer params'):
@@ -222,6 +256,23 @@ class GPipeStackTest(tf.test.TestCase):
     p.pipeline_tpl.num_micro_batches = 3
     with self.assertRaisesRegex(ValueError, 'num_micro_batches=3 does not '
                                 'divide batch 8'):
+      p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
+    p = _Params()
+    p.units[2] = linear.FeedForwardNet
+    with self.assertRaisesRegex(ValueError, r"^GPipeStack 'stack': units\[2\]"
+                                r"=<class '.*FeedForwardNet'> is a layer "
+                                r'class, not its params: pass '
+                                r'FeedForwardNet\.Params\(\)'):
+      p.Instantiate()
+    p.units[2] = 'ffn'
+    with self.assertRaisesRegex(ValueError, r"units\[2\]='ffn' is not a "
+                                r"layer's params"):
+      p.Instantiate()
+    p = _Params(example_shape=[_DIM, 1])
+    with self.assertRaisesRegex(ValueError, r"^GPipeStack 'stack': "
+                                r'example_shape=\[6, 1\] must be one example '
+                                r'of the inputs \[batch, \.\.\.\]: \[6\] '
+                                r'\(the inputs are \[8, 6\]\)\.$'):
       p.cls.FPropMeta(p, shapes.Shape([_BATCH, _DIM]))
 
 

@@ -223,9 +223,22 @@ class SimpleFullSoftmaxTest(tf.test.TestCase):
       meta = softmax.SimpleFullSoftmax.FPropMeta(p, shape, shape[:-1])
       x = tf.ones(shape)
       ids = tf.zeros(shape[:-1], tf.int32)
-      self.assertEqual(meta.out_shapes, (
-          shapes.Shape(layer.Logits(layer.theta, x).shape),
-          shapes.Shape(layer(x, ids).per_example_xent.shape)))
+      # Every output of FProp's NestedMap, by key.
+      out = layer(x, ids)
+      (stated,) = meta.out_shapes
+      self.assertEqual(sorted(out), sorted(stated))
+      self.assertEqual(stated.logits,
+                       shapes.Shape(layer.Logits(layer.theta, x).shape))
+      for key in out:
+        self.assertEqual(stated[key], shapes.Shape(out[key].shape), key)
+    # Chunked (4 rows x 5 classes > 12), FProp gives no logits: nor does
+    # FPropMeta.
+    p12, chunked, _, _ = _Build(softmax_max_alloc=12)
+    (stated,) = softmax.SimpleFullSoftmax.FPropMeta(p12, [4, 3]).out_shapes
+    out = chunked(tf.ones([4, 3]), tf.zeros([4], tf.int32))
+    self.assertNotIn('logits', stated)
+    self.assertEqual({k: shapes.Shape(v.shape) for k, v in out.items()},
+                     dict(stated))
     # [4, 3]: 4 rows * (2*3*5 + 5 + 6*5 + 3) = 4 * 68.
     self.assertEqual(softmax.SimpleFullSoftmax.FPropMeta(p, [4, 3]).flops,
                      4 * 68)
@@ -235,8 +248,9 @@ class SimpleFullSoftmaxTest(tf.test.TestCase):
         input_signature=[tf.TensorSpec([None, 7, 3], tf.float32),
                          tf.TensorSpec([None, 7], tf.int32)])
     out = fn.get_concrete_function().structured_outputs
-    self.assertEqual(meta.out_shapes[1], shapes.Shape(out.shape))
-    self.assertEqual(meta.out_shapes[0], shapes.Shape([None, 7, 5]))
+    self.assertEqual(meta.out_shapes[0].per_example_xent,
+                     shapes.Shape(out.shape))
+    self.assertEqual(meta.out_shapes[0].logits, shapes.Shape([None, 7, 5]))
     self.assertIsNone(meta.flops)
 
 

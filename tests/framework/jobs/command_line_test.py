@@ -104,21 +104,6 @@ class CheckTest(unittest.TestCase):
         with self.assertRaisesRegex(command_line.UserError, regex):
           command_line.Check(_Options(**kw))
 
-  def testParamsFileMustBeUtf8Text(self):
-    with self.assertRaisesRegex(
-        command_line.UserError, r"^--model_params_file_override='f\.bin' is "
-        r'not UTF-8 text \(byte 1: invalid start byte\); it must hold Params '
-        r"text, 'key : value' lines as in params\.txt\.$"):
-      command_line.ParamsFileText('f.bin', b'a\xff')
-    self.assertEqual('a : 1', command_line.ParamsFileText('f', b'a : 1'))
-
-  def testParseJob(self):
-    self.assertEqual(('evaler', 'Dev'), command_line.ParseJob('evaler_dev'))
-    self.assertEqual(('trainer', None), command_line.ParseJob('trainer'))
-    with self.assertRaisesRegex(command_line.UserError,
-                                r"Did you mean 'decoder_test'"):
-      command_line.ParseJob('decoder_tset')
-
 
 class FlagErrorLineTest(unittest.TestCase):
 

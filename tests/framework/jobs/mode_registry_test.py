@@ -1,5 +1,7 @@
 """Trainer modes as a registry: a toy mode added from a test is one class
-and one Register line, and the trainer defines, checks and runs it."""
+and one Register line, and the trainer defines, checks and runs it; a mode
+has the hooks the sync mode runs by (checks before the devices, its own
+exit code)."""
 import dataclasses
 import io
 import sys
@@ -39,6 +41,24 @@ class _CountMode(mode_registry.Mode):
                      f' on {len(context.setup.cluster.devices)} device(s)\n')
 
 
+class _GateMode(mode_registry.Mode):
+  """What the sync mode uses too: checks before the devices, whose result
+  Run gets (context.params), and an exit code of its own."""
+  NAME = 'gate'
+  HELP = 'exits with --max_steps'
+
+  def CheckBeforeDevices(self, options, flags, setup_cls):
+    if not options.max_steps:
+      raise user_error.UserError('--mode=gate needs --max_steps.')
+    return dict(code=options.max_steps, option=setup_cls.name)
+
+  def Run(self, context):
+    if context.params['code'] == 7:
+      raise ValueError('Params gate.code: 7 is unlucky.')
+    sys.stdout.write(f'{context.params["option"]}\n')
+    return context.params['code']
+
+
 class ModeRegistryTest(tf.test.TestCase):
 
   def setUp(self):
@@ -75,6 +95,24 @@ class ModeRegistryTest(tf.test.TestCase):
     with mock.patch.object(sys, 'stdout', io.StringIO()) as out:
       self.assertEqual(trainer_lib.EXIT_OK, trainer_lib.Main(options))
     self.assertEqual('go 1 2 3 4 on 1 device(s)\n', out.getvalue())
+
+  def testAModeHasTheSyncModesHooks(self):
+    mode_registry.Register(_GateMode)
+    self.addCleanup(mode_registry.Unregister, 'gate')
+    with mock.patch.object(sys, 'stdout', io.StringIO()) as out:
+      self.assertEqual(3, trainer_lib.Main(trainer_lib.TrainerOptions(
+          model=_KEY, mode='gate', max_steps=3)))
+    self.assertEqual('local\n', out.getvalue())
+    # Its refusal before the devices, and a ValueError out of its Run:
+    # exit 2 with one line.
+    for max_steps, line in ((None, 'Error: --mode=gate needs --max_steps.'),
+                            (7, 'Error: Bad params: Params gate.code: 7 is '
+                             'unlucky.')):
+      with mock.patch.object(sys, 'stderr', io.StringIO()) as err:
+        self.assertEqual(trainer_lib.EXIT_USER_ERROR, trainer_lib.Main(
+            trainer_lib.TrainerOptions(model=_KEY, mode='gate',
+                                       max_steps=max_steps)))
+      self.assertEqual(line + '\n', err.getvalue())
 
   def testItsChecksRunWithTheOthers(self):
     options = trainer_lib.TrainerOptions(model=_KEY, mode='count',

@@ -83,15 +83,6 @@ class LoadParamsTest(tf.test.TestCase):
       run_params.LoadParams(_Options(model_params_override='max_steps'),
                              'Train')
 
-  def testParseJob(self):
-    self.assertEqual(trainer_lib._ParseJob('evaler_dev'), ('evaler', 'Dev'))  # pylint: disable=protected-access
-    self.assertEqual(trainer_lib._ParseJob('decoder_Test'),  # pylint: disable=protected-access
-                     ('decoder', 'Test'))
-    with self.assertRaisesRegex(trainer_lib.UserError,
-                                r"--job='evaler_devv' is not one of .*Did you "
-                                r"mean 'evaler_dev'"):
-      trainer_lib._ParseJob('evaler_devv')  # pylint: disable=protected-access
-
 
 class InspectTest(tf.test.TestCase):
 

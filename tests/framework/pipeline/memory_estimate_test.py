@@ -7,7 +7,7 @@ from cadence.framework.nested_map import NestedMap
 from cadence.framework.pipeline import memory_estimate
 from cadence.framework.pipeline import schedules
 from cadence.framework import shapes
-from cadence.framework import step_seed
+from cadence.framework.testing import measure
 from cadence.layers import combinators
 from cadence.layers import conv
 from cadence.layers import linear
@@ -18,22 +18,17 @@ from cadence.layers import transformer
 
 
 def _Saved(params, input_specs, policy='all'):
-  """SavedBytes of a layer's FProp (with a step seed) on input_specs by
-  remat policy `policy`, or its ResidualBytes ('residuals')."""
+  """The test kit's measurement (framework/testing/measure.py) of a layer's
+  FProp on input_specs: SavedBytes by remat policy `policy`, or its
+  ResidualBytes ('residuals'); of a softmax's output, its total_xent."""
   layer = params.Instantiate()
-  leaves = tf.nest.flatten(layer.theta)
-  n = len(input_specs)
 
-  def _Fn(*args):
-    theta = tf.nest.pack_sequence_as(layer.theta, list(args[n:]))
-    theta = base_layer.WithStepSeed(theta, step_seed.MakeStepSeed(1))
-    out = layer.FProp(theta, *args[:n])
+  def _Loss(out):
     return out.total_xent if isinstance(out, NestedMap) else out
 
-  theta_specs = [tf.TensorSpec(v.shape, v.dtype) for v in leaves]
   if policy == 'residuals':
-    return memory_estimate.ResidualBytes(_Fn, input_specs, theta_specs)
-  return memory_estimate.SavedBytes(_Fn, input_specs, theta_specs, policy)
+    return measure.ResidualBytes(layer, input_specs, _Loss)
+  return measure.SavedBytes(layer, input_specs, policy, _Loss)
 
 
 def _Check(test, params, input_specs, meta, rtol=0.02):
