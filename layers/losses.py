@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from cadence.framework import base_layer
 from cadence.framework import cost
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import validation
 
@@ -38,12 +39,25 @@ class SquaredErrorLoss(base_layer.BaseLayer):
   @classmethod
   def FPropMeta(cls, p, predictions, targets):
     """A subtract, a square and its sum, an absolute value and its sum per
-    example: 4 FLOPs a row. out_shapes: the three sums' and [b]."""
+    example: 4 FLOPs a row, element-wise. out_shapes: (NestedMap,) of
+    FProp's outputs. Bytes: its backward reads the errors (act); kept
+    without a weight product (act_weights, 'selective' remat) they are the
+    errors and their squares' input, twice that (measured by
+    tests/layers/layer_contract_test.py)."""
     cls.CheckParams(p, validation.Owner(p))
     rows = shapes.AsShape(targets)
     if shapes.AsShape(predictions).rank != 2:
       raise validation.Error(validation.Owner(p), 'predictions',
                              list(shapes.AsShape(predictions)),
                              'must be [batch, 1].')
-    return cost.Cost(flops=shapes.Mul(rows.num_elements(), 4),
-                     out_shapes=(shapes.Shape([]),) * 3 + (rows,))
+    scalar = shapes.Shape([])
+    n = rows.num_elements()
+    err = shapes.Mul(4, n)   # float32
+    return cost.Cost(flops=shapes.Mul(n, 4),
+                     out_shapes=(NestedMap(loss=scalar, abs_error=scalar,
+                                           examples=scalar,
+                                           squared_error=rows),),
+                     ops=None if n is None else (
+                         op_cost.Elementwise(n, 4, flops_per_element=4,
+                                             reads=2),),
+                     act=err, act_weights=shapes.Mul(2, err), residuals=0)

@@ -39,6 +39,7 @@ from cadence.layers import gpipe_stack
 from cadence.layers import gpipe_transformer
 from cadence.layers import keras_layer
 from cadence.layers import linear
+from cadence.layers import losses
 from cadence.layers import normalization
 from cadence.layers import resnet
 from cadence.layers import softmax
@@ -97,6 +98,8 @@ def _Rows():
        [[_B, 3, 3, 4]], {}),
       ('DropoutLayer', dropout.DropoutLayer.Params().Set(keep_prob=0.8),
        [[_B, _D]], {}),
+      ('SquaredErrorLoss', losses.SquaredErrorLoss.Params(),
+       [[_B, 1], [_B]], dict(outputs=lambda out: out.loss)),
       ('EmbeddingLayer', embedding.EmbeddingLayer.Params().Set(
           vocab_size=10, embedding_dim=_D, scale_sqrt_depth=True), [ids], {}),
       ('PositionalEmbedding', embedding.PositionalEmbedding.Params().Set(

@@ -32,6 +32,7 @@ from cadence.layers import gpipe_resnet
 from cadence.layers import gpipe_transformer
 from cadence.layers import keras_layer
 from cadence.layers import linear
+from cadence.layers import losses
 from cadence.layers import normalization
 from cadence.layers import resnet
 from cadence.layers import softmax
@@ -186,6 +187,7 @@ _COST_ROWS = [
      ([2, 5, 8],)),
     (dropout.DropoutLayer.Params().Set(name='drop', keep_prob=0.9),
      ([2, 8],)),
+    (losses.SquaredErrorLoss.Params().Set(name='loss'), ([2, 1], [2])),
     (conv.Conv2DLayer.Params().Set(name='conv', filter_shape=[3, 3, 3, 4]),
      ([2, 8, 8, 3],)),
     (conv.PoolingLayer.Params().Set(name='pool'), ([2, 8, 8, 3],)),
