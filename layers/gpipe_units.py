@@ -655,7 +655,8 @@ class UnitsPipeline(gpipe.SplitCells):
     self._checked_shapes[key] = actual
 
   def _CheckPipelinedShapes(self, theta, inputs):
-    """Before the pipeline's first trace: it sizes each stage's state by
+    """Before the pipeline's first trace (`inputs`: the units', after the
+    layer's own before layers): it sizes each stage's state by
     the units' FPropMeta, so every unit layer's FProp is traced first on
     one micro-batch's shapes (in a tf.function of its own: nothing enters
     the step's graph) and checked against its FPropMeta (_CheckShapes);
@@ -737,7 +738,8 @@ class UnitsPipeline(gpipe.SplitCells):
   def _RunStages(self, theta, inputs):
     """(the last unit's outputs, a tuple; the stats or None)."""
     cells = self._Cells(theta)
-    state = self._Inputs(self._Before(theta, inputs))
+    inputs = self._Before(theta, inputs)
+    state = self._Inputs(inputs)
     if self.params.pipeline_tpl is None:
       for cell in cells:
         state = cell.fprop(cell.theta, state)
@@ -791,11 +793,12 @@ class UnitsPipeline(gpipe.SplitCells):
       xs, stats = self._RunStages(theta, inputs)
       return loss.fprop(loss.theta, xs[0] if len(xs) == 1 else xs,
                         side_inputs), stats
+    inputs = self._Before(theta, inputs)
     self._CheckPipelinedShapes(theta, inputs)
     out = self.pipeline.FPropLoss(
         self._Cells(theta), gpipe.PipelineCell(
             fprop=_Loss, theta=loss.theta, meta=None),
-        self._Inputs(self._Before(theta, inputs)), side_inputs=side_inputs,
+        self._Inputs(inputs), side_inputs=side_inputs,
         step_seed=theta.get(base_layer.STEP_SEED_KEY))
     stats = out.pop(_STATS_OUT, None)
     return out, stats

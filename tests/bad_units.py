@@ -37,6 +37,16 @@ class StatedMlp(pipelined_mlp.ResidualMlp):
         act=kept, act_weights=kept, residuals=shapes.Mul(2, kept))
 
 
+class FlopsOnlyMlp(pipelined_mlp.ResidualMlp):
+  """ResidualMlp stating its FLOPs and shapes alone, as many a user's layer
+  does: its memory figures are cost.Complete's defaults."""
+
+  @classmethod
+  def FPropMeta(cls, p, x):
+    meta = super().FPropMeta(p, x)
+    return cost.Cost(flops=meta.flops, out_shapes=meta.out_shapes)
+
+
 class PlainNumber(pipelined_mlp.ResidualMlp):
   """FPropMeta returns its FLOPs alone, not a cost record."""
 

@@ -40,18 +40,17 @@ class CheckLayerTest(tf.test.TestCase):
     self.assertIn('flops: stated 4,096, measured 4,096 (ok', str(report))
 
   def testDefaultedMemoryIsReportedNotFailed(self):
-    # The README's ResidualMlp states FLOPs alone: cost.Complete's default
-    # act (its input and output, 256 B) is not a statement of the layer.
-    report = testing.CheckLayer(
-        _Params(bad_units.pipelined_mlp.ResidualMlp), [_N, _D])
+    # A layer stating FLOPs alone: cost.Complete's default act (its input
+    # and output, 256 B) is not a statement of the layer.
+    report = testing.CheckLayer(_Params(bad_units.FlopsOnlyMlp), [_N, _D])
     self.assertTrue(report.ok)
     act = report['act']
     self.assertEqual((256, 640, None), (act.stated, act.measured, act.ok))
     self.assertIn('defaulted by cost.Complete', act.note)
     with self.assertRaisesRegex(AssertionError, r'act: stated 256, '
                                 r'measured 640 \(FAILED; defaulted'):
-      testing.CheckLayer(_Params(bad_units.pipelined_mlp.ResidualMlp),
-                         [_N, _D], check_defaults=True)
+      testing.CheckLayer(_Params(bad_units.FlopsOnlyMlp), [_N, _D],
+                         check_defaults=True)
 
   def _Fails(self, cls, *lines, **kwargs):
     """CheckLayer of `cls` raises one error holding each regex of
