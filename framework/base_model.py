@@ -61,6 +61,15 @@ def _TrainParams():
            'non-finite (or above grad_norm_to_clip_to_zero).')
   p.Define('debug_nan_steps', [], 'Testing aid: global steps whose loss is '
            'multiplied by NaN, exercising the skip path.')
+  p.Define('gradient_sync', 'auto', "How the data-parallel replicas' "
+           "gradients become every copy's update "
+           '(framework/train/gradient_sync.py): auto (none with one replica; '
+           'else sharded_state with learner.shard_optimizer_state, else '
+           'stage_all_reduce), stage_all_reduce (the gradients all-reduced '
+           'stage by stage, by train.allreduce), sharded_state (the same, '
+           'then each replica updates its shard of the optimizer state), '
+           'none (one replica), or the NAME of a scheme a module registers '
+           '(gradient_sync.Register).')
   p.Define('allreduce', 'auto', 'How gradients of data-parallel replicas '
            'are all-reduced, stage by stage (framework/train/replicas.py): '
            'ring '

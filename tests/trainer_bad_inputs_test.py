@@ -641,6 +641,12 @@ _MODEL = [
              r"train\.allreduce='rign' must be one of 'auto', 'ring', 'nccl', "
              r"'hierarchical_copy', 'one_device'\. Did you mean 'ring'\?$",
              prepare=_PreviousRun),
+    BadInput('gradient_sync_typo', _Lm(
+        '--model_params_override=task.train.gradient_sync=stage_allreduce'),
+             r"^Error: Bad params: LanguageModel 'lm' \(params 'task'\): "
+             r"train\.gradient_sync='stage_allreduce' must be one of 'auto', "
+             r"'none', 'stage_all_reduce', 'sharded_state'\. Did you mean "
+             r"'stage_all_reduce'\?$", prepare=_PreviousRun),
     BadInput('shard_optimizer_state_adafactor', _Lm(
         '--model_params_override=task.train.learner.shard_optimizer_state='
         "True;task.train.learner.optimizer.cls=type('cadence.framework."

@@ -37,8 +37,8 @@ them all); an option overrides what differs:
                       SetupError);
   CheckParams(...)    classmethod: what its train program cannot run of
                       the experiment's params (a ValueError naming the
-                      params path; by default nothing), from the params
-                      alone;
+                      params path; by default the synchronous runner's),
+                      from the params alone;
   serves, Serve(...)  a task that only serves others (a parameter server);
   runs_steps          whether this task runs the train steps (its memory is
                       checked against the step's estimate);
@@ -211,15 +211,17 @@ class Setup:
   def CheckParams(cls, model_params):
     """Refuses what this option's train program cannot run of
     `model_params`, from the params alone (its runner's CheckParams, e.g.
-    a knob the runner refuses); nothing by default. The trainer runs it on
-    every task of a trainer job before the option is created, those that
-    only serve included, so that each refuses what the chief refuses, in
-    the same line.
+    a knob the runner refuses); by default the synchronous runner's
+    (runners.SyncRunner.CheckParams: train.gradient_sync). The trainer
+    runs it on every task of a trainer job before the option is created,
+    those that only serve included, so that each refuses what the chief
+    refuses, in the same line.
 
     Raises:
       ValueError: naming the params path, the value and the rule.
     """
-    del model_params
+    from cadence.framework.train import runners  # pylint: disable=g-import-not-at-top
+    runners.SyncRunner.CheckParams(model_params.task)
 
   def TrainProgram(self, model_params, logdir, xla=False, **kwargs):
     """This option's train program, its task(s) built from `model_params`.

@@ -46,14 +46,13 @@ Example:
 import math
 
 import tensorflow as tf
-# tf.distribute's collective all-reduce and its key allocator are not
-# exported under tf.distribute, but they are the engine MirroredStrategy and
-# MultiWorkerMirroredStrategy run on; a per-stage instance needs them.
-from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
 
 from cadence.framework import base_model
 from cadence.framework import validation
+# tf.distribute's collective all-reduce and its key allocator are not
+# exported, but they are the engine MirroredStrategy and
+# MultiWorkerMirroredStrategy run on; a per-stage instance needs them.
+from cadence.framework.train import tf_internals
 
 # Declared beside the knob `train.allreduce`, which every task checks.
 ALLREDUCE_MODES = base_model.ALLREDUCE_MODES
@@ -140,9 +139,7 @@ def _CrossDeviceOps(mode, devices, group_size, bytes_per_pack, stage_bytes,
       implementation=tf.distribute.experimental.CommunicationImplementation.RING
       if mode == 'ring' else
       tf.distribute.experimental.CommunicationImplementation.AUTO)
-  return cross_device_ops_lib.CollectiveAllReduce(
-      devices=devices, group_size=group_size, options=options,
-      collective_keys=keys)
+  return tf_internals.CrossDeviceOps(devices, group_size, options, keys)
 
 
 class StageAllReduce:
@@ -186,9 +183,7 @@ class StageAllReduce:
     self._mode = mode
     # A MirroredStrategy or MultiWorkerMirroredStrategy keeps one (private)
     # allocator; without one, this reducer's own.
-    keys = getattr(getattr(strategy, 'extended', None), '_collective_keys',
-                   None) or cross_device_utils.CollectiveKeys(
-                       group_key_start=_STAGE_GROUP_KEY_START)
+    keys = tf_internals.CollectiveKeys(strategy, _STAGE_GROUP_KEY_START)
     self._ops = []
     self.stage_bytes = []
     for s in range(num_stages):

@@ -15,9 +15,10 @@ differ. Its interface:
                       runner that cannot shard it says why in NO_SHARDS,
                       and the knob is refused with that line;
   CheckParams(task_params)
-                      classmethod: that refusal from the params alone,
-                      which a distribution option runs on every task before
-                      any builds (option.Setup.CheckParams);
+                      classmethod: that refusal (and the gradient sync's,
+                      train.gradient_sync) from the params alone, which a
+                      distribution option runs on every task before any
+                      builds (option.Setup.CheckParams);
   Batches(start)      this host's batches from step `start`;
   Iterator(dataset, start)
                       the compiled loop's iterator over them;
@@ -32,10 +33,12 @@ differ. Its interface:
                       runs the compiled loop once: {stat: float} by the
                       stats' dotted `keys`, plus 'consecutive' and 'stop';
   CombineOnRead()     before a checkpoint: the ON_READ variables' copies
-                      combined;
+                      combined (the gradient sync's BeforeSave);
   static_shapes       whether the step is compiled whole (its shapes are
                       checked before the first step);
-  num_step_devices    the devices one step runs on (the utilisation's).
+  num_step_devices    the devices one step runs on (the utilisation's);
+  sync                the run's gradient-sync scheme (a
+                      gradient_sync.GradientSync), chosen when it is built.
 
 `SyncRunner` is synchronous data parallelism over tf.distribute (the
 `local` and `multi_worker` options):
@@ -44,18 +47,18 @@ differ. Its interface:
   seed  = step_seed.MakeStepSeed(global_step, random_seed)
   strategy.run (each replica r, on its copy of the task):
         metrics = task_r.FPropTower(WithStepSeed(theta_r, seed_r), batch_r)
-        grads_r = learner_r.ComputeGradients(...)
-  grads = all-reduced stage by stage (framework/train/replicas.py)
-  every learner_r.ApplyGradients(grads)   the same update, the same skip
+        grads_r = sync.ReplicaGradients(learner_r.ComputeGradients(...))
+  stats = sync.Apply(step, grads, loss)   every copy's update, the same
+  sync.Combine(ON_WRITE variables)        every copy's combined value
 
-(with learner.shard_optimizer_state: each copy updates its shard of the
-all-reduced gradients, the weights all-gathered: sharded_update.py)
-
-(one replica: no all-reduce; replica r > 0 draws its dropout with
-MicroBatchSeed(seed, r)). An option whose step runs differently derives
-from it and overrides what differs: tpu_programs.TpuRunner (the whole step
-replicated), ps_programs.PsRunner (steps scheduled on parameter-server
-workers).
+`sync` is the run's gradient-sync scheme (framework/train/gradient_sync.py),
+chosen once from the params and the replica count: none (one replica),
+stage_all_reduce (framework/train/replicas.py), sharded_state
+(sharded_update.py), or a registered one. With several replicas, replica r
+draws its dropout with MicroBatchSeed(seed, r). An option whose step runs
+differently derives from it and overrides what differs:
+tpu_programs.TpuRunner (the whole step replicated), ps_programs.PsRunner
+(steps scheduled on parameter-server workers).
 
 Example:
   program = programs.TrainProgram(tasks, '/tmp/run', strategy,
@@ -69,10 +72,10 @@ from absl import logging
 import tensorflow as tf
 
 from cadence.framework import base_layer
-from cadence.framework import cluster as cluster_lib
 from cadence.framework.nested_map import NestedMap
 from cadence.framework import step_seed
 from cadence.framework import validation
+from cadence.framework.train import gradient_sync
 from cadence.framework.train import replicas
 from cadence.framework.train import sharded_update
 from cadence.framework.train import train_report
@@ -96,19 +99,6 @@ def ReplicaBatches(host_batches, num_local):
 
 def _FirstLeaf(batch):
   return NestedMap(batch).Flatten()[0]
-
-
-def _OnDevice(grad, device):
-  """`grad` as a dense op on `device`: the output of a function call
-  reports the caller's device, and tf.distribute batches (and packs) an
-  all-reduce only when the values say they share devices. A sparse
-  gradient (an embedding's IndexedSlices) is summed into its dense form
-  first, as the optimizer reads it: tf.distribute would all-gather its
-  rows, and their sum would then round in another order than the sharded
-  step's dense shards (sharded_update.py), so sharded and unsharded runs
-  would drift apart."""
-  with tf.device(device):
-    return tf.identity(tf.convert_to_tensor(grad))
 
 
 class SyncRunner:
@@ -144,44 +134,14 @@ class SyncRunner:
     self.num_step_devices = train_report.NumStepDevices(strategy)
     task = state.task
     self._p = task.params.train
-    self.reducer = None
-    self.sharded = None
     local = len(state.tasks)
-    if local * num_workers > 1:
-      device_type = tf.DeviceSpec.from_string(cluster.devices[0]).device_type
-      replicas.CheckAllReduce(self._p.allreduce,
-                              self._p.allreduce_bytes_per_pack, num_workers,
-                              device_type, f"{task.path}'s train")
-      if state.sharded and self._p.allreduce in ('one_device',
-                                                 'hierarchical_copy'):
-        raise validation.Error(
-            f"{task.path}'s train", 'allreduce', self._p.allreduce,
-            'cannot gather shards: learner.shard_optimizer_state gathers '
-            'the updated weights with collectives (auto, ring or nccl).')
-      self.reducer = replicas.StageAllReduce(
-          cluster, state.tasks,
-          [k for k, _ in state.learner.trainable + state.on_write +
-           state.on_read],
-          self._p.allreduce, self._p.allreduce_bytes_per_pack, num_workers,
-          strategy=strategy)
-      if state.sharded:
-        self.sharded = sharded_update.ShardedUpdate(
-            state, strategy, cluster, self._p.allreduce_bytes_per_pack,
-            self.reducer.mode)
+    # The gradient sync, chosen once from the params and the replicas.
+    self.sync = gradient_sync.Create(state, strategy, cluster, num_workers)
+    words = self.sync.Describe()
+    if words:
       logging.info('%d replica(s) (%d on this host) x %d stage(s); '
-                   'gradients %s by %s stage by stage (%s bytes a '
-                   'stage).', local * num_workers, local,
-                   cluster.num_devices_per_split,
-                   'all-reduced, optimizer state sharded,' if
-                   self.sharded else 'all-reduced', self.reducer.mode,
-                   ', '.join(f'{b:,}' for b in self.reducer.stage_bytes))
-    # ON_READ variables: their value at the last combine, beside them.
-    self._on_read_base = []
-    for _, var in state.on_read:
-      with cluster_lib.BesideVariable(var):
-        self._on_read_base.append(tf.Variable(var.read_value(),
-                                              trainable=False))
-    self._combine_on_read = tf.function(self._CombineOnRead, autograph=False)
+                   'gradients %s', local * num_workers, local,
+                   cluster.num_devices_per_split, words)
     if xla:
       xla_step.CheckOneDevice(cluster, f"{task.path}'s train")
     # Per task copy: its forward and backward, compiled as one XLA program.
@@ -200,15 +160,20 @@ class SyncRunner:
   def CheckParams(cls, task_params, path=None):
     """Refuses what this runner cannot run of a task's params, from the
     params alone: learner.shard_optimizer_state where it cannot shard
-    (NO_SHARDS). The line names the task by `path` (default: its params'
-    name, the path of a task built from them).
+    (NO_SHARDS), and a train.gradient_sync that names no registered
+    scheme or that its scheme refuses (gradient_sync.CheckParams). The
+    line names the task by `path` (default: its params' name, the path of
+    a task built from them).
 
     Raises:
-      ValueError: naming the task's learner, the knob and NO_SHARDS.
+      ValueError: naming the task's train params, the knob and the rule.
     """
+    path = path or task_params.name
     if task_params.train.learner.shard_optimizer_state and cls.NO_SHARDS:
-      raise validation.Error(f"{path or task_params.name}'s train.learner",
+      raise validation.Error(f"{path}'s train.learner",
                              'shard_optimizer_state', True, cls.NO_SHARDS)
+    gradient_sync.CheckParams(task_params.train,
+                              validation.Owner(task_params, path))
 
   @classmethod
   def Shards(cls, task, strategy, num_workers, worker_index):
@@ -278,9 +243,9 @@ class SyncRunner:
     step = state.global_step.read_value()
     per_replica = self.strategy.run(self._ReplicaStep,
                                     args=(next(iterator), step))
-    stats = self._Apply(step, per_replica)
-    self._Combine(state.on_write, per_replica.synced,
-                  per_replica.synced_before)
+    stats = self.sync.Apply(step, per_replica.grads, per_replica.loss)
+    self.sync.Combine(state.on_write, per_replica.synced,
+                      per_replica.synced_before)
     s, total = self.strategy, tf.distribute.ReduceOp.SUM
     return state.CountStep(stats, _Reduce(s, total, per_replica.examples),
                            per_replica.metrics.Transform(
@@ -296,81 +261,17 @@ class SyncRunner:
     on_write = self.state.CopyVariables(local, self.state.on_write)
     before = [v.read_value() for v in on_write]
     out = self.forwards[local](batch, step, replica)
-    out.grads = [_OnDevice(g, v.device) if self.reducer else g
-                 for g, (_, v) in zip(out.grads, learner.trainable)]
+    out.grads = self.sync.ReplicaGradients(out.grads, learner)
     out.synced_before = before
     out.synced = replicas.ReplicaValues(on_write, before, replica)
     return out
 
-  def _Apply(self, step, per_replica):
-    """All-reduces the replicas' gradients and updates every copy alike.
-
-    Returns:
-      The first copy's learner stats (grad_norm, skipped, learning_rate):
-      the same on every copy, which all apply the same gradients and skip
-      together (on the replicas' mean loss).
-    """
-    s, learners = self.strategy, self.state.learners
-    if self.sharded is not None:
-      return self.sharded.Apply(
-          step, self.reducer.Mean(s, per_replica.grads,
-                                  [k for k, _ in learners[0].trainable]),
-          _Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss))
-    if self.reducer is None:
-      grads = [per_replica.grads]
-      loss = per_replica.loss
-    else:
-      grads = self.reducer.Mean(
-          s, per_replica.grads, [k for k, _ in learners[0].trainable])
-      loss = _Reduce(s, tf.distribute.ReduceOp.MEAN, per_replica.loss)
-    stats = None
-    for learner, replica_grads in zip(learners, grads):
-      replica_stats = learner.ApplyGradients(
-          step, learner.trainable_vars.Pack(replica_grads), loss=loss,
-          skip=None if stats is None else stats.skipped)
-      stats = stats or replica_stats
-    return stats
-
-  def _Combine(self, synced, per_replica_sent, per_replica_before):
-    """Gives every copy of `synced` variables their combined value."""
-    if not synced or self.reducer is None:
-      return
-    combined = replicas.CombineCopies(
-        self.strategy, self.reducer, [p for p, _ in synced],
-        [v.aggregation for _, v in synced], per_replica_sent,
-        per_replica_before)
-    for local, values in enumerate(combined):
-      for var, value in zip(self.state.CopyVariables(local, synced), values):
-        with tf.device(var.device):
-          var.assign(value)
-
   def CombineOnRead(self):
-    """Before a checkpoint, on every host: combines the ON_READ
-    variables' copies (it all-reduces; nothing with one copy) and gathers
-    sharded slots for the chief's save (several hosts)."""
-    if self.state.on_read and self.reducer is not None:
-      self._combine_on_read()
-    if self.sharded is not None:
-      self.sharded.GatherForSave()
-
-  def _CombineOnRead(self):
-    state = self.state
-
-    def _Send():
-      ctx = tf.distribute.get_replica_context()
-      replica = tf.get_static_value(ctx.replica_id_in_sync_group)
-      local = replica % len(state.tasks)
-      before = [b.read_value() for b in self._on_read_base]
-      return NestedMap(
-          before=before,
-          sent=replicas.ReplicaValues(
-              state.CopyVariables(local, state.on_read), before, replica))
-
-    per_replica = self.strategy.run(_Send)
-    self._Combine(state.on_read, per_replica.sent, per_replica.before)
-    for base, (_, var) in zip(self._on_read_base, state.on_read):
-      with tf.device(base.device):
-        base.assign(var)
+    """Before a checkpoint, on every host: what the save reads first, by
+    the gradient sync (GradientSync.BeforeSave): the ON_READ variables'
+    copies combined (nothing with one copy), sharded slots gathered for
+    the chief's save (several hosts)."""
+    self.sync.BeforeSave()
 
   # --- the loop's calls --------------------------------------------------------
 

@@ -34,7 +34,7 @@ needs, and (R-1)/R of the slots less all the time.
 Exact: a sharded step's weights and slots equal the unsharded step's bit
 for bit (the same mean gradient, the same norm, the same rule's rounding;
 an embedding's sparse gradient is summed dense before the all-reduce,
-runners._OnDevice). The price is the wire: an all-reduce sends 2(R-1)/R
+gradient_sync.OnDevice). The price is the wire: an all-reduce sends 2(R-1)/R
 of the gradient where a reduce-scatter would send (R-1)/R, so a step moves
 3(R-1)/R of the stage's bytes instead of 2(R-1)/R. A reduce-scatter sums
 each shard's R parts in another order than the all-reduce's ring does,
@@ -55,28 +55,16 @@ Example:
   stats = update.Apply(step, means, loss)
 """
 import tensorflow as tf
-# The collective launcher tf.distribute's all-reduce runs on; the sharded
-# step needs its all-gather too (replicas.py says why these internals).
-from tensorflow.python.distribute import collective_util  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.trackable import base as trackable_base  # pylint: disable=g-direct-tensorflow-import
 
 from cadence.framework import learner as learner_lib
 from cadence.framework import optimizer as optimizer_lib
 from cadence.framework.nested_map import NestedMap
 from cadence.framework.train import replicas
+# The collectives tf.distribute's all-reduce runs on, with the all-gather
+# the sharded step needs, and a Trackable's checkpoint hooks.
+from cadence.framework.train import tf_internals
 
 _GROUP_KEY_START = 20000   # Without a strategy's key allocator.
-
-
-class _Launcher(cross_device_utils.CollectiveReplicaLauncher):
-  """tf.distribute's launcher of one device's collectives, with the
-  equal-shape all-gather the sharded step needs."""
-
-  def AllGather(self, x):
-    """The ranks' `x` (one shape on every rank) concatenated on axis 0."""
-    return self._all_gather(x, None)
 
 
 def _DeviceOrder(device):
@@ -91,7 +79,7 @@ def NumShards(strategy):
   return strategy.num_replicas_in_sync
 
 
-class ShardedSlot(trackable_base.Trackable):
+class ShardedSlot(tf_internals.Trackable):
   """One slot of one variable, held as this host's shards, checkpointed
   whole under the key of an unsharded slot variable.
 
@@ -127,10 +115,10 @@ class ShardedSlot(trackable_base.Trackable):
       # chief saves after GatherForSave, which the runner's CombineOnRead
       # runs on every host before each checkpoint; the others never save.)
       whole = tf.zeros(self.shape, self.shards[0].dtype)
-    return {trackable_base.VARIABLE_VALUE_KEY: whole}
+    return {tf_internals.VARIABLE_VALUE_KEY: whole}
 
   def _restore_from_tensors(self, restored_tensors):
-    whole = tf.reshape(restored_tensors[trackable_base.VARIABLE_VALUE_KEY],
+    whole = tf.reshape(restored_tensors[tf_internals.VARIABLE_VALUE_KEY],
                        [-1])
     c = self.shards[0].shape[0]
     whole = tf.pad(whole, [[0, c * self.num_shards - whole.shape[0]]])
@@ -195,13 +183,11 @@ class ShardedUpdate:
                    for n in self._sizes]
     stage_of = [replicas.StageOfVariable(cluster, 0, v)
                 for _, v in first.trainable]
-    keys = getattr(getattr(strategy, 'extended', None), '_collective_keys',
-                   None) or cross_device_utils.CollectiveKeys(
-                       group_key_start=_GROUP_KEY_START)
-    implementation = (
-        collective_util.CommunicationImplementation.RING if mode == 'ring'
-        else collective_util.CommunicationImplementation.AUTO)
-    options = collective_util.Options(implementation=implementation)
+    keys = tf_internals.CollectiveKeys(strategy, _GROUP_KEY_START)
+    implementation = tf.distribute.experimental.CommunicationImplementation
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation.RING if mode == 'ring' else
+        implementation.AUTO)
     self._gather_slots = None   # GatherForSave's function.
     self._stages = []   # Per stage: (devices, launchers, packs).
     for s in range(cluster.num_devices_per_split):
@@ -211,9 +197,9 @@ class ShardedUpdate:
             f'shard_optimizer_state: stage {s}\'s devices {devices} are not '
             'in the order TensorFlow ranks a collective group in, so a '
             'replica would update another\'s shard.')
-      group = keys.get_group_key(devices)
-      launchers = [_Launcher(group, self.num_shards, keys, d, options)
-                   for d in devices]
+      group = tf_internals.GroupKey(keys, devices)
+      launchers = [tf_internals.Launcher(group, self.num_shards, keys, d,
+                                         options) for d in devices]
       mine = [i for i, st in enumerate(stage_of) if st == s]
       self._stages.append((devices, launchers,
                            self._Packs(mine, first, bytes_per_pack)))
@@ -338,7 +324,7 @@ class ShardedUpdate:
             squares.append(tf.add_n([learner_lib.SquaredSum(g)
                                      for g in mine]))
       with tf.device(devices[r]):
-        total = launchers[r].all_reduce(
+        total = launchers[r].AllReduce(
             tf.add_n(squares) if squares else tf.constant(0.0, tf.float64))
         out.append(tf.cast(tf.sqrt(total), tf.float32))
     return out
