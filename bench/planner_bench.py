@@ -389,11 +389,12 @@ def ChildTime(name, rounds, steps, window, specs):
   default = plan_model.Layout(1, _DefaultDevices(name), plan.num_stages,
                               plan.num_micro_batches, plan.schedule.name,
                               plan.remat, tuple(plan.bounds))
-  best = ranked[0].layout
+  chosen = plan_report.Best(ranked)
+  best = chosen.layout
   print(json.dumps(dict(
       best=dict(spec=[best.replicas, best.devices, best.stages,
                       best.micro_batches, best.schedule, best.remat],
-                name=best.Name(), predicted=ranked[0].step.time),
+                name=best.Name(), predicted=chosen.step.time),
       default=dict(name=default.Name(),
                    predicted=fitted.Predict(default).step.time),
       layouts=out, hardware=fitted.hw.Describe(), speed=speed,
@@ -555,7 +556,7 @@ def _Published():
     print(f'  the experiment\'s own layout ({own.Name()}): '
           f'{1000 * p.step.time:.0f} ms, MFU {100 * p.mfu:.1f}%, memory/dev '
           f'{max(p.memory) / 2**30:.1f} GiB, fits {p.fits}')
-    print(plan_report.BestText(_BIG, model, predictions[0]))
+    print(plan_report.BestText(_BIG, model, predictions, hw=hw))
 
 
 def main():

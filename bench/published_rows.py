@@ -90,7 +90,10 @@ MODELS = {
 # bias-dropout-add, scale-mask-softmax, layer norm) run element-wise ops
 # inside their neighbours: fuse=elementwise. So do DLPerf's Megatron-LM
 # runs, and GPipe's on TPU (XLA); GPipe's P100 runs did not (TensorFlow
-# ops one by one on a GPU).
+# ops one by one on a GPU). No row fuses attention (fuse=attention): ZB's
+# script of the paper's time (examples/pretrain_zero_bubble.sh, November
+# 2023) runs without --use-flash-attn; DLPerf's Megatron-LM of 2021 and
+# GPipe predate FlashAttention.
 _A100 = {8: 'a100x8,fuse=elementwise',
          16: 'a100x8,devices=16,hosts=2,fuse=elementwise',
          32: 'a100x8,devices=32,hosts=4,fuse=elementwise'}

@@ -25,6 +25,17 @@ Kinds:
   softmax      max, exp, sum and divide over the last dim (attention
                probabilities; the vocabulary's softmax and cross-entropy).
   gather       rows of a table (an embedding's look-up).
+  attention    dot-product attention's core, scores to context
+               (softmax(q k^T + mask) v, with its dropout): one op that
+               holds the ops it runs unfused (`parts`: the two products,
+               the mask, the softmax, the dropout). A cluster that runs
+               attention as one kernel (hardware's `fuse`), or a layer
+               whose record says it does (`fused`), times it as
+               FlashAttention runs it: the products' FLOPs without the
+               [batch, tq, tk] scores ever written to memory, q, k, v and
+               the output read and written once, and a backward that
+               recomputes the scores (`FusedAttention`); elsewhere its
+               parts are timed one by one.
   other        FLOPs that a layer does not break down: costed as products
                at the device's flat efficiency (what a record that says
                nothing gets, cost.Complete).
@@ -43,7 +54,8 @@ NORM = 'norm'
 SOFTMAX = 'softmax'
 GATHER = 'gather'
 OTHER = 'other'
-KINDS = (MATMUL, ELEMENTWISE, NORM, SOFTMAX, GATHER, OTHER)
+ATTENTION = 'attention'
+KINDS = (MATMUL, ELEMENTWISE, NORM, SOFTMAX, GATHER, OTHER, ATTENTION)
 # Kinds bound by memory on every accelerator preset: a few FLOPs a byte.
 MEMORY_BOUND = (ELEMENTWISE, NORM, SOFTMAX, GATHER)
 
@@ -51,9 +63,19 @@ MEMORY_BOUND = (ELEMENTWISE, NORM, SOFTMAX, GATHER)
 class Op(collections.namedtuple('Op', ['kind', 'flops', 'bytes', 'dims'])):
   """One op of a forward: its kind (KINDS), FLOPs, the bytes it reads and
   writes, and its dims: (batch, m, k, n, weight, size) for a MATMUL,
-  (streams, bytes of one) for an ELEMENTWISE op, else None.
+  (streams, bytes of one) for an ELEMENTWISE op, `AttentionDims` for an
+  ATTENTION op, else None.
   """
   __slots__ = ()
+
+
+AttentionDims = collections.namedtuple('AttentionDims', [
+    'batch', 'tq', 'tk', 'dh', 'size', 'fused', 'backward', 'parts'])
+AttentionDims.__doc__ = """An ATTENTION op's dims: `batch` (examples x
+heads) of queries [tq, dh] attending to keys and values [tk, dh], `size`
+bytes an element; `fused`, whether the layer itself runs it as one kernel
+(timed fused on any cluster); `backward`, whether it is the gradient;
+`parts`, the ops it runs unfused (a tuple of Ops)."""
 
 
 def MatMul(batch, m, k, n, size, weight=True):
@@ -104,6 +126,56 @@ def Other(flops, num_bytes=0):
   return Op(OTHER, flops, num_bytes, None)
 
 
+def Attention(batch, tq, tk, dh, size, parts=None, fused=False):
+  """Dot-product attention's core: queries [batch, tq, dh] (batch =
+  examples x heads) attend to keys and values [batch, tk, dh]. `parts`:
+  the ops it runs unfused, in order (default: the scores' product, the
+  softmax and the context's product); `fused`: the layer runs it as one
+  kernel (FlashAttention) whatever the cluster. Its flops and bytes are
+  its parts' (what the unfused graph does; `FusedAttention` gives a
+  fused kernel's)."""
+  if parts is None:
+    parts = (MatMul(batch, tq, dh, tk, size, weight=False),
+             Softmax(batch * tq * tk, size),
+             MatMul(batch, tq, tk, dh, size, weight=False))
+  parts = tuple(parts)
+  return Op(ATTENTION, Sum(parts), Sum(parts, 'bytes'),
+            AttentionDims(batch, tq, tk, dh, size, fused, False, parts))
+
+
+# A fused attention's backward: the scores' product again (the kernel keeps
+# no [tq, tk] scores), the gradients of the probabilities, of q, of k and
+# of v: five products of the forward's two, 2.5 x its FLOPs.
+FUSED_BACKWARD_PRODUCTS = 2.5
+
+
+def FusedAttention(op):
+  """(product FLOPs, bytes, product dims) of ATTENTION op `op` run as one
+  kernel: forward 4 batch tq tk dh FLOPs (q k^T and the probabilities x
+  v), reading q, k, v and writing the output; backward
+  FUSED_BACKWARD_PRODUCTS x that, reading q, k, v, the output and its
+  gradient and writing the gradients of q, k and v. The dims are the
+  scores' product's ([batch, tq, dh] x [batch, dh, tk]), whose tiles the
+  kernel runs. The softmax, the mask and the dropout run inside the
+  products: no bytes, FLOPs left out (5 a score beside 4 dh)."""
+  d = op.dims
+  flops = 4 * d.batch * d.tq * d.tk * d.dh
+  passes = 2   # Forward: q and the output; k and v.
+  if d.backward:
+    flops, passes = FUSED_BACKWARD_PRODUCTS * flops, 4
+  num_bytes = passes * d.size * d.batch * (d.tq + d.tk) * d.dh
+  return flops, num_bytes, (d.batch, d.tq, d.dh, d.tk, False, d.size)
+
+
+def Unfused(ops):
+  """`ops` with each ATTENTION op replaced by its parts: what the graph
+  runs op by op."""
+  out = []
+  for op in ops:
+    out.extend(Unfused(op.dims.parts) if op.kind == ATTENTION else (op,))
+  return out
+
+
 def Backward(op):
   """The ops of `op`'s gradient, a tuple.
 
@@ -113,8 +185,13 @@ def Backward(op):
   A memory-bound op reads its input (or output) and the gradient and
   writes the gradient: twice its bytes and FLOPs. A gather's gradient
   scatters the rows back (its bytes). `other`: 2 x its FLOPs (a product's
-  two gradients).
+  two gradients). An attention's gradient is one ATTENTION op of its
+  parts' gradients (`FusedAttention` gives its fused cost).
   """
+  if op.kind == ATTENTION:
+    parts = tuple(b for part in op.dims.parts for b in Backward(part))
+    return (op._replace(flops=Sum(parts), bytes=Sum(parts, 'bytes'),
+                        dims=op.dims._replace(backward=True, parts=parts)),)
   if op.kind == MATMUL:
     batch, m, k, n, weight, size = op.dims
     dx = MatMul(batch, m, n, k, size, weight)
@@ -129,6 +206,11 @@ def Backward(op):
   if op.kind == ELEMENTWISE:   # Twice the passes, fused or not.
     dims = (2 * dims[0], dims[1])
   return (op._replace(flops=2 * op.flops, bytes=2 * op.bytes, dims=dims),)
+
+
+def Gradient(ops):
+  """The ops of the backward of a forward's `ops`, in order."""
+  return [b for op in ops for b in Backward(op)]
 
 
 def Sum(ops, field='flops'):

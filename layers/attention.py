@@ -217,8 +217,10 @@ class MultiHeadedAttention(base_layer.BaseLayer):
 
     Returns:
       cost.Cost(flops, out_shapes=(Shape[b, tq, d], Shape[b, h, tq, tk]),
-      ops: the products, the heads' transposes, the mask, the softmax and
-      its dropout, as FProp runs them); the bytes are cost.Complete's
+      ops: the projections, the heads' transposes and one attention op
+      (op_cost.Attention) of the core's products, mask, softmax and
+      dropout, as FProp runs them: a cluster that fuses attention times
+      the core as FlashAttention runs it); the bytes are cost.Complete's
       defaults, which under-estimate what its backward keeps (x, q, k, v,
       the context and the probabilities, and with dropout its mask and
       output): measured (tests/layers/layer_contract_test.py, self-
@@ -268,13 +270,15 @@ class MultiHeadedAttention(base_layer.BaseLayer):
       ops += [ew(b * t * n, size, reads=2) for t in (tq, tk, tk)]
     # The heads' transposes of q, k and v, and q's scale.
     ops += [ew(b * t * n, size, 0) for t in (tq, tk, tk)]
-    ops += [ew(b * tq * n, size),
-            mm(b * h, tq, dh, tk, size, weight=False),
+    ops.append(ew(b * tq * n, size))
+    # The core, scores to context: one attention op of its parts.
+    core = [mm(b * h, tq, dh, tk, size, weight=False),
             ew(logits, size, reads=2),                    # the mask
             op_cost.Softmax(logits, size, SOFTMAX_FLOPS_PER_LOGIT)]
     if p.atten_dropout_prob > 0.0 and not p.is_inference:
-      ops.append(ew(logits, 4, 3, reads=2, streams=2))   # its random bits
-    ops += [mm(b * h, tq, tk, dh, size, weight=False),
+      core.append(ew(logits, 4, 3, reads=2, streams=2))  # its random bits
+    core.append(mm(b * h, tq, tk, dh, size, weight=False))
+    ops += [op_cost.Attention(b * h, tq, tk, dh, size, core),
             ew(b * tq * n, size, 0),                      # heads back
             mm(1, b * tq, n, d, size)]
     if p.use_bias:

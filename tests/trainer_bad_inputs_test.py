@@ -357,6 +357,8 @@ _BEFORE_TF = [
              r'--mode=sync\)\.$'),
     BadInput('plan_top_zero', _Lm('--mode=plan', '--plan_top=0'),
              r'^Error: --plan_top=0 must be an int >= 1\.$'),
+    BadInput('plan_explain_negative', _Lm('--mode=plan', '--plan_explain=-1'),
+             r'^Error: --plan_explain=-1 must be an int >= 0\.$'),
     BadInput('plan_apply_no_folder',
              _Lm('--mode=plan', '--plan_apply=/no/such/folder/plan.txt'),
              r"^Error: --plan_apply='/no/such/folder/plan\.txt' must be a "

@@ -1,5 +1,6 @@
 """--mode=plan through the real trainer: the table, the best plan's flags
 and params file, the simulated timeline."""
+import json
 import os
 import re
 
@@ -26,20 +27,21 @@ class TrainerPlanTest(tf.test.TestCase):
     self.assertEqual(0, code, err[-3000:])
     rows = [l for l in out.splitlines() if re.match(r'^ +\d+ +\d+ +\d+ ', l)]
     self.assertLen(rows, 3)
-    times = [float(l.split()[8]) for l in rows]    # step ms, best first.
+    times = [float(l.split()[8]) for l in rows]    # step ms, fastest first.
     self.assertEqual(sorted(times), times)
-    best = re.search(r'Best plan: R=(\d+) K=(\d+) v=(\d+) M=(\d+) (\S+) '
-                     r'(\S+) cut=\S+: ([\d.]+) ms', out)
+    best = re.search(r'Best plan \(rank (\d)[^)]*\): R=(\d+) K=(\d+) '
+                     r'v=(\d+) M=(\d+) (\S+) (\S+) cut=\S+: ([\d.]+) ms', out)
     self.assertIsNotNone(best, out)
-    r, k, v, m = (int(x) for x in best.groups()[:4])
-    schedule, remat = best.group(5), best.group(6)
-    self.assertEqual(float(best.group(7)), times[0])
-    # As pasted in the checkout: the README's interpreter, a logdir.
+    rank, r, k, v, m = (int(x) for x in best.groups()[:5])
+    schedule, remat = best.group(6), best.group(7)
+    self.assertEqual(float(best.group(8)), times[rank - 1])
+    self.assertTrue(rows[rank - 1].endswith('*'), rows)   # The plan chosen.
+    # As pasted in the checkout: the README's interpreter, the logdir
+    # given to the plan.
     self.assertIn(f'\n  .venv/bin/python trainer.py --model={_TINY} '
                   f'--worker_replicas={r} --worker_split_size={k} '
                   f'--model_params_file_override={apply} '
-                  '--logdir=/tmp/cadence_plan_OneBWdsGPipeTransformerTiny\n',
-                  out)
+                  f'--logdir={logdir}\n', out)
     # Presets are not measurements, and the plan says so.
     self.assertIn('How sure: the costs are each op\'s FLOPs and bytes on '
                   'the cluster\'s public specifications, not measured', out)
@@ -71,6 +73,11 @@ class TrainerPlanTest(tf.test.TestCase):
     self.assertIn(f'>{rows[1].split()[8]} ms</text>', svg)
     self.assertTrue(os.path.exists(os.path.join(logdir, 'plan',
                                                 'plan_timeline.txt')))
+    # layouts.json: the table's rows, the plan chosen marked.
+    with open(os.path.join(logdir, 'plan', 'layouts.json')) as f:
+      layouts = json.load(f)
+    self.assertEqual([1, 2, 3], [l['rank'] for l in layouts])
+    self.assertEqual([rank], [l['rank'] for l in layouts if l['chosen']])
 
 
 if __name__ == '__main__':

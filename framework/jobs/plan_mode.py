@@ -27,8 +27,8 @@ class PlanFlags:
   top: int = Flag(10, 'layouts in the table.')
   apply: str = Flag('', 'write the best plan\'s overrides to this Params '
                     'file (for --model_params_file_override).')
-  explain: int = Flag(1, 'with --logdir: draw the simulated timeline of the '
-                      'plan of this rank.')
+  explain: int = Flag(0, 'with --logdir: draw the simulated timeline of the '
+                      'plan of this rank (0: the plan chosen).')
 
 
 class PlanMode(mode_registry.Mode):
@@ -45,11 +45,11 @@ class PlanMode(mode_registry.Mode):
       hardware.Parse(flags.cluster)
     except hardware.SpecError as e:
       raise user_error.UserError(str(e)) from None
-    for name in ('top', 'explain'):
+    for name, low in (('top', 1), ('explain', 0)):
       value = getattr(flags, name)
-      if not (user_error.IsInt(value) and value >= 1):
+      if not (user_error.IsInt(value) and value >= low):
         raise user_error.UserError(
-            f'--plan_{name}={value!r} must be an int >= 1.')
+            f'--plan_{name}={value!r} must be an int >= {low}.')
     if not isinstance(flags.measure, bool):
       raise user_error.UserError(f'--plan_measure={flags.measure!r} must be '
                                  'True or False.')

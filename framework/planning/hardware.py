@@ -34,8 +34,12 @@ network_gbps (between hosts), latency_us (a transfer's fixed cost), share
 once, '/'-separated, e.g. 1/1.6/1.8; with share=host); the op model's
 tile, tile_k and cores (a product's output tiles of tile x tile, its depth
 padded to tile_k, run in waves over `cores` units), launch_us (what
-each op pays beyond its work) and fuse ('elementwise': element-wise ops
-run inside the op before them, as XLA and fused kernels run them): the
+each op pays beyond its work), dispatch_us (what the host spends issuing
+each op: a pass of a layer's ops takes at least that many of them,
+`PassSeconds`) and fuse (what runs inside fused kernels:
+'elementwise', element-wise ops inside the op before them, as XLA and
+fused kernels run them; 'attention', attention's core as one kernel, as
+FlashAttention runs it; both as 'elementwise+attention'): the
 accelerator presets time each op of a layer's cost record by its kind and
 shape (`OpSeconds`); without tile and cores every op takes its FLOPs at
 peak x efficiency. GB are 1e9 bytes, GiB 2**30.
@@ -57,8 +61,10 @@ from cadence.framework import op_cost
 
 MEASURE = 'measure'
 SHARE = ('none', 'host')
-FUSE = ('none', 'elementwise')
-_CHOICES = {'share': SHARE, 'fuse': FUSE}   # Keys that take one of a set.
+# What `fuse` may name, '+'-joined (or 'none'): the op kinds a cluster runs
+# inside fused kernels.
+FUSIBLE = (op_cost.ELEMENTWISE, op_cost.ATTENTION)
+_CHOICES = {'share': SHARE}   # Keys that take one of a set.
 
 # Public specifications (datasheets), not measured here.
 #  * NVIDIA H100 SXM5 80 GB (NVIDIA H100 Tensor Core GPU datasheet and
@@ -88,14 +94,33 @@ _CHOICES = {'share': SHARE, 'fuse': FUSE}   # Keys that take one of a set.
 #    `cores` units (SMs; MXUs on a TPU): a product that does not fill its
 #    tiles or its last wave wastes what it leaves empty (CUTLASS's common
 #    128 x 128 x 64 BF16 tile on GPUs; a TPU pads to its 128 x 128 MXU);
-#  * launch_us: what each op pays beyond its work (a GPU kernel's launch
-#    and the framework's dispatch, a few microseconds; an XLA program on a
-#    TPU runs its fused ops back to back: about 1);
+#  * launch_us: what each op pays beyond its work on the device (a GPU
+#    kernel's launch and the gap to the next, a few microseconds; an XLA
+#    program on a TPU runs its fused ops back to back: about 1);
+#  * dispatch_us: the host's time to issue an op, which the device waits
+#    for when its ops are shorter (small micro-batches in an eager
+#    framework). 0 on every preset: Cadence's steps are TensorFlow graphs
+#    whose executor issues ops ahead of the device, and an XLA program is
+#    one launch. PyTorch run eagerly takes about 30 us an op (a dispatch-
+#    bound EfficientNet-B5 on an A100: 583 top-level ops in 17.8 ms,
+#    github.com/pytorch/pytorch/issues/82793);
 #  * fuse: 'elementwise' on TPUs (XLA compiles every step and fuses
 #    element-wise ops into their neighbours); 'none' on GPUs (Cadence's
 #    pipelined steps run TensorFlow's ops one by one: --xla needs
 #    --worker_split_size=1 off a TPU). A GPU run with fused kernels
-#    (Megatron-LM's, XLA) is `h100x8,fuse=elementwise`.
+#    (Megatron-LM's, XLA) is `h100x8,fuse=elementwise`; with
+#    FlashAttention too (PyTorch's scaled_dot_product_attention, Megatron-
+#    LM's --use-flash-attn) `h100x8,fuse=elementwise+attention`. No preset
+#    fuses attention: Cadence's MultiHeadedAttention runs its parts as
+#    TensorFlow ops, and XLA writes the scores to memory.
+#    Checked against a real H100 layer of the published-scale LM (d 2048,
+#    ffn 8192, 16 heads, seq 1024, dropout 0.1, bf16; PyTorch with fused
+#    attention), forward and backward 2.00/2.52/4.80 ms at micro-batches
+#    2/4/8: `h100x8,fuse=elementwise+attention` predicts 1.32/2.52/4.91
+#    ms (0.66/1.00/1.02x), with PyTorch's dispatch_us=30 1.74/2.52/4.91
+#    (0.87/1.00/1.02x: at micro-batch 2 the real layer waits on its
+#    host); unfused attention 1.78/3.40/6.66 ms, 1.35x and 1.39x at 4
+#    and 8 (tests/framework/planning/hardware_test.py holds them).
 # bench/published_check.py's last run: the op model against 49 figures
 # that 3 sources measured of pipelined Transformer training (A100, V100,
 # TPU v3 and P100 clusters): |error| median 2.6%, worst 41.3% (GPipe's
@@ -104,15 +129,15 @@ _CHOICES = {'share': SHARE, 'fuse': FUSE}   # Keys that take one of a set.
 # of 1. The plan quotes it (plan_report.Sureness).
 PUBLISHED_CHECK = dict(rows=49, sources=3, median=0.026, worst=0.413)
 _GPU = dict(tile=128, tile_k=64, launch_us=5.0, share='none',
-            concurrency=None, hosts=1, fuse='none')
+            concurrency=None, hosts=1, fuse='none', dispatch_us=0.0)
 _TPU = dict(tile=128, tile_k=128, launch_us=1.0, share='none',
-            concurrency=None, hosts=1, fuse='elementwise')
+            concurrency=None, hosts=1, fuse='elementwise', dispatch_us=0.0)
 _PRESETS = {
     'cpu': dict(devices=4, hosts=1, tflops=MEASURE, efficiency=1.0,
                 memory_gib=None, memory_gbps=MEASURE, link_gbps=None,
                 network_gbps=10.0, latency_us=0.0, share='host',
                 concurrency=MEASURE, tile=None, tile_k=None, cores=None,
-                launch_us=0.0, fuse='none'),
+                launch_us=0.0, fuse='none', dispatch_us=0.0),
     'h100x8': dict(_GPU, devices=8, tflops=989.0, efficiency=0.75,
                    memory_gib=80e9 / 2**30, memory_gbps=3350.0,
                    link_gbps=450.0, network_gbps=50.0, latency_us=5.0,
@@ -167,8 +192,13 @@ _KEYS = collections.OrderedDict([
                'once: SMs, MXUs)')),
     ('launch_us', ('number', 'a number >= 0 (microseconds each op pays '
                    'beyond its work)')),
-    ('fuse', ('fuse', "'none' or 'elementwise' (element-wise ops run inside "
-              'the op before them: XLA, fused kernels)')),
+    ('dispatch_us', ('number', 'a number >= 0 (microseconds the host takes '
+                     'to issue an op; the device waits for it when its '
+                     'ops are shorter)')),
+    ('fuse', ('fuse', "'none', or what runs in fused kernels, '+'-joined: "
+              "'elementwise' (element-wise ops inside the op before them: "
+              "XLA, fused kernels), 'attention' (attention's core as one "
+              "kernel: FlashAttention)")),
 ])
 KEYS = tuple(_KEYS)
 
@@ -191,8 +221,8 @@ def Interpolate(points, x):
 class Hardware(collections.namedtuple('Hardware', [
     'name', 'num_devices', 'num_hosts', 'flops', 'efficiency', 'memory',
     'memory_bandwidth', 'link_bandwidth', 'network_bandwidth', 'latency',
-    'share', 'concurrency', 'tile', 'tile_k', 'cores', 'launch', 'fuse'],
-    defaults=[None, None, None, 0.0, 'none'])):
+    'share', 'concurrency', 'tile', 'tile_k', 'cores', 'launch', 'fuse',
+    'dispatch'], defaults=[None, None, None, 0.0, 'none', 0.0])):
   """A cluster; see the module docstring. Units: FLOP/s, bytes, bytes/s,
   seconds. `flops`, `memory_bandwidth` or `concurrency` is MEASURE until
   calibrated (`Calibrated`); `memory` None: unknown (no fit check); `tile`
@@ -226,20 +256,57 @@ class Hardware(collections.namedtuple('Hardware', [
     the memory-bound kinds the longer of their bytes at the bandwidth and
     their FLOPs at peak x efficiency; each op pays `launch` besides. With
     fuse='elementwise' an element-wise op runs inside the op before it:
-    no launch, and only its own streams' bytes (op_cost.FusedBytes).
-    Without it, or for an `other` op: FLOPs at peak x efficiency.
+    no launch, and only its own streams' bytes (op_cost.FusedBytes). An
+    attention op is its parts one by one, unless the cluster fuses
+    attention or the op says it is fused: then one kernel, a product of
+    op_cost.FusedAttention's FLOPs and bytes (the scores' tiles).
+    Without the op model, or for an `other` op: FLOPs at peak x
+    efficiency.
     """
     rate = self.flops * self.efficiency
     if op.kind == op_cost.OTHER or not self.op_model:
       return op.flops / rate
+    if op.kind == op_cost.ATTENTION:
+      if not self.RunsFused(op):
+        return sum(self.OpSeconds(part) for part in op.dims.parts)
+      flops, num_bytes, dims = op_cost.FusedAttention(op)
+      return max(flops / (rate * self.ProductEfficiency(dims)),
+                 num_bytes / self.memory_bandwidth) + self.launch
     if op.kind == op_cost.MATMUL:
       rate *= self.ProductEfficiency(op.dims)
-    if op.kind == op_cost.ELEMENTWISE and self.fuse == 'elementwise':
+    if op.kind == op_cost.ELEMENTWISE and self.Fuses(op_cost.ELEMENTWISE):
       # Fused into the op before it: no launch, only its own streams.
       return max(op.flops / rate,
                  op_cost.FusedBytes(op) / self.memory_bandwidth)
     return max(op.flops / rate, op.bytes / self.memory_bandwidth) + (
         self.launch)
+
+  def Issued(self, op):
+    """How many ops the host issues for `op`: an attention's parts when
+    it runs unfused, else 1."""
+    if op.kind == op_cost.ATTENTION and not self.RunsFused(op):
+      return sum(self.Issued(part) for part in op.dims.parts)
+    return 1
+
+  def PassSeconds(self, ops):
+    """Seconds of a pass of `ops` (a unit's forward, or its gradient's
+    ops) on a device: the sum of their OpSeconds, or the host's time to
+    issue them (`dispatch` each, `Issued`) when that is longer: the
+    device runs ahead of the host, or waits for it."""
+    device = sum(self.OpSeconds(op) for op in ops)
+    if not self.dispatch or not self.op_model:
+      return device
+    return max(device, self.dispatch * sum(self.Issued(op) for op in ops))
+
+  def RunsFused(self, op):
+    """Whether ATTENTION op `op` runs as one kernel here: its record
+    says so, or the cluster fuses attention."""
+    return op.dims.fused or self.Fuses(op_cost.ATTENTION)
+
+  def Fuses(self, kind):
+    """Whether the cluster runs ops of `kind` (one of FUSIBLE) inside
+    fused kernels (`fuse`)."""
+    return kind in self.fuse.split('+')
 
   @property
   def devices_per_host(self):
@@ -310,8 +377,12 @@ class Hardware(collections.namedtuple('Hardware', [
       text += (f'; ops timed by kind and shape: products in '
                f'{self.tile}x{self.tile}x{self.tile_k or self.tile} tiles '
                f'over {self.cores} cores, {self.launch * 1e6:g} us an op'
-               + (', element-wise ops fused' if self.fuse == 'elementwise'
-                  else ''))
+               + (', element-wise ops fused'
+                  if self.Fuses(op_cost.ELEMENTWISE) else '')
+               + (', attention fused (one kernel, FlashAttention)'
+                  if self.Fuses(op_cost.ATTENTION) else '')
+               + (f', {self.dispatch * 1e6:g} us to issue an op'
+                  if self.dispatch else ''))
     if self.shared:
       conc = self.concurrency
       conc = conc if conc == MEASURE else '/'.join(f'{c:.2f}' for c in conc)
@@ -337,9 +408,28 @@ def _Hint(word, choices):
   return f' Did you mean {" or ".join(map(repr, close))}?' if close else ''
 
 
+def _Fuse(text):
+  """`fuse`'s value in FUSIBLE's order ('none' alone), from '+'-joined
+  names in any order."""
+  names = [n.strip() for n in text.split('+')]
+  if names == ['none']:
+    return 'none'
+  for name in names:
+    if name not in FUSIBLE:
+      raise SpecError(f"--plan_cluster: fuse={text!r} must be 'none' or "
+                      "'+'-joined names among "
+                      f'{", ".join(map(repr, FUSIBLE))}; {name!r} is not '
+                      f'one.{_Hint(name, FUSIBLE)}')
+  if len(set(names)) < len(names):
+    raise SpecError(f'--plan_cluster: fuse={text!r} names an op twice.')
+  return '+'.join(k for k in FUSIBLE if k in names)
+
+
 def _Value(key, text):
   kind, rule = _KEYS[key]
   bad = SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.')
+  if kind == 'fuse':
+    return _Fuse(text)
   if kind in _CHOICES:
     if text not in _CHOICES[kind]:
       raise SpecError(f'--plan_cluster: {key}={text!r} must be {rule}.'
@@ -362,7 +452,8 @@ def _Value(key, text):
     raise bad from None
   if value != value or value in (float('inf'), float('-inf')):
     raise bad
-  low_ok = value >= 0 if key in ('latency_us', 'launch_us') else (
+  low_ok = value >= 0 if key in ('latency_us', 'launch_us',
+                                 'dispatch_us') else (
       value >= 1 if kind == 'int' else value > 0)
   if not low_ok or (key == 'efficiency' and value > 1):
     raise bad
@@ -439,7 +530,8 @@ def Parse(text):
       latency=values['latency_us'] * 1e-6, share=values['share'],
       concurrency=values['concurrency'], tile=values['tile'],
       tile_k=values['tile_k'], cores=values['cores'],
-      launch=values['launch_us'] * 1e-6, fuse=values['fuse'])
+      launch=values['launch_us'] * 1e-6, fuse=values['fuse'],
+      dispatch=values['dispatch_us'] * 1e-6)
 
 
 def Presets():

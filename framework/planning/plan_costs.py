@@ -45,7 +45,9 @@ class FlopsCosts:
   runs before the pipeline and the loss apart) on a device of `hw`
   (calibrated). With the hardware's op model (the accelerator presets),
   each op of a unit's record at the micro-batch size takes
-  hw.OpSeconds, its gradient's ops (op_cost.Backward) likewise; without
+  hw.OpSeconds, its gradient's ops (op_cost.Gradient) likewise, and a
+  unit's forward or backward at least what the host takes to issue its
+  ops (hw.PassSeconds); without
   it, a forward takes flops / (peak x efficiency), a backward its
   bwd_flops likewise."""
 
@@ -65,11 +67,10 @@ class FlopsCosts:
     self._items = {}          # {micro-batch size: [ItemCost]}
 
   def _Seconds(self, units):
-    """(forward, backward) seconds of units' ops (hardware.OpSeconds)."""
+    """(forward, backward) seconds of units' ops (hardware.PassSeconds)."""
     ops = [op for u in units for op in u.cost.ops]
-    seconds = self._hw.OpSeconds
-    return (sum(seconds(op) for op in ops),
-            sum(seconds(b) for op in ops for b in op_cost.Backward(op)))
+    return (self._hw.PassSeconds(ops),
+            self._hw.PassSeconds(op_cost.Gradient(ops)))
 
   def _OpItems(self, micro_batch):
     plan = self._model.plan

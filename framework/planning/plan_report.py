@@ -1,16 +1,21 @@
 """The planner's ranked layouts as a user reads them: ranks and ties, the
 table, how sure it is, the best plan's flags, and its simulated timeline.
 
-  Rank             predictions best first; step times within TIE of each
-                   other are a tie, which goes to the smaller layout.
+  Rank             predictions in step-time order, those that fit first.
+  Best             the plan chosen: the simplest layout within TIE of the
+                   fastest (a tie goes to the smaller layout).
   Report           the table and the lines around it (plan.txt).
-  BestText         the exact flags and params overrides of the best plan.
+  Uncertainty      how far off the plan's figures may be, and from what.
+  BestText         the exact flags and params overrides of the best plan;
+                   a shortlist instead when the plan cannot tell its best
+                   layouts apart (Uncertainty above UNSURE).
   SimulatedChart   a prediction's timeline as the timeline tool draws it.
   LayoutsJson      the table for scripts (plan/layouts.json).
 
 Example:
   ranked, counts = planner.Search()
   print(Report(key, model, hw, costs, ranked, counts, top=10, seconds=1.0))
+  print(BestText(key, model, ranked, logdir='/tmp/run'))
 """
 import json
 import os
@@ -20,12 +25,18 @@ import tensorflow as tf
 
 from cadence.framework import atomic_file
 from cadence.framework.pipeline import memory_estimate
+from cadence.framework.pipeline import schedules
 from cadence.framework.pipeline import timeline as timeline_lib
 from cadence.framework.pipeline import timeline_chart
 from cadence.framework.planning import hardware as hardware_lib
 from cadence.framework.planning import plan_costs
 
 TIE = 0.02                     # Step times this close rank as equal.
+# A plan whose figures may be further off than this (its fit's worst error
+# on the real steps it was fitted to) names no best plan: a shortlist of
+# the layouts it cannot tell apart instead. The issue's bar for the plan's
+# worst error against the trainer's steps (issue 49).
+UNSURE = 0.20
 # The trainer as a printed command runs it: the README's from a checkout
 # (setup.py beside the package's files; a wheel leaves it out), else the
 # installed command.
@@ -35,28 +46,44 @@ TRAINER_COMMAND = ('.venv/bin/python trainer.py' if os.path.isfile(
     os.path.join(_CADENCE_DIR, 'setup.py')) else 'cadence-trainer')
 
 
-def Rank(predictions):
-  """`predictions` best first: those that fit (or may) before those that
-  do not; by step time, where times within TIE of the fastest of a group
-  tie and the tie goes to fewer devices (R x K), then fewer micro-batches,
-  then fewer stages."""
-  def _Simple(p):
-    lay = p.layout
-    return (lay.replicas * lay.devices, lay.micro_batches, lay.stages)
+def _Simple(p):
+  """What makes a layout simpler: fewer devices (R x K), then fewer
+  micro-batches, then fewer stages."""
+  lay = p.layout
+  return (lay.replicas * lay.devices, lay.micro_batches, lay.stages)
 
-  out = []
-  for fits in (True, False):
-    rest = sorted((p for p in predictions if (p.fits is not False) == fits),
-                  key=lambda p: p.step.time)
-    while rest:
-      # The group: the layouts within TIE of the fastest left (a prefix).
-      limit = rest[0].step.time * (1 + TIE)
-      end = 1
-      while end < len(rest) and rest[end].step.time <= limit:
-        end += 1
-      best = min(range(end), key=lambda i: (_Simple(rest[i]), i))
-      out.append(rest.pop(best))
-  return out
+
+def Rank(predictions):
+  """`predictions` in step-time order: those that fit (or may) before
+  those that do not; equal times by _Simple, then the schedules' registry
+  order (the default first), then name: an order that does not depend on
+  the search's."""
+  names = schedules.Names()
+
+  def _Registered(p):
+    name = p.layout.schedule
+    return names.index(name) if name in names else len(names)
+
+  return sorted(predictions, key=lambda p: (
+      p.fits is False, p.step.time, _Simple(p), _Registered(p),
+      p.layout.Name()))
+
+
+def RankOf(ranked, prediction):
+  """The table's rank (1-based) of `prediction`, an item of `ranked`."""
+  return next(i for i, p in enumerate(ranked) if p is prediction) + 1
+
+
+def Best(ranked):
+  """The plan chosen of `ranked` (Rank's order): the simplest (_Simple)
+  of the layouts that fit within TIE of the fastest that fits (its step
+  time is within the cost model's error of the fastest: less to go wrong,
+  less memory for transfers); `ranked[0]` if none fits."""
+  fits = [p for p in ranked if p.fits is not False]
+  if not fits:
+    return ranked[0]
+  tied = [p for p in fits if p.step.time <= fits[0].step.time * (1 + TIE)]
+  return min(tied, key=_Simple)
 
 
 _Ms = timeline_chart.FormatMs   # The table's and the chart's ms alike.
@@ -91,15 +118,16 @@ def _OverheadsText(costs, o, concurrency, scales=None,
           f'step, {_Ms(o.replica)} ms a replica beyond the first{fitted}')
 
 
-def TieLabels(ranked, top):
+def TieLabels(ranked, top, best=None):
   """Per row of the table (the first `top` of `ranked`): the rank of the
   first row whose step time is within TIE of its own, if another row ties
-  with it, else ''."""
+  with it, else ''; `best`'s row (the plan chosen) marked '*'."""
   rows = ranked[:top]
   out = []
   for i, p in enumerate(rows):
     tied = [j for j, q in enumerate(rows) if j != i and _Ties(p, q)]
-    out.append(str(min([i] + tied) + 1) if tied else '')
+    out.append((str(min([i] + tied) + 1) if tied else '') +
+               ('*' if p is best else ''))
   return out
 
 
@@ -129,32 +157,53 @@ _HEADER = (f'{"rank":>4} {"R":>2} {"K":>2} {"v":>2} {"M":>3}  '
            f'{"slots":>7}{"fits":>5}{"tie":>5}')
 
 
+def Uncertainty(calibration, hw=None):
+  """(error, what it is): how far off the plan's step times may be, the
+  worst |error| of the fit on the real steps it was fitted to
+  (`calibration`: CalibrationErrors), else, on a cluster with the op
+  model, the published check's median (hardware.PUBLISHED_CHECK); (None,
+  '') where nothing was checked (FLOPs at a flat rate)."""
+  if calibration:
+    return (max(abs(e) for e in calibration.values()),
+            f'its fit\'s worst error on the {len(calibration)} real steps it '
+            'was fitted to')
+  if hw is not None and hw.op_model:
+    return (hardware_lib.PUBLISHED_CHECK['median'],
+            'the op model\'s median error against published step times')
+  return None, ''
+
+
+def Candidates(ranked, error):
+  """The layouts that fit within `error` of the fastest that fits (any of
+  them may be the fastest in fact), in `ranked`'s order."""
+  fits = [p for p in ranked if p.fits is not False]
+  return [p for p in fits if p.step.time <= fits[0].step.time * (1 + error)]
+
+
 def Sureness(ranked, calibration, hw=None):
   """One line: where the costs came from, how far the cost model was off
   where it could be checked (`calibration`: CalibrationErrors of the
   measured steps; else, for a cluster with the op model, the published
   check of hardware.PUBLISHED_CHECK), and how many of the layouts lie
-  within that error of the best (any of them may be the fastest in
-  fact)."""
-  fits = [p for p in ranked if p.fits is not False]
-
+  within that error of the best (Candidates: any of them may be the
+  fastest in fact)."""
   def _Close(error):
-    if not fits:
+    n = len(Candidates(ranked, error))
+    if not n:
       return ''
-    n = sum(1 for p in fits if p.step.time <= fits[0].step.time * (1 + error))
     return (f' {n} layout{"s" if n != 1 else ""} lie within '
             f'{100 * error:.1f}% of the best: any of them may be the '
             'fastest.')
 
+  error, _ = Uncertainty(calibration, hw)
   if calibration:
-    errors = sorted(abs(e) for e in calibration.values())
-    median, worst = statistics.median(errors), errors[-1]
+    median = statistics.median(abs(e) for e in calibration.values())
     return (f'How sure: the units\' times were measured on this host; the '
             f'overheads and the host\'s concurrency fitted to '
-            f'{len(errors)} real steps, which the model then predicts '
-            f'within {100 * median:.1f}% (median) and {100 * worst:.1f}% '
-            f'(worst: in sample).' + _Close(worst))
-  if hw is not None and hw.op_model:
+            f'{len(calibration)} real steps, which the model then predicts '
+            f'within {100 * median:.1f}% (median) and {100 * error:.1f}% '
+            f'(worst: in sample).' + _Close(error))
+  if error is not None:
     check = hardware_lib.PUBLISHED_CHECK
     return (f'How sure: the costs are each op\'s FLOPs and bytes on the '
             'cluster\'s public specifications, not measured; the same op '
@@ -162,8 +211,7 @@ def Sureness(ranked, calibration, hw=None):
             f'pipelined training from {check["sources"]} sources '
             f'(bench/published_check.py) is off by '
             f'{100 * check["median"]:.1f}% at the median and '
-            f'{100 * check["worst"]:.0f}% at worst.' +
-            _Close(check['median']))
+            f'{100 * check["worst"]:.0f}% at worst.' + _Close(error))
   return ('How sure: the costs are FLOPs at the cluster\'s peak x '
           'efficiency, not measured and not checked against measured step '
           'times, so read the ranking as a guide, not a measurement.')
@@ -203,31 +251,69 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
       'device\'s peak' + (' (the host\'s devices share its memory: fits '
                           'counts them all)' if hw.shared else '') + '.',
       _HEADER]
-  ties = TieLabels(predictions, top)
+  ties = TieLabels(predictions, top, Best(predictions) if fits else None)
   lines += [_Row(i + 1, p, tie)
             for i, (p, tie) in enumerate(zip(predictions[:top], ties))]
   if any(ties):
     lines.append(
-        f'tie: the first rank within {100 * TIE:g}% of the row\'s step '
-        'time; within a tie the ranking prefers fewer devices (R x K), '
-        'then fewer micro-batches, then fewer stages.')
+        f'Rows in step-time order. tie: the first rank within {100 * TIE:g}% '
+        'of the row\'s step time; *: the plan chosen, the simplest within '
+        f'{100 * TIE:g}% of the fastest (fewer devices, R x K, then fewer '
+        'micro-batches, then fewer stages).')
   if not fits:
     lines.append('No layout fits the cluster\'s memory.')
   lines.append(Sureness(predictions, calibration, hw))
   return '\n'.join(lines) + '\n'
 
 
-def BestText(key, model, best, params_file=None):
-  """The command that runs the best plan (TRAINER_COMMAND: as pasted in
-  the repository, or the installed command; a fresh logdir of its
-  own)."""
-  logdir = f'/tmp/cadence_plan_{key.rsplit(".", 1)[-1]}'
-  return (f'Best plan: {best.layout.Name()}: {_Ms(best.step.time)} ms '
-          f'a step, {best.examples_per_sec:.1f} examples/s, MFU '
-          f'{100 * best.mfu:.1f}%, bubble {best.step.bubble:.2f}.\n'
-          f'  {TRAINER_COMMAND} '
-          f'{model.Flags(best.layout, key, params_file)} --logdir={logdir}'
-          '\n')
+def Shortlist(candidates):
+  """Of `candidates` (Rank's order), the fastest on each number of devices
+  (R x K), fewest devices first: the choices that differ in what they
+  take."""
+  out = {}
+  for p in candidates:
+    out.setdefault(p.layout.replicas * p.layout.devices, p)
+  return [out[n] for n in sorted(out)]
+
+
+def BestText(key, model, ranked, params_file=None, logdir='',
+             calibration=None, hw=None):
+  """The command that runs the plan chosen (Best of `ranked`;
+  TRAINER_COMMAND: as pasted in the repository, or the installed command)
+  in `logdir` (the plan's --logdir; else a fresh one of its own). When
+  the plan's figures may be off by more than UNSURE (Uncertainty) and
+  more than one layout lies within that of the fastest, it names no best
+  plan: it says the plan cannot tell them apart, lists the Shortlist,
+  and gives the chosen layout's command as a place to start."""
+  best = Best(ranked)
+  rank = RankOf(ranked, best)
+  logdir = logdir or f'/tmp/cadence_plan_{key.rsplit(".", 1)[-1]}'
+  figures = (f'{best.layout.Name()}: {_Ms(best.step.time)} ms a step, '
+             f'{best.examples_per_sec:.1f} examples/s, MFU '
+             f'{100 * best.mfu:.1f}%, bubble {best.step.bubble:.2f}')
+  command = (f'  {TRAINER_COMMAND} '
+             f'{model.Flags(best.layout, key, params_file)} '
+             f'--logdir={logdir}\n')
+  chosen = (f'rank {rank}, the simplest within {100 * TIE:g}% of the '
+            'fastest' if rank > 1 else 'rank 1')
+  error, what = Uncertainty(calibration, hw)
+  candidates = Candidates(ranked, error) if error is not None else []
+  if error is None or error <= UNSURE or len(candidates) < 2:
+    return f'Best plan ({chosen}): {figures}.\n' + command
+  shown = Shortlist(candidates)
+  return (
+      f'No best plan: the plan\'s step times may be off by '
+      f'{100 * error:.1f}% ({what}; above {100 * UNSURE:g}%), and '
+      f'{len(candidates)} layouts lie within that of the fastest: the plan '
+      'cannot tell them apart. The shortlist, the fastest of them on each '
+      'number of devices (layouts.json gives each layout\'s flags; time '
+      'them with trainer.py before choosing):\n' +
+      ''.join(f'  rank {RankOf(ranked, p)}: {p.layout.Name()}: '
+              f'{_Ms(p.step.time)} ms a step, on '
+              f'{p.layout.replicas * p.layout.devices} device(s)\n'
+              for p in shown) +
+      f'A layout to start from, not a confident best ({chosen}): '
+      f'{figures}.\n' + command)
 
 
 def SimulatedTimeline(prediction, device_names=None):
@@ -303,12 +389,13 @@ def WriteText(path, text):
   atomic_file.Write(path, text)
 
 
-def LayoutsJson(key, model, predictions):
+def LayoutsJson(key, model, predictions, best=None):
   """The ranked table for scripts (plan/layouts.json): per layout its
   name, predicted step seconds, largest device's bytes, whether it fits
-  (null: unknown) and the trainer flags that run it."""
+  (null: unknown), whether it is `best` (the plan chosen) and the trainer
+  flags that run it."""
   return json.dumps([
       dict(rank=i + 1, name=p.layout.Name(), step_seconds=p.step.time,
-           memory_bytes=max(p.memory), fits=p.fits,
+           memory_bytes=max(p.memory), fits=p.fits, chosen=p is best,
            flags=model.FlagList(p.layout, key))
       for i, p in enumerate(predictions)], indent=1) + '\n'

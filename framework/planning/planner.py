@@ -41,20 +41,31 @@ replicas take batch_size / R each). How:
 While it works the planner logs what it is doing: each calibration
 layout built and each round of their steps, the host's measurements,
 each micro-batch size its units are timed at (n of N), and every 5 s
-of a long search how far it got, the best layout yet and the time left.
+of a long search how far it got, the best layout yet and the time left
+(the search's shapes are simulated in an order spread over all of them,
+and weighed by their work, so the time left does not grow as the larger
+ones come).
 
 A layout whose remat is slower than another fitting remat of the same
 layout (never < selective < except_last < always: each re-runs more) is
 dominated and left out; a layout is tried with sharded slots only when
 it does not fit with whole ones (sharding buys memory, not speed); one that does not fit is ranked after those that
-do. Step times within `plan_report.TIE` (2%) of each other are a tie,
-well inside the cost model's error (bench/planner_bench.py): a tie goes to
-the layout on fewer devices, then with fewer micro-batches and stages
-(less to go wrong, less memory for transfers). The best plan is printed as the exact
-flags and params overrides that run it; --plan_apply=FILE writes the
-overrides as a params file (--model_params_file_override=FILE), and with
---logdir the best plan's simulated timeline is drawn as the timeline
-tool's chart (<logdir>/plan/plan_timeline.svg,
+do; the table's rows are in step-time order. Step times within
+`plan_report.TIE` (2%) of each other are a tie, well inside the cost
+model's error (bench/planner_bench.py), marked in the table: the plan
+chosen is the simplest layout within TIE of the fastest, on fewer
+devices, then with fewer micro-batches and stages (less to go wrong, less
+memory for transfers). The best plan is printed as the exact flags and
+params overrides that run it, in the plan's --logdir; when the plan's
+figures may be off by more than `plan_report.UNSURE` (20%: its fit's
+worst error on the real steps it was fitted to) and several layouts lie
+within that of the fastest, it names no best plan: it says it cannot
+tell them apart and lists a shortlist, the fastest of them on each number
+of devices, then the chosen layout's command as a place to start.
+--plan_apply=FILE writes the overrides as a params file
+(--model_params_file_override=FILE), and with --logdir the simulated
+timeline of the plan chosen (or --plan_explain's rank) is drawn as the
+timeline tool's chart (<logdir>/plan/plan_timeline.svg,
 framework/pipeline/timeline_chart.py; its actions' times in
 plan_timeline.txt) beside the report (plan.txt): the pipeline's actions,
 then bands for the all-reduce, update and fixed cost after them, so its
@@ -99,6 +110,10 @@ Layout = plan_model.Layout
 REMATS = ('never', 'selective', 'except_last', 'always')
 _SKIP_SCHEDULES = ('table',)   # Written by hand, not searched.
 MAX_PER_DEVICE = 4             # v: cells per device.
+# What a shape's schedule, cuts and memory plan cost Search beside its
+# S x M forward actions, in actions (_Work): fitted to the 1.7B LM's
+# search on h100x8, where the shapes' times ran from 0.2 to 840 ms.
+_SHAPE_WORK = 10
 # The schedule whose one-device step measures what a deferred W costs.
 
 
@@ -135,6 +150,31 @@ def MicroBatchSizes(model, num_devices):
 
 def Schedules():
   return [n for n in schedules.Names() if n not in _SKIP_SCHEDULES]
+
+
+def Interleaved(items):
+  """`items` in the order every g-th one (g about 0.618 of their number,
+  coprime to it): any prefix of it spreads over the whole list, so the
+  pace of what is done stands for what is left."""
+  n = len(items)
+  g = max(1, round(0.618034 * n))
+  while math.gcd(g, n) > 1:
+    g += 1
+  return [items[i * g % n] for i in range(n)]
+
+
+def _Work(shape):
+  """The relative work of simulating a shape (R, K, S, M, schedule): its S
+  x M forward actions (each with its backward and transfers) and
+  _SHAPE_WORK for the rest."""
+  _, _, s, m, _ = shape
+  return s * m + _SHAPE_WORK
+
+
+def TimeLeft(seconds, done, total):
+  """Seconds left of a search that took `seconds` for `done` of `total`
+  work, at the pace so far."""
+  return seconds / done * (total - done) if done else 0.0
 
 
 def Shapes(num_devices, num_layers, batch):
@@ -283,19 +323,24 @@ class Planner:
                       3 * model.flops / step.time / peak)
 
   def Search(self, progress_secs=5.0):
-    """Every layout's Prediction, best first (see the module docstring);
-    returns (predictions, counts: NestedMap of what was skipped). Logs a
-    progress line as it starts and every `progress_secs` seconds: shapes
-    done of all, layouts so far, the best one yet and the time left at the
-    pace so far."""
+    """Every layout's Prediction in Rank's order (see the module
+    docstring); returns (predictions, counts: NestedMap of what was
+    skipped). Logs a progress line as it starts and every `progress_secs`
+    seconds: shapes done of all, layouts so far, the best one yet and the
+    time left at the pace so far. The (R, K, S, M) are simulated
+    Interleaved and the pace is weighed by each shape's _Work, so the
+    time left does not grow as the larger shapes come."""
     model, hw = self.model, self.hw
     out, dominated, refused = [], 0, 0
     shapes = [(r, k, s, m, name)
-              for r, k, s in Shapes(hw.num_devices, model.num_units,
-                                    model.batch_size)
-              for m in plan_model.MicroBatchCounts(model.batch_size // r,
-                                        model.current.micro_batches)
+              for r, k, s, m in Interleaved([
+                  (r, k, s, m)
+                  for r, k, s in Shapes(hw.num_devices, model.num_units,
+                                        model.batch_size)
+                  for m in plan_model.MicroBatchCounts(
+                      model.batch_size // r, model.current.micro_batches)])
               for name in Schedules()]
+    total, done = sum(_Work(x) for x in shapes), 0
     start = last = time.perf_counter()
     seen, same = set(), 0
     for i, (r, k, s, m, name) in enumerate(shapes):
@@ -304,7 +349,8 @@ class Planner:
         logging.info('Planning: %d of %d shapes (R, K, S, M, schedule) '
                      'simulated in %.0f s, %d layouts so far%s...', i,
                      len(shapes), last - start, len(out),
-                     _BestSoFar(out, i, len(shapes), last - start))
+                     _BestSoFar(out, TimeLeft(last - start, done, total)))
+      done += _Work((r, k, s, m, name))
       try:
         schedule = schedules.Build(name, s, k, m)
       except ValueError:
@@ -345,14 +391,13 @@ class Planner:
     return [None] if balanced == even else [None, tuple(balanced)]
 
 
-def _BestSoFar(predictions, done, total, seconds):
+def _BestSoFar(predictions, left):
   """'; best yet <layout> <ms> ms; about <s> s left' of a search under
   way ('' before any layout)."""
   fits = [p for p in predictions if p.fits is not False] or predictions
   if not fits:
     return ''
   best = min(fits, key=lambda p: p.step.time)
-  left = seconds / done * (total - done) if done else 0.0
   return (f'; best yet {best.layout.Name()}: '
           f'{timeline_chart.FormatMs(best.step.time)} ms; '
           f'about {left:.0f} s left')
@@ -369,7 +414,7 @@ def Plan(key, params, plan, logdir=''):
     key: the experiment's registry key (for the printed flags).
     params: its model params (Train, overrides applied).
     plan: the --plan_* flags (jobs/plan_mode.PlanFlags: cluster, measure,
-      top, apply, explain).
+      top, apply, explain: a rank, 0 the plan chosen).
     logdir: where plan.txt and the chart go ('' : nowhere).
 
   Raises:
@@ -418,23 +463,26 @@ def Plan(key, params, plan, logdir=''):
     raise BadRequest(
         f'--plan_explain={plan.explain} is beyond the {len(predictions)} '
         'layouts planned.')
-  best = predictions[0]
+  best = plan_report.Best(predictions)
   if best.fits is False:   # Sorted: the fitting ones first.
     raise NothingFits(_NothingFitsLine(key, planner.hw, predictions), text)
   if plan.apply:
     plan_report.WriteText(plan.apply, model.OverridesText(best.layout))
-    text += f'Wrote the best plan\'s overrides to {plan.apply}.\n'
-  text += plan_report.BestText(key, model, best, plan.apply or None)
+    text += (f'Wrote the overrides of {best.layout.Name()} (rank '
+             f'{plan_report.RankOf(predictions, best)}) to {plan.apply}.\n')
+  text += plan_report.BestText(key, model, predictions, plan.apply or None,
+                               logdir, errors, planner.hw)
   if logdir:
     folder = os.path.join(logdir, 'plan')
-    explained = predictions[plan.explain - 1]
+    explained = (predictions[plan.explain - 1] if plan.explain else best)
+    rank = plan_report.RankOf(predictions, explained)
     path = plan_report.WriteTimeline(explained, folder)
-    text += (f'Simulated timeline of plan {plan.explain} '
+    text += (f'Simulated timeline of plan {rank} '
              f'({explained.layout.Name()}): {path}\n')
     plan_report.WriteText(os.path.join(folder, 'plan.txt'), text)
     plan_report.WriteText(
         os.path.join(folder, 'layouts.json'),
-        plan_report.LayoutsJson(key, model, predictions[:plan.top]))
+        plan_report.LayoutsJson(key, model, predictions[:plan.top], best))
   return text
 
 

@@ -183,7 +183,7 @@ def _ProductFlops(record):
       op.kind != op_cost.OTHER for op in record.ops)
   what = 'its matmul and other ops' if stated else (
       'flops (the layer states no ops)')
-  return sum(op.flops for op in record.ops
+  return sum(op.flops for op in op_cost.Unfused(record.ops)
              if op.kind in (op_cost.MATMUL, op_cost.OTHER)), what
 
 

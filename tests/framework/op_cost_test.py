@@ -52,6 +52,42 @@ class OpCostTest(unittest.TestCase):
     self.assertEqual(110, op_cost.Sum(ops))
     self.assertEqual(40 + 80, op_cost.Sum(ops, 'bytes'))
 
+  def testAttentionHoldsItsParts(self):
+    # 6 = examples x heads of queries [16, 4] over keys and values [8, 4].
+    op = op_cost.Attention(6, 16, 8, 4, size=2)
+    scores, soft, context = op.dims.parts
+    self.assertEqual((op_cost.MATMUL, op_cost.SOFTMAX, op_cost.MATMUL),
+                     (scores.kind, soft.kind, context.kind))
+    self.assertEqual((6, 16, 4, 8, False, 2), scores.dims)   # q k^T.
+    self.assertEqual((6, 16, 8, 4, False, 2), context.dims)  # probs v.
+    self.assertEqual(2 * 2 * 6 * 16 * 8 * 4 + 5 * 6 * 16 * 8, op.flops)
+    self.assertEqual(op_cost.Sum(op.dims.parts, 'bytes'), op.bytes)
+    self.assertEqual([scores, soft, context], op_cost.Unfused([op]))
+    self.assertFalse(op.dims.fused)
+    # Its gradient: one attention op of its parts' gradients, in order.
+    (back,) = op_cost.Backward(op)
+    self.assertEqual(op_cost.ATTENTION, back.kind)
+    self.assertTrue(back.dims.backward)
+    self.assertEqual(op_cost.Gradient(op.dims.parts), list(back.dims.parts))
+    self.assertEqual(2 * op.flops, back.flops)
+    self.assertEqual(op_cost.Gradient([scores, op]),
+                     list(op_cost.Backward(scores)) + [back])
+
+  def testFusedAttentionReadsQKVAndTheOutputOnly(self):
+    op = op_cost.Attention(6, 16, 8, 4, size=2, fused=True)
+    self.assertTrue(op.dims.fused)
+    flops, num_bytes, dims = op_cost.FusedAttention(op)
+    # Forward: q k^T and probs v, 2 x 2 b tq tk dh; q and the output
+    # [16, 4], k and v [8, 4] once each, no [16, 8] scores.
+    self.assertEqual(4 * 6 * 16 * 8 * 4, flops)
+    self.assertEqual(2 * 6 * (2 * 16 * 4 + 2 * 8 * 4), num_bytes)
+    self.assertEqual((6, 16, 4, 8, False, 2), dims)
+    # Backward: the scores again and four gradient products (2.5 x); reads
+    # q, k, v, the output and its gradient, writes dq, dk, dv.
+    flops, num_bytes, _ = op_cost.FusedAttention(op_cost.Backward(op)[0])
+    self.assertEqual(2.5 * 4 * 6 * 16 * 8 * 4, flops)
+    self.assertEqual(2 * 6 * (4 * 16 * 4 + 4 * 8 * 4), num_bytes)
+
 
 if __name__ == '__main__':
   unittest.main()

@@ -3,6 +3,7 @@ import numpy as np
 import tensorflow as tf
 
 from cadence.framework import base_layer
+from cadence.framework import op_cost
 from cadence.framework import shapes
 from cadence.framework import step_seed
 from cadence.layers import attention
@@ -154,6 +155,27 @@ class MultiHeadedAttentionTest(tf.test.TestCase):
     self.assertEqual(2 * (2 * 8 * 8 + 8) + 2 * 2 * 2 * 8 * 8 +
                      2 * 2 * 2 * 2 * 8 + 5 * 2 * 2 * 2 + 2 * 2 * 8 * 8,
                      meta.flops)
+
+  def testFPropMetaStatesTheCoreAsOneAttentionOp(self):
+    # b=2, tq=3, tk=5, h=3, dh=4: the scores' product, the mask, the
+    # softmax, the dropout's random bits and the context's product, in
+    # one attention op a cluster may run fused (hardware's fuse).
+    p = _Params(source_dim=6, hidden_dim=12, num_heads=3,
+                atten_dropout_prob=0.1)
+    ops = MHA.FPropMeta(p, [2, 3, 8], [2, 5, 6]).ops
+    (core,) = [op for op in ops if op.kind == op_cost.ATTENTION]
+    self.assertEqual((6, 3, 5, 4, 4, False), core.dims[:6])
+    self.assertEqual(
+        [(op_cost.MATMUL, (6, 3, 4, 5, False, 4)), (op_cost.ELEMENTWISE, None),
+         (op_cost.SOFTMAX, None), (op_cost.ELEMENTWISE, None),
+         (op_cost.MATMUL, (6, 3, 5, 4, False, 4))],
+        [(o.kind, o.dims if o.kind == op_cost.MATMUL else None)
+         for o in core.dims.parts])
+    self.assertEqual(op_cost.Sum(core.dims.parts), core.flops)
+    # In inference, no dropout.
+    ops = MHA.FPropMeta(p.Copy().Set(is_inference=True), [2, 3, 8]).ops
+    (core,) = [op for op in ops if op.kind == op_cost.ATTENTION]
+    self.assertEqual(4, len(core.dims.parts))
 
   def testGradientsFiniteForEveryVariable(self):
     layer = _Params(atten_dropout_prob=0.2).Instantiate()

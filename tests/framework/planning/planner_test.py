@@ -273,7 +273,7 @@ class PlannerTest(tf.test.TestCase):
     self.assertEqual(plan_report.Rank(every)[0].step.time,
                      predictions[0].step.time)
 
-  def testRankBreaksTiesTowardFewerDevices(self):
+  def testRankIsStepTimeOrderAndTheTieGoesToFewerDevices(self):
     step = collections.namedtuple('Step', ['time'])
 
     def _P(r, k, m, time, fits=True):
@@ -286,12 +286,97 @@ class PlannerTest(tf.test.TestCase):
     slow1 = _P(1, 1, 1, 1.030)   # 3% slower than the fastest.
     big = _P(2, 2, 8, 0.5, fits=False)   # Does not fit: last.
     got = plan_report.Rank([big, slow1, fast4, tie2, tie2_m4])
-    self.assertEqual([tie2_m4, tie2, fast4, slow1, big], got)
+    self.assertEqual([fast4, tie2, tie2_m4, slow1, big], got)
+    # The plan chosen: the simplest within TIE of the fastest (1.019 is
+    # within 2% of 1.000; 1.030 is not).
+    best = plan_report.Best(got)
+    self.assertIs(tie2_m4, best)
+    self.assertEqual(3, plan_report.RankOf(got, best))
     # The table's tie column: the first rank within TIE of the row (1.030
-    # is within 2% of 1.019, not of 1.000); the last ties with none.
-    self.assertEqual(['1', '1', '1', '1', ''], plan_report.TieLabels(got, 5))
+    # is within 2% of 1.015, not of 1.000), the plan chosen starred; the
+    # last ties with none.
+    self.assertEqual(['1', '1', '1*', '2', ''],
+                     plan_report.TieLabels(got, 5, best))
     self.assertEqual(['1', '1', '1'], plan_report.TieLabels(got[1:], 3))
     self.assertEqual(['', ''], plan_report.TieLabels([fast4, big], 5))
+    # Nothing fits: the fastest of those that do not.
+    self.assertIs(big, plan_report.Best([big]))
+
+  def testBestCommandRunsInTheGivenLogdir(self):
+    ranked = plan_report.Rank([self.planner.Predict(Layout(
+        r, k, k, m, '1f1b', 'never', None)) for r, k, m in (
+            (1, 1, 1), (1, 2, 4), (2, 2, 4), (4, 1, 2))])
+    best = plan_report.Best(ranked)
+    flags = self.model.Flags(best.layout, _TINY)
+    text = plan_report.BestText(_TINY, self.model, ranked,
+                                logdir='/tmp/my_run')
+    self.assertRegex(text, r'^Best plan \(rank \d[^)]*\): '
+                     + re.escape(best.layout.Name()))
+    self.assertTrue(text.endswith(f'trainer.py {flags} --logdir=/tmp/my_run'
+                                  '\n'), text)
+    # No logdir given: a fresh one of the plan's own.
+    self.assertIn('--logdir=/tmp/cadence_plan_OneBWdsGPipeTransformerTiny\n',
+                  plan_report.BestText(_TINY, self.model, ranked))
+    # A fit within UNSURE of the real steps, or the op model's published
+    # check: a best plan.
+    sure = plan_report.BestText(_TINY, self.model, ranked, logdir='/tmp/r',
+                                calibration={ranked[0].layout: 0.15})
+    self.assertIn('Best plan (', sure)
+    self.assertIn('Best plan (', plan_report.BestText(
+        _TINY, self.model, ranked, hw=hardware.Parse('h100x8')))
+
+  def testAnUnsureFitNamesNoBestPlan(self):
+    """A fit 542.3% off in sample (the README's PipelinedMlp in issue 49):
+    every layout lies within that of the fastest; the plan says it cannot
+    tell them apart, lists the fastest on each number of devices, and
+    gives the chosen layout's command only as a place to start."""
+    ranked = plan_report.Rank([self.planner.Predict(Layout(
+        r, k, k, m, '1f1b', 'never', None)) for r, k, m in (
+            (1, 1, 1), (1, 1, 2), (1, 2, 4), (1, 2, 2), (2, 2, 4),
+            (1, 4, 4))])
+    errors = {ranked[0].layout: 0.05, ranked[1].layout: -5.423}
+    text = plan_report.BestText(_TINY, self.model, ranked, logdir='/tmp/r',
+                                calibration=errors)
+    self.assertNotIn('Best plan', text)
+    n = len(plan_report.Candidates(ranked, 5.423))
+    self.assertEqual(len(ranked), n)
+    self.assertIn(
+        'No best plan: the plan\'s step times may be off by 542.3% (its '
+        'fit\'s worst error on the 2 real steps it was fitted to; above '
+        f'20%), and {n} layouts lie within that of the fastest: the plan '
+        'cannot tell them apart.', text)
+    shown = re.findall(r'\n  rank (\d+): (.*): [\d.]+ ms a step, on (\d+) '
+                       r'device\(s\)', text)
+    # The fastest of each number of devices, fewest first.
+    devices = sorted({p.layout.replicas * p.layout.devices for p in ranked})
+    self.assertEqual(devices, [int(d) for _, _, d in shown])
+    for rank, name, d in shown:
+      first = next(p for p in ranked
+                   if p.layout.replicas * p.layout.devices == int(d))
+      self.assertEqual((plan_report.RankOf(ranked, first), first.layout.Name()),
+                       (int(rank), name))
+    best = plan_report.Best(ranked)
+    self.assertIn('A layout to start from, not a confident best (rank '
+                  f'{plan_report.RankOf(ranked, best)}', text)
+    self.assertTrue(text.endswith(
+        f'{self.model.Flags(best.layout, _TINY)} --logdir=/tmp/r\n'))
+    # The same fit with one layout within its error names it.
+    alone = [ranked[0]] + [p._replace(step=p.step._replace(
+        time=100 * p.step.time)) for p in ranked[1:]]
+    self.assertIn('Best plan (rank 1)', plan_report.BestText(
+        _TINY, self.model, alone, calibration=errors))
+
+  def testSearchOrderSpreadsAndTheTimeLeftIsThePaceSoFar(self):
+    for n in (1, 2, 10, 262):
+      order = planner.Interleaved(list(range(n)))
+      self.assertCountEqual(range(n), order)
+    # Any eighth of the order reaches every quarter of the list.
+    order = planner.Interleaved(list(range(262)))
+    for start in range(0, 262 - 33, 33):
+      self.assertEqual({0, 1, 2, 3},
+                       {i * 4 // 262 for i in order[start:start + 33]})
+    self.assertEqual(30.0, planner.TimeLeft(10.0, 1, 4))
+    self.assertEqual(0.0, planner.TimeLeft(0.5, 0, 4))
 
   def testSurenessSaysWhereCostsCameFromAndHowFarOff(self):
     step = collections.namedtuple('Step', ['time'])
