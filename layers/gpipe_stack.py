@@ -58,9 +58,10 @@ class GPipeStack(gpipe_units.UnitsPipeline, base_layer.BaseLayer):
     p.Define('example_shape', None, 'One example\'s input shape without '
              'the batch dim (e.g. [64]), to cut `splits` stages of near-'
              'equal FLOPs; None: units of equal cost.')
-    p.Define('splits', 1, 'The cut into stages: an int K (K near-equal '
-             'stages), or a list of K-1 increasing unit indices where '
-             'stages 1.. start.')
+    p.Define('splits', 1, 'The cut into stages: an int S (S near-equal '
+             'stages; S = K v on K devices with v stages per device), or '
+             'a list of S-1 increasing unit indices where stages 1.. '
+             'start.')
     p.Define('pipeline_tpl', gpipe.PipeliningLayer.Params(), 'The '
              "pipeline's settings (num_micro_batches, schedule, remat, "
              '...), or None: the units run one after the other on the '

@@ -56,10 +56,11 @@ class GPipeTransformerStack(gpipe_units.UnitsPipeline,
   @classmethod
   def Params(cls):
     p = super().Params()
-    p.Define('splits', 1, 'The partition into cells: an int K (K cells of '
-             'near-equal size), or a list of K-1 increasing layer indices '
-             '[b_1, ..., b_{K-1}] where cells 1.. start (cell c has layers '
-             'b_c .. b_{c+1}-1, with b_0 = 0 and b_K = L).')
+    p.Define('splits', 1, 'The cut into stages: an int S (S stages of '
+             'near-equal size; S = K v on K devices with v stages per '
+             'device), or a list of S-1 increasing layer indices '
+             '[b_1, ..., b_{S-1}] where stages 1.. start (stage s has '
+             'layers b_s .. b_{s+1}-1, with b_0 = 0 and b_S = L).')
     p.Define('pipeline_tpl', gpipe.PipeliningLayer.Params(), 'The '
              'pipeline\'s settings (num_micro_batches, micro_batch_size, '
              'schedule, remat, backward_window, state_dtype); cell_tpl and '

@@ -519,7 +519,7 @@ class CellProgram:
     d_theta, d_state, d_inputs = grads
     return (lambda after=(): d_theta), d_state, d_inputs
 
-  def _SplitFunctions(self, policy):
+  def _DeferredWFunctions(self, policy):
     """(b, w, cut, grad mask) of the backward cut into B and W
     (deferred_w.CutBackward): of a re-run of the whole cell (policy None) or
     of what remat policy `policy` kept (`_KeepFunctions`). b takes the
@@ -563,7 +563,7 @@ class CellProgram:
     args: the step's args (and the kept tensors, for a `policy`); the
     recomputation in B waits for d_out (control dependencies).
     """
-    b, w, cut, mask = self._SplitFunctions(policy)
+    b, w, cut, mask = self._DeferredWFunctions(policy)
     n_theta = sum(map(IsDifferentiable, self._theta_flat))
     feeds = deferred_w.Hold(args, d_out) + list(d_out)
     with cluster_lib.DeviceScope(self._device):

@@ -237,7 +237,7 @@ def Moments(memory, params, slots, grads=None, update=None):
       remat, num_micro_batches, backward_window, cells=S NestedMaps(act:
       bytes a micro-batch's backward reads, act_weights: of them, those
       remat 'selective' keeps, residuals: what a deferred W reads
-      (read only by schedules that split it), out: bytes of its output,
+      (read only by schedules that defer W), out: bytes of its output,
       transient: its backward's temporaries, act_outputs (optional, default
       0): of act, the bytes of its output, outside: bytes of what runs on
       the whole batch outside the pipeline after this stage keeps, and
@@ -275,7 +275,7 @@ def Moments(memory, params, slots, grads=None, update=None):
       both = 0 if selective else min(c.out, c.get('act_outputs', 0))
       held = (n.kept * (c.act_weights if selective else c.act) +
               n.live * c.out - n.kept * both +
-              # Only split schedules have micro-batches waiting for a W.
+              # Only schedules that defer W have micro-batches waiting for a W.
               (n.waiting * c.residuals if n.waiting else 0) +
               # Input gradients the stage before has yet to take.
               (n.sent * cells[i - 1].out if i else 0))

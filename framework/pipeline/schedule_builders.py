@@ -1,8 +1,8 @@
 """The built-in pipeline schedules: pure functions that return action lists.
 
 Each builder takes the stages' placement (`stage_devices`: the device index
-of each of the S stages), the number of devices D and of micro-batches M,
-and returns D lists of `actions.Action`s: what each device runs, in order.
+of each of the S stages), the number of devices K and of micro-batches M,
+and returns K lists of `actions.Action`s: what each device runs, in order.
 The registry (schedules.py) names them and checks what they return.
 
   GPipe            every forward in wavefront order, then every backward in
@@ -11,12 +11,12 @@ The registry (schedules.py) names them and checks what they return.
                    warm-up each stage alternates a forward and a backward,
                    so stage s holds at most min(S - s, M) micro-batches.
   Interleaved1F1B  Megatron's virtual stages (Narayanan et al., 2021,
-                   arXiv:2104.04473): v = S / D stages per device, stage s on
-                   device s % D; micro-batches go round the devices in
-                   rounds (of D when D divides M, Megatron's groups; for any
+                   arXiv:2104.04473): v = S / K stages per device, stage s on
+                   device s % K; micro-batches go round the devices in
+                   rounds (of K when K divides M, Megatron's groups; for any
                    M >= 1 see `InterleavedRounds`), each device alternating
-                   its stages; bubble (D-1)/(vM+D-1) of a step where each
-                   stage takes 1/v of the time, for M >= D (M < D: see
+                   its stages; bubble (K-1)/(vM+K-1) of a step where each
+                   stage takes 1/v of the time, for M >= K (M < K: see
                    `InterleavedBubble`).
   ZeroBubbleH1     ZB-H1 (Qi et al., 2024, "Zero Bubble Pipeline
                    Parallelism", arXiv:2401.10241): the backward cut into
@@ -25,7 +25,7 @@ The registry (schedules.py) names them and checks what they return.
                    late, so W fills the bubbles: (S-1)/(3M+S-1) of the step
                    when F = B = W, at 1F1B's peak memory.
   ZeroBubbleV      ZB-V: two stages per device in a V (device d holds stages
-                   d and 2D-1-d), each device running by a greedy rule (a
+                   d and 2K-1-d), each device running by a greedy rule (a
                    ready B first, else an F within 1F1B's first stage's
                    memory, else a W), about the memory of 1F1B's first
                    stage on every device and little bubble when F, B and W
@@ -50,13 +50,13 @@ F, B, W = actions.FORWARD, actions.BACKWARD, actions.WEIGHT
 
 
 def Looped(num_stages, num_devices):
-  """Stage s on device s % D (GPipe, 1F1B, interleaved)."""
+  """Stage s on device s % K (GPipe, 1F1B, interleaved)."""
   return [s % num_devices for s in range(num_stages)]
 
 
 def VShape(num_stages, num_devices):
-  """Stage s on device s for the first D stages, then back: device d holds
-  stages d and 2D-1-d (ZB-V). Needs S = 2D."""
+  """Stage s on device s for the first K stages, then back: device d holds
+  stages d and 2K-1-d (ZB-V). Needs S = 2K."""
   if num_stages != 2 * num_devices:
     raise ValueError(f'a V places 2 stages per device: num_stages='
                      f'{num_stages} must be 2 x num_devices={num_devices} '
@@ -152,16 +152,16 @@ def OneFOneB(stage_devices, num_devices, num_micro_batches):
 
 def InterleavedRounds(num_devices, num_micro_batches):
   """The sizes of the rounds in which interleaved 1F1B sends consecutive
-  micro-batches round the D devices: R = max(1, M // D) rounds, their sizes
+  micro-batches round the K devices: R = max(1, M // K) rounds, their sizes
   differing by at most one, the larger first.
 
-  So D each when D divides M (Megatron's groups), one round of M when
-  M < 2D, else sizes between D and 2D - 1; PyTorch's
+  So K each when K divides M (Megatron's groups), one round of M when
+  M < 2K, else sizes between K and 2K - 1; PyTorch's
   `ScheduleInterleaved1F1B` has the same R rounds of M / R
   (`microbatches_per_round`) and refuses an M that R does not divide. A
-  round of at least D keeps device 0 busy until the round's first
-  micro-batch comes back for its next stage, D stage-times later (M < D:
-  one round of M, device 0 waits D - M of them between stages). The larger
+  round of at least K keeps device 0 busy until the round's first
+  micro-batch comes back for its next stage, K stage-times later (M < K:
+  one round of M, device 0 waits K - M of them between stages). The larger
   first: the last device warms up until the first round reaches its last
   stage, so a later, larger round would need a backward before its
   forward.
@@ -177,7 +177,7 @@ def InterleavedRounds(num_devices, num_micro_batches):
 def InterleavedWarmUp(device, num_devices, stages_per_device,
                       num_micro_batches):
   """The forwards device `device` runs before its first backward under
-  interleaved 1F1B: (v - 1) P + 2 (D - d - 1), P the first round's size
+  interleaved 1F1B: (v - 1) P + 2 (K - d - 1), P the first round's size
   (`InterleavedRounds`), at most v M. It holds at most one more
   stage-micro-batch (the forward before each backward)."""
   first = InterleavedRounds(num_devices, num_micro_batches)[0]
@@ -188,9 +188,9 @@ def InterleavedWarmUp(device, num_devices, stages_per_device,
 
 def InterleavedBubble(num_stages, num_devices, num_micro_batches):
   """The bubble (idle share of the devices' time) of interleaved 1F1B when
-  each stage's F and B take 1/v of a step's: 1 - vM / (v max(M, D) +
-  min(M, D) - 1), i.e. Megatron's (D-1)/(vM+D-1) for M >= D; for M < D,
-  (v(D-M)+M-1)/(vD+M-1): each device waits D - M stage-times between its
+  each stage's F and B take 1/v of a step's: 1 - vM / (v max(M, K) +
+  min(M, K) - 1), i.e. Megatron's (K-1)/(vM+K-1) for M >= K; for M < K,
+  (v(K-M)+M-1)/(vK+M-1): each device waits K - M stage-times between its
   stages for the micro-batches to come round."""
   v, d, m = num_stages // num_devices, num_devices, num_micro_batches
   return 1.0 - v * m / (v * max(m, d) + min(m, d) - 1)
@@ -201,19 +201,19 @@ def Interleaved1F1B(stage_devices, num_devices, num_micro_batches):
 
   The micro-batches go in rounds (`InterleavedRounds`): device d's forwards
   run a round on its chunk 0 (stage d), the same round on chunk 1 (stage
-  D + d), ..., chunk v - 1, then the next round; its backwards the same
+  K + d), ..., chunk v - 1, then the next round; its backwards the same
   rounds, chunks in reverse. It runs `InterleavedWarmUp` forwards, then
-  alternates a forward and a backward. With rounds of D (D divides M) these
+  alternates a forward and a backward. With rounds of K (K divides M) these
   are Megatron's lists.
 
-  Example (D=2, v=2, M=3: one round of 3):
+  Example (K=2, v=2, M=3: one round of 3):
     device 0: F0:0 F0:1 F0:2 F2:0 F2:1 F2:2 B2:0 B2:1 B2:2 B0:0 B0:1 B0:2
     device 1: F1:0 F1:1 F1:2 F3:0 B3:0 F3:1 B3:1 F3:2 B3:2 B1:0 ...
   """
   num_stages, d_count, m = len(stage_devices), num_devices, num_micro_batches
   if num_stages % d_count or list(stage_devices) != Looped(num_stages,
                                                            d_count):
-    raise ValueError(f'interleaved stages: stage s on device s % D, '
+    raise ValueError(f'interleaved stages: stage s on device s % K, '
                      f'num_stages={num_stages} a multiple of num_devices='
                      f'{d_count} (stages_per_device = num_stages / '
                      'num_devices on each device).')
@@ -322,18 +322,18 @@ def ZeroBubbleH1(stage_devices, num_devices, num_micro_batches):
 
 def ZeroBubbleV(stage_devices, num_devices, num_micro_batches):
   """ZB-V's device lists (stages in a V: `VShape`); see the module
-  docstring. Every device holds the activations of at most 2D
-  stage-micro-batches from F to B (1F1B's first stage: D micro-batches of a
+  docstring. Every device holds the activations of at most 2K
+  stage-micro-batches from F to B (1F1B's first stage: K micro-batches of a
   stage twice as large) and defers at most one W beyond them.
 
   Measured on unit-time actions (F = B = W of a stage, each stage half of
-  a 1F1B stage), bubble of the step: 0.077 at D=4, M=8 and 0.030 at M=16
+  a 1F1B stage), bubble of the step: 0.077 at K=4, M=8 and 0.030 at M=16
   (1F1B 0.273 and 0.158, ZB-H1 0.111 and 0.059); deferring more W's buys
   little (0.059 at M=8 with 2) for a stage-micro-batch more each.
   """
   if list(stage_devices) != VShape(len(stage_devices), num_devices):
     raise ValueError('ZB-V places stages in a V: device d holds stages d and '
-                     f'2D-1-d; got stage_devices={list(stage_devices)}.')
+                     f'2K-1-d; got stage_devices={list(stage_devices)}.')
   caps = [2 * min(num_devices, num_micro_batches)] * num_devices
   return _Greedy(stage_devices, num_devices, num_micro_batches, caps,
                  [1] * num_devices)
@@ -345,7 +345,7 @@ _TOKEN = re.compile(r'^([A-Za-z])(\d+):(\d+)$')
 
 
 def ParseTable(text):
-  """D device lists of a schedule written as text.
+  """K device lists of a schedule written as text.
 
   One line per device (in device order), its actions in order, separated by
   spaces: kind (a registered letter, actions.Letters), stage, ':',

@@ -50,7 +50,7 @@ class Layout(collections.namedtuple('Layout', [
   Attributes:
     replicas: R, data-parallel copies (--worker_replicas).
     devices: K, devices per replica (--worker_split_size).
-    stages: S = K x v pipeline cells (v cells per device).
+    stages: S = K x v pipeline stages (v stages per device).
     micro_batches: M.
     schedule: a registered schedule name.
     remat: a remat mode (executor.REMAT_MODES).

@@ -246,7 +246,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
       f'{counts.get("same", 0)} the same action lists as another '
       'schedule\'s); '
       f'{len(predictions) - len(fits)} do not fit.',
-      'R replicas x K devices x v cells per device (S = K v stages), M '
+      'R replicas x K devices x v stages per device (S = K v stages), M '
       'micro-batches; cut: units per stage; memory/dev: the largest '
       'device\'s peak' + (' (the host\'s devices share its memory: fits '
                           'counts them all)' if hw.shared else '') + '.',

@@ -4,7 +4,7 @@ For a model with a pipelined stack (plan_model.py) and a described cluster
 (--plan_cluster, framework/planning/hardware.py), the planner predicts,
 before anything trains, for every layout that fits the devices:
 
-  R replicas x K devices per replica x v cells per device (S = K v stages)
+  R replicas x K devices per replica x v stages per device (S = K v stages)
   x M micro-batches x schedule (every registered one, `schedules.Names()`,
   except 'table'; sizes a schedule refuses are skipped) x remat
   x the cut of the layers into stages (the stack's even cut, and the cut
@@ -109,7 +109,7 @@ Layout = plan_model.Layout
 # Cheapest first: each re-runs more of the forward than the one before.
 REMATS = ('never', 'selective', 'except_last', 'always')
 _SKIP_SCHEDULES = ('table',)   # Written by hand, not searched.
-MAX_PER_DEVICE = 4             # v: cells per device.
+MAX_PER_DEVICE = 4             # v: stages per device.
 # What a shape's schedule, cuts and memory plan cost Search beside its
 # S x M forward actions, in actions (_Work): fitted to the 1.7B LM's
 # search on h100x8, where the shapes' times ran from 0.2 to 840 ms.

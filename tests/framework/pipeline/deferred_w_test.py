@@ -69,7 +69,7 @@ class BackwardSplitTest(tf.test.TestCase):
     for policy in (None, 'all', 'weights'):
       if policy is not None:
         program._KeepFunctions(policy)  # pylint: disable=protected-access
-      _, _, cut, _ = program._SplitFunctions(policy)  # pylint: disable=protected-access
+      _, _, cut, _ = program._DeferredWFunctions(policy)  # pylint: disable=protected-access
       with self.subTest(policy=policy):
         ops = deferred_w.WeightOps(cut)
         self.assertNotIn('Tanh', ops)

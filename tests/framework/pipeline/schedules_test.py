@@ -202,7 +202,7 @@ class InterleavedTest(tf.test.TestCase):
 
   def testMegatronListsWhenDevicesDivideMicroBatches(self):
     # Megatron's rule, written out: device d's k-th forward is of chunk
-    # (k // D) % v on micro-batch (k // (D v)) D + k % D, its k-th backward
+    # (k // K) % v on micro-batch (k // (K v)) K + k % K, its k-th backward
     # the same with the chunks reversed; (D - d - 1) 2 + (v - 1) D forwards
     # to warm up, then F and B in turn.
     for d, v, groups in itertools.product((1, 2, 3, 4), (2, 3), (1, 2, 3)):
@@ -298,7 +298,7 @@ class InterleavedTest(tf.test.TestCase):
     # device (every M >= 1 has a schedule).
     with self.assertRaisesRegex(
         ValueError, "Schedule 'interleaved_1f1b': interleaved stages: stage "
-        r's on device s % D, num_stages=5 a multiple of num_devices=2 '
+        r's on device s % K, num_stages=5 a multiple of num_devices=2 '
         r'\(stages_per_device = num_stages / num_devices on each device\)'):
       ps.Build('interleaved_1f1b', 5, 2, 4)
 
