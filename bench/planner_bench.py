@@ -50,7 +50,7 @@ It prints per model a table (predicted, measured, error), the median and
 worst |error| of the step time, Spearman's rank correlation of the
 predicted and measured step times, the memory ratios, and the targets
 (median <= 10%, worst <= 25%, Spearman >= 0.8, memory within 20%).
-Then per model an A/B row: the planner's best plan (its search over
+Then per model an A/B row: the planner's best layout (its search over
 every layout on the 4 devices, from the round's costs at the median
 speed) against the experiment's default layout (its params as registered,
 on its WORKER_SPLIT_SIZE devices: what `trainer.py --model=...` runs), in
@@ -435,7 +435,7 @@ def _DefaultDevices(name):
 
 
 def ChildBestVsDefault(name, spec, rounds, steps, window):
-  """The A/B row: the planner's best plan (`spec`, with the trainer's loop,
+  """The A/B row: the planner's best layout (`spec`, with the trainer's loop,
   its replicas on a MirroredStrategy) against the experiment's default
   layout (its params as registered, one replica on its WORKER_SPLIT_SIZE
   devices: what `trainer.py --model=...` runs), each window of the best
@@ -534,7 +534,7 @@ def Spearman(xs, ys):
 
 
 def _Published():
-  """The planner's best plans for the published-scale LM on two clusters
+  """The planner's best layouts for the published-scale LM on two clusters
   (FLOPs and public specs)."""
   _Quiet()
   from cadence.framework import model_registry  # pylint: disable=g-import-not-at-top
@@ -613,7 +613,7 @@ def main():
             f'ms; measured/reference before/after (ms): ' + ', '.join(
                 f'{1000 * t:.0f}/{1000 * b:.0f}/{1000 * a:.0f}'
                 for t, b, a in entry['samples']), flush=True)
-    bench_log.Say(f'{name}: the best plan ({res["best"]["name"]}) against '
+    bench_log.Say(f'{name}: the best layout ({res["best"]["name"]}) against '
                   f'the experiment\'s default layout, interleaved, in a '
                   'fresh process...')
     res['ab'] = _ChildRun(['ab', name, json.dumps(res['best']['spec']),
@@ -634,11 +634,11 @@ def ABLine(name, best, default, samples):
   noise = statistics.median(abs(a / b - 1) for _, b, a in samples)
   ratio = statistics.median(ratios)
   if ratio < 1 - noise:
-    verdict = 'the best plan is faster'
+    verdict = 'the best layout is faster'
   elif ratio <= 1 + noise:
     verdict = 'as fast as the default within noise'
   else:
-    verdict = 'the best plan is SLOWER than the default'
+    verdict = 'the best layout is SLOWER than the default'
   return (f'  {name}: best {best["name"]} (predicted '
           f'{1000 * best["predicted"]:.0f} ms) vs default {default["name"]} '
           f'(predicted {1000 * default["predicted"]:.0f} ms): best/default '
@@ -706,7 +706,7 @@ def _Print(results):
           f'{100 * statistics.median(raw_errs):.1f}%, worst '
           f'{100 * max(raw_errs):.1f}%, Spearman '
           f'{Spearman([e["predicted_raw"] for e in entries], raw_meas):.2f})')
-  print('\nA/B: the planner\'s best plan against the experiment\'s '
+  print('\nA/B: the planner\'s best layout against the experiment\'s '
         'default layout (its params as registered, as `trainer.py '
         '--model=...` runs them), each window of the best between two of '
         'the default; noise: the default\'s own change from the window '

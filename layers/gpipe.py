@@ -88,9 +88,13 @@ NestedMap = base_layer.NestedMap
 FeatureExtractionLayer = combinators.FeatureExtractionLayer
 PartitionSequentialLayers = gpipe_partition.PartitionSequentialLayers
 BalancedPartition = gpipe_partition.BalancedPartition
-SplitBoundaries = gpipe_partition.SplitBoundaries
-StageSplits = gpipe_partition.StageSplits
-SplitCells = gpipe_partition.SplitCells
+CutBoundaries = gpipe_partition.CutBoundaries
+StagesFromSplits = gpipe_partition.StagesFromSplits
+CutIntoStages = gpipe_partition.CutIntoStages
+# Their earlier names, kept for code written against them.
+SplitBoundaries = CutBoundaries
+StageSplits = StagesFromSplits
+SplitCells = CutIntoStages
 
 # `state_dtype` choices: an activation dtype (base_layer.FPROP_DTYPES), or
 # float64 for a float64 model.

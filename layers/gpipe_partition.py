@@ -40,7 +40,7 @@ BalancedPartition = partition.BalancedPartition
 COSTS = ('flops', 'measured')
 
 
-def SplitBoundaries(owner, splits, costs, items, int_rule):
+def CutBoundaries(owner, splits, costs, items, int_rule):
   """The K + 1 boundaries that a `splits` param gives a list of items.
 
   Args:
@@ -72,7 +72,7 @@ def SplitBoundaries(owner, splits, costs, items, int_rule):
       f'increasing {items} indices in (0, {n}), e.g. [{n // 2}].')
 
 
-def StageSplits(owner, splits, pipeline_params, num_items, items):
+def StagesFromSplits(owner, splits, pipeline_params, num_items, items):
   """`splits` of a layer that cuts its own cells, as the pipeline's stages:
   an int K is K * stages_per_device (v stages on each device); a list of
   boundaries gives the stages itself. pipeline_params may be None (no
@@ -101,15 +101,16 @@ def StageSplits(owner, splits, pipeline_params, num_items, items):
   return splits * v if validation.IsInt(splits) else splits
 
 
-class SplitCells:
-  """Mixin of a layer whose items are cut into pipeline cells: it sets
-  `self._bounds` (SplitBoundaries) when it builds them.
+class CutIntoStages:
+  """Mixin of a layer whose items are cut into pipeline stages (the cells
+  of its PipeliningLayer): it sets `self._bounds` (CutBoundaries) when it
+  builds them.
 
   Example:
-    class MyStack(SplitCells, base_layer.BaseLayer):
+    class MyStack(CutIntoStages, base_layer.BaseLayer):
       def __init__(self, params):
         ...
-        self._bounds = SplitBoundaries(owner, p.splits, costs, 'layer', rule)
+        self._bounds = CutBoundaries(owner, p.splits, costs, 'layer', rule)
     stack.num_cells, stack.boundaries   # K, [0, b_1, ..., n]
   """
 

@@ -345,13 +345,13 @@ def Bounds(cls, p):
   ExampleShapes, or of equal units)."""
   owner = validation.Owner(p)
   n = len(cls.Units(p))
-  splits = gpipe.StageSplits(owner, p.splits, p.pipeline_tpl, n, cls.ITEM)
+  splits = gpipe.StagesFromSplits(owner, p.splits, p.pipeline_tpl, n, cls.ITEM)
   costs = [1] * n
   example = cls.ExampleShapes(p)
   if example is not None and validation.IsInt(splits) and 1 <= splits <= n:
     costs = [u.cost.flops for u in UnitCosts(
         cls, p, UnitInputShapes(cls, p, example))[0]]
-  return gpipe.SplitBoundaries(owner, splits, costs, cls.ITEM,
+  return gpipe.CutBoundaries(owner, splits, costs, cls.ITEM,
                                cls.SplitsRule(p, n))
 
 
@@ -463,11 +463,11 @@ def Plan(cls, p, *input_shapes, ends=None):
   return plan.With(*_EndsFns(cls, p, shapes_in, units_in, own))
 
 
-class UnitsPipeline(gpipe.SplitCells):
+class UnitsPipeline(gpipe.CutIntoStages):
   """Mixin of a layer made of units; see the module docstring. Mix it in
   before the layer's base class; the layer defines `splits` and
   `pipeline_tpl` (None: the units run one after the other on the whole
-  batch). `boundaries` and `num_cells` (SplitCells) are its cut."""
+  batch). `boundaries` and `num_cells` (CutIntoStages) are its cut."""
 
   # What `splits` counts, for errors ('unit'; a Transformer stack: 'layer').
   ITEM = 'unit'

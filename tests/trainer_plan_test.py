@@ -1,4 +1,4 @@
-"""--mode=plan through the real trainer: the table, the best plan's flags
+"""--mode=plan through the real trainer: the table, the best layout's flags
 and params file, the simulated timeline."""
 import json
 import os
@@ -29,13 +29,13 @@ class TrainerPlanTest(tf.test.TestCase):
     self.assertLen(rows, 3)
     times = [float(l.split()[8]) for l in rows]    # step ms, fastest first.
     self.assertEqual(sorted(times), times)
-    best = re.search(r'Best plan \(rank (\d)[^)]*\): R=(\d+) K=(\d+) '
+    best = re.search(r'Best layout \(rank (\d)[^)]*\): R=(\d+) K=(\d+) '
                      r'v=(\d+) M=(\d+) (\S+) (\S+) cut=\S+: ([\d.]+) ms', out)
     self.assertIsNotNone(best, out)
     rank, r, k, v, m = (int(x) for x in best.groups()[:5])
     schedule, remat = best.group(6), best.group(7)
     self.assertEqual(float(best.group(8)), times[rank - 1])
-    self.assertTrue(rows[rank - 1].endswith('*'), rows)   # The plan chosen.
+    self.assertTrue(rows[rank - 1].endswith('*'), rows)   # The layout chosen.
     # As pasted in the checkout: the README's interpreter, the logdir
     # given to the plan.
     self.assertIn(f'\n  .venv/bin/python trainer.py --model={_TINY} '
@@ -73,7 +73,7 @@ class TrainerPlanTest(tf.test.TestCase):
     self.assertIn(f'>{rows[1].split()[8]} ms</text>', svg)
     self.assertTrue(os.path.exists(os.path.join(logdir, 'plan',
                                                 'plan_timeline.txt')))
-    # layouts.json: the table's rows, the plan chosen marked.
+    # layouts.json: the table's rows, the layout chosen marked.
     with open(os.path.join(logdir, 'plan', 'layouts.json')) as f:
       layouts = json.load(f)
     self.assertEqual([1, 2, 3], [l['rank'] for l in layouts])

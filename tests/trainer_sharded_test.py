@@ -4,14 +4,16 @@ trainer's command line, in real subprocesses.
 A kill storm: a sharded run of the (shrunk) Tiny LM, 2 replicas x 2
 stages, stopped 11 times at random moments (10 SIGKILLs, 1 SIGTERM) and
 resumed each time with the same command, must end with the weights and
-slots of an uninterrupted run, bit for bit; and --mode=export must read its checkpoint as it reads
-an unsharded one's. (Sharded equals unsharded, and checkpoints across
-layouts and hosts: tests/framework/train/sharded_update_test.py and
+slots of an uninterrupted run, bit for bit; and --mode=export must read
+its checkpoint as it reads an unsharded one's. (Sharded equals
+unsharded, and checkpoints across layouts and hosts:
+tests/framework/train/sharded_update_test.py and
 tests/trainer_multihost_test.py.)
 
 And exact on the LM: the Tiny LM (shrunk), whose clipping (at 0.25)
-bites at every step and whose Adam (epsilon 1e-9) turns a last-bit difference into a
-visible one within a few steps, trains sharded as unsharded bit for bit
+bites at every step and whose Adam (epsilon 1e-9) turns a last-bit
+difference into a visible one within a few steps, trains sharded as
+unsharded bit for bit
 with 2 replicas x ZB-H1 and 4 replicas x GPipe, a NaN step included.
 """
 import os

@@ -93,7 +93,7 @@ class WheelInstallTest(tf.test.TestCase):
         outputs.append(_Check(args, project, env))
     inspect, plan, _, export, tests = outputs
     self.assertRegex(inspect, r'\ncell 1 +/device:CPU:1 ')
-    # The best plan's command is the installed one (not the checkout's).
+    # The best layout's command is the installed one (not the checkout's).
     self.assertRegex(plan, r'\n  cadence-trainer --model=my_model\.exps\.'
                      r'MyPipeline --worker_replicas=1 ')
     self.assertIn(f'Exported step 200 to {tmp}/my_model_export', export)

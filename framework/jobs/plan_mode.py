@@ -25,10 +25,10 @@ class PlanFlags:
   measure: bool = Flag(False, 'time each layer on this host\'s CPU instead '
                        'of costing it by its FLOPs.')
   top: int = Flag(10, 'layouts in the table.')
-  apply: str = Flag('', 'write the best plan\'s overrides to this Params '
+  apply: str = Flag('', 'write the best layout\'s overrides to this Params '
                     'file (for --model_params_file_override).')
   explain: int = Flag(0, 'with --logdir: draw the simulated timeline of the '
-                      'plan of this rank (0: the plan chosen).')
+                      'layout of this rank (0: the layout chosen).')
 
 
 class PlanMode(mode_registry.Mode):
@@ -58,7 +58,7 @@ class PlanMode(mode_registry.Mode):
       if os.path.isdir(flags.apply) or not os.path.isdir(folder):
         raise user_error.UserError(
             f'--plan_apply={flags.apply!r} must be a file path in an '
-            'existing folder (the best plan\'s overrides are written there '
+            'existing folder (the best layout\'s overrides are written there '
             'as Params text).')
 
   def Environment(self, flags):

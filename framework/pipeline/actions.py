@@ -115,20 +115,44 @@ class Work:
         stage, micro_batch, num_stages, num_micro_batches)
 
 
-_WORKS = {}   # letter -> Work, in registration order.
+class _Letters:
+  """Records by their letter, in registration order: the registry of work
+  (`Work`) and the one of action kinds (`Kind`)."""
+
+  def __init__(self, what):
+    self._what = what   # What a record is, in errors: 'work'.
+    self._items = {}
+
+  def Add(self, item, twice):
+    if item.letter in self._items:
+      raise ValueError(f'{twice} {item.letter!r} is registered twice.')
+    self._items[item.letter] = item
+    return item
+
+  def Remove(self, letter):
+    del self._items[letter]
+
+  def Get(self, letter):
+    if letter not in self._items:
+      raise KeyError(f'{self._what} {letter!r}; expected one of '
+                     f'{list(self._items)}.')
+    return self._items[letter]
+
+  def Letters(self):
+    return tuple(self._items)
+
+
+_WORKS = _Letters('work')
 
 
 def RegisterWork(work):
   """Adds `work` (a `Work`) to the registry; returns it."""
-  if work.letter in _WORKS:
-    raise ValueError(f'Work {work.letter!r} is registered twice.')
-  _WORKS[work.letter] = work
-  return work
+  return _WORKS.Add(work, 'Work')
 
 
 def UnregisterWork(letter):
   """Removes work `letter` (for tests)."""
-  del _WORKS[letter]
+  _WORKS.Remove(letter)
 
 
 def WorkOf(letter):
@@ -137,14 +161,12 @@ def WorkOf(letter):
   Raises:
     KeyError: for an unregistered letter.
   """
-  if letter not in _WORKS:
-    raise KeyError(f'work {letter!r}; expected one of {list(_WORKS)}.')
-  return _WORKS[letter]
+  return _WORKS.Get(letter)
 
 
 def Works():
   """The registered works' letters, F, B and W first."""
-  return tuple(_WORKS)
+  return _WORKS.Letters()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,32 +191,29 @@ class Kind:
                        'one upper-case letter.')
     does = tuple(self.does)
     if (not does or len(set(does)) != len(does) or
-        any(w not in _WORKS for w in does)):
+        any(w not in Works() for w in does)):
       raise ValueError(f'Kind {self.letter!r}: does={self.does!r} must be '
                        f'distinct work of {Works()}, at least one.')
     object.__setattr__(self, 'does', does)
 
 
-_KINDS = {}   # letter -> Kind, in registration order.
+_KINDS = _Letters('action kind')
 
 
 def Register(kind):
   """Adds `kind` (a `Kind`) to the registry; returns it."""
-  if kind.letter in _KINDS:
-    raise ValueError(f'Action kind {kind.letter!r} is registered twice.')
-  _KINDS[kind.letter] = kind
-  return kind
+  return _KINDS.Add(kind, 'Action kind')
 
 
 def Unregister(letter):
   """Removes kind `letter` (for tests)."""
-  del _KINDS[letter]
+  _KINDS.Remove(letter)
 
 
 def Letters():
   """The registered kinds' letters, in registration order ('F', 'B', 'W'
   first)."""
-  return tuple(_KINDS)
+  return _KINDS.Letters()
 
 
 def KindOf(letter):
@@ -203,10 +222,7 @@ def KindOf(letter):
   Raises:
     KeyError: for an unregistered letter.
   """
-  if letter not in _KINDS:
-    raise KeyError(f'action kind {letter!r}; expected one of '
-                   f'{list(Letters())}.')
-  return _KINDS[letter]
+  return _KINDS.Get(letter)
 
 
 def Does(action):

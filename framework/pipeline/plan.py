@@ -77,7 +77,7 @@ def DevicesFix(num_devices, devices_from='', want_devices=None,
       or ''.
     table: the schedule is a table: the cut's fix is a table of D lines.
     stages_per_device: v; an int `splits` K cuts K x v stages
-      (gpipe_partition.StageSplits), so the cut's override is
+      (gpipe_partition.StagesFromSplits), so the cut's override is
       want_stages / v.
 
   Example:

@@ -267,8 +267,8 @@ def Layout(timeline, width=960, left=150, top=44, lane_height=18, strip=14,
   return Chart(boxes, chart_labels, rows, width, y, left, scale, end, bands)
 
 
-def _Ticks(span, count=6):
-  """Axis ticks (seconds): multiples of 1, 2 or 5 x 10^k ms, <= count+1."""
+def _RoundTimes(span, count=6):
+  """Axis marks (seconds): multiples of 1, 2 or 5 x 10^k ms, <= count+1."""
   if span <= 0:
     return [0.0]
   raw = span / count
@@ -314,21 +314,21 @@ def _Notes(timeline, chart, after, idle, tooltips=True):
   return ' '.join(notes)
 
 
-def _AxisTicks(chart):
-  """[(x, text)] of the time axis: ticks at round times, then one at its
+def _AxisMarks(chart):
+  """[(x, text)] of the time axis: marks at round times, then one at its
   end, labelled with the end time."""
   end_x = chart.left + chart.end * chart.scale
   end = f'{FormatMs(chart.end)} ms'
-  ticks = [(chart.left + t * chart.scale, f'{1000 * t:g} ms')
-           for t in _Ticks(chart.end)]
-  # The end's label replaces a round tick's that it would overlap.
-  ticks = [(x, text) for x, text in ticks
+  marks = [(chart.left + t * chart.scale, f'{1000 * t:g} ms')
+           for t in _RoundTimes(chart.end)]
+  # The end's label replaces a round mark's that it would overlap.
+  marks = [(x, text) for x, text in marks
            if end_x - x >= (LabelWidth(end) + LabelWidth(text)) / 2]
-  return ticks + [(end_x, end)]
+  return marks + [(end_x, end)]
 
 
 def AxisAnchor(x, text, width):
-  """Where a tick's label hangs from its x: 'middle', or 'end' where that
+  """Where a mark's label hangs from its x: 'middle', or 'end' where that
   would cross the chart's right edge `width`."""
   return 'end' if x + LabelWidth(text) / 2 > width else 'middle'
 
@@ -348,10 +348,10 @@ def BandText(band):
 # boxes and labels: the title's lines (baselines 14 + 15 i from the top,
 # at x 4); the legend's swatches (10 x 10, top y - 9) and names (at x + 14,
 # baseline y) as (x, y, rgb, name); the key line (x, y, text); the time
-# axis's y and ticks [(x, text)]; the notes' lines under it (baselines
+# axis's y and marks [(x, text)]; the notes' lines under it (baselines
 # axis + 32 + 15 i); its width and height.
 Figure = collections.namedtuple('Figure', [
-    'titles', 'legend', 'key', 'chart', 'axis', 'ticks', 'notes', 'width',
+    'titles', 'legend', 'key', 'chart', 'axis', 'marks', 'notes', 'width',
     'height'])
 
 
@@ -393,16 +393,16 @@ def Compose(timeline, width=960, title=None, after=(), idle=None,
   notes = _Wrap(_Notes(timeline, chart, after, idle, tooltips), width - 8)
   axis = chart.height - 2
   return Figure(titles, legend, (x, key_y, key), chart, axis,
-                _AxisTicks(chart), notes, width, axis + 30 + 15 * len(notes))
+                _AxisMarks(chart), notes, width, axis + 30 + 15 * len(notes))
 
 
 def _SvgAxis(figure):
-  """The time axis: a line, and each tick with its label."""
+  """The time axis: a line, and each mark with its label."""
   chart, y = figure.chart, figure.axis
   end_x = chart.left + chart.end * chart.scale
   out = [f'<line x1="{chart.left}" y1="{y}" x2="{end_x:.1f}" y2="{y}" '
          'stroke="#888"/>']
-  for x, text in figure.ticks:
+  for x, text in figure.marks:
     out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" '
                f'stroke="#888"/><text x="{x:.1f}" y="{y + 14}" '
                f'text-anchor="{AxisAnchor(x, text, chart.width)}">{text}'

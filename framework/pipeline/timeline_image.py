@@ -132,7 +132,7 @@ def Image(timeline, width=960, lane_height=24, title=None, after=(),
          'middle', halo=not label.inside)
   end_x = chart.left + chart.end * chart.scale
   _Line(image, chart.left, figure.axis, end_x, figure.axis, _FRAME)
-  for x, text in figure.ticks:
+  for x, text in figure.marks:
     _Line(image, x, figure.axis, x, figure.axis + 4, _FRAME)
     Text(image, x, figure.axis + 14, text,
          timeline_chart.AxisAnchor(x, text, width))

@@ -1,12 +1,12 @@
 """The planner's ranked layouts as a user reads them: ranks and ties, the
-table, how sure it is, the best plan's flags, and its simulated timeline.
+table, how sure it is, the best layout's flags, and its simulated timeline.
 
   Rank             predictions in step-time order, those that fit first.
-  Best             the plan chosen: the simplest layout within TIE of the
+  Best             the layout chosen: the simplest layout within TIE of the
                    fastest (a tie goes to the smaller layout).
   Report           the table and the lines around it (plan.txt).
   Uncertainty      how far off the plan's figures may be, and from what.
-  BestText         the exact flags and params overrides of the best plan;
+  BestText         the exact flags and params overrides of the best layout;
                    a shortlist instead when the plan cannot tell its best
                    layouts apart (Uncertainty above UNSURE).
   SimulatedChart   a prediction's timeline as the timeline tool draws it.
@@ -33,7 +33,7 @@ from cadence.framework.planning import plan_costs
 
 TIE = 0.02                     # Step times this close rank as equal.
 # A plan whose figures may be further off than this (its fit's worst error
-# on the real steps it was fitted to) names no best plan: a shortlist of
+# on the real steps it was fitted to) names no best layout: a shortlist of
 # the layouts it cannot tell apart instead. The issue's bar for the plan's
 # worst error against the trainer's steps (issue 49).
 UNSURE = 0.20
@@ -75,7 +75,7 @@ def RankOf(ranked, prediction):
 
 
 def Best(ranked):
-  """The plan chosen of `ranked` (Rank's order): the simplest (_Simple)
+  """The layout chosen of `ranked` (Rank's order): the simplest (_Simple)
   of the layouts that fit within TIE of the fastest that fits (its step
   time is within the cost model's error of the fastest: less to go wrong,
   less memory for transfers); `ranked[0]` if none fits."""
@@ -121,7 +121,7 @@ def _OverheadsText(costs, o, concurrency, scales=None,
 def TieLabels(ranked, top, best=None):
   """Per row of the table (the first `top` of `ranked`): the rank of the
   first row whose step time is within TIE of its own, if another row ties
-  with it, else ''; `best`'s row (the plan chosen) marked '*'."""
+  with it, else ''; `best`'s row (the layout chosen) marked '*'."""
   rows = ranked[:top]
   out = []
   for i, p in enumerate(rows):
@@ -257,7 +257,7 @@ def Report(key, model, hw, costs, predictions, counts, top, seconds,
   if any(ties):
     lines.append(
         f'Rows in step-time order. tie: the first rank within {100 * TIE:g}% '
-        'of the row\'s step time; *: the plan chosen, the simplest within '
+        'of the row\'s step time; *: the layout chosen, the simplest within '
         f'{100 * TIE:g}% of the fastest (fewer devices, R x K, then fewer '
         'micro-batches, then fewer stages).')
   if not fits:
@@ -278,7 +278,7 @@ def Shortlist(candidates):
 
 def BestText(key, model, ranked, params_file=None, logdir='',
              calibration=None, hw=None):
-  """The command that runs the plan chosen (Best of `ranked`;
+  """The command that runs the layout chosen (Best of `ranked`;
   TRAINER_COMMAND: as pasted in the repository, or the installed command)
   in `logdir` (the plan's --logdir; else a fresh one of its own). When
   the plan's figures may be off by more than UNSURE (Uncertainty) and
@@ -299,10 +299,10 @@ def BestText(key, model, ranked, params_file=None, logdir='',
   error, what = Uncertainty(calibration, hw)
   candidates = Candidates(ranked, error) if error is not None else []
   if error is None or error <= UNSURE or len(candidates) < 2:
-    return f'Best plan ({chosen}): {figures}.\n' + command
+    return f'Best layout ({chosen}): {figures}.\n' + command
   shown = Shortlist(candidates)
   return (
-      f'No best plan: the plan\'s step times may be off by '
+      f'No best layout: the plan\'s step times may be off by '
       f'{100 * error:.1f}% ({what}; above {100 * UNSURE:g}%), and '
       f'{len(candidates)} layouts lie within that of the fastest: the plan '
       'cannot tell them apart. The shortlist, the fastest of them on each '
@@ -392,7 +392,7 @@ def WriteText(path, text):
 def LayoutsJson(key, model, predictions, best=None):
   """The ranked table for scripts (plan/layouts.json): per layout its
   name, predicted step seconds, largest device's bytes, whether it fits
-  (null: unknown), whether it is `best` (the plan chosen) and the trainer
+  (null: unknown), whether it is `best` (the layout chosen) and the trainer
   flags that run it."""
   return json.dumps([
       dict(rank=i + 1, name=p.layout.Name(), step_seconds=p.step.time,

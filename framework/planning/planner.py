@@ -55,16 +55,16 @@ do; the table's rows are in step-time order. Step times within
 model's error (bench/planner_bench.py), marked in the table: the plan
 chosen is the simplest layout within TIE of the fastest, on fewer
 devices, then with fewer micro-batches and stages (less to go wrong, less
-memory for transfers). The best plan is printed as the exact flags and
+memory for transfers). The best layout is printed as the exact flags and
 params overrides that run it, in the plan's --logdir; when the plan's
 figures may be off by more than `plan_report.UNSURE` (20%: its fit's
 worst error on the real steps it was fitted to) and several layouts lie
-within that of the fastest, it names no best plan: it says it cannot
+within that of the fastest, it names no best layout: it says it cannot
 tell them apart and lists a shortlist, the fastest of them on each number
 of devices, then the chosen layout's command as a place to start.
 --plan_apply=FILE writes the overrides as a params file
 (--model_params_file_override=FILE), and with --logdir the simulated
-timeline of the plan chosen (or --plan_explain's rank) is drawn as the
+timeline of the layout chosen (or --plan_explain's rank) is drawn as the
 timeline tool's chart (<logdir>/plan/plan_timeline.svg,
 framework/pipeline/timeline_chart.py; its actions' times in
 plan_timeline.txt) beside the report (plan.txt): the pipeline's actions,
@@ -414,7 +414,7 @@ def Plan(key, params, plan, logdir=''):
     key: the experiment's registry key (for the printed flags).
     params: its model params (Train, overrides applied).
     plan: the --plan_* flags (jobs/plan_mode.PlanFlags: cluster, measure,
-      top, apply, explain: a rank, 0 the plan chosen).
+      top, apply, explain: a rank, 0 the layout chosen).
     logdir: where plan.txt and the chart go ('' : nowhere).
 
   Raises:

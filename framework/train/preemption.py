@@ -13,7 +13,7 @@ plain handler would wait for the whole loop. So:
   * `Call(fn, ...)` runs the compiled loop in a worker thread while the
     main thread waits for its result (a signal interrupts the wait; if the
     kernel gave the signal to another thread, the handler runs at the
-    wait's next 0.1 s tick).
+    wait's next 0.1 s poll).
   * The first signal also puts SIGTERM and SIGINT back to their default
     action: a second one ends the process at once, killed by that signal
     (exit status 143 for SIGTERM, 130 for SIGINT in a shell), without a new

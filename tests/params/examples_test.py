@@ -74,9 +74,9 @@ class PipelineYourOwnModelTest(tf.test.TestCase):
         if '--mode=inspect_model' in command:
           self.assertRegex(stdout, r'cell 1 +/device:CPU:1 .* unit3\.\.unit6')
         if '--mode=plan' in command:
-          # A best plan, or, with a fit too far off on this host to tell
+          # A best layout, or, with a fit too far off on this host to tell
           # its best layouts apart, a layout to start from.
-          self.assertRegex(stdout, r'\n(Best plan|A layout to start from, '
+          self.assertRegex(stdout, r'\n(Best layout|A layout to start from, '
                            r'not a confident best) \(rank \d+[^)]*\): '
                            r'R=\d K=\d v=\d M=\d+ ')
         logdirs = [a.split('=', 1)[1] for a in argvs[i]

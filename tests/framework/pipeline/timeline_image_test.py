@@ -106,11 +106,11 @@ class TimelineImageTest(tf.test.TestCase):
     row1 = figure.chart.rows[1]
     idle_x = int(figure.chart.left + 3.25 * figure.chart.scale)
     self.assertAllEqual(_WHITE, image[int(row1.y + row1.h / 2), idle_x])
-    # The time axis: its line, round ticks and the end, each labelled.
-    texts = [text for _, text in figure.ticks]
+    # The time axis: its line, round marks and the end, each labelled.
+    texts = [text for _, text in figure.marks]
     self.assertEqual(['0 ms', '2000 ms', '4000 ms', '6000 ms', '6500 ms'],
                      texts)
-    for x, text in figure.ticks:
+    for x, text in figure.marks:
       self.assertAllEqual((136, 136, 136),
                           image[figure.axis + 2, int(round(x))])
       self.assertTrue(_Written(
@@ -160,7 +160,7 @@ class TimelineImageTest(tf.test.TestCase):
                              ink=_BLACK))
     self.assertAllEqual(timeline_chart.AFTER_COLOURS[1],
                         image[int(narrow.y + 2), int(narrow.x + 1)])
-    self.assertEqual('10000 ms', figure.ticks[-1][1])
+    self.assertEqual('10000 ms', figure.marks[-1][1])
 
 
 def _Box(figure, timeline, kind, stage, micro_batch):

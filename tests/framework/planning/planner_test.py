@@ -287,13 +287,13 @@ class PlannerTest(tf.test.TestCase):
     big = _P(2, 2, 8, 0.5, fits=False)   # Does not fit: last.
     got = plan_report.Rank([big, slow1, fast4, tie2, tie2_m4])
     self.assertEqual([fast4, tie2, tie2_m4, slow1, big], got)
-    # The plan chosen: the simplest within TIE of the fastest (1.019 is
+    # The layout chosen: the simplest within TIE of the fastest (1.019 is
     # within 2% of 1.000; 1.030 is not).
     best = plan_report.Best(got)
     self.assertIs(tie2_m4, best)
     self.assertEqual(3, plan_report.RankOf(got, best))
     # The table's tie column: the first rank within TIE of the row (1.030
-    # is within 2% of 1.015, not of 1.000), the plan chosen starred; the
+    # is within 2% of 1.015, not of 1.000), the layout chosen starred; the
     # last ties with none.
     self.assertEqual(['1', '1', '1*', '2', ''],
                      plan_report.TieLabels(got, 5, best))
@@ -310,7 +310,7 @@ class PlannerTest(tf.test.TestCase):
     flags = self.model.Flags(best.layout, _TINY)
     text = plan_report.BestText(_TINY, self.model, ranked,
                                 logdir='/tmp/my_run')
-    self.assertRegex(text, r'^Best plan \(rank \d[^)]*\): '
+    self.assertRegex(text, r'^Best layout \(rank \d[^)]*\): '
                      + re.escape(best.layout.Name()))
     self.assertTrue(text.endswith(f'trainer.py {flags} --logdir=/tmp/my_run'
                                   '\n'), text)
@@ -318,11 +318,11 @@ class PlannerTest(tf.test.TestCase):
     self.assertIn('--logdir=/tmp/cadence_plan_OneBWdsGPipeTransformerTiny\n',
                   plan_report.BestText(_TINY, self.model, ranked))
     # A fit within UNSURE of the real steps, or the op model's published
-    # check: a best plan.
+    # check: a best layout.
     sure = plan_report.BestText(_TINY, self.model, ranked, logdir='/tmp/r',
                                 calibration={ranked[0].layout: 0.15})
-    self.assertIn('Best plan (', sure)
-    self.assertIn('Best plan (', plan_report.BestText(
+    self.assertIn('Best layout (', sure)
+    self.assertIn('Best layout (', plan_report.BestText(
         _TINY, self.model, ranked, hw=hardware.Parse('h100x8')))
 
   def testAnUnsureFitNamesNoBestPlan(self):
@@ -337,11 +337,11 @@ class PlannerTest(tf.test.TestCase):
     errors = {ranked[0].layout: 0.05, ranked[1].layout: -5.423}
     text = plan_report.BestText(_TINY, self.model, ranked, logdir='/tmp/r',
                                 calibration=errors)
-    self.assertNotIn('Best plan', text)
+    self.assertNotIn('Best layout', text)
     n = len(plan_report.Candidates(ranked, 5.423))
     self.assertEqual(len(ranked), n)
     self.assertIn(
-        'No best plan: the plan\'s step times may be off by 542.3% (its '
+        'No best layout: the plan\'s step times may be off by 542.3% (its '
         'fit\'s worst error on the 2 real steps it was fitted to; above '
         f'20%), and {n} layouts lie within that of the fastest: the plan '
         'cannot tell them apart.', text)
@@ -363,7 +363,7 @@ class PlannerTest(tf.test.TestCase):
     # The same fit with one layout within its error names it.
     alone = [ranked[0]] + [p._replace(step=p.step._replace(
         time=100 * p.step.time)) for p in ranked[1:]]
-    self.assertIn('Best plan (rank 1)', plan_report.BestText(
+    self.assertIn('Best layout (rank 1)', plan_report.BestText(
         _TINY, self.model, alone, calibration=errors))
 
   def testSearchOrderSpreadsAndTheTimeLeftIsThePaceSoFar(self):
