@@ -120,12 +120,13 @@ class _Letters:
   (`Work`) and the one of action kinds (`Kind`)."""
 
   def __init__(self, what):
-    self._what = what   # What a record is, in errors: 'work'.
+    self._what = what   # What a record is, in errors: 'action kind'.
     self._items = {}
 
-  def Add(self, item, twice):
+  def Add(self, item):
     if item.letter in self._items:
-      raise ValueError(f'{twice} {item.letter!r} is registered twice.')
+      raise ValueError(f'{self._what.capitalize()} {item.letter!r} is '
+                       'registered twice.')
     self._items[item.letter] = item
     return item
 
@@ -147,7 +148,7 @@ _WORKS = _Letters('work')
 
 def RegisterWork(work):
   """Adds `work` (a `Work`) to the registry; returns it."""
-  return _WORKS.Add(work, 'Work')
+  return _WORKS.Add(work)
 
 
 def UnregisterWork(letter):
@@ -202,7 +203,7 @@ _KINDS = _Letters('action kind')
 
 def Register(kind):
   """Adds `kind` (a `Kind`) to the registry; returns it."""
-  return _KINDS.Add(kind, 'Action kind')
+  return _KINDS.Add(kind)
 
 
 def Unregister(letter):
